@@ -1,0 +1,78 @@
+// apps/mhsa/attention_cmd.cpp — `mhsa attention`: one scaled_dot_product_attention call on random
+// inputs of a chosen shape, timed, with a summary of the output. A quick way to try shapes and
+// options from the shell; the benchmarks with peers live in `mhsa bench` and bench/.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "commands.h"
+#include "mhsa/attention.h"
+#include "mhsa/error.h"
+
+namespace mhsa::cli {
+namespace {
+
+struct AttentionArgs {
+  int64_t batch = 1, heads = 12, kv_heads = 0, tokens = 512, kv_tokens = 0, head_dim = 64;
+  bool causal = false;
+  uint64_t seed = 0;
+  int repeats = 3;
+};
+
+void run(const AttentionArgs& a) {
+  const int64_t kv_heads = a.kv_heads ? a.kv_heads : a.heads;
+  const int64_t kv_tokens = a.kv_tokens ? a.kv_tokens : a.tokens;
+  std::mt19937_64 gen(a.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto random_tensor = [&](std::vector<int64_t> dims) {
+    Tensor t(std::move(dims));
+    for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = normal(gen);
+    return t;
+  };
+  if (kv_heads <= 0 || a.heads % kv_heads != 0)
+    throw Error(detail::message("--kv-heads: expected a count dividing --heads = ", a.heads, ", got ", kv_heads));
+  const Tensor q = random_tensor({a.batch, a.heads, a.tokens, a.head_dim});     // [B, Hq, Tq, D]
+  const Tensor k = random_tensor({a.batch, kv_heads, kv_tokens, a.head_dim});   // [B, Hkv, Tk, D]
+  const Tensor v = random_tensor({a.batch, kv_heads, kv_tokens, a.head_dim});   // [B, Hkv, Tk, D]
+  Tensor out({a.batch, a.heads, a.tokens, a.head_dim});
+  Tensor lse({a.batch, a.heads, a.tokens});
+  AttentionOptions opt;
+  opt.causal = a.causal;
+  double best = INFINITY;
+  for (int r = 0; r < a.repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    scaled_dot_product_attention(q.view(), k.view(), v.view(), out.view(), opt, lse.view());
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double sum_sq = 0.0;
+  for (int64_t i = 0; i < out.numel(); ++i) sum_sq += static_cast<double>(out.data()[i]) * out.data()[i];
+  const double flops = attention_flops(a.batch, a.heads, a.tokens, kv_tokens, a.head_dim, a.head_dim, a.causal);
+  std::printf("attention q [%lld, %lld, %lld, %lld]  k/v [%lld, %lld, %lld, %lld]  %s\n",
+              static_cast<long long>(a.batch), static_cast<long long>(a.heads), static_cast<long long>(a.tokens),
+              static_cast<long long>(a.head_dim), static_cast<long long>(a.batch), static_cast<long long>(kv_heads),
+              static_cast<long long>(kv_tokens), static_cast<long long>(a.head_dim), a.causal ? "causal" : "full");
+  std::printf("best of %d: %.3f ms, %.2f GFLOP/s, rms(out) = %.6f\n", a.repeats, best * 1e3, flops / best * 1e-9,
+              std::sqrt(sum_sq / static_cast<double>(std::max<int64_t>(out.numel(), 1))));
+}
+
+}  // namespace
+
+void add_attention_command(CLI::App& app) {
+  auto args = std::make_shared<AttentionArgs>();
+  CLI::App* cmd = app.add_subcommand("attention", "Run scaled dot-product attention on random inputs and time it");
+  cmd->add_option("-B,--batch", args->batch, "batch size B")->check(CLI::PositiveNumber);
+  cmd->add_option("-H,--heads", args->heads, "query heads Hq")->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-heads", args->kv_heads, "key/value heads Hkv (default Hq; fewer = grouped-query)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("-T,--tokens", args->tokens, "query tokens Tq")->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-tokens", args->kv_tokens, "key/value tokens Tk (default Tq)")->check(CLI::PositiveNumber);
+  cmd->add_option("-D,--head-dim", args->head_dim, "head size D")->check(CLI::PositiveNumber);
+  cmd->add_flag("--causal", args->causal, "mask the future (bottom-right aligned)");
+  cmd->add_option("--seed", args->seed, "random seed for the inputs");
+  cmd->add_option("--repeats", args->repeats, "timed runs; the best is reported")->check(CLI::PositiveNumber);
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mhsa::cli

@@ -1,0 +1,11 @@
+// apps/mhsa/commands.h — one registration function per subcommand; main.cpp wires them to CLI11.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace mhsa::cli {
+
+// `mhsa attention`: runs scaled_dot_product_attention on random inputs of a chosen shape.
+void add_attention_command(CLI::App& app);
+
+}  // namespace mhsa::cli

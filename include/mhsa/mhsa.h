@@ -1,0 +1,9 @@
+// mhsa/mhsa.h — the whole public C++ API in one include.
+#pragma once
+
+#include "mhsa/attention.h"
+#include "mhsa/error.h"
+#include "mhsa/kv_cache.h"
+#include "mhsa/mha.h"
+#include "mhsa/positional.h"
+#include "mhsa/tensor.h"

@@ -1,0 +1,117 @@
+// mhsa/tensor.h — strided float32 views (up to 4-D) and a small owning Tensor.
+//
+// A View is a pointer plus shape and strides in elements (int64, may be zero or negative), so a
+// slice of a KV cache, a head split of a fused QKV buffer or a transposed NumPy array is a view,
+// not a copy. Tensor owns 64-byte-aligned, zero-initialised, contiguous storage.
+// Deliberately not a tensor library: no arithmetic, no broadcasting, float32 only.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <new>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace mhsa {
+
+inline constexpr int kMaxDims = 4;
+
+template <class T>
+struct View {
+  T* data = nullptr;
+  int ndim = 0;  // 0 means "no tensor" (an absent optional argument)
+  std::array<int64_t, kMaxDims> shape{};
+  std::array<int64_t, kMaxDims> stride{};  // in elements
+
+  View() = default;
+  // Contiguous row-major view.
+  View(T* ptr, std::initializer_list<int64_t> dims) : View(ptr, std::vector<int64_t>(dims)) {}
+  View(T* ptr, const std::vector<int64_t>& dims) : data(ptr), ndim(static_cast<int>(dims.size())) {
+    if (dims.size() > kMaxDims) throw std::length_error("mhsa::View: more than 4 dimensions");
+    int64_t step = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+      shape[i] = dims[static_cast<size_t>(i)];
+      stride[i] = step;
+      step *= shape[i];
+    }
+  }
+  // Explicit strides (in elements).
+  View(T* ptr, std::initializer_list<int64_t> dims, std::initializer_list<int64_t> strides)
+      : data(ptr), ndim(static_cast<int>(dims.size())) {
+    if (dims.size() > kMaxDims || strides.size() != dims.size())
+      throw std::length_error("mhsa::View: dims and strides must have the same length <= 4");
+    std::copy(dims.begin(), dims.end(), shape.begin());
+    std::copy(strides.begin(), strides.end(), stride.begin());
+  }
+  // A mutable view converts to a const one.
+  template <class U>
+    requires(std::is_convertible_v<U*, T*> && !std::is_same_v<U, T>)
+  View(const View<U>& other)  // NOLINT(google-explicit-constructor)
+      : data(other.data), ndim(other.ndim), shape(other.shape), stride(other.stride) {}
+
+  bool defined() const { return ndim > 0; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return ndim > 0 ? n : 0;
+  }
+  T& at(int64_t i0, int64_t i1, int64_t i2, int64_t i3) const {
+    return data[i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3]];
+  }
+};
+
+using TensorView = View<float>;
+using ConstTensorView = View<const float>;
+
+// "[2, 12, 97, 64]"
+template <class T>
+std::string shape_string(const View<T>& v) {
+  std::string s = "[";
+  for (int i = 0; i < v.ndim; ++i) s += (i ? ", " : "") + std::to_string(v.shape[i]);
+  return s + "]";
+}
+
+template <class T, std::size_t Align = 64>
+struct AlignedAllocator {
+  using value_type = T;
+  template <class U>
+  struct rebind {
+    using other = AlignedAllocator<U, Align>;
+  };
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U, Align>&) {}  // NOLINT(google-explicit-constructor)
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{Align}));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{Align}); }
+  friend bool operator==(const AlignedAllocator&, const AlignedAllocator&) { return true; }
+};
+
+// Owning, contiguous, row-major float32 tensor of up to 4 dimensions.
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::vector<int64_t> dims);  // zero-filled; throws mhsa::Error on bad dims
+
+  float* data() { return storage_.data(); }
+  const float* data() const { return storage_.data(); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_.at(static_cast<size_t>(i)); }
+  int64_t numel() const { return static_cast<int64_t>(storage_.size()); }
+  bool defined() const { return !shape_.empty(); }
+
+  TensorView view() { return {data(), shape_}; }
+  ConstTensorView view() const { return {data(), shape_}; }
+
+ private:
+  std::vector<int64_t> shape_;
+  std::vector<float, AlignedAllocator<float>> storage_;
+};
+
+}  // namespace mhsa

@@ -1,0 +1,25 @@
+"""mhsa: multi-head self-attention on the CPU.
+
+The names mirror PyTorch's: ``scaled_dot_product_attention``, ``MultiHeadAttention``.
+Arrays are float32 NumPy arrays with any strides; errors are raised as ``mhsa.Error``,
+a subclass of ``ValueError``.
+"""
+
+from ._core import (
+    Error,
+    KVCache,
+    MultiHeadAttention,
+    attention_probabilities,
+    scaled_dot_product_attention,
+    sinusoidal_positional_encoding,
+)
+
+__all__ = [
+    "Error",
+    "KVCache",
+    "MultiHeadAttention",
+    "attention_probabilities",
+    "scaled_dot_product_attention",
+    "sinusoidal_positional_encoding",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,203 @@
+// kernels/attention.cpp — the public attention entry points: validate once, fill
+// AttentionParams, dispatch to a kernel. No arithmetic lives here.
+#include <cmath>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/attention_params.h"
+#include "mhsa/attention.h"
+
+namespace mhsa {
+namespace {
+
+using detail::check_dim;
+using detail::check_tensor;
+using detail::fail;
+using detail::message;
+using kernels::AttentionParams;
+using kernels::Strides4;
+
+Strides4 strides_of(const ConstTensorView& t) { return t.stride; }
+
+// Normalises an additive mask of 2, 3 or 4 dimensions to [B, Hq, Tq, Tk] strides, broadcast
+// dimensions getting stride 0, and checks its values (finite or -inf).
+void bind_mask(std::string_view fn, const ConstTensorView& mask, AttentionParams& p) {
+  const int64_t full[4] = {p.B, p.Hq, p.Tq, p.Tk};
+  const std::string wanted = message("a shape broadcastable to [B=", p.B, ", Hq=", p.Hq, ", Tq=", p.Tq,
+                                     ", Tk=", p.Tk, "]: [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk]");
+  if (mask.ndim < 2 || mask.ndim > 4) fail(fn, "mask", wanted, shape_string(mask));
+  const int skip = 4 - mask.ndim;
+  Strides4 stride{0, 0, 0, 0};
+  for (int a = 0; a < mask.ndim; ++a) {
+    const int axis = a + skip;
+    const bool broadcast = axis < 2 && mask.shape[a] == 1;
+    if (mask.shape[a] != full[axis] && !broadcast) fail(fn, "mask", wanted, shape_string(mask));
+    stride[axis] = broadcast ? 0 : mask.stride[a];
+  }
+  if (mask.numel() > 0 && mask.data == nullptr) fail(fn, "mask", "data", "a null pointer");
+  int64_t idx[4] = {0, 0, 0, 0};
+  int64_t dims[4] = {1, 1, 1, 1};
+  for (int a = 0; a < mask.ndim; ++a) dims[a + skip] = mask.shape[a];
+  for (idx[0] = 0; idx[0] < dims[0]; ++idx[0])
+    for (idx[1] = 0; idx[1] < dims[1]; ++idx[1])
+      for (idx[2] = 0; idx[2] < dims[2]; ++idx[2])
+        for (idx[3] = 0; idx[3] < dims[3]; ++idx[3]) {
+          const float m = mask.data[idx[0] * stride[0] + idx[1] * stride[1] + idx[2] * stride[2] +
+                                    idx[3] * stride[3]];
+          if (std::isnan(m) || m == INFINITY)
+            fail(fn, "mask", "finite values or -inf",
+                 message(m, " at broadcast index [b, h, i, j] = [", idx[0], ", ", idx[1], ", ", idx[2],
+                         ", ", idx[3], "]"));
+        }
+  p.mask = mask.data;
+  p.mask_stride = stride;
+}
+
+// Validates q, k, (v) and the options; fills every input field of the params.
+AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const ConstTensorView& k,
+                            const ConstTensorView* v, const AttentionOptions& opt) {
+  check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
+  check_tensor(fn, "k", k, 4, "[B, Hkv, Tk, D]");
+  AttentionParams p;
+  p.B = q.shape[0];
+  p.Hq = q.shape[1];
+  p.Tq = q.shape[2];
+  p.D = q.shape[3];
+  p.Hkv = k.shape[1];
+  p.Tk = k.shape[2];
+  check_dim(fn, "k", k, 0, p.B, "B, as q.shape[0]");
+  if (p.Hkv == 0 || p.Hq % p.Hkv != 0)
+    fail(fn, "k.shape[1]", message("Hkv dividing Hq = q.shape[1] = ", p.Hq, " (grouped heads)"),
+         std::to_string(p.Hkv));
+  check_dim(fn, "k", k, 3, p.D, "head size D, as q.shape[3]");
+  p.q = q.data;
+  p.q_stride = strides_of(q);
+  p.k = k.data;
+  p.k_stride = strides_of(k);
+  if (v) {
+    check_tensor(fn, "v", *v, 4, "[B, Hkv, Tk, Dv]");
+    check_dim(fn, "v", *v, 0, p.B, "B, as q.shape[0]");
+    check_dim(fn, "v", *v, 1, p.Hkv, "Hkv, as k.shape[1]");
+    check_dim(fn, "v", *v, 2, p.Tk, "Tk, as k.shape[2]");
+    p.Dv = v->shape[3];
+    p.v = v->data;
+    p.v_stride = strides_of(*v);
+  }
+  if (opt.scale) {
+    const float s = *opt.scale;
+    if (!std::isfinite(s) || !(s > 0.0f)) fail(fn, "scale", "a finite number > 0", message(s));
+    p.scale = s;
+  } else {
+    p.scale = p.D > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.D))) : 1.0f;
+  }
+  p.causal = opt.causal;
+  if (!opt.kv_lengths.empty()) {
+    if (static_cast<int64_t>(opt.kv_lengths.size()) != p.B)
+      fail(fn, "kv_lengths", message(p.B, " entries (one per batch, B = q.shape[0])"),
+           message(opt.kv_lengths.size(), " entries"));
+    for (int64_t b = 0; b < p.B; ++b) {
+      const int64_t len = opt.kv_lengths[static_cast<size_t>(b)];
+      if (len < 0 || len > p.Tk)
+        fail(fn, message("kv_lengths[", b, "]"), message("a length in [0, Tk = ", p.Tk, "]"),
+             std::to_string(len));
+    }
+    p.kv_lengths = opt.kv_lengths.data();
+  }
+  if (opt.mask.defined()) bind_mask(fn, opt.mask, p);
+  return p;
+}
+
+void check_output(std::string_view fn, std::string_view arg, const TensorView& t,
+                  const std::vector<int64_t>& want) {
+  const std::string wanted = message("shape ", shape_string(ConstTensorView(nullptr, want)));
+  if (t.ndim != static_cast<int>(want.size())) fail(fn, arg, wanted, shape_string(t));
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] != want[static_cast<size_t>(i)]) fail(fn, arg, wanted, shape_string(t));
+  if (t.numel() > 0 && t.data == nullptr) fail(fn, arg, "data", "a null pointer");
+  detail::check_no_self_overlap(fn, arg, t);
+}
+
+Strides4 lse_strides(const TensorView& lse) { return {lse.stride[0], lse.stride[1], lse.stride[2], 0}; }
+
+void run_forward(const AttentionParams& p, Backend) { kernels::attention_forward_ref(p); }
+
+}  // namespace
+
+void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                  TensorView out, const AttentionOptions& options, TensorView lse) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  AttentionParams p = make_params(fn, q, k, &v, options);
+  check_output(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv});
+  p.out = out.data;
+  p.out_stride = out.stride;
+  if (lse.defined()) {
+    check_output(fn, "lse", lse, {p.B, p.Hq, p.Tq});
+    p.lse = lse.data;
+    p.lse_stride = lse_strides(lse);
+  }
+  run_forward(p, options.backend);
+}
+
+AttentionResult scaled_dot_product_attention(ConstTensorView q, ConstTensorView k,
+                                             ConstTensorView v, const AttentionOptions& options) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
+  check_tensor(fn, "v", v, 4, "[B, Hkv, Tk, Dv]");
+  AttentionResult r{Tensor({q.shape[0], q.shape[1], q.shape[2], v.shape[3]}),
+                    Tensor({q.shape[0], q.shape[1], q.shape[2]})};
+  scaled_dot_product_attention(q, k, v, r.out.view(), options, r.lse.view());
+  return r;
+}
+
+void attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensorView lse,
+                             TensorView probs, const AttentionOptions& options,
+                             std::span<const int64_t> heads) {
+  constexpr std::string_view fn = "attention_probabilities";
+  AttentionParams p = make_params(fn, q, k, nullptr, options);
+  std::vector<int64_t> all_heads;
+  if (heads.empty()) {
+    for (int64_t h = 0; h < p.Hq; ++h) all_heads.push_back(h);
+    heads = all_heads;
+  }
+  for (size_t i = 0; i < heads.size(); ++i)
+    if (heads[i] < 0 || heads[i] >= p.Hq)
+      fail(fn, message("heads[", i, "]"), message("a query head in [0, Hq = ", p.Hq, ")"),
+           std::to_string(heads[i]));
+  const auto n_heads = static_cast<int64_t>(heads.size());
+  check_output(fn, "probs", probs, {p.B, n_heads, p.Tq, p.Tk});
+  Tensor own_lse;
+  if (lse.defined()) {
+    check_tensor(fn, "lse", lse, 3, "[B, Hq, Tq]");
+    check_dim(fn, "lse", lse, 0, p.B, "B, as q.shape[0]");
+    check_dim(fn, "lse", lse, 1, p.Hq, "Hq, as q.shape[1]");
+    check_dim(fn, "lse", lse, 2, p.Tq, "Tq, as q.shape[2]");
+    p.lse = const_cast<float*>(lse.data);  // read only: the probabilities kernel never writes lse
+    p.lse_stride = {lse.stride[0], lse.stride[1], lse.stride[2], 0};
+  } else {
+    own_lse = Tensor({p.B, p.Hq, p.Tq});
+    p.lse = own_lse.data();
+    p.lse_stride = lse_strides(own_lse.view());
+    run_forward(p, options.backend);  // p.out is null: computes lse only
+  }
+  kernels::attention_probabilities_ref(p, heads.data(), n_heads, probs.data, probs.stride);
+}
+
+Tensor attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensorView lse,
+                               const AttentionOptions& options, std::span<const int64_t> heads) {
+  constexpr std::string_view fn = "attention_probabilities";
+  check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
+  check_tensor(fn, "k", k, 4, "[B, Hkv, Tk, D]");
+  const auto n_heads = heads.empty() ? q.shape[1] : static_cast<int64_t>(heads.size());
+  Tensor probs({q.shape[0], n_heads, q.shape[2], k.shape[2]});
+  attention_probabilities(q, k, lse, probs.view(), options, heads);
+  return probs;
+}
+
+double attention_flops(int64_t B, int64_t Hq, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv,
+                       bool causal) {
+  const double full = 2.0 * static_cast<double>(B) * static_cast<double>(Hq) * static_cast<double>(Tq) *
+                      static_cast<double>(Tk) * static_cast<double>(D + Dv);
+  return causal && Tq == Tk ? full / 2 : full;
+}
+
+}  // namespace mhsa

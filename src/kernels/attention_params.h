@@ -1,0 +1,50 @@
+// kernels/attention_params.h — the one flat struct between the attention API and every kernel.
+//
+// The API validates once and fills this struct; kernels trust it (they only assert). Views are
+// normalised to 4-D strides in elements: a broadcast mask dimension has stride 0. Not public.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+namespace mhsa::kernels {
+
+using Strides4 = std::array<int64_t, 4>;
+
+struct AttentionParams {
+  int64_t B = 0, Hq = 0, Hkv = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
+  const float* q = nullptr;     // [B, Hq, Tq, D]
+  Strides4 q_stride{};
+  const float* k = nullptr;     // [B, Hkv, Tk, D]
+  Strides4 k_stride{};
+  const float* v = nullptr;     // [B, Hkv, Tk, Dv]; null when only lse is wanted
+  Strides4 v_stride{};
+  const float* mask = nullptr;  // [B, Hq, Tq, Tk] additive, stride 0 on broadcast dims; or null
+  Strides4 mask_stride{};
+  const int64_t* kv_lengths = nullptr;  // [B] valid keys per batch, or null
+  float scale = 1.0f;
+  bool causal = false;
+  float* out = nullptr;  // [B, Hq, Tq, Dv]; null when only lse is wanted
+  Strides4 out_stride{};
+  float* lse = nullptr;  // [B, Hq, Tq] (stride[3] unused), or null
+  Strides4 lse_stride{};
+};
+
+// Keys visible to query row i of batch b form the prefix [0, key_end): the causal limit and the
+// padding length both cut the key range from the right. The additive mask may remove more.
+inline int64_t key_end(const AttentionParams& p, int64_t b, int64_t i) {
+  int64_t end = p.Tk;
+  if (p.kv_lengths) end = std::min(end, p.kv_lengths[b]);
+  if (p.causal) end = std::min(end, i + (p.Tk - p.Tq) + 1);
+  return std::max<int64_t>(end, 0);
+}
+
+// Plain reference kernels: scalar, float64 accumulation, the oracle for every fast kernel.
+// Computes lse, and out when p.out is set.
+void attention_forward_ref(const AttentionParams& p);
+// probs [B, n_heads, Tq, Tk] for query heads heads[0..n_heads), from p.lse (which must be set).
+void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads, int64_t n_heads,
+                                 float* probs, const Strides4& probs_stride);
+
+}  // namespace mhsa::kernels

@@ -1,0 +1,97 @@
+// kernels/attention_ref.cpp — the reference attention kernels, written like the equations:
+//   s_ij = scale · q_i·k_j + mask_ij   (for the keys j the causal and padding limits leave)
+//   lse_i = log Σ_j exp(s_ij),  P_ij = exp(s_ij − lse_i),  out_i = Σ_j P_ij v_j
+// Scalar, float64 accumulation, one query row at a time with an O(Tk) score buffer. They are the
+// oracle for the fast kernels and the fallback for shapes those do not take; never tuned.
+// Rows are independent, so the OpenMP split over rows cannot change any result.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention_params.h"
+
+namespace mhsa::kernels {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Scaled, masked score of query row (b, h, i) against key j of kv head hk.
+double score(const AttentionParams& p, int64_t b, int64_t h, int64_t hk, int64_t i, int64_t j) {
+  const float* qi = p.q + b * p.q_stride[0] + h * p.q_stride[1] + i * p.q_stride[2];
+  const float* kj = p.k + b * p.k_stride[0] + hk * p.k_stride[1] + j * p.k_stride[2];
+  double dot = 0.0;
+  for (int64_t d = 0; d < p.D; ++d)
+    dot += static_cast<double>(qi[d * p.q_stride[3]]) * static_cast<double>(kj[d * p.k_stride[3]]);
+  double s = static_cast<double>(p.scale) * dot;
+  if (p.mask)
+    s += p.mask[b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3]];
+  return s;
+}
+
+float& lse_at(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
+  return p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+}
+
+}  // namespace
+
+void attention_forward_ref(const AttentionParams& p) {
+  const int64_t group = p.Hq / p.Hkv;
+#pragma omp parallel
+  {
+    std::vector<double> scores(static_cast<size_t>(p.Tk));  // [Tk] one query row
+    std::vector<double> acc(static_cast<size_t>(p.Dv));      // [Dv]
+#pragma omp for collapse(3) schedule(static)
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t h = 0; h < p.Hq; ++h)
+        for (int64_t i = 0; i < p.Tq; ++i) {
+          const int64_t hk = h / group;
+          const int64_t end = key_end(p, b, i);
+          double row_max = kNegInf;
+          for (int64_t j = 0; j < end; ++j) {
+            scores[j] = score(p, b, h, hk, i, j);
+            row_max = std::max(row_max, scores[j]);
+          }
+          double sum = 0.0;
+          std::fill(acc.begin(), acc.end(), 0.0);
+          if (row_max != kNegInf) {
+            for (int64_t j = 0; j < end; ++j) {
+              const double w = std::exp(scores[j] - row_max);
+              sum += w;
+              if (p.out) {
+                const float* vj = p.v + b * p.v_stride[0] + hk * p.v_stride[1] + j * p.v_stride[2];
+                for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * static_cast<double>(vj[d * p.v_stride[3]]);
+              }
+            }
+          }
+          // A fully masked row (no key, or every score -inf) gives out = 0 and lse = -inf.
+          if (p.out) {
+            float* oi = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
+            for (int64_t d = 0; d < p.Dv; ++d)
+              oi[d * p.out_stride[3]] = sum > 0.0 ? static_cast<float>(acc[d] / sum) : 0.0f;
+          }
+          if (p.lse) lse_at(p, b, h, i) = sum > 0.0 ? static_cast<float>(row_max + std::log(sum))
+                                                    : -std::numeric_limits<float>::infinity();
+        }
+  }
+}
+
+void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads, int64_t n_heads,
+                                 float* probs, const Strides4& ps) {
+  const int64_t group = p.Hq / p.Hkv;
+#pragma omp parallel for collapse(3) schedule(static)
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t s = 0; s < n_heads; ++s)
+      for (int64_t i = 0; i < p.Tq; ++i) {
+        const int64_t h = heads[s];
+        const int64_t end = key_end(p, b, i);
+        const double lse = lse_at(p, b, h, i);
+        float* row = probs + b * ps[0] + s * ps[1] + i * ps[2];
+        for (int64_t j = 0; j < p.Tk; ++j) {
+          const bool visible = j < end && lse != kNegInf;
+          row[j * ps[3]] = visible ? static_cast<float>(std::exp(score(p, b, h, h / group, i, j) - lse)) : 0.0f;
+        }
+      }
+}
+
+}  // namespace mhsa::kernels
