@@ -84,13 +84,20 @@ void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads,
     for (int64_t s = 0; s < n_heads; ++s)
       for (int64_t i = 0; i < p.Tq; ++i) {
         const int64_t h = heads[s];
-        const int64_t end = key_end(p, b, i);
         const double lse = lse_at(p, b, h, i);
+        const int64_t end = lse == kNegInf ? 0 : key_end(p, b, i);  // a fully masked row stays 0
         float* row = probs + b * ps[0] + s * ps[1] + i * ps[2];
-        for (int64_t j = 0; j < p.Tk; ++j) {
-          const bool visible = j < end && lse != kNegInf;
-          row[j * ps[3]] = visible ? static_cast<float>(std::exp(score(p, b, h, h / group, i, j) - lse)) : 0.0f;
+        // exp(s - lse) with a float lse is off by a factor exp(lse_exact - lse) = 1 + O(|lse|·2^-24);
+        // dividing by the row's sum removes that factor, so the rows are exact whatever |lse| is.
+        double sum = 0.0;
+        for (int64_t j = 0; j < end; ++j) {
+          const double e = std::exp(score(p, b, h, h / group, i, j) - lse);
+          row[j * ps[3]] = static_cast<float>(e);
+          sum += e;
         }
+        const double norm = sum > 0.0 ? 1.0 / sum : 0.0;
+        for (int64_t j = 0; j < end; ++j) row[j * ps[3]] = static_cast<float>(row[j * ps[3]] * norm);
+        for (int64_t j = end; j < p.Tk; ++j) row[j * ps[3]] = 0.0f;
       }
 }
 

@@ -1,0 +1,254 @@
+// tests/cpp/test_attention.cpp — scaled_dot_product_attention and attention_probabilities against
+// the float64 oracle over odd sizes and every option of the contract; fully masked rows; strided
+// views; determinism across thread counts.
+#include <omp.h>
+
+#include <cstring>
+
+#include "test_util.h"
+
+namespace mhsa::test {
+namespace {
+
+enum class MaskKind { none, tk_2d, heads_3d, batch_broadcast_4d, full_4d };
+
+struct Case {
+  int64_t B, Hq, Hkv, Tq, Tk, D, Dv;
+  bool causal = false;
+  MaskKind mask = MaskKind::none;
+  bool kv_lengths = false;
+  bool strided = false;
+  float scale = 0.0f;  // 0: default 1/sqrt(D)
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string s = "B" + std::to_string(c.B) + "_Hq" + std::to_string(c.Hq) + "_Hkv" + std::to_string(c.Hkv) + "_Tq" +
+                  std::to_string(c.Tq) + "_Tk" + std::to_string(c.Tk) + "_D" + std::to_string(c.D) + "_Dv" +
+                  std::to_string(c.Dv);
+  if (c.causal) s += "_causal";
+  if (c.mask != MaskKind::none) s += "_mask" + std::to_string(static_cast<int>(c.mask));
+  if (c.kv_lengths) s += "_lengths";
+  if (c.strided) s += "_strided";
+  if (c.scale != 0.0f) s += "_scaled";
+  return s + "_" + std::to_string(info.index);
+}
+
+std::vector<Case> grid() {
+  std::vector<Case> cases;
+  // Head sizes, each at a few odd lengths (T = 1, 2, 97), self-attention, plain and causal.
+  for (int64_t D : {1, 40, 64, 80, 96, 128, 256})
+    for (int64_t T : {1, 2, 97})
+      for (bool causal : {false, true}) cases.push_back({2, 3, 3, T, T, D, D, causal});
+  // Long sequences.
+  cases.push_back({1, 1, 1, 1025, 1025, 40, 40, true});
+  cases.push_back({1, 2, 1, 1025, 1025, 64, 64, false});
+  cases.push_back({1, 1, 1, 1025, 1025, 256, 256, true, MaskKind::none, true});
+  cases.push_back({1, 2, 2, 1, 1025, 96, 96, true});  // one decode query against a long cache
+  // Tq != Tk, with the causal diagonal bottom-right.
+  for (bool causal : {false, true}) {
+    cases.push_back({2, 4, 4, 5, 33, 40, 40, causal});
+    cases.push_back({1, 2, 2, 33, 5, 80, 80, causal});  // Tq > Tk: the first rows see nothing when causal
+    cases.push_back({3, 2, 1, 1, 97, 64, 64, causal});
+  }
+  // Value head size different from the key head size.
+  cases.push_back({1, 2, 2, 17, 23, 40, 72, true});
+  // Grouped heads.
+  cases.push_back({2, 6, 2, 97, 97, 40, 40, true});
+  cases.push_back({1, 6, 3, 19, 41, 96, 96, false, MaskKind::full_4d, true});
+  cases.push_back({2, 8, 1, 7, 7, 64, 64, false});
+  // Masks in each broadcast form, key lengths, explicit scales, strided views.
+  for (MaskKind m : {MaskKind::tk_2d, MaskKind::heads_3d, MaskKind::batch_broadcast_4d, MaskKind::full_4d})
+    for (bool causal : {false, true}) cases.push_back({2, 4, 2, 13, 29, 40, 40, causal, m});
+  for (bool causal : {false, true}) {
+    cases.push_back({3, 2, 2, 31, 31, 80, 80, causal, MaskKind::none, true});
+    cases.push_back({2, 4, 2, 31, 47, 96, 96, causal, MaskKind::tk_2d, true, true});
+    cases.push_back({2, 3, 3, 97, 97, 40, 40, causal, MaskKind::none, false, true});
+    cases.push_back({2, 2, 1, 9, 21, 64, 64, causal, MaskKind::none, false, false, 0.37f});
+    cases.push_back({1, 2, 2, 9, 9, 128, 128, causal, MaskKind::heads_3d, true, true, 1.9f});
+  }
+  return cases;
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
+
+class AttentionGrid : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionGrid, MatchesFloat64Oracle) {
+  const Case c = GetParam();
+  auto gen = test_rng();
+  const Tensor q = random_tensor(gen, {c.B, c.Hq, c.Tq, c.D});
+  const Tensor k = random_tensor(gen, {c.B, c.Hkv, c.Tk, c.D});
+  const Tensor v = random_tensor(gen, {c.B, c.Hkv, c.Tk, c.Dv});
+
+  // The mask is drawn as a 4-D tensor; the kernel gets it in the form under test.
+  Tensor mask4;
+  ConstTensorView mask_arg;
+  if (c.mask != MaskKind::none) {
+    const int64_t mb = c.mask == MaskKind::full_4d ? c.B : 1;
+    const int64_t mh = c.mask == MaskKind::tk_2d || c.mask == MaskKind::batch_broadcast_4d ? 1 : c.Hq;
+    mask4 = random_tensor(gen, {mb, mh, c.Tq, c.Tk}, 2.0f);
+    std::uniform_real_distribution<float> u(0.0f, 1.0f);
+    for (int64_t i = 0; i < mask4.numel(); ++i)
+      if (u(gen) < 0.2f) mask4.data()[i] = -INFINITY;
+    if (c.mask == MaskKind::tk_2d) mask_arg = ConstTensorView(mask4.data(), {c.Tq, c.Tk});
+    else if (c.mask == MaskKind::heads_3d) mask_arg = ConstTensorView(mask4.data(), {c.Hq, c.Tq, c.Tk});
+    else mask_arg = mask4.view();
+  }
+  std::vector<int64_t> lengths;
+  if (c.kv_lengths) {
+    std::uniform_int_distribution<int64_t> len(0, c.Tk);
+    for (int64_t b = 0; b < c.B; ++b) lengths.push_back(b == 0 ? c.Tk : len(gen));
+  }
+
+  AttentionOptions opt;
+  opt.causal = c.causal;
+  opt.mask = mask_arg;
+  opt.kv_lengths = lengths;
+  opt.backend = Backend::reference;
+  if (c.scale != 0.0f) opt.scale = c.scale;
+  const double scale = c.scale != 0.0f ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.D));
+
+  // Strided: q stored [B, Tq, Hq, D] with padded rows, k with T walked backwards, v [Hkv, B, Tk, Dv].
+  StridedCopy qs, ks, vs;
+  ConstTensorView qv = q.view(), kv = k.view(), vv = v.view();
+  if (c.strided) {
+    qs = strided_copy(q, {0, 2, 1, 3}, 3);
+    ks = strided_copy(k, {0, 1, 2, 3}, 0, 2);
+    vs = strided_copy(v, {1, 0, 2, 3}, 1);
+    qv = qs.view, kv = ks.view, vv = vs.view;
+  }
+  Tensor out({c.B, c.Hq, c.Tq, c.Dv}), lse({c.B, c.Hq, c.Tq});
+  scaled_dot_product_attention(qv, kv, vv, out.view(), opt, lse.view());
+
+  const Oracle want = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, mask4.view(), lengths);
+  EXPECT_LE(rel_l2(out.data(), want.out), 1e-6);
+  for (int64_t r = 0; r < lse.numel(); ++r) {
+    ASSERT_FALSE(std::isnan(lse.data()[r])) << "row " << r;
+    if (want.lse[r] == -INFINITY) {
+      ASSERT_EQ(lse.data()[r], -INFINITY) << "row " << r;
+      for (int64_t d = 0; d < c.Dv; ++d) ASSERT_EQ(out.data()[r * c.Dv + d], 0.0f) << "fully masked row " << r;
+    } else {
+      ASSERT_NEAR(lse.data()[r], want.lse[r], 1e-6 * std::max(1.0, std::fabs(want.lse[r]))) << "row " << r;
+    }
+  }
+
+  // The probabilities from the same inputs and the forward's lse.
+  if (c.Tq * c.Tk <= 4096) {
+    const Tensor probs = attention_probabilities(qv, kv, lse.view(), opt);
+    double worst = 0.0;
+    for (int64_t i = 0; i < probs.numel(); ++i) worst = std::max(worst, std::fabs(probs.data()[i] - want.probs[i]));
+    EXPECT_LE(worst, 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Reference, AttentionGrid, ::testing::ValuesIn(grid()), case_name);
+
+TEST(Attention, FullyMaskedRowsGiveZeroAndMinusInfinity) {
+  auto gen = test_rng();
+  const int64_t B = 3, H = 2, Tq = 6, Tk = 4, D = 8;
+  const Tensor q = random_tensor(gen, {B, H, Tq, D}), k = random_tensor(gen, {B, H, Tk, D});
+  const Tensor v = random_tensor(gen, {B, H, Tk, D});
+  Tensor mask({Tq, Tk});
+  for (int64_t j = 0; j < Tk; ++j) mask.data()[5 * Tk + j] = -INFINITY;  // row 5: every key masked
+  const std::vector<int64_t> lengths = {Tk, 0, 2};                      // batch 1: no keys at all
+  AttentionOptions opt;
+  opt.causal = true;  // Tq > Tk: rows 0 and 1 see no key
+  opt.mask = mask.view();
+  opt.kv_lengths = lengths;
+  const AttentionResult r = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Tq; ++i) {
+        const bool empty = b == 1 || i < 2 || i == 5;
+        const float l = r.lse.data()[(b * H + h) * Tq + i];
+        EXPECT_EQ(empty, l == -INFINITY) << b << "," << h << "," << i;
+        for (int64_t d = 0; d < D; ++d) {
+          const float o = r.out.data()[((b * H + h) * Tq + i) * D + d];
+          EXPECT_FALSE(std::isnan(o));
+          if (empty) EXPECT_EQ(o, 0.0f);
+        }
+      }
+  const Tensor probs = attention_probabilities(q.view(), k.view(), r.lse.view(), opt);
+  for (int64_t i = 0; i < probs.numel(); ++i) EXPECT_FALSE(std::isnan(probs.data()[i]));
+}
+
+TEST(Attention, ProbabilitiesForChosenHeadsMatchTheOracle) {
+  auto gen = test_rng();
+  const int64_t B = 2, Hq = 6, Hkv = 3, Tq = 11, Tk = 19, D = 40;
+  const Tensor q = random_tensor(gen, {B, Hq, Tq, D}), k = random_tensor(gen, {B, Hkv, Tk, D});
+  const Tensor v = random_tensor(gen, {B, Hkv, Tk, D});
+  AttentionOptions opt;
+  opt.causal = true;
+  const std::vector<int64_t> heads = {5, 0, 3};
+  // Without lse (computed inside) and with the forward's lse: the same matrix.
+  const Tensor own = attention_probabilities(q.view(), k.view(), ConstTensorView{}, opt, heads);
+  const AttentionResult r = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
+  const Tensor given = attention_probabilities(q.view(), k.view(), r.lse.view(), opt, heads);
+  const Oracle want = naive_attention(q.view(), k.view(), v.view(), true, 1.0 / std::sqrt(double(D)), {}, {});
+  for (int64_t b = 0; b < B; ++b)
+    for (size_t s = 0; s < heads.size(); ++s)
+      for (int64_t i = 0; i < Tq; ++i) {
+        double row_sum = 0.0;
+        for (int64_t j = 0; j < Tk; ++j) {
+          const int64_t at = ((b * 3 + static_cast<int64_t>(s)) * Tq + i) * Tk + j;
+          const double p = want.probs[static_cast<size_t>(((b * Hq + heads[s]) * Tq + i) * Tk + j)];
+          EXPECT_NEAR(own.data()[at], p, 1e-6);
+          EXPECT_NEAR(given.data()[at], p, 1e-6);
+          row_sum += given.data()[at];
+        }
+        EXPECT_NEAR(row_sum, 1.0, 1e-5);
+      }
+}
+
+TEST(Attention, KeysSharedAcrossBatchThroughZeroStride) {
+  auto gen = test_rng();
+  const int64_t B = 3, H = 2, T = 9, D = 16;
+  const Tensor q = random_tensor(gen, {B, H, T, D});
+  const Tensor k1 = random_tensor(gen, {1, H, T, D}), v1 = random_tensor(gen, {1, H, T, D});
+  const ConstTensorView k(k1.data(), {B, H, T, D}, {0, T * D, D, 1});
+  const ConstTensorView v(v1.data(), {B, H, T, D}, {0, T * D, D, 1});
+  Tensor k_full({B, H, T, D}), v_full({B, H, T, D});
+  for (int64_t b = 0; b < B; ++b) {
+    std::memcpy(k_full.data() + b * H * T * D, k1.data(), sizeof(float) * H * T * D);
+    std::memcpy(v_full.data() + b * H * T * D, v1.data(), sizeof(float) * H * T * D);
+  }
+  const AttentionResult a = scaled_dot_product_attention(q.view(), k, v);
+  const AttentionResult b = scaled_dot_product_attention(q.view(), k_full.view(), v_full.view());
+  EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), sizeof(float) * a.out.numel()));
+}
+
+TEST(Attention, BitwiseIdenticalForAnyThreadCount) {
+  auto gen = test_rng();
+  const Tensor q = random_tensor(gen, {2, 6, 67, 40}), k = random_tensor(gen, {2, 3, 67, 40});
+  const Tensor v = random_tensor(gen, {2, 3, 67, 40});
+  AttentionOptions opt;
+  opt.causal = true;
+  std::vector<Tensor> outs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    outs.push_back(scaled_dot_product_attention(q.view(), k.view(), v.view(), opt).out);
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  for (size_t i = 1; i < outs.size(); ++i)
+    EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), sizeof(float) * outs[0].numel()));
+}
+
+TEST(Attention, EmptyTensorsAreFine) {
+  const Tensor q({0, 2, 3, 4}), k({0, 2, 5, 4}), v({0, 2, 5, 4});
+  const AttentionResult r = scaled_dot_product_attention(q.view(), k.view(), v.view());
+  EXPECT_EQ(r.out.numel(), 0);
+  const Tensor q1({1, 1, 2, 4}), k0({1, 1, 0, 4}), v0({1, 1, 0, 4});  // no keys: every row masked
+  const AttentionResult e = scaled_dot_product_attention(q1.view(), k0.view(), v0.view());
+  EXPECT_EQ(e.out.data()[0], 0.0f);
+  EXPECT_EQ(e.lse.data()[1], -INFINITY);
+}
+
+TEST(Attention, FlopCountFollowsDesign) {
+  EXPECT_DOUBLE_EQ(attention_flops(1, 12, 4096, 4096, 64, 64, false), 4.0 * 12 * 4096 * 4096 * 64);
+  EXPECT_DOUBLE_EQ(attention_flops(1, 12, 4096, 4096, 64, 64, true), 2.0 * 12 * 4096 * 4096 * 64);
+  EXPECT_DOUBLE_EQ(attention_flops(1, 1, 1, 100, 64, 64, true), 4.0 * 100 * 64);  // decode: not halved
+}
+
+}  // namespace
+}  // namespace mhsa::test
