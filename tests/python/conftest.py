@@ -5,9 +5,11 @@
   test's report carries the line "reproduce with MHSA_TEST_SEED=<seed>".
 - The acceptance bar (check_against_torch): fp32 agreement within 1e-5 relative (L2) with the
   float64 result, and no worse than 2x PyTorch's own fp32 error against it.
-- torch_attention: plain attention in torch, in whatever dtype it is given, the float64 oracle.
+- torch_attention: plain attention in torch, in whatever dtype it is given, the float64 oracle;
+  visible_keys: the keys the causal limit and kv_lengths leave, as its bias.
 """
 
+import math
 import os
 import secrets
 import sys
@@ -79,3 +81,19 @@ def torch_attention(q, k, v, scale, bias=None):
     row_lse = torch.where(torch.isfinite(lse), lse, 0)[..., None]  # masked row: exp(-inf - 0) = 0
     probs = torch.exp(scores - row_lse)
     return probs @ v, lse, probs
+
+
+def visible_keys(B, Tq, Tk, causal=False, kv_lengths=None):
+    """Bool [B, 1, Tq, Tk]: keys left by the causal limit (j <= i + Tk - Tq) and kv_lengths."""
+    i, j = torch.arange(Tq)[:, None], torch.arange(Tk)[None, :]
+    visible = torch.ones(B, 1, Tq, Tk, dtype=torch.bool)
+    if causal:
+        visible &= j <= i + (Tk - Tq)
+    if kv_lengths is not None:
+        visible &= j < torch.as_tensor(np.asarray(kv_lengths)).view(B, 1, 1, 1)
+    return visible
+
+
+def key_bias(visible, dtype=torch.float64):
+    """Visible keys as an additive bias: 0 where visible, -inf elsewhere."""
+    return torch.where(visible, 0.0, -math.inf).to(dtype)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what mhsa needs on a fresh Debian machine: the C++ toolchain and libraries (apt-get)
+# and the Python build tools (pip). With --test, also what the tests use: PyTorch and pytest.
+set -euo pipefail
+
+with_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_tests=1 ;;
+    *) echo "setup.sh: unknown option '$arg' (expected --test)" >&2; exit 2 ;;
+  esac
+done
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends \
+  g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
+  libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
+
+python=${PYTHON:-python3}
+pip_packages=(numpy pybind11 scikit-build-core)
+[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch)
+"$python" -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}"
+echo "setup.sh: ready ($("$python" --version), $(cmake --version | head -n1))"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every test: builds, runs the C++ suite (ctest: GoogleTest, CLI, install consumer) and the
+# Python suite against PyTorch (pytest), builds the Python wheel with `pip` and imports it from a
+# fresh virtual environment, then rebuilds the C++ tests with AddressSanitizer +
+# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Run scripts/setup.sh --test first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+jobs=$(nproc)
+
+echo "== build"
+scripts/build.sh
+
+echo "== C++ tests"
+ctest --test-dir build -j"$jobs" --output-on-failure
+
+echo "== Python tests (against PyTorch)"
+PYTHONPATH="$PWD/build/python" OMP_NUM_THREADS="$jobs" "$python" -m pytest -q tests/python
+
+echo "== pip install . into a fresh virtual environment"
+rm -rf build/venv build/wheel
+"$python" -m pip wheel --quiet --no-deps --wheel-dir build/wheel .
+"$python" -m venv --system-site-packages build/venv
+build/venv/bin/python -m pip install --quiet --no-deps --force-reinstall build/wheel/mhsa-*.whl
+(cd build && venv/bin/python -c "import mhsa, numpy as np; x = np.ones((1, 3, 8), np.float32); \
+assert mhsa.MultiHeadAttention(8, 2)(x).shape == (1, 3, 8); print('wheel ok:', mhsa.__file__)")
+
+echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHSA_SANITIZE=ON -DMHSA_BUILD_PYTHON=OFF >/dev/null
+cmake --build build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan -j"$jobs" --output-on-failure

@@ -1,0 +1,225 @@
+"""mhsa.scaled_dot_product_attention and mhsa.attention_probabilities against PyTorch.
+
+Each case runs mhsa in fp32, plain torch attention in float64 (the reference) and
+torch.nn.functional.scaled_dot_product_attention in fp32 (torch's own error), and holds out and
+lse to the acceptance bar of conftest.check_against_torch. Covered: odd sizes, Tq != Tk, causal
+(bottom-right), float and bool masks in every broadcast form, kv_lengths, GQA, custom scales,
+non-contiguous inputs, fully masked rows (0 / -inf, never NaN), torch tensors as inputs.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mhsa
+from conftest import check_against_torch, key_bias, torch_attention, visible_keys
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def additive_bias(mask, visible):
+    """The attn_mask (None, float or bool, any broadcast form) and the visible keys as one float64
+    additive bias broadcastable to [B, Hq, Tq, Tk]."""
+    bias = key_bias(visible)
+    if mask is None:
+        return bias
+    m = torch.as_tensor(np.asarray(mask))
+    if m.dtype == torch.bool:
+        m = torch.where(m, 0.0, -math.inf)
+    return bias + m.double().reshape((1,) * (4 - m.dim()) + tuple(m.shape))
+
+
+def run_case(q, k, v, mask=None, causal=False, scale=None, kv_lengths=None):
+    """mhsa against both torch computations, out and lse; returns mhsa's (out, lse)."""
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                                 kv_lengths=kv_lengths, return_lse=True)
+    B, _, Tq, D = q.shape
+    bias = additive_bias(mask, visible_keys(B, Tq, k.shape[2], causal, kv_lengths))
+    s = 1 / math.sqrt(D) if scale is None else scale
+    q32, k32, v32 = (torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v))
+    ref_out, ref_lse, _ = torch_attention(q32.double(), k32.double(), v32.double(), s, bias)
+    seen = torch.isfinite(ref_lse)
+    torch_out = F.scaled_dot_product_attention(q32, k32, v32, attn_mask=bias.float(), scale=s, enable_gqa=True)
+    torch_out = torch.where(seen[..., None], torch_out, 0)  # torch < 2.5 gives NaN for masked rows
+    _, torch_lse, _ = torch_attention(q32, k32, v32, s, bias.float())
+
+    check_against_torch(out, torch_out, ref_out)
+    seen = seen.numpy()
+    assert not np.isnan(out).any() and not np.isnan(lse).any()
+    assert (out[~seen] == 0).all(), "rows with no visible key must give 0"
+    assert (lse[~seen] == -np.inf).all(), "rows with no visible key must give lse -inf"
+    if seen.any():
+        check_against_torch(lse[seen], torch_lse.numpy()[seen], ref_lse.numpy()[seen])
+    return out, lse
+
+
+SHAPES = {  # B, Hq, Hkv, Tq, Tk, D, Dv
+    "T97-D40": (2, 3, 3, 97, 97, 40, 40),
+    "T1025-D96": (1, 2, 2, 1025, 1025, 96, 96),
+    "decode-Tk97-D80": (2, 2, 2, 1, 97, 80, 80),
+    "Tq5-Tk33-D64": (2, 2, 2, 5, 33, 64, 64),
+    "Tq33-Tk17-D40": (2, 2, 2, 33, 17, 40, 40),  # causal: the first 16 rows see no key
+    "T1-D80": (3, 2, 2, 1, 1, 80, 80),
+    "T17-D1": (2, 3, 3, 17, 17, 1, 1),
+    "Tq33-Tk65-D128": (1, 2, 2, 33, 65, 128, 128),
+    "Tq9-Tk40-D256": (1, 1, 1, 9, 40, 256, 256),
+    "Dv24-D40": (2, 2, 2, 13, 21, 40, 24),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_shapes(rng, shape, causal):
+    B, Hq, Hkv, Tq, Tk, D, Dv = shape
+    run_case(randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, Dv), causal=causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("Tq,Tk", [(97, 97), (5, 33), (1, 40)])
+@pytest.mark.parametrize("Hkv", [2, 3])
+def test_grouped_query_heads(rng, Hkv, Tq, Tk, causal):
+    B, Hq, D = 2, 6, 40
+    run_case(randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, D), causal=causal)
+
+
+MASK_FORMS = {  # the mask's shape for B=2, Hq=3, Tq=7, Tk=19
+    "[Tq,Tk]": (7, 19),
+    "[1,Tq,Tk]": (1, 7, 19),
+    "[Hq,Tq,Tk]": (3, 7, 19),
+    "[1,1,Tq,Tk]": (1, 1, 7, 19),
+    "[B,1,Tq,Tk]": (2, 1, 7, 19),
+    "[1,Hq,Tq,Tk]": (1, 3, 7, 19),
+    "[B,Hq,Tq,Tk]": (2, 3, 7, 19),
+}
+
+
+def random_mask(rng, shape, kind):
+    """A float mask (values of a few units, ~20% -inf) or a bool mask (~80% True), with row 3
+    removed entirely so that every form has fully masked rows."""
+    if kind == "bool":
+        mask = rng.random(shape) < 0.8
+        mask[..., 3, :] = False
+        return mask
+    mask = 2 * randn(rng, *shape)
+    mask[rng.random(shape) < 0.2] = -np.inf
+    mask[..., 3, :] = -np.inf
+    return mask
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("kind", ["float", "bool"])
+@pytest.mark.parametrize("form", MASK_FORMS.values(), ids=MASK_FORMS.keys())
+def test_masks(rng, form, kind, causal):
+    B, Hq, Tq, Tk, D = 2, 3, 7, 19, 40
+    q, k, v = randn(rng, B, Hq, Tq, D), randn(rng, B, Hq, Tk, D), randn(rng, B, Hq, Tk, D)
+    out, lse = run_case(q, k, v, mask=random_mask(rng, form, kind), causal=causal)
+    assert (out[:, :, 3] == 0).all() and (lse[:, :, 3] == -np.inf).all()
+
+
+@pytest.mark.parametrize("Tq,Tk,causal", [(9, 9, False), (9, 9, True), (1, 97, False), (5, 33, True)])
+def test_kv_lengths(rng, Tq, Tk, causal):
+    B, Hq, D = 4, 2, 40
+    lengths = [Tk, 0, int(rng.integers(1, Tk + 1)), 1]
+    q, k, v = randn(rng, B, Hq, Tq, D), randn(rng, B, Hq, Tk, D), randn(rng, B, Hq, Tk, D)
+    out, lse = run_case(q, k, v, causal=causal, kv_lengths=lengths)
+    assert (out[1] == 0).all() and (lse[1] == -np.inf).all()
+
+
+def test_kv_lengths_accepts_integer_sequences(rng):
+    q, k, v = randn(rng, 3, 2, 5, 16), randn(rng, 3, 2, 11, 16), randn(rng, 3, 2, 11, 16)
+    lengths = [11, 0, 4]
+    want = mhsa.scaled_dot_product_attention(q, k, v, kv_lengths=lengths)
+    for given in (tuple(lengths), np.array(lengths, np.int32), np.array(lengths, np.uint8), torch.tensor(lengths)):
+        got = mhsa.scaled_dot_product_attention(q, k, v, kv_lengths=given)
+        assert np.array_equal(got, want), f"kv_lengths given as {type(given).__name__}"
+
+
+@pytest.mark.parametrize("scale", [0.01, 0.3, 1.0, 3.0])
+def test_custom_scale(rng, scale):
+    q, k, v = randn(rng, 2, 3, 13, 64), randn(rng, 2, 3, 29, 64), randn(rng, 2, 3, 29, 64)
+    run_case(q, k, v, scale=scale, causal=True)
+
+
+def test_transposed_projection_layout(rng):
+    """q, k, v as [B, H, T, D] views of one fused [B, T, 3, H, D] projection buffer."""
+    B, T, H, D = 2, 97, 3, 40
+    qkv = randn(rng, B, T, 3, H, D)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    run_case(q, k, v, causal=True)
+
+
+def test_negative_and_step_strides(rng):
+    B, Hq, Hkv, Tq, Tk, D = 2, 6, 3, 5, 33, 40
+    q = randn(rng, B, Hq, Tq, 2 * D)[..., 1::2]        # every other element of each row
+    k = randn(rng, B, Hkv, Tk, D)[:, :, ::-1]           # tokens in reverse order
+    v = randn(rng, B, Hkv, Tk + 4, D)[:, ::-1, 2:-2]    # heads reversed, tokens sliced
+    run_case(q, k, v, causal=True, kv_lengths=[Tk, 17])
+
+
+def test_fortran_order(rng):
+    q, k, v = (np.asfortranarray(randn(rng, 2, 3, T, 24)) for T in (7, 19, 19))
+    run_case(q, k, v, mask=random_mask(rng, (7, 19), "float"))
+
+
+def test_fully_masked_rows(rng):
+    """Every way to remove all of a row's keys gives out 0 and lse -inf, and probabilities 0."""
+    B, Hq, Tq, Tk, D = 2, 2, 6, 8, 16
+    q, k, v = randn(rng, B, Hq, Tq, D), randn(rng, B, Hq, Tk, D), randn(rng, B, Hq, Tk, D)
+    bool_mask = np.ones((Tq, Tk), bool)
+    bool_mask[1] = False
+    float_mask = np.zeros((B, Hq, Tq, Tk), np.float32)
+    float_mask[0, 1, 2] = -np.inf
+    cases = [  # (options, the [b, h, i] rows they empty)
+        ({"attn_mask": bool_mask}, (slice(None), slice(None), 1)),
+        ({"attn_mask": float_mask}, (0, 1, 2)),
+        ({"kv_lengths": [Tk, 0]}, (1,)),
+        ({"is_causal": True, "kv_lengths": [0, 0]}, (slice(None),)),
+    ]
+    for options, rows in cases:
+        out, lse = mhsa.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
+        probs = mhsa.attention_probabilities(q, k, **options)
+        assert not np.isnan(out).any() and not np.isnan(lse).any() and not np.isnan(probs).any(), options
+        assert (out[rows] == 0).all() and (lse[rows] == -np.inf).all() and (probs[rows] == 0).all(), options
+
+
+PROB_CASES = {  # B, Hq, Hkv, Tq, Tk, D, causal, with a bool mask, kv_lengths
+    "T97-causal": (2, 3, 3, 97, 97, 80, True, False, None),
+    "gqa-decode": (2, 6, 2, 1, 97, 40, False, False, [97, 50]),
+    "masked-padded": (2, 3, 3, 7, 19, 40, True, True, [19, 0]),
+    "Tq5-Tk33-D256": (1, 2, 1, 5, 33, 256, True, False, None),
+}
+
+
+@pytest.mark.parametrize("case", PROB_CASES.values(), ids=PROB_CASES.keys())
+def test_attention_probabilities(rng, case):
+    B, Hq, Hkv, Tq, Tk, D, causal, masked, lengths = case
+    q, k = randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D)
+    mask = random_mask(rng, (Tq, Tk), "bool") if masked else None
+    probs = mhsa.attention_probabilities(q, k, attn_mask=mask, is_causal=causal, kv_lengths=lengths)
+    bias = additive_bias(mask, visible_keys(B, Tq, Tk, causal, lengths))
+    v = torch.zeros(B, Hkv, Tk, 1, dtype=torch.float64)
+    _, lse, ref = torch_attention(torch.from_numpy(q).double(), torch.from_numpy(k).double(), v, 1 / math.sqrt(D), bias)
+    assert probs.shape == (B, Hq, Tq, Tk)
+    np.testing.assert_allclose(probs, ref.numpy(), rtol=0, atol=1e-6)
+    sums = probs.astype(np.float64).sum(-1)
+    np.testing.assert_allclose(sums, torch.isfinite(lse).double().numpy(), rtol=0, atol=1e-6)
+
+
+def test_torch_tensor_inputs(rng):
+    """CPU float32 tensors, a transposed view among them, give exactly the NumPy result."""
+    B, Hq, Hkv, Tq, Tk, D = 2, 6, 3, 5, 33, 40
+    q = randn(rng, B, Tq, Hq, D).transpose(0, 2, 1, 3)
+    k, v = randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, D)
+    mask = random_mask(rng, (Hq, Tq, Tk), "bool")
+    options = {"is_causal": True, "kv_lengths": [Tk, 9], "return_lse": True}
+    want_out, want_lse = mhsa.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
+    tq = torch.from_numpy(np.ascontiguousarray(q.transpose(0, 2, 1, 3))).transpose(1, 2)
+    got_out, got_lse = mhsa.scaled_dot_product_attention(tq, torch.from_numpy(k), torch.from_numpy(v),
+                                                         attn_mask=torch.from_numpy(mask), **options)
+    assert np.array_equal(got_out, want_out) and np.array_equal(got_lse, want_lse)
+    run_case(q, k, v, mask=mask, causal=True, kv_lengths=[Tk, 9])
