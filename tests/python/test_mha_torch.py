@@ -53,26 +53,41 @@ def torch_mha(m, bias, dtype):
     return t
 
 
-def torch_results(m, bias, x, memory=None, causal=False, kv_lengths=None, need_weights=False):
+def torch_attn_mask(attn_mask, causal, dtype, B, H, T, S):
+    """Our is_causal or attn_mask (additive, or bool with True = attend) in nn.MultiheadAttention's
+    form: [T, S] or [B * H, T, S], additive or bool with True = masked."""
+    if causal:
+        return torch.ones(T, S, dtype=torch.bool).triu(1)
+    if attn_mask is None:
+        return None
+    m = torch.from_numpy(attn_mask)
+    m = ~m if m.dtype == torch.bool else m.to(dtype)
+    return m if m.dim() == 2 else m.expand(B, H, T, S).reshape(B * H, T, S)
+
+
+def torch_results(m, bias, x, memory=None, causal=False, kv_lengths=None, need_weights=False, attn_mask=None):
     """torch.nn.MultiheadAttention's (y, per-head weights or None) in float64, then float32."""
-    T, S = x.shape[1], (x if memory is None else memory).shape[1]
-    attn_mask = torch.ones(T, S, dtype=torch.bool).triu(1) if causal else None  # True = masked
+    B, T = x.shape[:2]
+    S = (x if memory is None else memory).shape[1]
     padding = None
     if kv_lengths is not None:
         padding = torch.arange(S)[None, :] >= torch.tensor(kv_lengths)[:, None]
     results = []
     for dtype in (torch.float64, torch.float32):
-        xt = torch.from_numpy(x).to(dtype)
-        mt = xt if memory is None else torch.from_numpy(memory).to(dtype)
+        xt = torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+        mt = xt if memory is None else torch.from_numpy(np.ascontiguousarray(memory)).to(dtype)
+        mask = torch_attn_mask(attn_mask, causal, dtype, B, m.num_heads, T, S)
         with torch.no_grad():
-            results.append(torch_mha(m, bias, dtype)(xt, mt, mt, key_padding_mask=padding, attn_mask=attn_mask,
+            results.append(torch_mha(m, bias, dtype)(xt, mt, mt, key_padding_mask=padding, attn_mask=mask,
                                                      need_weights=need_weights, average_attn_weights=False))
     return results
 
 
-def check_layer(m, x, memory=None, causal=False, kv_lengths=None, bias=True):
-    y = m(x, memory=memory, is_causal=causal, kv_lengths=kv_lengths)
-    (ref, _), (base, _) = torch_results(m, bias, x, memory, causal, kv_lengths)
+def check_layer(m, x, memory=None, causal=False, kv_lengths=None, bias=True, projected=False, attn_mask=None):
+    """m(x, ...) against torch; with `projected`, the memory goes in as m.project_memory(memory)."""
+    given = m.project_memory(memory) if projected else memory
+    y = m(x, memory=given, is_causal=causal, kv_lengths=kv_lengths, attn_mask=attn_mask)
+    (ref, _), (base, _) = torch_results(m, bias, x, memory, causal, kv_lengths, attn_mask=attn_mask)
     assert y.shape == x.shape
     check_against_torch(y, base, ref)
 
@@ -138,7 +153,36 @@ def test_cross_attention_padding(rng):
     C, H, B, T, S = 40, 5, 3, 7, 31
     m, memory = make_layer(rng, C, H), randn(rng, B, S, C)
     check_layer(m, randn(rng, B, T, C), memory=memory, kv_lengths=[S, 1, 12])
-    check_layer(m, randn(rng, B, T, C), memory=m.project_memory(memory), kv_lengths=[3, S, 20])
+    check_layer(m, randn(rng, B, T, C), memory=memory, kv_lengths=[3, S, 20], projected=True)
+
+
+MASK_FORMS = {"[T,S]": (13, 21), "[B,1,T,S]": (2, 1, 13, 21), "[1,H,T,S]": (1, 5, 13, 21),
+              "[B,H,T,S]": (2, 5, 13, 21)}
+
+
+@pytest.mark.parametrize("kind", ["float", "bool"])
+@pytest.mark.parametrize("form", MASK_FORMS.values(), ids=MASK_FORMS.keys())
+def test_attn_mask(rng, form, kind):
+    """Cross-attention (T=13, S=21) with a mask that leaves every row key 0 (torch gives NaN else)."""
+    C, H, B, T, S = 40, 5, 2, 13, 21
+    if kind == "bool":
+        mask = rng.random(form) < 0.7
+        mask[..., 0] = True
+    else:
+        mask = 2 * randn(rng, *form)
+        mask[rng.random(form) < 0.2] = -np.inf
+        mask[..., 0] = 0.0
+    check_layer(make_layer(rng, C, H), randn(rng, B, T, C), memory=randn(rng, B, S, C), attn_mask=mask)
+
+
+def test_non_contiguous_inputs(rng):
+    C, H, B, T, S = 40, 5, 2, 11, 17
+    m = make_layer(rng, C, H)
+    x = randn(rng, B, C, T).transpose(0, 2, 1)  # channels strided
+    memory = randn(rng, B, S, C)[:, ::-1]       # tokens reversed
+    check_layer(m, x, causal=True)
+    check_layer(m, x, memory=memory)
+    check_layer(m, x[:, ::2], memory=memory, projected=True)
 
 
 @pytest.mark.parametrize("cross", [False, True], ids=["self-causal", "cross-padded"])
@@ -213,3 +257,13 @@ def test_cache_reset(rng):
     x = randn(rng, B, T, C)
     check_reference(decode(m, x, cache, 4), m, x, causal=True)
     assert cache.length == T
+
+
+def test_empty_sequence(rng):
+    """T = 0 gives an empty y, for a forward and a step (which leaves the cache as it was)."""
+    C, H, B = 12, 4, 2
+    m = make_layer(rng, C, H)
+    assert m(randn(rng, B, 0, C)).shape == (B, 0, C)
+    cache = m.new_cache(B, 4)
+    assert m.step(randn(rng, B, 0, C), cache).shape == (B, 0, C)
+    assert cache.length == 0

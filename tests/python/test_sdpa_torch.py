@@ -187,27 +187,41 @@ def test_fully_masked_rows(rng):
         assert (out[rows] == 0).all() and (lse[rows] == -np.inf).all() and (probs[rows] == 0).all(), options
 
 
-PROB_CASES = {  # B, Hq, Hkv, Tq, Tk, D, causal, with a bool mask, kv_lengths
-    "T97-causal": (2, 3, 3, 97, 97, 80, True, False, None),
-    "gqa-decode": (2, 6, 2, 1, 97, 40, False, False, [97, 50]),
-    "masked-padded": (2, 3, 3, 7, 19, 40, True, True, [19, 0]),
-    "Tq5-Tk33-D256": (1, 2, 1, 5, 33, 256, True, False, None),
+def test_empty_query(rng):
+    out, lse = mhsa.scaled_dot_product_attention(randn(rng, 2, 3, 0, 8), randn(rng, 2, 3, 5, 8),
+                                                 randn(rng, 2, 3, 5, 6), return_lse=True)
+    assert out.shape == (2, 3, 0, 6) and lse.shape == (2, 3, 0)
+
+
+PROB_CASES = {  # B, Hq, Hkv, Tq, Tk, D, causal, with a bool mask, kv_lengths, scale
+    "T97-causal": (2, 3, 3, 97, 97, 80, True, False, None, None),
+    "gqa-decode": (2, 6, 2, 1, 97, 40, False, False, [97, 50], None),
+    "masked-padded": (2, 3, 3, 7, 19, 40, True, True, [19, 0], None),
+    "Tq5-Tk33-D256": (1, 2, 1, 5, 33, 256, True, False, None, None),
+    "large-logits": (2, 2, 2, 16, 40, 64, False, False, None, 4.0),
 }
 
 
 @pytest.mark.parametrize("case", PROB_CASES.values(), ids=PROB_CASES.keys())
 def test_attention_probabilities(rng, case):
-    B, Hq, Hkv, Tq, Tk, D, causal, masked, lengths = case
+    """The torch bar always; 1e-6 absolute and rows summing to 1 (or 0 when fully masked) for
+    the default scale. Large logits are held to the torch bar only: fp32 softmax, torch's or
+    mhsa's (whose fp32 lse rounds by |lse| * 2^-24), is only good to ~|logit| * 2^-24 there."""
+    B, Hq, Hkv, Tq, Tk, D, causal, masked, lengths, scale = case
     q, k = randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D)
     mask = random_mask(rng, (Tq, Tk), "bool") if masked else None
-    probs = mhsa.attention_probabilities(q, k, attn_mask=mask, is_causal=causal, kv_lengths=lengths)
+    probs = mhsa.attention_probabilities(q, k, attn_mask=mask, is_causal=causal, scale=scale, kv_lengths=lengths)
     bias = additive_bias(mask, visible_keys(B, Tq, Tk, causal, lengths))
-    v = torch.zeros(B, Hkv, Tk, 1, dtype=torch.float64)
-    _, lse, ref = torch_attention(torch.from_numpy(q).double(), torch.from_numpy(k).double(), v, 1 / math.sqrt(D), bias)
+    s = 1 / math.sqrt(D) if scale is None else scale
+    q32, k32, v32 = torch.from_numpy(q), torch.from_numpy(k), torch.zeros(B, Hkv, Tk, 1)
+    _, lse, ref = torch_attention(q32.double(), k32.double(), v32.double(), s, bias)
+    _, _, torch_probs = torch_attention(q32, k32, v32, s, bias.float())
     assert probs.shape == (B, Hq, Tq, Tk)
-    np.testing.assert_allclose(probs, ref.numpy(), rtol=0, atol=1e-6)
-    sums = probs.astype(np.float64).sum(-1)
-    np.testing.assert_allclose(sums, torch.isfinite(lse).double().numpy(), rtol=0, atol=1e-6)
+    check_against_torch(probs, torch_probs, ref)
+    if scale is None:
+        np.testing.assert_allclose(probs, ref.numpy(), rtol=0, atol=1e-6)
+        sums = probs.astype(np.float64).sum(-1)
+        np.testing.assert_allclose(sums, torch.isfinite(lse).double().numpy(), rtol=0, atol=1e-6)
 
 
 def test_torch_tensor_inputs(rng):

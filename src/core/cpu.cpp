@@ -1,0 +1,50 @@
+// core/cpu.cpp — CPUID-based ISA choice (see cpu.h).
+#include "core/cpu.h"
+
+#include <cstdlib>
+#include <string>
+
+namespace mhsa::cpu {
+namespace {
+
+Isa hardware_isa() {
+#if defined(__x86_64__) && defined(MHSA_HAVE_X86_KERNELS)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq"))
+    return Isa::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::avx2;
+#endif
+  return Isa::portable;
+}
+
+Isa capped(Isa hw) {
+  const char* env = std::getenv("MHSA_ISA");
+  if (!env) return hw;
+  const std::string want(env);
+  const Isa cap = want == "portable" ? Isa::portable : want == "avx2" ? Isa::avx2 : Isa::avx512;
+  return static_cast<int>(cap) < static_cast<int>(hw) ? cap : hw;
+}
+
+}  // namespace
+
+Isa best_isa() {
+  static const Isa isa = capped(hardware_isa());
+  return isa;
+}
+
+std::vector<Isa> usable_isas() {
+  std::vector<Isa> all;
+  for (int i = 0; i <= static_cast<int>(hardware_isa()); ++i) all.push_back(static_cast<Isa>(i));
+  return all;
+}
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return "avx512";
+    case Isa::avx2: return "avx2";
+    default: return "portable";
+  }
+}
+
+}  // namespace mhsa::cpu

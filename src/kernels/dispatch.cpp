@@ -1,0 +1,18 @@
+// kernels/dispatch.cpp — the per-ISA kernel tables (see dispatch.h).
+#include "kernels/dispatch.h"
+
+namespace mhsa::kernels {
+
+const KernelTable& kernels_for(cpu::Isa isa) {
+  static const KernelTable portable_table{&portable::gemm};
+#if defined(MHSA_HAVE_X86_KERNELS)
+  static const KernelTable avx2_table{&avx2::gemm};
+  static const KernelTable avx512_table{&avx512::gemm};
+  if (isa == cpu::Isa::avx512) return avx512_table;
+  if (isa == cpu::Isa::avx2) return avx2_table;
+#endif
+  (void)isa;
+  return portable_table;
+}
+
+}  // namespace mhsa::kernels

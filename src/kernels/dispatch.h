@@ -1,0 +1,34 @@
+// kernels/dispatch.h — the one boundary between portable code and per-ISA kernels.
+//
+// Every fast kernel is compiled once per ISA into namespace mhsa::kernels::<isa> (see
+// cmake/isa.cmake and isa/simd.h); this header declares them all and kernels_for() hands out
+// the table of one ISA. Callers above kernels/ never see an ISA. Not public.
+#pragma once
+
+#include <cstdint>
+
+#include "core/cpu.h"
+#include "kernels/attention_params.h"
+
+namespace mhsa::kernels {
+
+#define MHSA_DECLARE_ISA_KERNELS(isa)                                                                      \
+  namespace isa {                                                                                          \
+  void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,     \
+            const float* bias, float* C, int64_t ldc);                                                     \
+  }
+MHSA_DECLARE_ISA_KERNELS(portable)
+MHSA_DECLARE_ISA_KERNELS(avx2)
+MHSA_DECLARE_ISA_KERNELS(avx512)
+#undef MHSA_DECLARE_ISA_KERNELS
+
+struct KernelTable {
+  // C[M, N] = A[M, K] · B[K, N] + bias[N] (bias may be null); row-major with leading dimensions.
+  // Deterministic: each element of C is summed by one thread in a fixed order.
+  decltype(&portable::gemm) gemm;
+};
+
+const KernelTable& kernels_for(cpu::Isa isa);
+inline const KernelTable& kernels() { return kernels_for(cpu::best_isa()); }
+
+}  // namespace mhsa::kernels

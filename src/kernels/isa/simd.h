@@ -1,0 +1,97 @@
+// kernels/isa/simd.h — the one small set of vector primitives under every fast kernel.
+//
+// Included by kernel sources that are compiled once per ISA (see cmake/isa.cmake): the including
+// file defines MHSA_ISA (portable, avx2 or avx512), which names the namespace, and the compiler
+// flags of that translation unit decide the vector width through GCC/Clang vector extensions:
+// 16 lanes with AVX-512, 8 with AVX2, 4 otherwise (SSE2 on x86, NEON on ARM, or scalar code).
+// Kernels are written once against these primitives. Not a general SIMD library.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#ifndef MHSA_ISA
+#error "define MHSA_ISA (the ISA namespace) before including kernels/isa/simd.h"
+#endif
+
+namespace mhsa::kernels::MHSA_ISA {
+
+#if defined(__AVX512F__)
+inline constexpr int kLanes = 16;
+#elif defined(__AVX2__)
+inline constexpr int kLanes = 8;
+#else
+inline constexpr int kLanes = 4;
+#endif
+
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using IVec = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline Vec splat(float x) { return Vec{} + x; }
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(Vec));
+  return v;
+}
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
+// First n < kLanes lanes from p, the rest `fill`.
+inline Vec load_partial(const float* p, int n, float fill) {
+  Vec v = splat(fill);
+  for (int i = 0; i < n; ++i) v[i] = p[i];
+  return v;
+}
+inline void store_partial(float* p, Vec v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = v[i];
+}
+inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
+inline Vec min(Vec a, Vec b) { return a < b ? a : b; }
+// a·b + c, a single fused instruction where the ISA has one (TUs build with -ffp-contract=fast).
+inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
+
+// Horizontal reductions in a fixed lane order (a binary tree), so results never depend on
+// anything but the inputs.
+inline float reduce_sum(Vec v) {
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) v[i] += v[i + width];
+  return v[0];
+}
+inline float reduce_max(Vec v) {
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) v[i] = v[i] > v[i + width] ? v[i] : v[i + width];
+  return v[0];
+}
+
+// e^x for every lane: range reduction x = n·ln2 + r with |r| <= ln2/2, a degree-7 polynomial for
+// e^r, and 2^n built in the exponent bits. A few ulp on [-87.3, 88]; inputs below -87.3
+// (including -inf) give exactly 0, the value a masked score must contribute; inputs above 88
+// saturate at e^88 (softmax only ever asks for x <= 0).
+inline Vec exp(Vec x) {
+  const Vec hi = splat(88.0f);
+  const Vec lo = splat(-87.33f);
+  const IVec underflow = x < lo;
+  x = min(max(x, lo), hi);
+  // Round to nearest: floor(x·log2e + 0.5).
+  Vec t = x * 1.44269504088896341f + 0.5f;
+  IVec ti = __builtin_convertvector(t, IVec);  // truncates toward zero
+  Vec tf = __builtin_convertvector(ti, Vec);
+  ti -= (IVec)(tf > t) & 1;                     // -> floor
+  tf = __builtin_convertvector(ti, Vec);
+  Vec r = x - tf * 0.693359375f;                // ln2 split in two for an exact product
+  r = r - tf * -2.12194440e-4f;
+  // e^r by its Taylor series to r^7 (truncation error < |r|^8/8! < 5e-9 for |r| <= ln2/2).
+  Vec p = splat(1.0f / 5040.0f);
+  p = fma(p, r, splat(1.0f / 720.0f));
+  p = fma(p, r, splat(1.0f / 120.0f));
+  p = fma(p, r, splat(1.0f / 24.0f));
+  p = fma(p, r, splat(1.0f / 6.0f));
+  p = fma(p, r, splat(0.5f));
+  p = fma(p, r, splat(1.0f));
+  p = fma(p, r, splat(1.0f));
+  const IVec bits = (ti + 127) << 23;
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof(Vec));
+  const Vec result = p * scale;
+  return underflow ? splat(0.0f) : result;
+}
+
+}  // namespace mhsa::kernels::MHSA_ISA
