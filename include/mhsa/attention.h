@@ -29,7 +29,7 @@ enum class Backend {
 struct AttentionOptions {
   bool causal = false;
   std::optional<float> scale;           // default 1/sqrt(D)
-  ConstTensorView mask;                 // optional additive mask; -inf removes a key
+  ConstTensorView attn_mask;            // optional additive mask; -inf removes a key
   std::span<const int64_t> kv_lengths;  // optional [B]: keys j >= kv_lengths[b] are masked
   Backend backend = Backend::automatic;
 };

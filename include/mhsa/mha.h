@@ -24,7 +24,7 @@ namespace mhsa {
 struct MhaOptions {
   bool causal = false;                  // bottom-right aligned, as in scaled_dot_product_attention
   std::span<const int64_t> kv_lengths;  // optional [B]: valid keys of x (self) or of the memory
-  ConstTensorView mask;                 // optional additive [T, S] or [B|1, H|1, T, S]
+  ConstTensorView attn_mask;            // optional additive [T, S] or [B|1, H|1, T, S]
   Tensor* weights = nullptr;            // if set, receives the probabilities [B, H, T, S]
   Backend backend = Backend::automatic;
 };

@@ -17,6 +17,9 @@ std::string type_name(py::handle obj) { return py::str(py::type::of(obj).attr("_
 
 py::array as_array(py::handle obj, std::string_view fn, std::string_view arg, const std::string& wanted) {
   if (obj.is_none()) fail(fn, arg, wanted, "None");
+  // NumPy would turn a str into a 0-D string array: name what was really given instead.
+  if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || py::isinstance<py::dict>(obj))
+    fail(fn, arg, wanted, "an object of type " + type_name(obj));
   py::array arr = py::array::ensure(obj);
   if (!arr) {
     PyErr_Clear();

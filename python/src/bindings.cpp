@@ -19,7 +19,7 @@ namespace {
 struct CallOptions {
   AttentionOptions options;
   std::vector<int64_t> kv_lengths;  // storage behind options.kv_lengths
-  InputArray mask;                  // storage behind options.mask
+  InputArray mask;                  // storage behind options.attn_mask
 };
 
 CallOptions call_options(std::string_view fn, const py::object& attn_mask, bool is_causal,
@@ -33,7 +33,7 @@ CallOptions call_options(std::string_view fn, const py::object& attn_mask, bool 
   }
   if (!attn_mask.is_none()) {
     c.mask = mask_array(attn_mask, fn);
-    c.options.mask = c.mask.view;
+    c.options.attn_mask = c.mask.view;
   }
   return c;
 }
@@ -84,7 +84,7 @@ py::object mha_call(const MultiHeadAttention& m, const py::object& x_obj, const 
   MhaOptions o;
   o.causal = c.options.causal;
   o.kv_lengths = c.options.kv_lengths;
-  o.mask = c.options.mask;
+  o.attn_mask = c.options.attn_mask;
   Tensor weights;
   if (need_weights) o.weights = &weights;
   Tensor y;

@@ -15,6 +15,7 @@ void fail(std::string_view fn, std::string_view arg, const std::string& expected
 void check_no_self_overlap(std::string_view fn, std::string_view arg, const TensorView& v) {
   // Sufficient condition: ordered by |stride|, every stride steps past the whole span of the
   // smaller ones. Dimensions of size 1 never alias.
+  if (v.numel() == 0) return;  // nothing to alias
   std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size)
   for (int i = 0; i < v.ndim; ++i)
     if (v.shape[i] > 1) dims.emplace_back(std::llabs(v.stride[i]), v.shape[i]);

@@ -25,16 +25,16 @@ void bind_mask(std::string_view fn, const ConstTensorView& mask, AttentionParams
   const int64_t full[4] = {p.B, p.Hq, p.Tq, p.Tk};
   const std::string wanted = message("a shape broadcastable to [B=", p.B, ", Hq=", p.Hq, ", Tq=", p.Tq,
                                      ", Tk=", p.Tk, "]: [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk]");
-  if (mask.ndim < 2 || mask.ndim > 4) fail(fn, "mask", wanted, shape_string(mask));
+  if (mask.ndim < 2 || mask.ndim > 4) fail(fn, "attn_mask", wanted, shape_string(mask));
   const int skip = 4 - mask.ndim;
   Strides4 stride{0, 0, 0, 0};
   for (int a = 0; a < mask.ndim; ++a) {
     const int axis = a + skip;
     const bool broadcast = axis < 2 && mask.shape[a] == 1;
-    if (mask.shape[a] != full[axis] && !broadcast) fail(fn, "mask", wanted, shape_string(mask));
+    if (mask.shape[a] != full[axis] && !broadcast) fail(fn, "attn_mask", wanted, shape_string(mask));
     stride[axis] = broadcast ? 0 : mask.stride[a];
   }
-  if (mask.numel() > 0 && mask.data == nullptr) fail(fn, "mask", "data", "a null pointer");
+  if (mask.numel() > 0 && mask.data == nullptr) fail(fn, "attn_mask", "data", "a null pointer");
   int64_t idx[4] = {0, 0, 0, 0};
   int64_t dims[4] = {1, 1, 1, 1};
   for (int a = 0; a < mask.ndim; ++a) dims[a + skip] = mask.shape[a];
@@ -45,7 +45,7 @@ void bind_mask(std::string_view fn, const ConstTensorView& mask, AttentionParams
           const float m = mask.data[idx[0] * stride[0] + idx[1] * stride[1] + idx[2] * stride[2] +
                                     idx[3] * stride[3]];
           if (std::isnan(m) || m == INFINITY)
-            fail(fn, "mask", "finite values or -inf",
+            fail(fn, "attn_mask", "finite values or -inf",
                  message(m, " at broadcast index [b, h, i, j] = [", idx[0], ", ", idx[1], ", ", idx[2],
                          ", ", idx[3], "]"));
         }
@@ -103,7 +103,7 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
     }
     p.kv_lengths = opt.kv_lengths.data();
   }
-  if (opt.mask.defined()) bind_mask(fn, opt.mask, p);
+  if (opt.attn_mask.defined()) bind_mask(fn, opt.attn_mask, p);
   return p;
 }
 

@@ -68,7 +68,7 @@ AttentionOptions attention_options(const MhaOptions& o) {
   AttentionOptions a;
   a.causal = o.causal;
   a.kv_lengths = o.kv_lengths;
-  a.mask = o.mask;
+  a.attn_mask = o.attn_mask;
   a.backend = o.backend;
   return a;
 }

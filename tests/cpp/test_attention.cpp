@@ -103,7 +103,7 @@ TEST_P(AttentionGrid, MatchesFloat64Oracle) {
 
   AttentionOptions opt;
   opt.causal = c.causal;
-  opt.mask = mask_arg;
+  opt.attn_mask = mask_arg;
   opt.kv_lengths = lengths;
   opt.backend = Backend::reference;
   if (c.scale != 0.0f) opt.scale = c.scale;
@@ -154,7 +154,7 @@ TEST(Attention, FullyMaskedRowsGiveZeroAndMinusInfinity) {
   const std::vector<int64_t> lengths = {Tk, 0, 2};                      // batch 1: no keys at all
   AttentionOptions opt;
   opt.causal = true;  // Tq > Tk: rows 0 and 1 see no key
-  opt.mask = mask.view();
+  opt.attn_mask = mask.view();
   opt.kv_lengths = lengths;
   const AttentionResult r = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
   for (int64_t b = 0; b < B; ++b)

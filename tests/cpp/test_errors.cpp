@@ -116,12 +116,12 @@ TEST(Errors, MaskNotBroadcastable) {
   Inputs in;
   AttentionOptions opt;
   const Tensor wrong_tk({5, 6}), wrong_batch({3, 1, 5, 7}), five_d({1});
-  opt.mask = wrong_tk.view();
-  expect_error([&] { in.run(opt); }, {"mask: expected a shape broadcastable to [B=2, Hq=4, Tq=5, Tk=7]", "got [5, 6]"});
-  opt.mask = wrong_batch.view();
-  expect_error([&] { in.run(opt); }, {"mask: expected a shape broadcastable", "got [3, 1, 5, 7]"});
-  opt.mask = five_d.view();
-  expect_error([&] { in.run(opt); }, {"mask: expected a shape broadcastable", "got [1]"});
+  opt.attn_mask = wrong_tk.view();
+  expect_error([&] { in.run(opt); }, {"attn_mask: expected a shape broadcastable to [B=2, Hq=4, Tq=5, Tk=7]", "got [5, 6]"});
+  opt.attn_mask = wrong_batch.view();
+  expect_error([&] { in.run(opt); }, {"attn_mask: expected a shape broadcastable", "got [3, 1, 5, 7]"});
+  opt.attn_mask = five_d.view();
+  expect_error([&] { in.run(opt); }, {"attn_mask: expected a shape broadcastable", "got [1]"});
 }
 
 TEST(Errors, MaskHoldsNaNOrPlusInfinity) {
@@ -129,10 +129,10 @@ TEST(Errors, MaskHoldsNaNOrPlusInfinity) {
   Tensor mask({5, 7});
   mask.data()[9] = NAN;
   AttentionOptions opt;
-  opt.mask = mask.view();
-  expect_error([&] { in.run(opt); }, {"mask: expected finite values or -inf, got nan at broadcast index [b, h, i, j] = [0, 0, 1, 2]"});
+  opt.attn_mask = mask.view();
+  expect_error([&] { in.run(opt); }, {"attn_mask: expected finite values or -inf, got nan at broadcast index [b, h, i, j] = [0, 0, 1, 2]"});
   mask.data()[9] = INFINITY;
-  expect_error([&] { in.run(opt); }, {"mask: expected finite values or -inf, got inf"});
+  expect_error([&] { in.run(opt); }, {"attn_mask: expected finite values or -inf, got inf"});
 }
 
 TEST(Errors, ProbabilitiesHeadOutOfRange) {
