@@ -4,7 +4,9 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/attention_backends.h"
 #include "kernels/attention_params.h"
+#include "kernels/dispatch.h"
 #include "mhsa/attention.h"
 
 namespace mhsa {
@@ -119,12 +121,27 @@ void check_output(std::string_view fn, std::string_view arg, const TensorView& t
 
 Strides4 lse_strides(const TensorView& lse) { return {lse.stride[0], lse.stride[1], lse.stride[2], 0}; }
 
-void run_forward(const AttentionParams& p, Backend) { kernels::attention_forward_ref(p); }
+// The reference kernel for Backend::reference, otherwise the fast kernels of the best ISA.
+std::optional<cpu::Isa> kernel_choice(Backend backend) {
+  if (backend == Backend::reference) return std::nullopt;
+  return cpu::best_isa();
+}
+
+void run_forward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
+  if (isa) {
+    kernels::kernels_for(*isa).attention_forward(p);
+  } else {
+    kernels::attention_forward_ref(p);
+  }
+}
 
 }  // namespace
 
-void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTensorView v,
-                                  TensorView out, const AttentionOptions& options, TensorView lse) {
+namespace detail {
+
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, ConstTensorView k,
+                                     ConstTensorView v, TensorView out, const AttentionOptions& options,
+                                     TensorView lse) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
   AttentionParams p = make_params(fn, q, k, &v, options);
   check_output(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv});
@@ -135,7 +152,14 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
     p.lse = lse.data;
     p.lse_stride = lse_strides(lse);
   }
-  run_forward(p, options.backend);
+  run_forward(p, isa);
+}
+
+}  // namespace detail
+
+void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTensorView v,
+                                  TensorView out, const AttentionOptions& options, TensorView lse) {
+  detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, k, v, out, options, lse);
 }
 
 AttentionResult scaled_dot_product_attention(ConstTensorView q, ConstTensorView k,
@@ -177,7 +201,7 @@ void attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensorVi
     own_lse = Tensor({p.B, p.Hq, p.Tq});
     p.lse = own_lse.data();
     p.lse_stride = lse_strides(own_lse.view());
-    run_forward(p, options.backend);  // p.out is null: computes lse only
+    run_forward(p, kernel_choice(options.backend));  // p.out is null: computes lse only
   }
   kernels::attention_probabilities_ref(p, heads.data(), n_heads, probs.data, probs.stride);
 }

@@ -16,6 +16,7 @@ namespace mhsa::kernels {
   namespace isa {                                                                                          \
   void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,     \
             const float* bias, float* C, int64_t ldc);                                                     \
+  void attention_forward(const AttentionParams& p);                                                        \
   }
 MHSA_DECLARE_ISA_KERNELS(portable)
 MHSA_DECLARE_ISA_KERNELS(avx2)
@@ -26,6 +27,8 @@ struct KernelTable {
   // C[M, N] = A[M, K] · B[K, N] + bias[N] (bias may be null); row-major with leading dimensions.
   // Deterministic: each element of C is summed by one thread in a fixed order.
   decltype(&portable::gemm) gemm;
+  // The FlashAttention forward (kernels/flash_attention.cpp): lse, and out when p.out is set.
+  decltype(&portable::attention_forward) attention_forward;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "kernels/attention_backends.h"
 #include "test_util.h"
 
 namespace mhsa::test {
@@ -72,6 +73,16 @@ std::vector<Case> grid() {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name({c, 0}); }
 
+// Every kernel this machine runs: the reference (no ISA) and each ISA's fast kernels.
+std::vector<std::optional<cpu::Isa>> kernels_here() {
+  std::vector<std::optional<cpu::Isa>> all = {std::nullopt};
+  for (cpu::Isa isa : cpu::usable_isas()) all.emplace_back(isa);
+  return all;
+}
+std::string kernel_name(const std::optional<cpu::Isa>& isa) {
+  return isa ? std::string(cpu::isa_name(*isa)) : std::string("reference");
+}
+
 class AttentionGrid : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AttentionGrid, MatchesFloat64Oracle) {
@@ -118,18 +129,22 @@ TEST_P(AttentionGrid, MatchesFloat64Oracle) {
     vs = strided_copy(v, {1, 0, 2, 3}, 1);
     qv = qs.view, kv = ks.view, vv = vs.view;
   }
-  Tensor out({c.B, c.Hq, c.Tq, c.Dv}), lse({c.B, c.Hq, c.Tq});
-  scaled_dot_product_attention(qv, kv, vv, out.view(), opt, lse.view());
-
   const Oracle want = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, mask4.view(), lengths);
-  EXPECT_LE(rel_l2(out.data(), want.out), 1e-6);
-  for (int64_t r = 0; r < lse.numel(); ++r) {
-    ASSERT_FALSE(std::isnan(lse.data()[r])) << "row " << r;
-    if (want.lse[r] == -INFINITY) {
-      ASSERT_EQ(lse.data()[r], -INFINITY) << "row " << r;
-      for (int64_t d = 0; d < c.Dv; ++d) ASSERT_EQ(out.data()[r * c.Dv + d], 0.0f) << "fully masked row " << r;
-    } else {
-      ASSERT_NEAR(lse.data()[r], want.lse[r], 1e-6 * std::max(1.0, std::fabs(want.lse[r]))) << "row " << r;
+  Tensor out({c.B, c.Hq, c.Tq, c.Dv}), lse({c.B, c.Hq, c.Tq});
+  for (const auto& isa : kernels_here()) {
+    SCOPED_TRACE(kernel_name(isa));
+    // The reference accumulates in float64; the fast kernels in float32, held to the 1e-5.
+    const double tol = isa ? 1e-5 : 1e-6;
+    detail::scaled_dot_product_attention_on(isa, qv, kv, vv, out.view(), opt, lse.view());
+    EXPECT_LE(rel_l2(out.data(), want.out), tol);
+    for (int64_t r = 0; r < lse.numel(); ++r) {
+      ASSERT_FALSE(std::isnan(lse.data()[r])) << "row " << r;
+      if (want.lse[r] == -INFINITY) {
+        ASSERT_EQ(lse.data()[r], -INFINITY) << "row " << r;
+        for (int64_t d = 0; d < c.Dv; ++d) ASSERT_EQ(out.data()[r * c.Dv + d], 0.0f) << "fully masked row " << r;
+      } else {
+        ASSERT_NEAR(lse.data()[r], want.lse[r], tol * std::max(1.0, std::fabs(want.lse[r]))) << "row " << r;
+      }
     }
   }
 

@@ -1,0 +1,19 @@
+// kernels/attention_backends.h — the attention entry point with the kernel named by the caller,
+// for tests and benchmarks that compare every kernel on one machine. Not public: users pick
+// only between Backend::automatic and Backend::reference.
+#pragma once
+
+#include <optional>
+
+#include "core/cpu.h"
+#include "mhsa/attention.h"
+
+namespace mhsa::detail {
+
+// scaled_dot_product_attention with the same validation, on `isa`'s fast kernels, or on the
+// reference kernel when `isa` is empty.
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, ConstTensorView k,
+                                     ConstTensorView v, TensorView out, const AttentionOptions& options,
+                                     TensorView lse);
+
+}  // namespace mhsa::detail

@@ -1,0 +1,384 @@
+// kernels/flash_attention.cpp — the fast attention forward, compiled once per ISA (MHSA_ISA).
+//
+// FlashAttention on the CPU. For each (batch, kv head) the keys are packed once, transposed, into
+// key blocks Kt [D, Bc] and the values into V [Tk, Dv] padded to whole vectors; the query heads of
+// the group then walk their query blocks (Br rows) over the key blocks:
+//   S = (scale·Q) Ktᵀ  [Br, Bc]     register-blocked outer products (kRows × kCols vectors)
+//   S += mask; S = -inf past each row's key_end (only on the blocks a limit cuts)
+//   online softmax: m' = max(m, rowmax S); O, l rescaled by e^(m − m') only when m moves;
+//   P = e^(S − m') (vector exp fused with the row sum); l += Σ P
+//   O += P V  [Br, Dv]               register-blocked again
+// and finally out = O / l, lse = m + log l. Memory is O(Br·Bc + Tk·D) per thread, never Tq×Tk.
+// Blocks of keys wholly past every row's limit are skipped (the causal upper triangle).
+//
+// Few queries against many keys (decode, Tq·group <= kDecodeRows) take a split-K path instead:
+// the keys are cut into fixed slices of kSplitKeys, each slice's partial (m, l, O) is computed
+// by any thread straight from the unpacked cache, and the partials are merged in slice order.
+//
+// Every output row is computed by one thread, in an order that depends only on the shapes, so
+// results are bitwise identical for any thread count. Not a backward kernel (see the gradients).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention_params.h"
+#include "kernels/isa/simd.h"
+#include "mhsa/tensor.h"
+
+namespace mhsa::kernels::MHSA_ISA {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Register blocking of both microkernels: kRows query rows × kCols vectors of keys (or of Dv).
+// AVX-512 has 32 vector registers: 6 × 4 accumulators + 4 loads + 1 broadcast. AVX2 and the
+// portable path have 16: 4 × 2 accumulators.
+constexpr int kRows = kLanes == 16 ? 6 : 4;
+constexpr int kCols = kLanes == 16 ? 4 : 2;
+// Block sizes (see docs/performance.md for the measurements behind them).
+constexpr int64_t kBr = 8 * kRows;       // query rows per block
+constexpr int64_t kBc = 2 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
+constexpr int64_t kDecodeRows = 8;       // at most this many query rows per kv head: split-K path
+constexpr int64_t kSplitKeys = 512;      // keys per split-K slice (fixed: results do not depend on threads)
+
+using AlignedFloats = std::vector<float, AlignedAllocator<float>>;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// S[r, c·kLanes + ...] for R rows × C vectors of keys: S = Q[R, D] · Kt[D, C·kLanes].
+template <int R, int C>
+void scores_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t D, float* s, int64_t lds) {
+  Vec acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = splat(0.0f);
+  for (int64_t d = 0; d < D; ++d) {
+    Vec kv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) kv[c] = load(kt + d * ldk + c * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const Vec qv = splat(q[r * ldq + d]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = fma(qv, kv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) store(s + r * lds + c * kLanes, acc[r][c]);
+}
+
+// O[R, C·kLanes] += P[R, J] · V[J, C·kLanes]
+template <int R, int C>
+void accumulate_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
+  Vec acc[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) acc[r][c] = load(o + r * ldo + c * kLanes);
+  for (int64_t j = 0; j < J; ++j) {
+    Vec vv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) vv[c] = load(v + j * ldv + c * kLanes);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const Vec pv = splat(p[r * ldp + j]);
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = fma(pv, vv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) store(o + r * ldo + c * kLanes, acc[r][c]);
+}
+
+template <int R, int C>
+struct ScoresTile {
+  static void run(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t D, float* s, int64_t lds) {
+    scores_tile<R, C>(q, ldq, kt, ldk, D, s, lds);
+  }
+};
+template <int R, int C>
+struct AccumulateTile {
+  static void run(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
+    accumulate_tile<R, C>(p, ldp, v, ldv, J, o, ldo);
+  }
+};
+
+// Both microkernels share one signature; tile_fn picks the instance for `rows` <= kRows rows
+// and `cols` <= kCols vectors.
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
+template <template <int, int> class Tile>
+TileFn tile_fn(int64_t rows, int64_t cols) {
+  static_assert(kRows <= 6 && kCols <= 4);
+  static constexpr TileFn table[6][4] = {
+      {Tile<1, 1>::run, Tile<1, 2>::run, Tile<1, 3>::run, Tile<1, 4>::run},
+      {Tile<2, 1>::run, Tile<2, 2>::run, Tile<2, 3>::run, Tile<2, 4>::run},
+      {Tile<3, 1>::run, Tile<3, 2>::run, Tile<3, 3>::run, Tile<3, 4>::run},
+      {Tile<4, 1>::run, Tile<4, 2>::run, Tile<4, 3>::run, Tile<4, 4>::run},
+      {Tile<5, 1>::run, Tile<5, 2>::run, Tile<5, 3>::run, Tile<5, 4>::run},
+      {Tile<6, 1>::run, Tile<6, 2>::run, Tile<6, 3>::run, Tile<6, 4>::run}};
+  return table[rows - 1][cols - 1];
+}
+
+// One (batch, kv head)'s keys and values, packed for the microkernels.
+struct PackedKV {
+  int64_t blocks = 0;  // key blocks of kBc
+  int64_t dv_pad = 0;  // Dv rounded up to whole vectors
+  AlignedFloats kt;    // [blocks, D, kBc]   keys transposed per block, zero past Tk
+  AlignedFloats v;     // [blocks·kBc, dv_pad]  zero past Tk and Dv
+};
+
+void pack_block(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb, PackedKV& kv) {
+  const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
+  const float* v = p.v ? p.v + b * p.v_stride[0] + hk * p.v_stride[1] : nullptr;
+  float* kt = kv.kt.data() + kb * p.D * kBc;
+  float* vp = kv.v.data() + kb * kBc * kv.dv_pad;
+  for (int64_t jj = 0; jj < kBc; ++jj) {
+    const int64_t j = kb * kBc + jj;
+    const bool real = j < p.Tk;
+    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = real ? k[j * p.k_stride[2] + d * p.k_stride[3]] : 0.0f;
+    for (int64_t d = 0; d < kv.dv_pad; ++d)  // dv_pad is 0 when there are no values
+      vp[jj * kv.dv_pad + d] = real && d < p.Dv ? v[j * p.v_stride[2] + d * p.v_stride[3]] : 0.0f;
+  }
+}
+
+// Per-thread working set for one query block.
+struct Scratch {
+  AlignedFloats q;  // [kBr, D]       scaled queries
+  AlignedFloats s;  // [kBr, kBc]     scores, then probabilities
+  AlignedFloats o;  // [kBr, dv_pad]  unnormalised output
+  std::vector<float> m, l;           // [kBr] running max and sum
+  std::vector<int64_t> end;          // [kBr] key_end of each row
+  Scratch(int64_t D, int64_t dv_pad)
+      : q(static_cast<size_t>(kBr * D)), s(static_cast<size_t>(kBr * kBc)), o(static_cast<size_t>(kBr * dv_pad)),
+        m(kBr), l(kBr), end(kBr) {}
+};
+
+// Online-softmax update of one row of scores s[0, n) (n a multiple of kLanes): turns them into
+// probabilities and rescales the row's output o[0, dv) when its running max moves.
+void softmax_row(float* s, int64_t n, float& m, float& l, float* o, int64_t dv) {
+  Vec vmax = splat(kNegInf);
+  for (int64_t j = 0; j < n; j += kLanes) vmax = max(vmax, load(s + j));
+  const float m_new = std::max(m, reduce_max(vmax));
+  if (m_new == kNegInf) {  // nothing visible yet: the row contributes nothing
+    for (int64_t j = 0; j < n; j += kLanes) store(s + j, splat(0.0f));
+    return;
+  }
+  if (m_new > m) {
+    const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
+    l *= alpha;
+    for (int64_t d = 0; d < dv; ++d) o[d] *= alpha;
+    m = m_new;
+  }
+  const Vec mv = splat(m_new);
+  Vec sum = splat(0.0f);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const Vec e = exp(load(s + j) - mv);
+    store(s + j, e);
+    sum += e;
+  }
+  l += reduce_sum(sum);
+}
+
+// Rows [i0, i0 + rows) of query head h against the packed keys of its kv head.
+void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                 Scratch& w) {
+  const int64_t D = p.D, dv_pad = kv.dv_pad;
+  const float* q = p.q + b * p.q_stride[0] + h * p.q_stride[1];
+  int64_t max_end = 0, min_end = p.Tk;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t d = 0; d < D; ++d) w.q[r * D + d] = q[(i0 + r) * p.q_stride[2] + d * p.q_stride[3]] * p.scale;
+    w.end[r] = key_end(p, b, i0 + r);
+    max_end = std::max(max_end, w.end[r]);
+    min_end = std::min(min_end, w.end[r]);
+    w.m[r] = kNegInf;
+    w.l[r] = 0.0f;
+  }
+  std::fill(w.o.begin(), w.o.begin() + rows * dv_pad, 0.0f);
+  const int64_t blocks = (max_end + kBc - 1) / kBc;  // later blocks are masked for every row
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    const int64_t j0 = kb * kBc;
+    const float* kt = kv.kt.data() + kb * D * kBc;
+    for (int64_t r = 0; r < rows; r += kRows)
+      for (int64_t c = 0; c < kBc; c += kCols * kLanes)
+        tile_fn<ScoresTile>(std::min<int64_t>(kRows, rows - r), kCols)(w.q.data() + r * D, D, kt + c, kBc, D,
+                                                                     w.s.data() + r * kBc + c, kBc);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* s = w.s.data() + r * kBc;
+      const int64_t visible = std::clamp<int64_t>(w.end[r] - j0, 0, kBc);
+      if (p.mask) {
+        const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + (i0 + r) * p.mask_stride[2];
+        for (int64_t jj = 0; jj < visible; ++jj) s[jj] += mrow[(j0 + jj) * p.mask_stride[3]];
+      }
+      if (j0 + kBc > min_end) std::fill(s + visible, s + kBc, kNegInf);
+      softmax_row(s, kBc, w.m[r], w.l[r], w.o.data() + r * dv_pad, dv_pad);
+    }
+    const int64_t keys = std::min(kBc, max_end - j0);
+    const float* vb = kv.v.data() + j0 * dv_pad;
+    for (int64_t r = 0; r < rows; r += kRows)
+      for (int64_t c = 0; c < dv_pad; c += kCols * kLanes)
+        tile_fn<AccumulateTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (dv_pad - c) / kLanes))(
+            w.s.data() + r * kBc, kBc, vb + c, dv_pad, keys, w.o.data() + r * dv_pad + c, dv_pad);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const float inv = w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;
+    if (p.out) {
+      float* out = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
+      for (int64_t d = 0; d < p.Dv; ++d) out[d * p.out_stride[3]] = w.o[r * dv_pad + d] * inv;
+    }
+    if (p.lse)
+      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+          w.l[r] > 0.0f ? w.m[r] + std::log(w.l[r]) : kNegInf;
+  }
+}
+
+// ---- Split-K decode: few query rows per kv head, many keys. ----
+
+// Partial softmax state of one row over one slice of keys: running max, sum, unnormalised output.
+struct Partial {
+  float* o;  // [Dv]
+  float m, l;
+};
+
+// Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
+// strided cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
+// online softmax and P·V as the blocked path.
+void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t n_rows,
+                  const int64_t* heads, const int64_t* queries, float* o, float* m, float* l) {
+  constexpr int64_t kKeys = 4 * kLanes;
+  float s[kDecodeRows][kKeys];
+  const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
+  const float* v = p.v ? p.v + b * p.v_stride[0] + hk * p.v_stride[1] : nullptr;
+  const int64_t D = p.D, Dv = p.out ? p.Dv : 0, full = D / kLanes * kLanes;
+  const float* q[kDecodeRows];
+  int64_t end[kDecodeRows];
+  for (int64_t r = 0; r < n_rows; ++r) {
+    q[r] = p.q + b * p.q_stride[0] + heads[r] * p.q_stride[1] + queries[r] * p.q_stride[2];
+    end[r] = key_end(p, b, queries[r]);
+  }
+  for (int64_t jb = j0; jb < j1; jb += kKeys) {
+    const int64_t n = std::min(kKeys, j1 - jb);
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const float* kj = k + (jb + jj) * p.k_stride[2];
+      for (int64_t r = 0; r < n_rows; ++r) {
+        Vec acc = splat(0.0f);
+        for (int64_t d = 0; d < full; d += kLanes) acc = fma(load(q[r] + d), load(kj + d), acc);
+        if (full < D) acc = fma(load_partial(q[r] + full, static_cast<int>(D - full), 0.0f),
+                                load_partial(kj + full, static_cast<int>(D - full), 0.0f), acc);
+        s[r][jj] = reduce_sum(acc) * p.scale;
+      }
+    }
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t visible = std::clamp<int64_t>(end[r] - jb, 0, n);
+      if (p.mask) {
+        const float* mrow = p.mask + b * p.mask_stride[0] + heads[r] * p.mask_stride[1] + queries[r] * p.mask_stride[2];
+        for (int64_t jj = 0; jj < visible; ++jj) s[r][jj] += mrow[(jb + jj) * p.mask_stride[3]];
+      }
+      std::fill(s[r] + visible, s[r] + kKeys, kNegInf);
+      softmax_row(s[r], kKeys, m[r], l[r], o + r * Dv, Dv);
+      for (int64_t jj = 0; jj < visible && v; ++jj) {
+        const float* vj = v + (jb + jj) * p.v_stride[2];
+        const Vec pj = splat(s[r][jj]);
+        float* orow = o + r * Dv;
+        int64_t d = 0;
+        for (; d + kLanes <= Dv; d += kLanes) store(orow + d, fma(pj, load(vj + d), load(orow + d)));
+        for (; d < Dv; ++d) orow[d] += s[r][jj] * vj[d];
+      }
+    }
+  }
+}
+
+bool takes_decode_path(const AttentionParams& p) {
+  const bool unit_rows = p.k_stride[3] == 1 && (!p.out || p.v_stride[3] == 1);
+  return unit_rows && p.Tq * (p.Hq / p.Hkv) <= kDecodeRows;
+}
+
+void attention_decode(const AttentionParams& p) {
+  const int64_t group = p.Hq / p.Hkv, rows = group * p.Tq, Dv = p.out ? p.Dv : 0;
+  const int64_t splits = std::max<int64_t>(1, (p.Tk + kSplitKeys - 1) / kSplitKeys);
+  const int64_t stride = rows * (Dv + 2);  // one slice's partials: per row [Dv] output, m, l
+  AlignedFloats partials(static_cast<size_t>(p.B * p.Hkv * splits * stride));
+  std::vector<int64_t> heads(static_cast<size_t>(rows)), queries(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    heads[r] = r / p.Tq;  // relative to the group's first head
+    queries[r] = r % p.Tq;
+  }
+#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t hk = 0; hk < p.Hkv; ++hk)
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        float* part = partials.data() + ((b * p.Hkv + hk) * splits + sp) * stride;
+        float* m = part + rows * Dv;
+        float* l = m + rows;
+        std::fill(m, m + rows, kNegInf);
+        int64_t abs_heads[kDecodeRows];
+        for (int64_t r = 0; r < rows; ++r) abs_heads[r] = hk * group + heads[r];
+        decode_slice(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), rows, abs_heads,
+                     queries.data(), part, m, l);
+      }
+  // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t hk = 0; hk < p.Hkv; ++hk)
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* first = partials.data() + (b * p.Hkv + hk) * splits * stride;
+        float big_m = kNegInf;
+        for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, first[sp * stride + rows * Dv + r]);
+        const int64_t h = hk * group + heads[r], i = queries[r];
+        float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2] : nullptr;
+        float sum = 0.0f;
+        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
+        if (big_m != kNegInf)
+          for (int64_t sp = 0; sp < splits; ++sp) {
+            const float* part = first + sp * stride;
+            const float ms = part[rows * Dv + r];
+            if (ms == kNegInf) continue;
+            const float w = std::exp(ms - big_m);
+            sum += w * part[rows * Dv + rows + r];
+            for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
+          }
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] *= inv;
+        if (p.lse)
+          p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+              sum > 0.0f ? big_m + std::log(sum) : kNegInf;
+      }
+}
+
+}  // namespace
+
+void attention_forward(const AttentionParams& p) {
+  if (takes_decode_path(p)) return attention_decode(p);
+  const int64_t group = p.Hq / p.Hkv;
+  const int64_t q_blocks = (p.Tq + kBr - 1) / kBr;
+  PackedKV kv;  // shared by all threads: packed once per (batch, kv head)
+  kv.blocks = (p.Tk + kBc - 1) / kBc;
+  kv.dv_pad = p.out ? round_up(p.Dv, kLanes) : 0;  // no values when only lse is wanted
+  kv.kt.resize(static_cast<size_t>(kv.blocks * p.D * kBc));
+  kv.v.resize(static_cast<size_t>(kv.blocks * kBc * kv.dv_pad));
+  // Query blocks of the group's heads, the most expensive first (causal rows near the bottom see
+  // the most keys), handed out dynamically: which thread runs a block never changes its result.
+  const int64_t tasks = group * q_blocks;
+#pragma omp parallel
+  {
+    Scratch w(p.D, kv.dv_pad);
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+#pragma omp for schedule(static)
+        for (int64_t kb = 0; kb < kv.blocks; ++kb) pack_block(p, b, hk, kb, kv);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; ++t) {
+          const int64_t i0 = (q_blocks - 1 - t / group) * kBr;
+          query_block(p, kv, b, hk * group + t % group, i0, std::min(kBr, p.Tq - i0), w);
+        }
+      }
+  }
+}
+
+}  // namespace mhsa::kernels::MHSA_ISA
