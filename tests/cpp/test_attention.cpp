@@ -159,6 +159,47 @@ TEST_P(AttentionGrid, MatchesFloat64Oracle) {
 
 INSTANTIATE_TEST_SUITE_P(Reference, AttentionGrid, ::testing::ValuesIn(grid()), case_name);
 
+// Random shapes over the whole range the fast kernels take (D 1..256, T 1..3000, grouped heads,
+// masks, key lengths, strides), every kernel against the oracle. The budget keeps the float64
+// oracle to about a second.
+TEST(Attention, RandomShapesEveryKernel) {
+  auto gen = test_rng();
+  auto pick = [&gen](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen); };
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t D = pick(1, 256), Hkv = pick(1, 3), Hq = Hkv * pick(1, 4), B = pick(1, 2);
+    const bool decode = trial % 3 == 0;
+    int64_t Tk = pick(1, 3000), Tq = decode ? pick(1, 8) : pick(1, 3000);
+    while (static_cast<double>(B * Hq * Tq) * static_cast<double>(Tk * D) > 1.5e8) (Tq > Tk ? Tq : Tk) /= 2;
+    const int64_t Dv = trial % 4 == 1 ? pick(1, 256) : D;
+    const bool causal = pick(0, 1) == 1, masked = pick(0, 2) == 0, padded = pick(0, 2) == 0, strided = pick(0, 1) == 1;
+    SCOPED_TRACE(::testing::Message() << "B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Tq=" << Tq << " Tk=" << Tk
+                                      << " D=" << D << " Dv=" << Dv << " causal=" << causal << " mask=" << masked
+                                      << " lengths=" << padded << " strided=" << strided);
+    const Tensor q = random_tensor(gen, {B, Hq, Tq, D}), k = random_tensor(gen, {B, Hkv, Tk, D});
+    const Tensor v = random_tensor(gen, {B, Hkv, Tk, Dv});
+    Tensor mask = masked ? random_tensor(gen, {1, Hq, Tq, Tk}) : Tensor();
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; padded && b < B; ++b) lengths.push_back(pick(0, Tk));
+    AttentionOptions opt;
+    opt.causal = causal;
+    opt.attn_mask = mask.defined() ? mask.view() : ConstTensorView{};
+    opt.kv_lengths = lengths;
+    StridedCopy qs = strided_copy(q, {2, 0, 1, 3}, strided ? 5 : 0), ks = strided_copy(k, {0, 2, 1, 3}, 0);
+    const ConstTensorView qv = strided ? qs.view : q.view(), kv = strided ? ks.view : k.view();
+    const Oracle want =
+        naive_attention(q.view(), k.view(), v.view(), causal, 1.0 / std::sqrt(double(D)), opt.attn_mask, lengths);
+    Tensor out({B, Hq, Tq, Dv}), lse({B, Hq, Tq});
+    for (cpu::Isa isa : cpu::usable_isas()) {
+      SCOPED_TRACE(cpu::isa_name(isa));
+      detail::scaled_dot_product_attention_on(isa, qv, kv, v.view(), out.view(), opt, lse.view());
+      EXPECT_LE(rel_l2(out.data(), want.out), 1e-5);
+      for (int64_t r = 0; r < lse.numel(); ++r)
+        if (want.lse[r] == -INFINITY) ASSERT_EQ(lse.data()[r], -INFINITY);
+        else ASSERT_NEAR(lse.data()[r], want.lse[r], 1e-5 * std::max(1.0, std::fabs(want.lse[r])));
+    }
+  }
+}
+
 TEST(Attention, FullyMaskedRowsGiveZeroAndMinusInfinity) {
   auto gen = test_rng();
   const int64_t B = 3, H = 2, Tq = 6, Tk = 4, D = 8;
@@ -235,18 +276,29 @@ TEST(Attention, KeysSharedAcrossBatchThroughZeroStride) {
 
 TEST(Attention, BitwiseIdenticalForAnyThreadCount) {
   auto gen = test_rng();
-  const Tensor q = random_tensor(gen, {2, 6, 67, 40}), k = random_tensor(gen, {2, 3, 67, 40});
-  const Tensor v = random_tensor(gen, {2, 3, 67, 40});
-  AttentionOptions opt;
-  opt.causal = true;
-  std::vector<Tensor> outs;
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    outs.push_back(scaled_dot_product_attention(q.view(), k.view(), v.view(), opt).out);
+  // A blocked case (many query rows) and a split-K decode case (one query, many keys).
+  for (const auto& [Tq, Tk] : {std::pair<int64_t, int64_t>{203, 203}, {1, 2500}}) {
+    const Tensor q = random_tensor(gen, {2, 6, Tq, 40}), k = random_tensor(gen, {2, 3, Tk, 40});
+    const Tensor v = random_tensor(gen, {2, 3, Tk, 40});
+    AttentionOptions opt;
+    opt.causal = true;
+    for (const auto& isa : kernels_here()) {
+      std::vector<AttentionResult> runs;
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        AttentionResult r{Tensor({2, 6, Tq, 40}), Tensor({2, 6, Tq})};
+        detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), r.out.view(), opt, r.lse.view());
+        runs.push_back(std::move(r));
+      }
+      omp_set_num_threads(omp_get_num_procs());
+      for (size_t i = 1; i < runs.size(); ++i) {
+        EXPECT_EQ(0, std::memcmp(runs[0].out.data(), runs[i].out.data(), sizeof(float) * runs[0].out.numel()))
+            << kernel_name(isa) << " Tq=" << Tq;
+        EXPECT_EQ(0, std::memcmp(runs[0].lse.data(), runs[i].lse.data(), sizeof(float) * runs[0].lse.numel()))
+            << kernel_name(isa) << " Tq=" << Tq;
+      }
+    }
   }
-  omp_set_num_threads(omp_get_num_procs());
-  for (size_t i = 1; i < outs.size(); ++i)
-    EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[i].data(), sizeof(float) * outs[0].numel()));
 }
 
 TEST(Attention, EmptyTensorsAreFine) {
