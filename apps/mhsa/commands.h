@@ -7,5 +7,7 @@ namespace mhsa::cli {
 
 // `mhsa attention`: runs scaled_dot_product_attention on random inputs of a chosen shape.
 void add_attention_command(CLI::App& app);
+// `mhsa bench`: the standard speed cases against the machine's measured FMA peak and bandwidth.
+void add_bench_command(CLI::App& app);
 
 }  // namespace mhsa::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "mhsa 0.1.0");
   app.require_subcommand(1);
   mhsa::cli::add_attention_command(app);
+  mhsa::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -39,6 +39,7 @@ constexpr int kCols = kLanes == 16 ? 4 : 2;
 // Block sizes (see docs/performance.md for the measurements behind them).
 constexpr int64_t kBr = 8 * kRows;       // query rows per block
 constexpr int64_t kBc = 2 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
+constexpr int64_t kChainD = 64;           // q·k sums restart every kChainD terms (accuracy)
 constexpr int64_t kDecodeRows = 8;       // at most this many query rows per kv head: split-K path
 constexpr int64_t kSplitKeys = 512;      // keys per split-K slice (fixed: results do not depend on threads)
 
@@ -46,29 +47,35 @@ using AlignedFloats = std::vector<float, AlignedAllocator<float>>;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// S[r, c·kLanes + ...] for R rows × C vectors of keys: S = Q[R, D] · Kt[D, C·kLanes].
+// S[r, c·kLanes + ...] for R rows × C vectors of keys: S = Q[R, D] · Kt[D, C·kLanes]. The sum
+// over D restarts every kChainD terms and is added on (blocked summation): long heads (D = 256)
+// then round like PyTorch's, at the price of one pass over the tile per extra block.
 template <int R, int C>
 void scores_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t D, float* s, int64_t lds) {
-  Vec acc[R][C];
+  for (int64_t d0 = 0; d0 < D; d0 += kChainD) {
+    Vec acc[R][C];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = splat(0.0f);
-  for (int64_t d = 0; d < D; ++d) {
-    Vec kv[C];
+      for (int c = 0; c < C; ++c) acc[r][c] = Vec{};
+    const int64_t d_end = std::min(D, d0 + kChainD);
+    for (int64_t d = d0; d < d_end; ++d) {
+      Vec kv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) kv[c] = load(kt + d * ldk + c * kLanes);
+      for (int c = 0; c < C; ++c) kv[c] = load(kt + d * ldk + c * kLanes);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const Vec qv = splat(q[r * ldq + d]);
+      for (int r = 0; r < R; ++r) {
+        const Vec qv = splat(q[r * ldq + d]);
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = fma(qv, kv[c], acc[r][c]);
+        for (int c = 0; c < C; ++c) acc[r][c] = fma(qv, kv[c], acc[r][c]);
+      }
     }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c)
+        store(s + r * lds + c * kLanes, d0 == 0 ? acc[r][c] : acc[r][c] + load(s + r * lds + c * kLanes));
   }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) store(s + r * lds + c * kLanes, acc[r][c]);
 }
 
 // O[R, C·kLanes] += P[R, J] · V[J, C·kLanes]
@@ -159,11 +166,17 @@ struct Scratch {
         m(kBr), l(kBr), end(kBr) {}
 };
 
-// Online-softmax update of one row of scores s[0, n) (n a multiple of kLanes): turns them into
-// probabilities and rescales the row's output o[0, dv) when its running max moves.
-void softmax_row(float* s, int64_t n, float& m, float& l, float* o, int64_t dv) {
+// Online-softmax update of one row of scores s[0, n) (n a multiple of kLanes), first multiplied
+// by `scale`: turns them into probabilities and rescales the row's output o[0, dv) when its
+// running max moves. The scale is applied here, not folded into q, to spare q·k a rounding.
+void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t dv) {
   Vec vmax = splat(kNegInf);
-  for (int64_t j = 0; j < n; j += kLanes) vmax = max(vmax, load(s + j));
+  const Vec sc = splat(scale);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const Vec x = load(s + j) * sc;
+    store(s + j, x);
+    vmax = max(vmax, x);
+  }
   const float m_new = std::max(m, reduce_max(vmax));
   if (m_new == kNegInf) {  // nothing visible yet: the row contributes nothing
     for (int64_t j = 0; j < n; j += kLanes) store(s + j, splat(0.0f));
@@ -192,7 +205,7 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
   const float* q = p.q + b * p.q_stride[0] + h * p.q_stride[1];
   int64_t max_end = 0, min_end = p.Tk;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t d = 0; d < D; ++d) w.q[r * D + d] = q[(i0 + r) * p.q_stride[2] + d * p.q_stride[3]] * p.scale;
+    for (int64_t d = 0; d < D; ++d) w.q[r * D + d] = q[(i0 + r) * p.q_stride[2] + d * p.q_stride[3]];
     w.end[r] = key_end(p, b, i0 + r);
     max_end = std::max(max_end, w.end[r]);
     min_end = std::min(min_end, w.end[r]);
@@ -211,12 +224,14 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
     for (int64_t r = 0; r < rows; ++r) {
       float* s = w.s.data() + r * kBc;
       const int64_t visible = std::clamp<int64_t>(w.end[r] - j0, 0, kBc);
+      float scale = p.scale;  // applied to the scores before the mask is added
       if (p.mask) {
         const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + (i0 + r) * p.mask_stride[2];
-        for (int64_t jj = 0; jj < visible; ++jj) s[jj] += mrow[(j0 + jj) * p.mask_stride[3]];
+        for (int64_t jj = 0; jj < visible; ++jj) s[jj] = s[jj] * scale + mrow[(j0 + jj) * p.mask_stride[3]];
+        scale = 1.0f;
       }
       if (j0 + kBc > min_end) std::fill(s + visible, s + kBc, kNegInf);
-      softmax_row(s, kBc, w.m[r], w.l[r], w.o.data() + r * dv_pad, dv_pad);
+      softmax_row(s, kBc, scale, w.m[r], w.l[r], w.o.data() + r * dv_pad, dv_pad);
     }
     const int64_t keys = std::min(kBc, max_end - j0);
     const float* vb = kv.v.data() + j0 * dv_pad;
@@ -281,7 +296,7 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
         for (int64_t jj = 0; jj < visible; ++jj) s[r][jj] += mrow[(jb + jj) * p.mask_stride[3]];
       }
       std::fill(s[r] + visible, s[r] + kKeys, kNegInf);
-      softmax_row(s[r], kKeys, m[r], l[r], o + r * Dv, Dv);
+      softmax_row(s[r], kKeys, 1.0f, m[r], l[r], o + r * Dv, Dv);
       for (int64_t jj = 0; jj < visible && v; ++jj) {
         const float* vj = v + (jb + jj) * p.v_stride[2];
         const Vec pj = splat(s[r][jj]);

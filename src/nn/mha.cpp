@@ -7,6 +7,7 @@
 #include <random>
 
 #include "core/check.h"
+#include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 
 namespace mhsa {
@@ -42,11 +43,14 @@ ConstTensorView heads_view(const float* base, int64_t B, int64_t T, int64_t widt
   return {base + col, {B, H, T, D}, {T * width, D, width, 1}};
 }
 
-// x [B, T, K] · w[:, col : col + n] + b[col : col + n]  ->  [B, T, n]   (b may be undefined)
-Tensor linear(const Rows& x, int64_t B, int64_t T, const Tensor& w, int64_t col, int64_t n, const Tensor& b) {
+// x [B, T, K] · w[:, col : col + n] + b[col : col + n]  ->  [B, T, n]   (b may be undefined), on
+// the reference GEMM for Backend::reference and the fast one otherwise.
+Tensor linear(const Rows& x, int64_t B, int64_t T, const Tensor& w, int64_t col, int64_t n, const Tensor& b,
+              Backend backend) {
   Tensor y({B, T, n});
-  kernels::gemm_ref(B * T, n, w.dim(0), x.data, x.ld, w.data() + col, w.dim(1), b.defined() ? b.data() + col : nullptr,
-                    y.data(), n);
+  const auto gemm = backend == Backend::reference ? &kernels::gemm_ref : kernels::kernels().gemm;
+  gemm(B * T, n, w.dim(0), x.data, x.ld, w.data() + col, w.dim(1), b.defined() ? b.data() + col : nullptr, y.data(),
+       n);
   return y;
 }
 
@@ -85,7 +89,7 @@ Tensor MultiHeadAttention::attend(ConstTensorView q, ConstTensorView k, ConstTen
   Tensor lse = weights ? Tensor({B, H, T}) : Tensor();  // [B, H, T]
   scaled_dot_product_attention(q, k, v, ctx_heads, options, weights ? lse.view() : TensorView{});
   if (weights) *weights = attention_probabilities(q, k, lse.view(), options);
-  return linear({ctx.data(), C, {}}, B, T, w_o_, 0, C, b_o_);
+  return linear({ctx.data(), C, {}}, B, T, w_o_, 0, C, b_o_, options.backend);
 }
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads,
@@ -157,7 +161,7 @@ void MultiHeadAttention::set_parameter(std::string_view name, ConstTensorView va
 Tensor MultiHeadAttention::forward(ConstTensorView x, const MhaOptions& options) const {
   const Rows xr = check_input(*this, "MultiHeadAttention::forward", "x", x);
   const int64_t B = x.shape[0], T = x.shape[1], C = embed_dim_, D = head_dim(), Ckv = kv_dim(), N = C + 2 * Ckv;
-  const Tensor qkv = linear(xr, B, T, w_qkv_, 0, N, b_qkv_);  // [B, T, C | Ckv | Ckv]
+  const Tensor qkv = linear(xr, B, T, w_qkv_, 0, N, b_qkv_, options.backend);  // [B, T, C | Ckv | Ckv]
   return attend(heads_view(qkv.data(), B, T, N, 0, num_heads_, D), heads_view(qkv.data(), B, T, N, C, num_kv_heads_, D),
                 heads_view(qkv.data(), B, T, N, C + Ckv, num_kv_heads_, D), attention_options(options),
                 options.weights);
@@ -166,7 +170,7 @@ Tensor MultiHeadAttention::forward(ConstTensorView x, const MhaOptions& options)
 KVCache MultiHeadAttention::project_memory(ConstTensorView memory) const {
   const Rows mr = check_input(*this, "MultiHeadAttention::project_memory", "memory", memory);
   const int64_t B = memory.shape[0], S = memory.shape[1], C = embed_dim_, D = head_dim(), Ckv = kv_dim();
-  const Tensor kv = linear(mr, B, S, w_qkv_, C, 2 * Ckv, b_qkv_);  // [B, S, Ckv | Ckv]
+  const Tensor kv = linear(mr, B, S, w_qkv_, C, 2 * Ckv, b_qkv_, Backend::automatic);  // [B, S, Ckv | Ckv]
   KVCache cache(B, num_kv_heads_, S, D, D);
   cache.append(heads_view(kv.data(), B, S, 2 * Ckv, 0, num_kv_heads_, D),
                heads_view(kv.data(), B, S, 2 * Ckv, Ckv, num_kv_heads_, D));
@@ -178,7 +182,7 @@ Tensor MultiHeadAttention::forward(ConstTensorView x, const KVCache& memory, con
   const Rows xr = check_input(*this, fn, "x", x);
   check_cache(*this, fn, "memory", memory, x.shape[0]);
   const int64_t B = x.shape[0], T = x.shape[1], C = embed_dim_;
-  const Tensor q = linear(xr, B, T, w_qkv_, 0, C, b_qkv_);  // [B, T, C]
+  const Tensor q = linear(xr, B, T, w_qkv_, 0, C, b_qkv_, options.backend);  // [B, T, C]
   return attend(heads_view(q.data(), B, T, C, 0, num_heads_, head_dim()), memory.keys(), memory.values(),
                 attention_options(options), options.weights);
 }
@@ -193,7 +197,7 @@ Tensor MultiHeadAttention::step(ConstTensorView x, KVCache& cache) const {
   check_cache(*this, fn, "cache", cache, x.shape[0]);
   cache.check_room(x.shape[1], "x.shape[1]");
   const int64_t B = x.shape[0], T = x.shape[1], C = embed_dim_, D = head_dim(), Ckv = kv_dim(), N = C + 2 * Ckv;
-  const Tensor qkv = linear(xr, B, T, w_qkv_, 0, N, b_qkv_);  // [B, T, C | Ckv | Ckv]
+  const Tensor qkv = linear(xr, B, T, w_qkv_, 0, N, b_qkv_, Backend::automatic);  // [B, T, C | Ckv | Ckv]
   cache.append(heads_view(qkv.data(), B, T, N, C, num_kv_heads_, D),
                heads_view(qkv.data(), B, T, N, C + Ckv, num_kv_heads_, D));
   AttentionOptions causal;

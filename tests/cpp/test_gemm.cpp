@@ -1,4 +1,11 @@
-// tests/cpp/test_gemm.cpp — every ISA's GEMM against the float64 reference GEMM.
+// tests/cpp/test_gemm.cpp — every ISA's GEMM against the float64 reference GEMM: odd shapes around
+// the block sizes (kMR 6/12, kNR 8/16/32, kKC 256, kMC 24/48, kNCP 16 panels, 256 rows in place),
+// leading dimensions wider than the rows, B as a column block of a wider matrix, null bias, zero
+// sizes, and bitwise determinism across thread counts and across how C is cut into calls.
+#include <omp.h>
+
+#include <cstring>
+
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
 #include "test_util.h"
@@ -6,18 +13,181 @@
 namespace mhsa::test {
 namespace {
 
-TEST(Gemm, EveryIsaMatchesTheReference) {
+struct Case {
+  int64_t M, N, K;
+  int64_t lda_pad = 0, ldb_pad = 0, ldc_pad = 0;  // extra elements after each row
+  int64_t b_col = 0;                              // B starts at this column of its storage
+  bool bias = true;
+};
+
+// Inputs of a case, in storage with the case's leading dimensions; C's padding is NaN.
+struct Operands {
+  int64_t lda, ldb, ldc;
+  Tensor a, b, bias;  // [M, lda], [K, ldb], [N]
+  const float* b_data() const { return b.data() + b_col; }
+  int64_t b_col;
+};
+Operands make_operands(std::mt19937_64& gen, const Case& c) {
+  Operands o{c.K + c.lda_pad, c.b_col + c.N + c.ldb_pad, c.N + c.ldc_pad,
+             random_tensor(gen, {std::max<int64_t>(c.M, 1), c.K + c.lda_pad}),
+             random_tensor(gen, {std::max<int64_t>(c.K, 1), c.b_col + c.N + c.ldb_pad}),
+             random_tensor(gen, {std::max<int64_t>(c.N, 1)}), c.b_col};
+  return o;
+}
+std::vector<float> poisoned_c(const Case& c, int64_t ldc) {
+  return std::vector<float>(static_cast<size_t>(std::max<int64_t>(c.M, 1) * ldc),
+                            std::numeric_limits<float>::quiet_NaN());
+}
+
+std::string describe(cpu::Isa isa, const Case& c) {
+  return std::string(cpu::isa_name(isa)) + " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) +
+         " K=" + std::to_string(c.K) + " pads=" + std::to_string(c.lda_pad) + "," + std::to_string(c.ldb_pad) + "," +
+         std::to_string(c.ldc_pad) + " b_col=" + std::to_string(c.b_col) + (c.bias ? "" : " no bias");
+}
+
+// The shapes: 1s, primes, and sizes just below, at and above every block size of every ISA.
+std::vector<Case> shape_grid() {
+  std::vector<Case> cases;
+  for (int64_t M : {1, 5, 6, 7, 12, 13, 97, 256, 257, 300})
+    for (int64_t N : {1, 7, 31, 32, 33, 97})
+      for (int64_t K : {1, 97, 255, 256, 257, 513}) cases.push_back({M, N, K});
+  // Wide N: more than one kNCP block of panels (512 columns with AVX-512), in both paths.
+  for (int64_t M : {13, 301}) cases.push_back({M, 1025, 97});
+  cases.push_back({1024, 549, 300});
+  return cases;
+}
+
+std::vector<float> abs_of(const Tensor& t) {
+  std::vector<float> v(t.data(), t.data() + t.numel());
+  for (float& x : v) x = std::fabs(x);
+  return v;
+}
+
+// Compares every ISA with the float64 reference. The error is measured against the scale of the
+// terms, ||got - ref|| / || |A|·|B| + |bias| ||, not against ||A·B||: a single dot product can
+// cancel to almost nothing (M = N = 1 makes that a coin toss), and no fp32 summation owes more than
+// its terms' rounding. fp32 summation in order with random-sign errors gives about 2^-24 on that
+// scale whatever K; the bound 4·2^-24·sqrt(K) leaves a margin that grows with K.
+void expect_matches_reference(const Case& c, std::mt19937_64& gen) {
+  const Operands o = make_operands(gen, c);
+  const float* bias = c.bias ? o.bias.data() : nullptr;
+  std::vector<float> want = poisoned_c(c, o.ldc), scale = poisoned_c(c, o.ldc);
+  kernels::gemm_ref(c.M, c.N, c.K, o.a.data(), o.lda, o.b_data(), o.ldb, bias, want.data(), o.ldc);
+  const std::vector<float> a_abs = abs_of(o.a), b_abs = abs_of(o.b), bias_abs = abs_of(o.bias);
+  kernels::gemm_ref(c.M, c.N, c.K, a_abs.data(), o.lda, b_abs.data() + o.b_col, o.ldb,
+                    c.bias ? bias_abs.data() : nullptr, scale.data(), o.ldc);
+  const double tolerance = 4.0 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(std::max<int64_t>(c.K, 1)));
+  for (cpu::Isa isa : cpu::usable_isas()) {
+    std::vector<float> got = poisoned_c(c, o.ldc);
+    kernels::kernels_for(isa).gemm(c.M, c.N, c.K, o.a.data(), o.lda, o.b_data(), o.ldb, bias, got.data(), o.ldc);
+    double err = 0.0, norm = 0.0;
+    bool padding_untouched = true;
+    for (int64_t i = 0; i < c.M; ++i) {
+      for (int64_t j = 0; j < c.N; ++j) {
+        const double d = double(got[i * o.ldc + j]) - want[i * o.ldc + j];
+        err += d * d;
+        norm += double(scale[i * o.ldc + j]) * scale[i * o.ldc + j];
+      }
+      for (int64_t j = c.N; j < o.ldc; ++j) padding_untouched &= std::isnan(got[i * o.ldc + j]);
+    }
+    EXPECT_LE(std::sqrt(err / norm), tolerance) << describe(isa, c);
+    EXPECT_TRUE(padding_untouched) << describe(isa, c) << ": wrote into C's padding";
+  }
+}
+
+TEST(Gemm, EveryIsaMatchesTheReferenceOnOddShapes) {
   auto gen = test_rng();
-  for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {97, 41, 80}, {33, 2304, 96}, {5, 7, 1025}}) {
-    const Tensor a = random_tensor(gen, {M, K}), b = random_tensor(gen, {K, N}), bias = random_tensor(gen, {N});
-    Tensor want({M, N});
-    kernels::gemm_ref(M, N, K, a.data(), K, b.data(), N, bias.data(), want.data(), N);
-    const std::vector<double> ref(want.data(), want.data() + want.numel());
+  for (const Case& c : shape_grid()) expect_matches_reference(c, gen);
+}
+
+TEST(Gemm, LeadingDimensionsAndColumnBlocks) {
+  auto gen = test_rng();
+  for (int64_t M : {1, 8, 61, 300})
+    for (int64_t N : {5, 64, 77})
+      for (int64_t K : {3, 260}) {
+        expect_matches_reference({M, N, K, 3, 5, 7}, gen);
+        expect_matches_reference({M, N, K, 0, 0, 0, /*b_col=*/N, false}, gen);  // W_kv inside W_qkv
+        expect_matches_reference({M, N, K, 16, 1, 0, /*b_col=*/1, true}, gen);
+      }
+}
+
+TEST(Gemm, NullBias) {
+  auto gen = test_rng();
+  for (const Case& c : std::vector<Case>{{1, 33, 97, 0, 0, 0, 0, false}, {300, 97, 513, 0, 0, 0, 0, false}})
+    expect_matches_reference(c, gen);
+}
+
+TEST(Gemm, ZeroSizes) {
+  auto gen = test_rng();
+  for (cpu::Isa isa : cpu::usable_isas()) {
+    const auto gemm = kernels::kernels_for(isa).gemm;
+    for (const Case& c : std::vector<Case>{{0, 5, 7}, {5, 0, 7}, {0, 0, 0}}) {
+      std::vector<float> out(4, 42.0f);
+      gemm(c.M, c.N, c.K, nullptr, std::max<int64_t>(c.K, 1), nullptr, std::max<int64_t>(c.N, 1), nullptr,
+           out.data(), std::max<int64_t>(c.N, 1));
+      EXPECT_EQ(out, std::vector<float>(4, 42.0f)) << describe(isa, c) << ": an empty C must stay untouched";
+    }
+    // K = 0: C = bias, or 0 without one.
+    for (int64_t M : {1, 300}) {
+      const Tensor bias = random_tensor(gen, {37});
+      std::vector<float> c_bias(static_cast<size_t>(M * 40), 7.0f), c_zero(static_cast<size_t>(M * 40), 7.0f);
+      gemm(M, 37, 0, nullptr, 1, nullptr, 37, bias.data(), c_bias.data(), 40);
+      gemm(M, 37, 0, nullptr, 1, nullptr, 37, nullptr, c_zero.data(), 40);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < 37; ++j) {
+          ASSERT_EQ(c_bias[i * 40 + j], bias.data()[j]) << cpu::isa_name(isa) << " M=" << M;
+          ASSERT_EQ(c_zero[i * 40 + j], 0.0f) << cpu::isa_name(isa) << " M=" << M;
+        }
+    }
+  }
+}
+
+bool bitwise_equal(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+TEST(Gemm, BitwiseIdenticalForAnyThreadCount) {
+  auto gen = test_rng();
+  const int saved = omp_get_max_threads();
+  for (const Case& c : std::vector<Case>{{1, 2304, 768}, {8, 97, 513}, {200, 333, 300}, {301, 1025, 257}}) {
+    const Operands o = make_operands(gen, c);
     for (cpu::Isa isa : cpu::usable_isas()) {
-      Tensor got({M, N});
-      kernels::kernels_for(isa).gemm(M, N, K, a.data(), K, b.data(), N, bias.data(), got.data(), N);
-      EXPECT_LE(rel_l2(got.data(), ref), 1e-6 * std::sqrt(static_cast<double>(K)))
-          << cpu::isa_name(isa) << " M=" << M << " N=" << N << " K=" << K;
+      std::vector<std::vector<float>> results;
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        results.push_back(poisoned_c(c, o.ldc));
+        kernels::kernels_for(isa).gemm(c.M, c.N, c.K, o.a.data(), o.lda, o.b_data(), o.ldb, o.bias.data(),
+                                       results.back().data(), o.ldc);
+      }
+      EXPECT_TRUE(bitwise_equal(results[0], results[1])) << describe(isa, c) << ": 1 vs 2 threads";
+      EXPECT_TRUE(bitwise_equal(results[0], results[2])) << describe(isa, c) << ": 1 vs 3 threads";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// Every element is the same fma chain whatever the blocking (gemm.cpp's header): C computed in one
+// call equals C computed in row blocks and in column blocks of odd widths, bit for bit, in the
+// small-M (M <= 16, blocked-chain), in-place (M <= 256) and packed paths. Row blocks stay in the
+// regime of the whole call (M = 8: single rows; otherwise blocks of 20 rows).
+TEST(Gemm, ElementsDoNotDependOnHowCIsCut) {
+  auto gen = test_rng();
+  for (const Case& c : std::vector<Case>{{8, 100, 300}, {40, 100, 300}, {400, 100, 300}}) {
+    const Operands o = make_operands(gen, c);
+    for (cpu::Isa isa : cpu::usable_isas()) {
+      const auto gemm = kernels::kernels_for(isa).gemm;
+      std::vector<float> whole = poisoned_c(c, o.ldc), by_row = whole, by_col = whole;
+      gemm(c.M, c.N, c.K, o.a.data(), o.lda, o.b_data(), o.ldb, o.bias.data(), whole.data(), o.ldc);
+      const int64_t rows = c.M <= 16 ? 1 : 20;
+      for (int64_t i = 0; i < c.M; i += rows)
+        gemm(rows, c.N, c.K, o.a.data() + i * o.lda, o.lda, o.b_data(), o.ldb, o.bias.data(),
+             by_row.data() + i * o.ldc, o.ldc);
+      for (int64_t j = 0; j < c.N; j += 23) {
+        const int64_t n = std::min<int64_t>(23, c.N - j);
+        gemm(c.M, n, c.K, o.a.data(), o.lda, o.b_data() + j, o.ldb, o.bias.data() + j, by_col.data() + j, o.ldc);
+      }
+      EXPECT_TRUE(bitwise_equal(whole, by_row)) << describe(isa, c) << ": whole vs row blocks";
+      EXPECT_TRUE(bitwise_equal(whole, by_col)) << describe(isa, c) << ": whole vs column blocks";
     }
   }
 }

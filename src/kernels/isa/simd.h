@@ -27,7 +27,8 @@ inline constexpr int kLanes = 4;
 using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 using IVec = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
-inline Vec splat(float x) { return Vec{} + x; }
+// x - (+0) is x for every x (−0 included), so this compiles to one broadcast; x + 0 would not.
+inline Vec splat(float x) { return x - Vec{}; }
 inline Vec load(const float* p) {
   Vec v;
   std::memcpy(&v, p, sizeof(Vec));

@@ -1,0 +1,166 @@
+// apps/mhsa/bench_cmd.cpp — `mhsa bench`: the standard speed cases, each reported as time,
+// GFLOP/s and the fraction of this machine's FP32 FMA peak measured in the same run (decode as
+// bytes/s against the measured copy bandwidth). bench/compare_torch.py runs the same cases
+// through PyTorch beside it and prints the ratios. Not a test: nothing here passes or fails.
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "core/cpu.h"
+#include "kernels/dispatch.h"
+#include "mhsa/mhsa.h"
+#include "peak.h"
+
+namespace mhsa::cli {
+namespace {
+
+struct BenchArgs {
+  std::string filter;  // substring of the case names to run
+  std::string json;    // write the results here too
+  double min_seconds = 1.0;
+};
+
+struct Result {
+  std::string name, unit;
+  double seconds, work;  // work in FLOPs, or bytes for memory-bound cases
+};
+
+Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims) {
+  Tensor t(std::move(dims));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = normal(gen);
+  return t;
+}
+
+// Best time of repeated runs, at least 3 and for at least min_seconds after one warm-up.
+double best_seconds(const std::function<void()>& run, double min_seconds) {
+  run();
+  double best = INFINITY, total = 0.0;
+  for (int i = 0; i < 3 || total < min_seconds; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, s);
+    total += s;
+  }
+  return best;
+}
+
+struct Case {
+  std::string name;
+  std::function<Result(double)> run;  // min_seconds -> result
+};
+
+Case attention_case(int64_t H, int64_t T, int64_t D, bool causal) {
+  const std::string name = "attention_H" + std::to_string(H) + "_T" + std::to_string(T) + "_D" + std::to_string(D) +
+                           (causal ? "_causal" : "_full");
+  return {name, [=](double min_seconds) {
+            std::mt19937_64 gen(1);
+            const Tensor q = random_tensor(gen, {1, H, T, D}), k = random_tensor(gen, {1, H, T, D});
+            const Tensor v = random_tensor(gen, {1, H, T, D});
+            Tensor out({1, H, T, D}), lse({1, H, T});
+            AttentionOptions opt;
+            opt.causal = causal;
+            const double s = best_seconds(
+                [&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), out.view(), opt, lse.view()); },
+                min_seconds);
+            return Result{name, "GFLOP/s", s, attention_flops(1, H, T, T, D, D, causal)};
+          }};
+}
+
+Case decode_case(int64_t H, int64_t Tk, int64_t D) {
+  const std::string name = "decode_H" + std::to_string(H) + "_Tk" + std::to_string(Tk) + "_D" + std::to_string(D);
+  return {name, [=](double min_seconds) {
+            std::mt19937_64 gen(2);
+            const Tensor q = random_tensor(gen, {1, H, 1, D}), k = random_tensor(gen, {1, H, Tk, D});
+            const Tensor v = random_tensor(gen, {1, H, Tk, D});
+            Tensor out({1, H, 1, D});
+            const double s = best_seconds(
+                [&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), out.view()); }, min_seconds);
+            return Result{name, "GB/s", s, 2.0 * H * Tk * D * sizeof(float)};  // K and V read once
+          }};
+}
+
+Case mha_case(int64_t C, int64_t H, int64_t T) {
+  const std::string name = "mha_C" + std::to_string(C) + "_H" + std::to_string(H) + "_T" + std::to_string(T) + "_causal";
+  return {name, [=](double min_seconds) {
+            std::mt19937_64 gen(3);
+            const MultiHeadAttention m(C, H);
+            const Tensor x = random_tensor(gen, {1, T, C});
+            MhaOptions opt;
+            opt.causal = true;
+            const double s = best_seconds([&] { (void)m.forward(x.view(), opt); }, min_seconds);
+            const double flops = 2.0 * T * C * 3 * C + attention_flops(1, H, T, T, C / H, C / H, true) + 2.0 * T * C * C;
+            return Result{name, "GFLOP/s", s, flops};
+          }};
+}
+
+Case gemm_case(int64_t M, int64_t K, int64_t N) {
+  const std::string name = "gemm_M" + std::to_string(M) + "_K" + std::to_string(K) + "_N" + std::to_string(N);
+  return {name, [=](double min_seconds) {
+            std::mt19937_64 gen(4);
+            const Tensor a = random_tensor(gen, {M, K}), b = random_tensor(gen, {K, N}), bias = random_tensor(gen, {N});
+            Tensor c({M, N});
+            const auto gemm = kernels::kernels().gemm;
+            const double s = best_seconds(
+                [&] { gemm(M, N, K, a.data(), K, b.data(), N, bias.data(), c.data(), N); }, min_seconds);
+            return Result{name, "GFLOP/s", s, 2.0 * M * N * K};
+          }};
+}
+
+void run(const BenchArgs& a) {
+  const int threads = omp_get_max_threads();
+  std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
+  const double peak = bench::measure_fma_peak_gflops(threads);
+  const double bandwidth = bench::measure_copy_bandwidth_gbs(threads);
+  std::printf("measured: FP32 FMA peak %.1f GFLOP/s, copy bandwidth %.1f GB/s\n\n", peak, bandwidth);
+  const std::vector<Case> cases = {
+      attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
+      attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
+      mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
+      decode_case(12, 16384, 64)};
+  std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
+  std::vector<Result> results;
+  for (const Case& c : cases) {
+    if (c.name.find(a.filter) == std::string::npos) continue;
+    const Result r = c.run(a.min_seconds);
+    const double rate = r.work / r.seconds * 1e-9;
+    const double yardstick = r.unit == "GB/s" ? bandwidth : peak;
+    std::printf("%-32s %10.3f %7.1f %-7s %5.1f%%\n", r.name.c_str(), r.seconds * 1e3, rate, r.unit.c_str(),
+                100.0 * rate / yardstick);
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+  if (!a.json.empty()) {
+    std::ofstream out(a.json);
+    if (!out) throw Error("bench: --json: expected a writable file, got '" + a.json + "'");
+    out << "{\"threads\": " << threads << ", \"isa\": \"" << cpu::isa_name(cpu::best_isa())
+        << "\", \"fma_peak_gflops\": " << peak << ", \"copy_bandwidth_gbs\": " << bandwidth << ", \"cases\": [";
+    for (size_t i = 0; i < results.size(); ++i)
+      out << (i ? ", " : "") << "{\"name\": \"" << results[i].name << "\", \"seconds\": " << results[i].seconds
+          << ", \"work\": " << results[i].work << ", \"unit\": \"" << results[i].unit << "\"}";
+    out << "]}\n";
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "Time the standard cases against this machine's measured peak");
+  cmd->add_option("--filter", args->filter, "run only the cases whose name contains this");
+  cmd->add_option("--json", args->json, "also write the results to this JSON file");
+  cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mhsa::cli
