@@ -5,7 +5,9 @@
 // __builtin_cpu_supports, so this file needs no special flags.
 #include "peak.h"
 
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@ constexpr long kIters = 4'000'000;  // per thread and repetition: ~0.1 s at 100 
 constexpr int kAcc = 12;
 
 // Each returns the FLOPs it did; `seed` keeps the compiler from folding the loop.
+#if defined(__x86_64__)
 __attribute__((target("avx512f"))) double fma_loop_avx512(float seed) {
   __m512 acc[kAcc];
   for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed * static_cast<float>(i));
@@ -51,15 +54,21 @@ __attribute__((target("avx2,fma"))) double fma_loop_avx2(float seed) {
   return 2.0 * 8 * kAcc * static_cast<double>(kIters);
 }
 
-// SSE has no FMA: a multiply and an add per step, counted as 2 FLOPs.
-double fma_loop_sse(float seed) {
-  __m128 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm_set1_ps(seed * static_cast<float>(i));
-  const __m128 a = _mm_set1_ps(0.999999f), b = _mm_set1_ps(1e-7f);
+#endif
+
+// 4-lane vectors in the compiler's baseline ISA (SSE2 on x86: a multiply and an add per step;
+// NEON on ARM: fused when contraction is on), counted as 2 FLOPs per lane and step.
+double fma_loop_baseline(float seed) {
+  using V4 = float __attribute__((vector_size(16)));
+  V4 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = seed * static_cast<float>(i) - V4{};
+  const V4 a = 0.999999f - V4{}, b = 1e-7f - V4{};
   for (long it = 0; it < kIters; ++it)
 #pragma GCC unroll 16
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm_add_ps(_mm_mul_ps(acc[i], a), b);
-  volatile float sink = _mm_cvtss_f32(acc[0]);
+    for (int i = 0; i < kAcc; ++i) acc[i] = acc[i] * a + b;
+  V4 sum = acc[0];
+  for (int i = 1; i < kAcc; ++i) sum += acc[i];
+  volatile float sink = sum[0];
   (void)sink;
   return 2.0 * 4 * kAcc * static_cast<double>(kIters);
 }
@@ -83,10 +92,12 @@ double best_gflops(Loop loop, int threads, int reps) {
 
 double measure_fma_peak_gflops(int threads) {
   constexpr int kReps = 5;
-  double best = best_gflops(fma_loop_sse, threads, kReps);
+  double best = best_gflops(fma_loop_baseline, threads, kReps);
+#if defined(__x86_64__)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     best = std::max(best, best_gflops(fma_loop_avx2, threads, kReps));
   if (__builtin_cpu_supports("avx512f")) best = std::max(best, best_gflops(fma_loop_avx512, threads, kReps));
+#endif
   return best;
 }
 
@@ -111,6 +122,41 @@ double measure_copy_bandwidth_gbs(int threads) {
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r > 0) best = std::max(best, 2.0 * static_cast<double>(kBytes) / s * 1e-9);
+  }
+  return best;
+}
+
+double measure_read_bandwidth_gbs(int threads) {
+  constexpr size_t kFloats = size_t{64} << 20;  // 256 MiB
+  constexpr int kReps = 6;
+  using V4 = float __attribute__((vector_size(16)));
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data(static_cast<float*>(std::aligned_alloc(4096, kFloats * sizeof(float))));
+  double best = 0.0;
+  for (int r = 0; r < kReps; ++r) {
+    float total = 0.0f;
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    {
+      const size_t n = static_cast<size_t>(omp_get_num_threads()), t = static_cast<size_t>(omp_get_thread_num());
+      const size_t begin = kFloats / n * t / 16 * 16, end = t + 1 == n ? kFloats : kFloats / n * (t + 1) / 16 * 16;
+      if (r == 0) std::fill(data.get() + begin, data.get() + end, 1.0f);  // first touch by the reader
+      V4 acc[4] = {};
+      for (size_t i = begin; i < end; i += 16)
+        for (int u = 0; u < 4; ++u) {
+          V4 x;
+          std::memcpy(&x, data.get() + i + 4 * u, sizeof x);
+          acc[u] += x;
+        }
+      const V4 s = acc[0] + acc[1] + acc[2] + acc[3];
+      total += s[0] + s[1] + s[2] + s[3];
+    }
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    volatile float sink = total;
+    (void)sink;
+    if (r > 0) best = std::max(best, static_cast<double>(kFloats * sizeof(float)) / sec * 1e-9);
   }
   return best;
 }

@@ -14,4 +14,8 @@ double measure_fma_peak_gflops(int threads);
 // far larger than the last-level cache, on `threads` OpenMP threads each copying its own slice.
 double measure_copy_bandwidth_gbs(int threads);
 
+// Read-only bandwidth in GB/s: a sum over a 256 MiB buffer, each thread its own slice. The
+// yardstick for memory-bound decode, which reads its keys and values and writes almost nothing.
+double measure_read_bandwidth_gbs(int threads);
+
 }  // namespace mhsa::bench

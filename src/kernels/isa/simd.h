@@ -49,17 +49,36 @@ inline Vec min(Vec a, Vec b) { return a < b ? a : b; }
 // a·b + c, a single fused instruction where the ISA has one (TUs build with -ffp-contract=fast).
 inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
 
-// Horizontal reductions in a fixed lane order (a binary tree), so results never depend on
-// anything but the inputs.
-inline float reduce_sum(Vec v) {
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int i = 0; i < width; ++i) v[i] += v[i + width];
+// Horizontal reductions in a fixed lane order (a binary tree of halvings), so results never
+// depend on anything but the inputs. Each halving is one shuffle and one add (or max).
+template <class V, class Op>  // V is a template parameter so that other widths' shuffles are discarded
+inline float reduce(V v, Op op) {
+  constexpr int L = sizeof(V) / sizeof(float);
+  if constexpr (L == 16)
+    v = op(v, __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  if constexpr (L == 16)
+    v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  else if constexpr (L == 8)
+    v = op(v, __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3));
+  if constexpr (L == 16)
+    v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  else if constexpr (L == 8)
+    v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5));
+  else
+    v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1));
+  if constexpr (L == 16)
+    v = op(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  else if constexpr (L == 8)
+    v = op(v, __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6));
+  else
+    v = op(v, __builtin_shufflevector(v, v, 1, 0, 3, 2));
   return v[0];
 }
+inline float reduce_sum(Vec v) {
+  return reduce(v, [](Vec a, Vec b) { return a + b; });
+}
 inline float reduce_max(Vec v) {
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int i = 0; i < width; ++i) v[i] = v[i] > v[i + width] ? v[i] : v[i + width];
-  return v[0];
+  return reduce(v, [](Vec a, Vec b) { return a > b ? a : b; });
 }
 
 // e^x for every lane: range reduction x = n·ln2 + r with |r| <= ln2/2, a degree-7 polynomial for
