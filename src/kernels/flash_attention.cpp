@@ -36,9 +36,15 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // portable path have 16: 4 × 2 accumulators.
 constexpr int kRows = kLanes == 16 ? 6 : 4;
 constexpr int kCols = kLanes == 16 ? 4 : 2;
-// Block sizes (see docs/performance.md for the measurements behind them).
-constexpr int64_t kBr = 8 * kRows;       // query rows per block
-constexpr int64_t kBc = 2 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
+// Block sizes. Measured with `mhsa bench --filter attention` (AVX-512, 2 threads, Zen 4, best
+// runs; GFLOP/s for H12·D64 full / causal, H8·D128 full / causal), Br × Bc:
+//   24 × 64: 166 / 144 / 157 / 182    24 × 128: 172 / 155 / 177 / 177    24 × 256: 162 / 159 / 169 / 160
+//   48 × 64: 153 / 152 / 153 / 173    48 × 128: 173 / 170 / 194 / 181    48 × 256: 182 / 165 / 198 / 181
+//   96 × 128: 169 / 141 / 154 / 159   96 × 256: 181 / 172 / 184 / 178
+// (±10% run to run on this shared machine). 48 × 256: the scores [48, 256] and a key block
+// [D, 256] live in L2 (1 MiB), the microkernels stream them from L1.
+constexpr int64_t kBr = 8 * kRows;           // query rows per block
+constexpr int64_t kBc = 4 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
 constexpr int64_t kChainD = 64;           // q·k sums restart every kChainD terms (accuracy)
 constexpr int64_t kDecodeRows = 8;       // at most this many query rows per kv head: split-K path
 constexpr int64_t kSplitKeys = 512;      // keys per split-K slice (fixed: results do not depend on threads)
