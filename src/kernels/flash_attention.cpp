@@ -11,7 +11,8 @@
 // and finally out = O / l, lse = m + log l. Memory is O(Br·Bc + Tk·D) per thread, never Tq×Tk.
 // Blocks of keys wholly past every row's limit are skipped (the causal upper triangle).
 //
-// Few queries against many keys (decode, Tq·group <= kDecodeRows) take a split-K path instead:
+// Few queries against many keys (decode: Tq <= kDecodeQueries, and at most kDecodeRows query rows
+// per kv head counting the group's heads) take a split-K path instead:
 // the keys are cut into fixed slices of kSplitKeys, each slice's partial (m, l, O) is computed
 // by any thread straight from the unpacked cache, and the partials are merged in slice order.
 //
@@ -46,7 +47,8 @@ constexpr int kCols = kLanes == 16 ? 4 : 2;
 constexpr int64_t kBr = 8 * kRows;           // query rows per block
 constexpr int64_t kBc = 4 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
 constexpr int64_t kChainD = 64;           // q·k sums restart every kChainD terms (accuracy)
-constexpr int64_t kDecodeRows = 8;       // at most this many query rows per kv head: split-K path
+constexpr int64_t kDecodeQueries = 8;    // decode: at most this many queries ...
+constexpr int64_t kDecodeRows = 32;      // ... and query rows per kv head (Tq · Hq / Hkv)
 constexpr int64_t kSplitKeys = 512;      // keys per split-K slice (fixed: results do not depend on threads)
 
 using AlignedFloats = std::vector<float, AlignedAllocator<float>>;
@@ -261,12 +263,6 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 
 // ---- Split-K decode: few query rows per kv head, many keys. ----
 
-// Partial softmax state of one row over one slice of keys: running max, sum, unnormalised output.
-struct Partial {
-  float* o;  // [Dv]
-  float m, l;
-};
-
 // Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
 // strided cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
 // online softmax and P·V as the blocked path.
@@ -316,8 +312,8 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
 }
 
 bool takes_decode_path(const AttentionParams& p) {
-  const bool unit_rows = p.k_stride[3] == 1 && (!p.out || p.v_stride[3] == 1);
-  return unit_rows && p.Tq * (p.Hq / p.Hkv) <= kDecodeRows;
+  const bool unit_rows = p.q_stride[3] == 1 && p.k_stride[3] == 1 && (!p.out || p.v_stride[3] == 1);
+  return unit_rows && p.Tq <= kDecodeQueries && p.Tq * (p.Hq / p.Hkv) <= kDecodeRows;
 }
 
 void attention_decode(const AttentionParams& p) {

@@ -184,7 +184,8 @@ TEST(Attention, RandomShapesEveryKernel) {
     opt.causal = causal;
     opt.attn_mask = mask.defined() ? mask.view() : ConstTensorView{};
     opt.kv_lengths = lengths;
-    StridedCopy qs = strided_copy(q, {2, 0, 1, 3}, strided ? 5 : 0), ks = strided_copy(k, {0, 2, 1, 3}, 0);
+    // Strided: q stored [D, B, Hq, Tq] (head size not innermost), k stored [B, Tk, Hkv, D].
+    StridedCopy qs = strided_copy(q, {3, 0, 1, 2}, 0), ks = strided_copy(k, {0, 2, 1, 3}, 3);
     const ConstTensorView qv = strided ? qs.view : q.view(), kv = strided ? ks.view : k.view();
     const Oracle want =
         naive_attention(q.view(), k.view(), v.view(), causal, 1.0 / std::sqrt(double(D)), opt.attn_mask, lengths);
