@@ -14,10 +14,15 @@ done
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends \
+$sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+$sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
+
+if [ "$with_tests" -eq 1 ]; then  # the ARM check: a cross compiler and qemu to run its result
+  $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+    g++-aarch64-linux-gnu qemu-user >/dev/null
+fi
 
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)

@@ -2,7 +2,9 @@
 # Runs every test: builds, runs the C++ suite (ctest: GoogleTest, CLI, install consumer) and the
 # Python suite against PyTorch (pytest), builds the Python wheel with `pip` and imports it from a
 # fresh virtual environment, then rebuilds the C++ tests with AddressSanitizer +
-# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Run scripts/setup.sh --test first.
+# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it cross-builds the
+# library for 64-bit ARM (portable kernels only) and runs tests/arm/check.cpp under qemu-aarch64.
+# Run scripts/setup.sh --test first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -24,6 +26,13 @@ rm -rf build/venv build/wheel
 build/venv/bin/python -m pip install --quiet --no-deps --force-reinstall build/wheel/mhsa-*.whl
 (cd build && venv/bin/python -c "import mhsa, numpy as np; x = np.ones((1, 3, 8), np.float32); \
 assert mhsa.MultiHeadAttention(8, 2)(x).shape == (1, 3, 8); print('wheel ok:', mhsa.__file__)")
+
+echo "== ARM (aarch64, portable kernels) under qemu"
+cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+  -DMHSA_BUILD_APPS=OFF -DMHSA_BUILD_PYTHON=OFF -DMHSA_BUILD_TESTS=OFF >/dev/null
+cmake --build build-arm
+aarch64-linux-gnu-g++ -std=c++20 -O2 -fopenmp -Iinclude tests/arm/check.cpp build-arm/libmhsa.a -o build-arm/check
+qemu-aarch64 -L /usr/aarch64-linux-gnu build-arm/check
 
 echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHSA_SANITIZE=ON -DMHSA_BUILD_PYTHON=OFF >/dev/null
