@@ -2,7 +2,7 @@
 """Runs `mhsa bench` and the same cases through PyTorch in the same run, and prints the ratios.
 
 PyTorch peers: scaled_dot_product_attention with its default CPU backend (the flash kernel) and
-with the math backend, torch.nn.MultiheadAttention, torch.addmm for the projection GEMM, and
+with the math backend, autograd through it for the backward (its forward time subtracted), torch.nn.MultiheadAttention, torch.addmm for the projection GEMM, and
 scaled_dot_product_attention for one decode query. Usage (after scripts/build.sh):
 
     python3 bench/compare_torch.py [--mhsa build/mhsa] [--threads 2] [--filter attention]
@@ -43,6 +43,22 @@ def attention_peers(name, min_seconds):
     return out
 
 
+def backward_peers(name, min_seconds):
+    """Autograd through scaled_dot_product_attention (the CPU flash backend): the backward alone."""
+    _, h, t, d, mode = name.split("_")
+    H, T, D, causal = int(h[1:]), int(t[1:]), int(d[1:]), mode == "causal"
+    q, k, v = (torch.randn(1, H, T, D, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, H, T, D)
+
+    def run():
+        with torch.enable_grad():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.autograd.grad(out, (q, k, v), dout)
+
+    forward_only = best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), min_seconds)
+    return {"torch autograd (minus fwd)": best_seconds(run, min_seconds) - forward_only}
+
+
 def decode_peers(name, min_seconds):
     _, h, tk, d = name.split("_")
     H, Tk, D = int(h[1:]), int(tk[2:]), int(d[1:])
@@ -67,7 +83,7 @@ def gemm_peers(name, min_seconds):
     return {"torch addmm": best_seconds(lambda: torch.addmm(bias, a, b), min_seconds)}
 
 
-PEERS = {"attention": attention_peers, "decode": decode_peers, "mha": mha_peers, "gemm": gemm_peers}
+PEERS = {"attention": attention_peers, "backward": backward_peers, "decode": decode_peers, "mha": mha_peers, "gemm": gemm_peers}
 
 
 def main():

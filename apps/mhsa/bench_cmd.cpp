@@ -76,6 +76,27 @@ Case attention_case(int64_t H, int64_t T, int64_t D, bool causal) {
           }};
 }
 
+Case backward_case(int64_t H, int64_t T, int64_t D, bool causal) {
+  const std::string name = "backward_H" + std::to_string(H) + "_T" + std::to_string(T) + "_D" + std::to_string(D) +
+                           (causal ? "_causal" : "_full");
+  return {name, [=](double min_seconds) {
+            std::mt19937_64 gen(5);
+            const Tensor q = random_tensor(gen, {1, H, T, D}), k = random_tensor(gen, {1, H, T, D});
+            const Tensor v = random_tensor(gen, {1, H, T, D}), dout = random_tensor(gen, {1, H, T, D});
+            AttentionOptions opt;
+            opt.causal = causal;
+            const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
+            Tensor dq({1, H, T, D}), dk({1, H, T, D}), dv({1, H, T, D});
+            const double s = best_seconds(
+                [&] {
+                  scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), fwd.out.view(),
+                                                        fwd.lse.view(), dq.view(), dk.view(), dv.view(), opt);
+                },
+                min_seconds);
+            return Result{name, "GFLOP/s", s, 2.5 * attention_flops(1, H, T, T, D, D, causal)};  // DESIGN.md
+          }};
+}
+
 Case decode_case(int64_t H, int64_t Tk, int64_t D) {
   const std::string name = "decode_H" + std::to_string(H) + "_Tk" + std::to_string(Tk) + "_D" + std::to_string(D);
   return {name, [=](double min_seconds) {
@@ -126,7 +147,7 @@ void run(const BenchArgs& a) {
   const std::vector<Case> cases = {
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
-      mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
+      backward_case(12, 4096, 64, true),   mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
       decode_case(12, 16384, 64)};
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
   std::vector<Result> results;

@@ -47,6 +47,24 @@ AttentionResult scaled_dot_product_attention(ConstTensorView q, ConstTensorView 
                                              ConstTensorView v,
                                              const AttentionOptions& options = {});
 
+// Gradients of scaled_dot_product_attention, FlashAttention-style: from dout [B, Hq, Tq, Dv] and
+// the forward's inputs, out and lse, the probabilities are recomputed block by block (memory
+// O(T)), and dq [B, Hq, Tq, D], dk [B, Hkv, Tk, D], dv [B, Hkv, Tk, Dv] written; dk and dv sum over
+// the query heads of a group. `options` must be the forward's. Rows whose keys were all masked get
+// zero gradients. Bitwise identical for any thread count.
+void scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
+                                           ConstTensorView v, ConstTensorView out, ConstTensorView lse,
+                                           TensorView dq, TensorView dk, TensorView dv,
+                                           const AttentionOptions& options = {});
+struct AttentionGrads {
+  Tensor dq;  // [B, Hq, Tq, D]
+  Tensor dk;  // [B, Hkv, Tk, D]
+  Tensor dv;  // [B, Hkv, Tk, Dv]
+};
+AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
+                                                     ConstTensorView v, ConstTensorView out, ConstTensorView lse,
+                                                     const AttentionOptions& options = {});
+
 // The exact softmax matrix P = exp(scaled masked scores - lse) for the chosen query heads
 // (all Hq heads when `heads` is empty), written to probs [B, heads, Tq, Tk]. `lse` [B, Hq, Tq]
 // comes from the forward pass; if it is not defined it is computed here. Masked entries are 0.

@@ -119,12 +119,29 @@ void check_output(std::string_view fn, std::string_view arg, const TensorView& t
   detail::check_no_self_overlap(fn, arg, t);
 }
 
-Strides4 lse_strides(const TensorView& lse) { return {lse.stride[0], lse.stride[1], lse.stride[2], 0}; }
+// A given input tensor of exactly the shape `want`.
+void check_input(std::string_view fn, std::string_view arg, const ConstTensorView& t, const std::vector<int64_t>& want,
+                 std::string_view dims) {
+  check_tensor(fn, arg, t, static_cast<int>(want.size()), dims);
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.shape[i] != want[static_cast<size_t>(i)])
+      fail(fn, arg, message("shape ", shape_string(ConstTensorView(nullptr, want)), " ", dims), shape_string(t));
+}
+
+Strides4 lse_strides(const ConstTensorView& lse) { return {lse.stride[0], lse.stride[1], lse.stride[2], 0}; }
 
 // The reference kernel for Backend::reference, otherwise the fast kernels of the best ISA.
 std::optional<cpu::Isa> kernel_choice(Backend backend) {
   if (backend == Backend::reference) return std::nullopt;
   return cpu::best_isa();
+}
+
+void run_backward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
+  if (isa) {
+    kernels::kernels_for(*isa).attention_backward(p);
+  } else {
+    kernels::attention_backward_ref(p);
+  }
 }
 
 void run_forward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
@@ -155,7 +172,56 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
   run_forward(p, isa);
 }
 
+void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
+                                              ConstTensorView k, ConstTensorView v, ConstTensorView out,
+                                              ConstTensorView lse, TensorView dq, TensorView dk, TensorView dv,
+                                              const AttentionOptions& options) {
+  constexpr std::string_view fn = "scaled_dot_product_attention_backward";
+  AttentionParams p = make_params(fn, q, k, &v, options);
+  check_input(fn, "dout", dout, {p.B, p.Hq, p.Tq, p.Dv}, "[B, Hq, Tq, Dv]");
+  check_input(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv}, "[B, Hq, Tq, Dv]");
+  check_input(fn, "lse", lse, {p.B, p.Hq, p.Tq}, "[B, Hq, Tq]");
+  check_output(fn, "dq", dq, {p.B, p.Hq, p.Tq, p.D});
+  check_output(fn, "dk", dk, {p.B, p.Hkv, p.Tk, p.D});
+  check_output(fn, "dv", dv, {p.B, p.Hkv, p.Tk, p.Dv});
+  p.out = const_cast<float*>(out.data);  // read only: backward kernels never write out or lse
+  p.out_stride = out.stride;
+  p.lse = const_cast<float*>(lse.data);
+  p.lse_stride = lse_strides(lse);
+  p.dout = dout.data;
+  p.dout_stride = dout.stride;
+  p.dq = dq.data;
+  p.dq_stride = dq.stride;
+  p.dk = dk.data;
+  p.dk_stride = dk.stride;
+  p.dv = dv.data;
+  p.dv_stride = dv.stride;
+  run_backward(p, isa);
+}
+
 }  // namespace detail
+
+void scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
+                                           ConstTensorView v, ConstTensorView out, ConstTensorView lse,
+                                           TensorView dq, TensorView dk, TensorView dv,
+                                           const AttentionOptions& options) {
+  detail::scaled_dot_product_attention_backward_on(kernel_choice(options.backend), dout, q, k, v, out, lse, dq, dk,
+                                                   dv, options);
+}
+
+AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
+                                                     ConstTensorView v, ConstTensorView out, ConstTensorView lse,
+                                                     const AttentionOptions& options) {
+  constexpr std::string_view fn = "scaled_dot_product_attention_backward";
+  check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
+  check_tensor(fn, "k", k, 4, "[B, Hkv, Tk, D]");
+  check_tensor(fn, "v", v, 4, "[B, Hkv, Tk, Dv]");
+  AttentionGrads g{Tensor({q.shape[0], q.shape[1], q.shape[2], q.shape[3]}),
+                   Tensor({k.shape[0], k.shape[1], k.shape[2], k.shape[3]}),
+                   Tensor({v.shape[0], v.shape[1], v.shape[2], v.shape[3]})};
+  scaled_dot_product_attention_backward(dout, q, k, v, out, lse, g.dq.view(), g.dk.view(), g.dv.view(), options);
+  return g;
+}
 
 void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTensorView v,
                                   TensorView out, const AttentionOptions& options, TensorView lse) {

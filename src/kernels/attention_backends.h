@@ -16,4 +16,10 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
                                      ConstTensorView v, TensorView out, const AttentionOptions& options,
                                      TensorView lse);
 
+// scaled_dot_product_attention_backward, likewise.
+void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
+                                              ConstTensorView k, ConstTensorView v, ConstTensorView out,
+                                              ConstTensorView lse, TensorView dq, TensorView dk, TensorView dv,
+                                              const AttentionOptions& options);
+
 }  // namespace mhsa::detail

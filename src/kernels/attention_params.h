@@ -29,6 +29,16 @@ struct AttentionParams {
   Strides4 out_stride{};
   float* lse = nullptr;  // [B, Hq, Tq] (stride[3] unused), or null
   Strides4 lse_stride{};
+  // Backward only: out and lse above are inputs (from the forward), these the incoming gradient
+  // and the outputs. dk and dv sum over the query heads of a group.
+  const float* dout = nullptr;  // [B, Hq, Tq, Dv]
+  Strides4 dout_stride{};
+  float* dq = nullptr;  // [B, Hq, Tq, D]
+  Strides4 dq_stride{};
+  float* dk = nullptr;  // [B, Hkv, Tk, D]
+  Strides4 dk_stride{};
+  float* dv = nullptr;  // [B, Hkv, Tk, Dv]
+  Strides4 dv_stride{};
 };
 
 // Keys visible to query row i of batch b form the prefix [0, key_end): the causal limit and the
@@ -43,6 +53,8 @@ inline int64_t key_end(const AttentionParams& p, int64_t b, int64_t i) {
 // Plain reference kernels: scalar, float64 accumulation, the oracle for every fast kernel.
 // Computes lse, and out when p.out is set.
 void attention_forward_ref(const AttentionParams& p);
+// dq, dk, dv from dout, q, k, v and lse (P recomputed row by row, in float64).
+void attention_backward_ref(const AttentionParams& p);
 // probs [B, n_heads, Tq, Tk] for query heads heads[0..n_heads), from p.lse (which must be set).
 void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads, int64_t n_heads,
                                  float* probs, const Strides4& probs_stride);

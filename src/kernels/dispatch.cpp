@@ -4,10 +4,10 @@
 namespace mhsa::kernels {
 
 const KernelTable& kernels_for(cpu::Isa isa) {
-  static const KernelTable portable_table{&portable::gemm, &portable::attention_forward};
+  static const KernelTable portable_table{&portable::gemm, &portable::attention_forward, &portable::attention_backward};
 #if defined(MHSA_HAVE_X86_KERNELS)
-  static const KernelTable avx2_table{&avx2::gemm, &avx2::attention_forward};
-  static const KernelTable avx512_table{&avx512::gemm, &avx512::attention_forward};
+  static const KernelTable avx2_table{&avx2::gemm, &avx2::attention_forward, &avx2::attention_backward};
+  static const KernelTable avx512_table{&avx512::gemm, &avx512::attention_forward, &avx512::attention_backward};
   if (isa == cpu::Isa::avx512) return avx512_table;
   if (isa == cpu::Isa::avx2) return avx2_table;
 #endif

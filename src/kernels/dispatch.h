@@ -17,6 +17,7 @@ namespace mhsa::kernels {
   void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,     \
             const float* bias, float* C, int64_t ldc);                                                     \
   void attention_forward(const AttentionParams& p);                                                        \
+  void attention_backward(const AttentionParams& p);                                                       \
   }
 MHSA_DECLARE_ISA_KERNELS(portable)
 MHSA_DECLARE_ISA_KERNELS(avx2)
@@ -29,6 +30,8 @@ struct KernelTable {
   decltype(&portable::gemm) gemm;
   // The FlashAttention forward (kernels/flash_attention.cpp): lse, and out when p.out is set.
   decltype(&portable::attention_forward) attention_forward;
+  // The FlashAttention backward (kernels/flash_backward.cpp): dq, dk, dv.
+  decltype(&portable::attention_backward) attention_backward;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

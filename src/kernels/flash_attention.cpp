@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/attention_params.h"
+#include "kernels/isa/attention_tiles.h"
 #include "kernels/isa/simd.h"
 #include "mhsa/tensor.h"
 
@@ -32,11 +33,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Register blocking of both microkernels: kRows query rows × kCols vectors of keys (or of Dv).
-// AVX-512 has 32 vector registers: 6 × 4 accumulators + 4 loads + 1 broadcast. AVX2 and the
-// portable path have 16: 4 × 2 accumulators.
-constexpr int kRows = kLanes == 16 ? 6 : 4;
-constexpr int kCols = kLanes == 16 ? 4 : 2;
 // Block sizes. Measured with `mhsa bench --filter attention` (AVX-512, 2 threads, Zen 4, best
 // runs; GFLOP/s for H12·D64 full / causal, H8·D128 full / causal), Br × Bc:
 //   24 × 64: 166 / 144 / 157 / 182    24 × 128: 172 / 155 / 177 / 177    24 × 256: 162 / 159 / 169 / 160
@@ -46,99 +42,9 @@ constexpr int kCols = kLanes == 16 ? 4 : 2;
 // [D, 256] live in L2 (1 MiB), the microkernels stream them from L1.
 constexpr int64_t kBr = 8 * kRows;           // query rows per block
 constexpr int64_t kBc = 4 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
-constexpr int64_t kChainD = 64;           // q·k sums restart every kChainD terms (accuracy)
 constexpr int64_t kDecodeQueries = 8;    // decode: at most this many queries ...
 constexpr int64_t kDecodeRows = 32;      // ... and query rows per kv head (Tq · Hq / Hkv)
 constexpr int64_t kSplitKeys = 512;      // keys per split-K slice (fixed: results do not depend on threads)
-
-using AlignedFloats = std::vector<float, AlignedAllocator<float>>;
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// S[r, c·kLanes + ...] for R rows × C vectors of keys: S = Q[R, D] · Kt[D, C·kLanes]. The sum
-// over D restarts every kChainD terms and is added on (blocked summation): long heads (D = 256)
-// then round like PyTorch's, at the price of one pass over the tile per extra block.
-template <int R, int C>
-void scores_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t D, float* s, int64_t lds) {
-  for (int64_t d0 = 0; d0 < D; d0 += kChainD) {
-    Vec acc[R][C];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = Vec{};
-    const int64_t d_end = std::min(D, d0 + kChainD);
-    for (int64_t d = d0; d < d_end; ++d) {
-      Vec kv[C];
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) kv[c] = load(kt + d * ldk + c * kLanes);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const Vec qv = splat(q[r * ldq + d]);
-#pragma GCC unroll 8
-        for (int c = 0; c < C; ++c) acc[r][c] = fma(qv, kv[c], acc[r][c]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c)
-        store(s + r * lds + c * kLanes, d0 == 0 ? acc[r][c] : acc[r][c] + load(s + r * lds + c * kLanes));
-  }
-}
-
-// O[R, C·kLanes] += P[R, J] · V[J, C·kLanes]
-template <int R, int C>
-void accumulate_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
-  Vec acc[R][C];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = load(o + r * ldo + c * kLanes);
-  for (int64_t j = 0; j < J; ++j) {
-    Vec vv[C];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) vv[c] = load(v + j * ldv + c * kLanes);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const Vec pv = splat(p[r * ldp + j]);
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = fma(pv, vv[c], acc[r][c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) store(o + r * ldo + c * kLanes, acc[r][c]);
-}
-
-template <int R, int C>
-struct ScoresTile {
-  static void run(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t D, float* s, int64_t lds) {
-    scores_tile<R, C>(q, ldq, kt, ldk, D, s, lds);
-  }
-};
-template <int R, int C>
-struct AccumulateTile {
-  static void run(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
-    accumulate_tile<R, C>(p, ldp, v, ldv, J, o, ldo);
-  }
-};
-
-// Both microkernels share one signature; tile_fn picks the instance for `rows` <= kRows rows
-// and `cols` <= kCols vectors.
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t);
-template <template <int, int> class Tile>
-TileFn tile_fn(int64_t rows, int64_t cols) {
-  static_assert(kRows <= 6 && kCols <= 4);
-  static constexpr TileFn table[6][4] = {
-      {Tile<1, 1>::run, Tile<1, 2>::run, Tile<1, 3>::run, Tile<1, 4>::run},
-      {Tile<2, 1>::run, Tile<2, 2>::run, Tile<2, 3>::run, Tile<2, 4>::run},
-      {Tile<3, 1>::run, Tile<3, 2>::run, Tile<3, 3>::run, Tile<3, 4>::run},
-      {Tile<4, 1>::run, Tile<4, 2>::run, Tile<4, 3>::run, Tile<4, 4>::run},
-      {Tile<5, 1>::run, Tile<5, 2>::run, Tile<5, 3>::run, Tile<5, 4>::run},
-      {Tile<6, 1>::run, Tile<6, 2>::run, Tile<6, 3>::run, Tile<6, 4>::run}};
-  return table[rows - 1][cols - 1];
-}
 
 // One (batch, kv head)'s keys and values, packed for the microkernels.
 struct PackedKV {

@@ -1,0 +1,82 @@
+// kernels/attention_backward_ref.cpp — the reference attention backward, written like the
+// equations (σ the scale, P recomputed from the saved lse, never stored whole):
+//   P_ij = exp(s_ij − lse_i)                    s_ij = σ q_i·k_j + mask_ij, visible keys only
+//   dV_j = Σ_i P_ij dO_i        dP_ij = dO_i·v_j        D_i = Σ_j P_ij dP_ij
+//   dS_ij = P_ij (dP_ij − D_i)  dQ_i = σ Σ_j dS_ij k_j   dK_j = σ Σ_i dS_ij q_i
+// dK and dV sum over the query heads that share a kv head. Scalar, float64 accumulation; one
+// (batch, kv head) per thread, so no two threads write the same gradient. The oracle for the
+// fast backward; never tuned.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/attention_params.h"
+
+namespace mhsa::kernels {
+namespace {
+
+const float* row(const float* base, const Strides4& s, int64_t b, int64_t h, int64_t i) {
+  return base + b * s[0] + h * s[1] + i * s[2];
+}
+float* row(float* base, const Strides4& s, int64_t b, int64_t h, int64_t i) {
+  return base + b * s[0] + h * s[1] + i * s[2];
+}
+
+}  // namespace
+
+void attention_backward_ref(const AttentionParams& p) {
+  const int64_t group = p.Hq / p.Hkv;
+#pragma omp parallel
+  {
+    std::vector<double> dk(static_cast<size_t>(p.Tk * p.D)), dv(static_cast<size_t>(p.Tk * p.Dv));  // [Tk, D|Dv]
+    std::vector<double> prob(static_cast<size_t>(p.Tk)), dprob(static_cast<size_t>(p.Tk));         // [Tk]
+    std::vector<double> dq(static_cast<size_t>(p.D));                                              // [D]
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+        std::fill(dk.begin(), dk.end(), 0.0);
+        std::fill(dv.begin(), dv.end(), 0.0);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+          for (int64_t i = 0; i < p.Tq; ++i) {
+            const double lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+            const int64_t end = lse == -std::numeric_limits<double>::infinity() ? 0 : key_end(p, b, i);
+            const float* qi = row(p.q, p.q_stride, b, h, i);
+            const float* doi = row(p.dout, p.dout_stride, b, h, i);
+            double d_i = 0.0;
+            for (int64_t j = 0; j < end; ++j) {
+              const float* kj = row(p.k, p.k_stride, b, hk, j);
+              const float* vj = row(p.v, p.v_stride, b, hk, j);
+              double dot = 0.0, dp = 0.0;
+              for (int64_t d = 0; d < p.D; ++d) dot += double(qi[d * p.q_stride[3]]) * kj[d * p.k_stride[3]];
+              double s = p.scale * dot;
+              if (p.mask) s += p.mask[b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] +
+                                      j * p.mask_stride[3]];
+              for (int64_t d = 0; d < p.Dv; ++d) dp += double(doi[d * p.dout_stride[3]]) * vj[d * p.v_stride[3]];
+              prob[j] = std::exp(s - lse);
+              dprob[j] = dp;
+              d_i += prob[j] * dp;
+            }
+            std::fill(dq.begin(), dq.end(), 0.0);
+            for (int64_t j = 0; j < end; ++j) {
+              const double ds = prob[j] * (dprob[j] - d_i) * p.scale;
+              const float* kj = row(p.k, p.k_stride, b, hk, j);
+              for (int64_t d = 0; d < p.D; ++d) {
+                dq[d] += ds * kj[d * p.k_stride[3]];
+                dk[j * p.D + d] += ds * qi[d * p.q_stride[3]];
+              }
+              for (int64_t d = 0; d < p.Dv; ++d) dv[j * p.Dv + d] += prob[j] * doi[d * p.dout_stride[3]];
+            }
+            float* dqi = row(p.dq, p.dq_stride, b, h, i);
+            for (int64_t d = 0; d < p.D; ++d) dqi[d * p.dq_stride[3]] = static_cast<float>(dq[d]);
+          }
+        for (int64_t j = 0; j < p.Tk; ++j) {
+          float* dkj = row(p.dk, p.dk_stride, b, hk, j);
+          float* dvj = row(p.dv, p.dv_stride, b, hk, j);
+          for (int64_t d = 0; d < p.D; ++d) dkj[d * p.dk_stride[3]] = static_cast<float>(dk[j * p.D + d]);
+          for (int64_t d = 0; d < p.Dv; ++d) dvj[d * p.dv_stride[3]] = static_cast<float>(dv[j * p.Dv + d]);
+        }
+      }
+  }
+}
+
+}  // namespace mhsa::kernels

@@ -1,0 +1,167 @@
+// kernels/flash_backward.cpp — the fast attention backward, compiled once per ISA (MHSA_ISA).
+//
+// FlashAttention-2's backward on the CPU. One (batch, kv head) is one task, run by one thread
+// start to end, so no two threads ever add into the same gradient (no atomics) and the result does
+// not depend on the thread count. Inside a task, for each key block (Bc keys) with its dK, dV
+// accumulators, for each query block (Br rows of any head of the group) that can see it:
+//   S = Q Ktᵀ → P = exp(σS + mask − lse) (0 past each row's key_end)     scores microkernel
+//   dP = dO Vtᵀ                                                          scores microkernel
+//   dS = σ P ∘ (dP − D),  D = rowsum(dO ∘ O) precomputed once
+//   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K                                accumulate microkernel
+// Memory per task: the group's packed Q, dO, dQ and the head's packed K and V — O(T·D), no T×T.
+// Key blocks above the causal diagonal of a query block are skipped.
+#include <cmath>
+#include <limits>
+
+#include "kernels/attention_params.h"
+#include "kernels/isa/attention_tiles.h"
+#include "kernels/isa/simd.h"
+
+namespace mhsa::kernels::MHSA_ISA {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kBr = 4 * kRows;           // query rows per block
+constexpr int64_t kBc = 2 * kCols * kLanes;  // keys per block
+
+// One task's packed operands. Rows of the group: r = (h − first head)·Tq + i.
+struct Task {
+  int64_t d_pad, dv_pad, rows, key_blocks;
+  AlignedFloats q, dout, dq;   // [rows, d_pad], [rows, dv_pad], [rows, d_pad]
+  std::vector<float> lse, di;  // [rows]
+  std::vector<int64_t> end;    // [rows] key_end
+  AlignedFloats kt, vt;        // [key_blocks, D, kBc], [key_blocks, Dv, kBc]: transposed blocks
+  AlignedFloats kn;            // [key_blocks·kBc, d_pad]: keys as rows
+  AlignedFloats s, dp, pt, dst;  // [kBr, kBc] x2, [kBc, kBr] x2
+  AlignedFloats dk, dv;          // [kBc, d_pad], [kBc, dv_pad]
+  Task(const AttentionParams& p)
+      : d_pad(round_up(p.D, kLanes)), dv_pad(round_up(p.Dv, kLanes)), rows(p.Hq / p.Hkv * p.Tq),
+        key_blocks((p.Tk + kBc - 1) / kBc),
+        q(static_cast<size_t>(rows * d_pad)), dout(static_cast<size_t>(rows * dv_pad)),
+        dq(static_cast<size_t>(rows * d_pad)), lse(static_cast<size_t>(rows)), di(static_cast<size_t>(rows)),
+        end(static_cast<size_t>(rows)), kt(static_cast<size_t>(key_blocks * p.D * kBc)),
+        vt(static_cast<size_t>(key_blocks * p.Dv * kBc)), kn(static_cast<size_t>(key_blocks * kBc * d_pad)),
+        s(kBr * kBc), dp(kBr * kBc), pt(kBc * kBr), dst(kBc * kBr), dk(static_cast<size_t>(kBc * d_pad)),
+        dv(static_cast<size_t>(kBc * dv_pad)) {}
+};
+
+void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
+  const int64_t group = p.Hq / p.Hkv;
+  for (int64_t r = 0; r < t.rows; ++r) {
+    const int64_t h = hk * group + r / p.Tq, i = r % p.Tq;
+    const float* q = p.q + b * p.q_stride[0] + h * p.q_stride[1] + i * p.q_stride[2];
+    const float* o = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
+    const float* g = p.dout + b * p.dout_stride[0] + h * p.dout_stride[1] + i * p.dout_stride[2];
+    for (int64_t d = 0; d < t.d_pad; ++d) t.q[r * t.d_pad + d] = d < p.D ? q[d * p.q_stride[3]] : 0.0f;
+    float di = 0.0f;
+    for (int64_t d = 0; d < t.dv_pad; ++d) {
+      const float gd = d < p.Dv ? g[d * p.dout_stride[3]] : 0.0f;
+      t.dout[r * t.dv_pad + d] = gd;
+      if (d < p.Dv) di += gd * o[d * p.out_stride[3]];
+    }
+    t.di[r] = di;
+    t.lse[r] = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
+    t.end[r] = t.lse[r] == kNegInf ? 0 : key_end(p, b, i);  // a fully masked row has no gradient
+  }
+  std::fill(t.dq.begin(), t.dq.end(), 0.0f);
+  const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
+  const float* v = p.v + b * p.v_stride[0] + hk * p.v_stride[1];
+  for (int64_t j = 0; j < t.key_blocks * kBc; ++j) {
+    const int64_t kb = j / kBc, jj = j % kBc;
+    const bool real = j < p.Tk;
+    for (int64_t d = 0; d < t.d_pad; ++d) {
+      const float x = real && d < p.D ? k[j * p.k_stride[2] + d * p.k_stride[3]] : 0.0f;
+      t.kn[j * t.d_pad + d] = x;
+      if (d < p.D) t.kt[(kb * p.D + d) * kBc + jj] = x;
+    }
+    for (int64_t d = 0; d < p.Dv; ++d)
+      t.vt[(kb * p.Dv + d) * kBc + jj] = real ? v[j * p.v_stride[2] + d * p.v_stride[3]] : 0.0f;
+  }
+}
+
+// o[rows, cols] (+)= a[rows, J] · m[J, cols], cols a multiple of kLanes: the accumulate tiles.
+void accumulate(int64_t rows, int64_t cols, const float* a, int64_t lda, const float* m, int64_t ldm, int64_t J,
+                float* o, int64_t ldo) {
+  for (int64_t r = 0; r < rows; r += kRows)
+    for (int64_t c = 0; c < cols; c += kCols * kLanes)
+      tile_fn<AccumulateTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (cols - c) / kLanes))(
+          a + r * lda, lda, m + c, ldm, J, o + r * ldo + c, ldo);
+}
+
+// s[rows, kBc] = a[rows, D] · bt[D, kBc]: the scores tiles.
+void scores(int64_t rows, const float* a, int64_t lda, const float* bt, int64_t D, float* s) {
+  for (int64_t r = 0; r < rows; r += kRows)
+    for (int64_t c = 0; c < kBc; c += kCols * kLanes)
+      tile_fn<ScoresTile>(std::min<int64_t>(kRows, rows - r), kCols)(a + r * lda, lda, bt + c, kBc, D,
+                                                                     s + r * kBc + c, kBc);
+}
+
+void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
+  pack(p, b, hk, t);
+  const int64_t group = p.Hq / p.Hkv;
+  for (int64_t kb = 0; kb < t.key_blocks; ++kb) {
+    const int64_t j0 = kb * kBc;
+    std::fill(t.dk.begin(), t.dk.end(), 0.0f);
+    std::fill(t.dv.begin(), t.dv.end(), 0.0f);
+    for (int64_t r0 = 0; r0 < t.rows; r0 += kBr) {
+      const int64_t n = std::min(kBr, t.rows - r0);
+      int64_t max_end = 0;
+      for (int64_t r = r0; r < r0 + n; ++r) max_end = std::max(max_end, t.end[r]);
+      if (max_end <= j0) continue;  // no row of this block sees these keys (causal, padding)
+      scores(n, t.q.data() + r0 * t.d_pad, t.d_pad, t.kt.data() + kb * p.D * kBc, p.D, t.s.data());
+      scores(n, t.dout.data() + r0 * t.dv_pad, t.dv_pad, t.vt.data() + kb * p.Dv * kBc, p.Dv, t.dp.data());
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t row = r0 + r, h = hk * group + row / p.Tq, i = row % p.Tq;
+        const int64_t visible = std::clamp<int64_t>(t.end[row] - j0, 0, kBc);
+        float* s = t.s.data() + r * kBc;
+        float* dp = t.dp.data() + r * kBc;
+        const float* mrow =
+            p.mask ? p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] : nullptr;
+        if (mrow)
+          for (int64_t jj = 0; jj < visible; ++jj) s[jj] = s[jj] * p.scale + mrow[(j0 + jj) * p.mask_stride[3]];
+        std::fill(s + visible, s + kBc, kNegInf);  // exp gives exactly 0 there
+        const Vec scale = splat(mrow ? 1.0f : p.scale), lse = splat(t.lse[row]), di = splat(t.di[row]);
+        const Vec ds_scale = splat(p.scale);
+        for (int64_t jj = 0; jj < kBc; jj += kLanes) {  // P into the dP buffer's place, dS into s
+          const Vec prob = visible > 0 ? exp(load(s + jj) * scale - lse) : Vec{};
+          store(s + jj, prob * (load(dp + jj) - di) * ds_scale);
+          store(dp + jj, prob);
+        }
+        for (int64_t jj = 0; jj < kBc; ++jj) {  // transposed copies for dV = Pᵀ dO and dK = dSᵀ Q
+          t.pt[jj * kBr + r] = dp[jj];
+          t.dst[jj * kBr + r] = s[jj];
+        }
+      }
+      accumulate(kBc, t.dv_pad, t.pt.data(), kBr, t.dout.data() + r0 * t.dv_pad, t.dv_pad, n, t.dv.data(), t.dv_pad);
+      accumulate(kBc, t.d_pad, t.dst.data(), kBr, t.q.data() + r0 * t.d_pad, t.d_pad, n, t.dk.data(), t.d_pad);
+      accumulate(n, t.d_pad, t.s.data(), kBc, t.kn.data() + j0 * t.d_pad, t.d_pad, kBc,
+                 t.dq.data() + r0 * t.d_pad, t.d_pad);
+    }
+    for (int64_t jj = 0; jj < kBc && j0 + jj < p.Tk; ++jj) {
+      const int64_t j = j0 + jj;
+      float* dk = p.dk + b * p.dk_stride[0] + hk * p.dk_stride[1] + j * p.dk_stride[2];
+      float* dv = p.dv + b * p.dv_stride[0] + hk * p.dv_stride[1] + j * p.dv_stride[2];
+      for (int64_t d = 0; d < p.D; ++d) dk[d * p.dk_stride[3]] = t.dk[jj * t.d_pad + d];
+      for (int64_t d = 0; d < p.Dv; ++d) dv[d * p.dv_stride[3]] = t.dv[jj * t.dv_pad + d];
+    }
+  }
+  for (int64_t row = 0; row < t.rows; ++row) {
+    const int64_t h = hk * group + row / p.Tq, i = row % p.Tq;
+    float* dq = p.dq + b * p.dq_stride[0] + h * p.dq_stride[1] + i * p.dq_stride[2];
+    for (int64_t d = 0; d < p.D; ++d) dq[d * p.dq_stride[3]] = t.dq[row * t.d_pad + d];
+  }
+}
+
+}  // namespace
+
+void attention_backward(const AttentionParams& p) {
+#pragma omp parallel
+  {
+    Task task(p);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t hk = 0; hk < p.Hkv; ++hk) run_task(p, b, hk, task);
+  }
+}
+
+}  // namespace mhsa::kernels::MHSA_ISA

@@ -1,0 +1,145 @@
+// tests/cpp/test_backward.cpp — scaled_dot_product_attention_backward on every kernel against a
+// float64 oracle that materialises P and dS whole, over odd sizes, masks, key lengths, grouped
+// heads and strides; fully masked rows; determinism across thread counts.
+#include <omp.h>
+
+#include <cstring>
+
+#include "kernels/attention_backends.h"
+#include "test_util.h"
+
+namespace mhsa::test {
+namespace {
+
+struct Grads {
+  std::vector<double> dq, dk, dv;
+};
+
+// dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(P ∘ dO Vᵀ)), dQ = σ dS K, dK = σ dSᵀ Q, summed over groups.
+Grads naive_backward(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                     const ConstTensorView& dout, const std::vector<double>& probs, double scale) {
+  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
+  Grads g{std::vector<double>(static_cast<size_t>(B * Hq * Tq * D)), std::vector<double>(static_cast<size_t>(B * Hkv * Tk * D)),
+          std::vector<double>(static_cast<size_t>(B * Hkv * Tk * Dv))};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t hk = h * Hkv / Hq;
+      for (int64_t i = 0; i < Tq; ++i) {
+        const double* p = probs.data() + ((b * Hq + h) * Tq + i) * Tk;
+        std::vector<double> dp(static_cast<size_t>(Tk));
+        double rowsum = 0.0;
+        for (int64_t j = 0; j < Tk; ++j) {
+          for (int64_t d = 0; d < Dv; ++d) dp[j] += double(dout.at(b, h, i, d)) * v.at(b, hk, j, d);
+          rowsum += p[j] * dp[j];
+        }
+        for (int64_t j = 0; j < Tk; ++j) {
+          const double ds = p[j] * (dp[j] - rowsum);
+          for (int64_t d = 0; d < D; ++d) {
+            g.dq[((b * Hq + h) * Tq + i) * D + d] += scale * ds * k.at(b, hk, j, d);
+            g.dk[((b * Hkv + hk) * Tk + j) * D + d] += scale * ds * q.at(b, h, i, d);
+          }
+          for (int64_t d = 0; d < Dv; ++d) g.dv[((b * Hkv + hk) * Tk + j) * Dv + d] += p[j] * dout.at(b, h, i, d);
+        }
+      }
+    }
+  return g;
+}
+
+struct Case {
+  int64_t B, Hq, Hkv, Tq, Tk, D, Dv;
+  bool causal, masked, lengths, strided;
+};
+
+std::string case_name(const Case& c) {
+  return "B" + std::to_string(c.B) + "_Hq" + std::to_string(c.Hq) + "_Hkv" + std::to_string(c.Hkv) + "_Tq" +
+         std::to_string(c.Tq) + "_Tk" + std::to_string(c.Tk) + "_D" + std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) +
+         (c.causal ? "_causal" : "") + (c.masked ? "_mask" : "") + (c.lengths ? "_lengths" : "") +
+         (c.strided ? "_strided" : "");
+}
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+
+class BackwardGrid : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BackwardGrid, MatchesFloat64Oracle) {
+  const Case c = GetParam();
+  auto gen = test_rng();
+  const Tensor q = random_tensor(gen, {c.B, c.Hq, c.Tq, c.D}), k = random_tensor(gen, {c.B, c.Hkv, c.Tk, c.D});
+  const Tensor v = random_tensor(gen, {c.B, c.Hkv, c.Tk, c.Dv}), dout = random_tensor(gen, {c.B, c.Hq, c.Tq, c.Dv});
+  Tensor mask = c.masked ? random_tensor(gen, {1, c.Hq, c.Tq, c.Tk}) : Tensor();
+  for (int64_t i = 0; c.masked && i < mask.numel(); i += 7) mask.data()[i] = -INFINITY;
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; c.lengths && b < c.B; ++b) lengths.push_back(b == 1 ? 0 : c.Tk - 2 * b);
+  AttentionOptions opt;
+  opt.causal = c.causal;
+  opt.attn_mask = mask.defined() ? mask.view() : ConstTensorView{};
+  opt.kv_lengths = lengths;
+  opt.backend = Backend::reference;
+  const double scale = 1.0 / std::sqrt(double(c.D));
+  const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
+  const Oracle o = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, opt.attn_mask, lengths);
+  const Grads want = naive_backward(q.view(), k.view(), v.view(), dout.view(), o.probs, scale);
+
+  StridedCopy qs = strided_copy(q, {0, 2, 1, 3}, 3), ks = strided_copy(k, {1, 0, 2, 3}, 0, 2),
+              gs = strided_copy(dout, {2, 0, 1, 3}, 1);
+  const ConstTensorView qv = c.strided ? qs.view : q.view(), kv = c.strided ? ks.view : k.view();
+  const ConstTensorView gv = c.strided ? gs.view : dout.view();
+  AttentionGrads got{Tensor({c.B, c.Hq, c.Tq, c.D}), Tensor({c.B, c.Hkv, c.Tk, c.D}), Tensor({c.B, c.Hkv, c.Tk, c.Dv})};
+  std::vector<std::optional<cpu::Isa>> kernels = {std::nullopt};
+  for (cpu::Isa isa : cpu::usable_isas()) kernels.emplace_back(isa);
+  for (const auto& isa : kernels) {
+    SCOPED_TRACE(isa ? std::string(cpu::isa_name(*isa)) : std::string("reference"));
+    const double tol = isa ? 1e-5 : 1e-6;  // float64 sums in the reference, float32 in the fast kernels
+    detail::scaled_dot_product_attention_backward_on(isa, gv, qv, kv, v.view(), fwd.out.view(), fwd.lse.view(),
+                                                     got.dq.view(), got.dk.view(), got.dv.view(), opt);
+    EXPECT_LE(rel_l2(got.dq.data(), want.dq), tol) << "dq";
+    EXPECT_LE(rel_l2(got.dk.data(), want.dk), tol) << "dk";
+    EXPECT_LE(rel_l2(got.dv.data(), want.dv), tol) << "dv";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, BackwardGrid,
+    ::testing::Values(Case{1, 2, 2, 1, 1, 40, 40, false, false, false, false},
+                      Case{2, 3, 3, 97, 97, 64, 64, true, false, false, false},
+                      Case{1, 2, 2, 97, 97, 80, 80, false, false, false, false},
+                      Case{2, 4, 2, 33, 70, 96, 96, true, false, true, false},
+                      Case{2, 6, 3, 19, 41, 40, 72, false, true, true, true},
+                      Case{1, 1, 1, 300, 300, 128, 128, true, false, false, true},
+                      Case{2, 8, 1, 5, 129, 64, 64, true, true, false, false},
+                      Case{1, 2, 2, 40, 7, 1, 3, true, false, false, false},
+                      Case{1, 1, 1, 1025, 1025, 40, 40, true, false, false, false}),
+    [](const auto& info) { return case_name(info.param); });
+
+TEST(Backward, BitwiseIdenticalForAnyThreadCount) {
+  auto gen = test_rng();
+  const Tensor q = random_tensor(gen, {2, 6, 150, 40}), k = random_tensor(gen, {2, 3, 150, 40});
+  const Tensor v = random_tensor(gen, {2, 3, 150, 40}), dout = random_tensor(gen, {2, 6, 150, 40});
+  AttentionOptions opt;
+  opt.causal = true;
+  const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
+  std::vector<AttentionGrads> runs;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    runs.push_back(scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), fwd.out.view(),
+                                                         fwd.lse.view(), opt));
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  for (size_t i = 1; i < runs.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(runs[0].dq.data(), runs[i].dq.data(), sizeof(float) * runs[0].dq.numel()));
+    EXPECT_EQ(0, std::memcmp(runs[0].dk.data(), runs[i].dk.data(), sizeof(float) * runs[0].dk.numel()));
+    EXPECT_EQ(0, std::memcmp(runs[0].dv.data(), runs[i].dv.data(), sizeof(float) * runs[0].dv.numel()));
+  }
+}
+
+TEST(Backward, RejectsMismatchedShapes) {
+  const Tensor q({1, 2, 3, 4}), k({1, 2, 5, 4}), v({1, 2, 5, 4}), out({1, 2, 3, 4}), lse({1, 2, 3}), dout({1, 2, 3, 5});
+  expect_error([&] { scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view()); },
+               {"scaled_dot_product_attention_backward: dout: expected shape [1, 2, 3, 4] [B, Hq, Tq, Dv], got [1, 2, 3, 5]"});
+  const Tensor lse_bad({1, 2, 4});
+  expect_error([&] { scaled_dot_product_attention_backward(out.view(), q.view(), k.view(), v.view(), out.view(), lse_bad.view()); },
+               {"lse: expected shape [1, 2, 3] [B, Hq, Tq], got [1, 2, 4]"});
+}
+
+}  // namespace
+}  // namespace mhsa::test
