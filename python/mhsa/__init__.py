@@ -11,6 +11,7 @@ from ._core import (
     MultiHeadAttention,
     attention_probabilities,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
     sinusoidal_positional_encoding,
 )
 
@@ -20,6 +21,7 @@ __all__ = [
     "MultiHeadAttention",
     "attention_probabilities",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_backward",
     "sinusoidal_positional_encoding",
 ]
 __version__ = "0.1.0"

@@ -56,6 +56,30 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
   return out.array;
 }
 
+py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, const py::object& k_obj,
+                        const py::object& v_obj, const py::object& out_obj, const py::object& lse_obj,
+                        const py::object& attn_mask, bool is_causal, std::optional<float> scale,
+                        const py::object& kv_lengths) {
+  constexpr std::string_view fn = "scaled_dot_product_attention_backward";
+  const InputArray dout = float_array(dout_obj, fn, "dout", 4, "[B, Hq, Tq, Dv]");
+  const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
+  const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
+  const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
+  const InputArray out = float_array(out_obj, fn, "out", 4, "[B, Hq, Tq, Dv]");
+  const InputArray lse = float_array(lse_obj, fn, "lse", 3, "[B, Hq, Tq]");
+  const CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
+  const auto shape = [](const ConstTensorView& t) {
+    return std::vector<int64_t>{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+  };
+  OutputArray dq = new_array(shape(q.view)), dk = new_array(shape(k.view)), dv = new_array(shape(v.view));
+  {
+    py::gil_scoped_release unlocked;
+    scaled_dot_product_attention_backward(dout.view, q.view, k.view, v.view, out.view, lse.view, dq.view, dk.view,
+                                          dv.view, c.options);
+  }
+  return py::make_tuple(dq.array, dk.array, dv.array);
+}
+
 py::array probabilities(const py::object& q_obj, const py::object& k_obj, const py::object& attn_mask, bool is_causal,
                         std::optional<float> scale, const py::object& kv_lengths) {
   constexpr std::string_view fn = "attention_probabilities";
@@ -139,6 +163,11 @@ float32 arrays with any strides. Hq % Hkv == 0 (grouped-query heads). attn_mask:
 bool (True = attend) of shape [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk]. is_causal: query i sees keys
 j <= i + Tk - Tq. scale: default 1/sqrt(D). kv_lengths: [B] valid keys per batch. A row with no visible key
 gives 0. With return_lse, returns (out, lse [B, Hq, Tq]).)");
+  m.def("scaled_dot_product_attention_backward", &sdpa_backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
+        "attn_mask"_a = py::none(), "is_causal"_a = false, "scale"_a = py::none(), "kv_lengths"_a = py::none(),
+        R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
+inputs, out and lse (from return_lse=True), with the forward's options. dk and dv sum over the query heads
+of a group; rows with no visible key get zero gradients.)");
   m.def("attention_probabilities", &probabilities, "q"_a, "k"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(),
         "The exact softmax matrix [B, Hq, Tq, Tk] that scaled_dot_product_attention applies (same options).");

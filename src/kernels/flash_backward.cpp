@@ -79,12 +79,13 @@ void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
   }
 }
 
-// o[rows, cols] (+)= a[rows, J] · m[J, cols], cols a multiple of kLanes: the accumulate tiles.
+// o[rows, cols] += a[rows, J] · m[J, cols], cols a multiple of kLanes: the accumulate tiles, each
+// call's J-term sums a fresh chain added to o (gradients sum over thousands of rows and keys).
 void accumulate(int64_t rows, int64_t cols, const float* a, int64_t lda, const float* m, int64_t ldm, int64_t J,
                 float* o, int64_t ldo) {
   for (int64_t r = 0; r < rows; r += kRows)
     for (int64_t c = 0; c < cols; c += kCols * kLanes)
-      tile_fn<AccumulateTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (cols - c) / kLanes))(
+      tile_fn<AccumulateFreshTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (cols - c) / kLanes))(
           a + r * lda, lda, m + c, ldm, J, o + r * ldo + c, ldo);
 }
 

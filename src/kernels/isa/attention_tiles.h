@@ -54,14 +54,16 @@ void scores_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int6
   }
 }
 
-// O[R, C·kLanes] += P[R, J] · V[J, C·kLanes]
-template <int R, int C>
+// O[R, C·kLanes] += P[R, J] · V[J, C·kLanes]. kFresh: the J-term sums start from 0 and are added
+// to O at the end (blocked summation: each call is a chain of its own, so gradients summed over
+// thousands of rows round like PyTorch's); otherwise they continue from O.
+template <int R, int C, bool kFresh = false>
 void accumulate_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
   Vec acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = load(o + r * ldo + c * kLanes);
+    for (int c = 0; c < C; ++c) acc[r][c] = kFresh ? Vec{} : load(o + r * ldo + c * kLanes);
   for (int64_t j = 0; j < J; ++j) {
     Vec vv[C];
 #pragma GCC unroll 8
@@ -76,7 +78,8 @@ void accumulate_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, i
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) store(o + r * ldo + c * kLanes, acc[r][c]);
+    for (int c = 0; c < C; ++c)
+      store(o + r * ldo + c * kLanes, kFresh ? acc[r][c] + load(o + r * ldo + c * kLanes) : acc[r][c]);
 }
 
 template <int R, int C>
@@ -89,6 +92,12 @@ template <int R, int C>
 struct AccumulateTile {
   static void run(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
     accumulate_tile<R, C>(p, ldp, v, ldv, J, o, ldo);
+  }
+};
+template <int R, int C>
+struct AccumulateFreshTile {
+  static void run(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
+    accumulate_tile<R, C, true>(p, ldp, v, ldv, J, o, ldo);
   }
 };
 

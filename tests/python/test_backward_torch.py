@@ -1,0 +1,127 @@
+"""mhsa.scaled_dot_product_attention_backward against PyTorch autograd and finite differences.
+
+The reference is autograd through conftest.torch_attention in float64; PyTorch's own fp32 autograd
+sets the error baseline (conftest.check_against_torch: within 1e-5 relative L2 and no worse than
+2x torch). Covered: odd sizes, Tq != Tk, causal, float and bool masks, key lengths, grouped heads,
+custom scale, strided inputs. Central finite differences of the float64 function check the
+gradient's meaning independently of autograd; fully masked rows must get zero gradients.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import mhsa
+from conftest import check_against_torch, key_bias, torch_attention, visible_keys
+
+
+def randn(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def torch_grads(q, k, v, dout, scale, bias, dtype):
+    """(dq, dk, dv) of sum(dout * attention) by autograd in `dtype`."""
+    ts = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v)]
+    out, _, _ = torch_attention(*ts, scale, None if bias is None else bias.to(dtype))
+    out.backward(torch.tensor(dout, dtype=dtype))
+    return [t.grad.numpy() for t in ts]
+
+
+CASES = {  # B, Hq, Hkv, Tq, Tk, D, Dv, causal, mask kind, kv_lengths, scale
+    "T1": (1, 2, 2, 1, 1, 40, 40, False, None, None, None),
+    "T97-causal": (2, 3, 3, 97, 97, 64, 64, True, None, None, None),
+    "D80-Tq5-Tk33": (1, 4, 4, 5, 33, 80, 80, False, None, None, None),
+    "D96-gqa-causal": (2, 6, 2, 41, 41, 96, 96, True, None, None, None),
+    "float-mask": (2, 2, 1, 17, 29, 40, 24, False, "float", None, None),
+    "bool-mask-causal": (1, 4, 2, 23, 23, 64, 64, True, "bool", None, 0.2),
+    "lengths": (3, 2, 2, 19, 31, 40, 40, False, None, [31, 7, 19], None),
+    "T1025-causal": (1, 1, 1, 1025, 1025, 40, 40, True, None, None, None),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_gradients_match_autograd(rng, case):
+    B, Hq, Hkv, Tq, Tk, D, Dv, causal, mask_kind, lengths, scale = case
+    q, k, v = randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, Dv)
+    dout = randn(rng, B, Hq, Tq, Dv)
+    mask = None
+    if mask_kind == "float":
+        mask = randn(rng, Tq, Tk)
+    elif mask_kind == "bool":
+        mask = rng.random((Hq, Tq, Tk)) > 0.3
+        mask[..., 0] = True  # every row keeps a key: torch's autograd is NaN on fully masked rows
+    bias = key_bias(visible_keys(B, Tq, Tk, causal, lengths))
+    if mask is not None:
+        bias = bias + (torch.from_numpy(mask).double() if mask.dtype != bool else key_bias(torch.from_numpy(mask)))
+    s = 1 / math.sqrt(D) if scale is None else scale
+    options = dict(attn_mask=mask, is_causal=causal, scale=scale, kv_lengths=lengths)
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
+    ours = mhsa.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **options)
+    ref = torch_grads(q, k, v, dout, s, bias, torch.float64)
+    fp32 = torch_grads(q, k, v, dout, s, bias, torch.float32)
+    for name, o, t, r in zip(("dq", "dk", "dv"), ours, fp32, ref):
+        assert o.shape == r.shape, name
+        check_against_torch(o, t, r)
+
+
+def test_strided_inputs_give_the_same_gradients(rng):
+    """q and dout as transposed views, k walked backwards: the same result as contiguous arrays."""
+    B, H, T, D = 2, 3, 29, 40
+    qt, k = randn(rng, B, T, H, D), randn(rng, B, H, T, D)
+    v, gt = randn(rng, B, H, T, D), randn(rng, B, T, H, D)
+    q, dout = qt.transpose(0, 2, 1, 3), gt.transpose(0, 2, 1, 3)
+    k_rev = np.ascontiguousarray(k[:, :, ::-1])[:, :, ::-1]
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    strided = mhsa.scaled_dot_product_attention_backward(dout, q, k_rev, v, out, lse, is_causal=True)
+    dense = mhsa.scaled_dot_product_attention_backward(np.ascontiguousarray(dout), np.ascontiguousarray(q), k, v,
+                                                       out, lse, is_causal=True)
+    for a, b in zip(strided, dense):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_finite_differences(rng):
+    """Central differences of f = sum(dout * attention(q, k, v)) in float64, element by element."""
+    B, Hq, Hkv, Tq, Tk, D = 1, 2, 1, 3, 4, 5
+    q, k, v, dout = randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hq, Tq, D)
+    bias = key_bias(visible_keys(B, Tq, Tk, causal=True))
+    scale = 1 / math.sqrt(D)
+
+    def f(arrays):
+        out, _, _ = torch_attention(*(torch.from_numpy(a) for a in arrays), scale, bias)
+        return float((out * torch.from_numpy(dout.astype(np.float64))).sum())
+
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, is_causal=True, return_lse=True)
+    ours = mhsa.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, is_causal=True)
+    base = [a.astype(np.float64) for a in (q, k, v)]
+    eps = 1e-6
+    for which, grad in enumerate(ours):
+        numeric = np.zeros_like(base[which])
+        for idx in np.ndindex(base[which].shape):
+            plus = [a.copy() for a in base]
+            minus = [a.copy() for a in base]
+            plus[which][idx] += eps
+            minus[which][idx] -= eps
+            numeric[idx] = (f(plus) - f(minus)) / (2 * eps)
+        err = np.linalg.norm(grad - numeric) / np.linalg.norm(numeric)
+        assert err <= 1e-5, f"{'qkv'[which]}: rel L2 {err:.3g} against finite differences"
+
+
+def test_fully_masked_rows_get_zero_gradients(rng):
+    B, H, Tq, Tk, D = 2, 2, 6, 4, 8
+    q, k, v, dout = randn(rng, B, H, Tq, D), randn(rng, B, H, Tk, D), randn(rng, B, H, Tk, D), randn(rng, B, H, Tq, D)
+    options = dict(is_causal=True, kv_lengths=[Tk, 0])  # Tq > Tk: rows 0, 1 see nothing; batch 1 nothing
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
+    dq, dk, dv = mhsa.scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **options)
+    assert not any(np.isnan(g).any() for g in (dq, dk, dv))
+    assert (dq[:, :, :2] == 0).all() and (dq[1] == 0).all() and (dk[1] == 0).all() and (dv[1] == 0).all()
+
+
+def test_bad_gradient_shape_is_rejected(rng):
+    q = randn(rng, 1, 2, 3, 4)
+    out, lse = mhsa.scaled_dot_product_attention(q, q, q, return_lse=True)
+    with pytest.raises(mhsa.Error, match=r"dout: expected shape \[1, 2, 3, 4\] \[B, Hq, Tq, Dv\], got \[1, 2, 3, 5\]"):
+        mhsa.scaled_dot_product_attention_backward(randn(rng, 1, 2, 3, 5), q, q, q, out, lse)
+    with pytest.raises(ValueError, match="lse: expected a 3-D float32 array"):
+        mhsa.scaled_dot_product_attention_backward(out, q, q, q, out, out)
