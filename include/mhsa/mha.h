@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 #include <string_view>
 
 #include "mhsa/attention.h"
@@ -21,12 +22,39 @@
 
 namespace mhsa {
 
+struct MhaTape;
+
 struct MhaOptions {
   bool causal = false;                  // bottom-right aligned, as in scaled_dot_product_attention
   std::span<const int64_t> kv_lengths;  // optional [B]: valid keys of x (self) or of the memory
   ConstTensorView attn_mask;            // optional additive [T, S] or [B|1, H|1, T, S]
   Tensor* weights = nullptr;            // if set, receives the probabilities [B, H, T, S]
   Backend backend = Backend::automatic;
+  MhaTape* tape = nullptr;              // if set, the forward records what backward needs here
+};
+
+// What one forward recorded for MultiHeadAttention::backward: inputs, projections, the attention
+// output and its lse (the probabilities are recomputed, never stored), and the options.
+struct MhaTape {
+  bool cross = false;
+  Tensor x;       // [B, T, C]
+  Tensor memory;  // [B, S, C], cross-attention only
+  Tensor qkv;     // self: [B, T, C + 2·Ckv]; cross: the queries [B, T, C]
+  Tensor kv;      // cross: [B, S, 2·Ckv]
+  Tensor ctx;     // [B, T, C] the heads concatenated
+  Tensor lse;     // [B, H, T]
+  bool causal = false;
+  std::vector<int64_t> kv_lengths;
+  Tensor attn_mask;  // a copy, in the shape given
+};
+
+// Gradients of the parameters, shaped like them (undefined biases for a layer without bias).
+struct MhaGradients {
+  Tensor w_qkv, b_qkv, w_o, b_o;
+};
+struct MhaInputGradients {
+  Tensor dx;       // [B, T, C]
+  Tensor dmemory;  // [B, S, C], cross-attention only
 };
 
 class MultiHeadAttention {
@@ -54,6 +82,9 @@ class MultiHeadAttention {
   Tensor forward(ConstTensorView x, const MhaOptions& options = {}) const;
   // Cross-attention: queries from x [B, T, C], keys and values from a projected memory.
   Tensor forward(ConstTensorView x, const KVCache& memory, const MhaOptions& options = {}) const;
+  // Cross-attention over a memory given as an array [B, S, C] (projected in this call): the form
+  // to use for training, since backward then also returns the memory's gradient.
+  Tensor forward(ConstTensorView x, ConstTensorView memory, const MhaOptions& options) const;
   // Projects an encoder memory [B, S, C] to its keys and values, once.
   KVCache project_memory(ConstTensorView memory) const;
 
@@ -64,9 +95,15 @@ class MultiHeadAttention {
   // cache is unchanged.
   Tensor step(ConstTensorView x, KVCache& cache) const;
 
+  // Gradients from dy [B, T, C] and the tape of the forward that produced y: adds the parameters'
+  // gradients into `grads` (accumulating, as PyTorch does) and returns dx (and dmemory).
+  MhaInputGradients backward(const MhaTape& tape, ConstTensorView dy, MhaGradients& grads) const;
+  // Zero gradients shaped like the parameters.
+  MhaGradients zero_gradients() const;
+
  private:
   Tensor attend(ConstTensorView q, ConstTensorView k, ConstTensorView v, const AttentionOptions& options,
-                Tensor* weights) const;
+                Tensor* weights, MhaTape* tape) const;
 
   int64_t embed_dim_, num_heads_, num_kv_heads_;
   Tensor w_qkv_;  // [C, C + 2·Ckv]

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "arrays.h"
@@ -92,16 +93,27 @@ py::array probabilities(const py::object& q_obj, const py::object& k_obj, const 
   return probs.array;
 }
 
-MultiHeadAttention make_mha(int64_t embed_dim, int64_t num_heads, const std::optional<int64_t>& num_kv_heads, bool bias,
-                            uint64_t seed) {
+// The Python layer: the C++ layer plus what training needs between calls, the tape of the last
+// forward run with requires_grad and the accumulated parameter gradients.
+struct Layer {
+  MultiHeadAttention m;
+  std::optional<MhaTape> tape;
+  MhaGradients grads;
+};
+
+Layer make_mha(int64_t embed_dim, int64_t num_heads, const std::optional<int64_t>& num_kv_heads, bool bias,
+               uint64_t seed) {
   if (num_kv_heads && *num_kv_heads <= 0)
     throw Error(detail::message("MultiHeadAttention: num_kv_heads: expected None or a count > 0 dividing num_heads = ",
                                 num_heads, ", got ", *num_kv_heads));
-  return MultiHeadAttention(embed_dim, num_heads, num_kv_heads.value_or(0), bias, seed);
+  MultiHeadAttention m(embed_dim, num_heads, num_kv_heads.value_or(0), bias, seed);
+  MhaGradients grads = m.zero_gradients();
+  return Layer{std::move(m), std::nullopt, std::move(grads)};
 }
 
-py::object mha_call(const MultiHeadAttention& m, const py::object& x_obj, const py::object& memory, bool is_causal,
-                    const py::object& kv_lengths, bool need_weights, const py::object& attn_mask) {
+py::object mha_call(Layer& layer, const py::object& x_obj, const py::object& memory, bool is_causal,
+                    const py::object& kv_lengths, bool need_weights, const py::object& attn_mask, bool requires_grad) {
+  const MultiHeadAttention& m = layer.m;
   constexpr std::string_view fn = "MultiHeadAttention";
   const InputArray x = float_array(x_obj, fn, "x", 3, "[B, T, C]");
   const CallOptions c = call_options(fn, attn_mask, is_causal, std::nullopt, kv_lengths);
@@ -111,27 +123,56 @@ py::object mha_call(const MultiHeadAttention& m, const py::object& x_obj, const 
   o.attn_mask = c.options.attn_mask;
   Tensor weights;
   if (need_weights) o.weights = &weights;
+  MhaTape tape;
+  if (requires_grad) o.tape = &tape;
   Tensor y;
   if (memory.is_none()) {
     py::gil_scoped_release unlocked;
     y = m.forward(x.view, o);
   } else if (py::isinstance<KVCache>(memory)) {
+    if (requires_grad)
+      throw Error("MultiHeadAttention: memory: expected an array [B, S, C] with requires_grad=True, got a KVCache");
     const auto& kv = memory.cast<const KVCache&>();
     py::gil_scoped_release unlocked;
     y = m.forward(x.view, kv, o);
   } else {
     const InputArray mem = float_array(memory, fn, "memory", 3, "[B, S, C]");
     py::gil_scoped_release unlocked;
-    y = m.forward(x.view, m.project_memory(mem.view), o);
+    y = m.forward(x.view, mem.view, o);
   }
+  if (requires_grad) layer.tape = std::move(tape);
   if (need_weights) return py::make_tuple(to_numpy(std::move(y)), to_numpy(std::move(weights)));
   return to_numpy(std::move(y));
 }
 
-void def_parameter(py::class_<MultiHeadAttention>& cls, const char* name, const char* doc) {
+py::object mha_backward(Layer& layer, const py::object& dy_obj) {
+  if (!layer.tape)
+    throw Error("MultiHeadAttention.backward: tape: expected a forward run with requires_grad=True first, got none");
+  const InputArray dy = float_array(dy_obj, "MultiHeadAttention.backward", "dy", 3, "[B, T, C]");
+  MhaInputGradients g;
+  {
+    py::gil_scoped_release unlocked;
+    g = layer.m.backward(*layer.tape, dy.view, layer.grads);
+  }
+  if (layer.tape->cross) return py::make_tuple(to_numpy(std::move(g.dx)), to_numpy(std::move(g.dmemory)));
+  return to_numpy(std::move(g.dx));
+}
+
+py::dict mha_grads(py::object self) {
+  Layer& layer = self.cast<Layer&>();
+  py::dict out;
+  const std::pair<const char*, Tensor*> all[] = {
+      {"w_qkv", &layer.grads.w_qkv}, {"b_qkv", &layer.grads.b_qkv}, {"w_o", &layer.grads.w_o}, {"b_o", &layer.grads.b_o}};
+  for (const auto& [name, t] : all)
+    if (t->defined()) out[name] = view_of(*t, self, true);
+  return out;
+}
+
+void def_parameter(py::class_<Layer>& cls, const char* name, const char* doc) {
   cls.def_property(
-      name, [name](py::object self) { return view_of(self.cast<MultiHeadAttention&>().parameter(name), self, true); },
-      [name](MultiHeadAttention& m, const py::object& value) {
+      name, [name](py::object self) { return view_of(self.cast<Layer&>().m.parameter(name), self, true); },
+      [name](Layer& layer, const py::object& value) {
+        MultiHeadAttention& m = layer.m;
         const int ndim = static_cast<int>(m.parameter(name).shape().size());
         const InputArray a = float_array(value, "MultiHeadAttention", name, ndim, ndim == 2 ? "[rows, cols]" : "[n]");
         m.set_parameter(name, a.view);
@@ -189,37 +230,52 @@ of a group; rows with no visible key get zero gradients.)");
       .def("reset", &KVCache::reset, "Forget every token; the capacity is kept.")
       .def("__len__", &KVCache::length);
 
-  py::class_<MultiHeadAttention> mha(m, "MultiHeadAttention", R"(Multi-head attention in the GPT-2 weight layout.
+  py::class_<Layer> mha(m, "MultiHeadAttention", R"(Multi-head attention in the GPT-2 weight layout.
 
 w_qkv [C, C + 2*Ckv] (input-major: y = x @ w_qkv + b_qkv), w_o [C, C]; Ckv = num_kv_heads * head_dim.)");
   mha.def(py::init(&make_mha), "embed_dim"_a, "num_heads"_a, "num_kv_heads"_a = py::none(), "bias"_a = true,
           "seed"_a = 0)
-      .def_property_readonly("embed_dim", &MultiHeadAttention::embed_dim)
-      .def_property_readonly("num_heads", &MultiHeadAttention::num_heads)
-      .def_property_readonly("num_kv_heads", &MultiHeadAttention::num_kv_heads)
-      .def_property_readonly("head_dim", &MultiHeadAttention::head_dim)
+      .def_property_readonly("embed_dim", [](const Layer& l) { return l.m.embed_dim(); })
+      .def_property_readonly("num_heads", [](const Layer& l) { return l.m.num_heads(); })
+      .def_property_readonly("num_kv_heads", [](const Layer& l) { return l.m.num_kv_heads(); })
+      .def_property_readonly("head_dim", [](const Layer& l) { return l.m.head_dim(); })
       .def("__call__", &mha_call, "x"_a, "memory"_a = py::none(), "is_causal"_a = false, "kv_lengths"_a = py::none(),
-           "need_weights"_a = false, "attn_mask"_a = py::none(),
+           "need_weights"_a = false, "attn_mask"_a = py::none(), "requires_grad"_a = false,
            R"(y [B, T, C] = attention of x [B, T, C] over itself, or over memory [B, S, C] (an array or the
 KVCache from project_memory). kv_lengths: [B] valid tokens of x (self) or memory (cross). With
-need_weights, returns (y, weights [B, H, T, S]), per head.)")
+need_weights, returns (y, weights [B, H, T, S]), per head. With requires_grad, the call is recorded
+for backward().)")
+      .def("backward", &mha_backward, "dy"_a,
+           R"(Gradients from dy [B, T, C] for the last call made with requires_grad=True: returns dx, or
+(dx, dmemory) for cross-attention, and adds the parameters' gradients into `grads`.)")
+      .def_property_readonly("grads", &mha_grads,
+                             "Accumulated parameter gradients {'w_qkv', 'b_qkv', 'w_o', 'b_o'} (views; zero_grad() clears).")
       .def(
-          "project_memory", [](const MultiHeadAttention& self, const py::object& memory) {
+          "zero_grad",
+          [](Layer& l) {  // in place: arrays from `grads` stay valid
+            for (Tensor* t : {&l.grads.w_qkv, &l.grads.b_qkv, &l.grads.w_o, &l.grads.b_o})
+              std::fill(t->data(), t->data() + t->numel(), 0.0f);
+          },
+          "Sets every parameter gradient to 0.")
+      .def(
+          "project_memory", [](const Layer& self, const py::object& memory) {
             const InputArray mem = float_array(memory, "MultiHeadAttention.project_memory", "memory", 3, "[B, S, C]");
             py::gil_scoped_release unlocked;
-            return self.project_memory(mem.view);
+            return self.m.project_memory(mem.view);
           },
           "memory"_a, "Keys and values of an encoder memory [B, S, C], projected once for reuse as `memory=`.")
-      .def("new_cache", &MultiHeadAttention::new_cache, "batch"_a, "max_tokens"_a,
+      .def(
+          "new_cache", [](const Layer& l, int64_t batch, int64_t max_tokens) { return l.m.new_cache(batch, max_tokens); },
+          "batch"_a, "max_tokens"_a,
            "An empty KVCache for `batch` sequences of up to `max_tokens` tokens.")
       .def(
           "step",
-          [](const MultiHeadAttention& self, const py::object& x_obj, KVCache& cache) {
+          [](const Layer& self, const py::object& x_obj, KVCache& cache) {
             const InputArray x = float_array(x_obj, "MultiHeadAttention.step", "x", 3, "[B, T, C]");
             Tensor y;
             {
               py::gil_scoped_release unlocked;
-              y = self.step(x.view, cache);
+              y = self.m.step(x.view, cache);
             }
             return to_numpy(std::move(y));
           },

@@ -68,6 +68,67 @@ void check_cache(const MultiHeadAttention& m, std::string_view fn, std::string_v
          message(cache.kv_heads(), " kv heads of size ", cache.head_dim(), "/", cache.v_head_dim()));
 }
 
+// A contiguous copy of a view of up to 4 dimensions.
+Tensor copy_of(const ConstTensorView& v) {
+  std::vector<int64_t> dims(v.shape.begin(), v.shape.begin() + v.ndim);
+  Tensor t(dims);
+  std::array<int64_t, 4> n{1, 1, 1, 1}, st{0, 0, 0, 0};
+  for (int i = 0; i < v.ndim; ++i) n[4 - v.ndim + i] = v.shape[i], st[4 - v.ndim + i] = v.stride[i];
+  float* out = t.data();
+  for (int64_t a = 0; a < n[0]; ++a)
+    for (int64_t b = 0; b < n[1]; ++b)
+      for (int64_t c = 0; c < n[2]; ++c)
+        for (int64_t d = 0; d < n[3]; ++d) *out++ = v.data[a * st[0] + b * st[1] + c * st[2] + d * st[3]];
+  return t;
+}
+
+// dst[cols, rows] = src[rows, cols] (lds apart)
+Tensor transposed(const float* src, int64_t rows, int64_t cols, int64_t lds) {
+  Tensor t({cols, rows});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t.data()[c * rows + r] = src[r * lds + c];
+  return t;
+}
+
+// grad[:, col : col + n] += aᵀ · g  with a [M, K], g [M, n] (rows of both M apart by K and n);
+// bias_grad[col : col + n] += Σ_rows g (when defined).
+void add_weight_grads(const float* a, int64_t M, int64_t K, const float* g, int64_t n, Tensor& grad, int64_t col,
+                      Tensor& bias_grad) {
+  const Tensor at = transposed(a, M, K, K);  // [K, M]
+  Tensor prod({K, n});
+  kernels::kernels().gemm(K, n, M, at.data(), M, g, n, nullptr, prod.data(), n);
+  const int64_t width = grad.dim(1);
+  for (int64_t r = 0; r < K; ++r)
+    for (int64_t c = 0; c < n; ++c) grad.data()[r * width + col + c] += prod.data()[r * n + c];
+  if (bias_grad.defined()) {  // summed apart, then added: accumulation is then one addition
+    std::vector<float> sum(static_cast<size_t>(n), 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t c = 0; c < n; ++c) sum[c] += g[m * n + c];
+    for (int64_t c = 0; c < n; ++c) bias_grad.data()[col + c] += sum[c];
+  }
+}
+
+// g [B, T, n] · w[:, col : col + n]ᵀ  ->  [B, T, K]   (w is [K, width])
+Tensor times_transposed(const float* g, int64_t B, int64_t T, int64_t n, const Tensor& w, int64_t col) {
+  const int64_t K = w.dim(0);
+  const Tensor wt = transposed(w.data() + col, K, n, w.dim(1));  // [n, K]
+  Tensor out({B, T, K});
+  kernels::kernels().gemm(B * T, K, n, g, n, wt.data(), K, nullptr, out.data(), K);
+  return out;
+}
+
+void record(MhaTape& tape, const MhaOptions& o, const ConstTensorView& x, const ConstTensorView& memory, Tensor qkv,
+            Tensor kv) {
+  tape.cross = memory.defined();
+  tape.x = copy_of(x);
+  tape.memory = memory.defined() ? copy_of(memory) : Tensor();
+  tape.qkv = std::move(qkv);
+  tape.kv = std::move(kv);
+  tape.causal = o.causal;
+  tape.kv_lengths.assign(o.kv_lengths.begin(), o.kv_lengths.end());
+  tape.attn_mask = o.attn_mask.defined() ? copy_of(o.attn_mask) : Tensor();
+}
+
 AttentionOptions attention_options(const MhaOptions& o) {
   AttentionOptions a;
   a.causal = o.causal;
@@ -82,14 +143,19 @@ AttentionOptions attention_options(const MhaOptions& o) {
 // Attention of q [B, H, T, D] over k, v [B, Hkv, S, D] into the concatenated heads, then the
 // output projection: y [B, T, C]. Fills *weights [B, H, T, S] when it is given.
 Tensor MultiHeadAttention::attend(ConstTensorView q, ConstTensorView k, ConstTensorView v,
-                                  const AttentionOptions& options, Tensor* weights) const {
+                                  const AttentionOptions& options, Tensor* weights, MhaTape* tape) const {
   const int64_t B = q.shape[0], H = q.shape[1], T = q.shape[2], D = q.shape[3], C = embed_dim_;
   Tensor ctx({B, T, C});  // heads concatenated: [B, T, H·D]
   const TensorView ctx_heads{ctx.data(), {B, H, T, D}, {T * C, D, C, 1}};
-  Tensor lse = weights ? Tensor({B, H, T}) : Tensor();  // [B, H, T]
-  scaled_dot_product_attention(q, k, v, ctx_heads, options, weights ? lse.view() : TensorView{});
+  Tensor lse = weights || tape ? Tensor({B, H, T}) : Tensor();  // [B, H, T]
+  scaled_dot_product_attention(q, k, v, ctx_heads, options, lse.defined() ? lse.view() : TensorView{});
   if (weights) *weights = attention_probabilities(q, k, lse.view(), options);
-  return linear({ctx.data(), C, {}}, B, T, w_o_, 0, C, b_o_, options.backend);
+  Tensor y = linear({ctx.data(), C, {}}, B, T, w_o_, 0, C, b_o_, options.backend);
+  if (tape) {
+    tape->ctx = std::move(ctx);
+    tape->lse = std::move(lse);
+  }
+  return y;
 }
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, int64_t num_kv_heads,
@@ -161,10 +227,29 @@ void MultiHeadAttention::set_parameter(std::string_view name, ConstTensorView va
 Tensor MultiHeadAttention::forward(ConstTensorView x, const MhaOptions& options) const {
   const Rows xr = check_input(*this, "MultiHeadAttention::forward", "x", x);
   const int64_t B = x.shape[0], T = x.shape[1], C = embed_dim_, D = head_dim(), Ckv = kv_dim(), N = C + 2 * Ckv;
-  const Tensor qkv = linear(xr, B, T, w_qkv_, 0, N, b_qkv_, options.backend);  // [B, T, C | Ckv | Ckv]
-  return attend(heads_view(qkv.data(), B, T, N, 0, num_heads_, D), heads_view(qkv.data(), B, T, N, C, num_kv_heads_, D),
-                heads_view(qkv.data(), B, T, N, C + Ckv, num_kv_heads_, D), attention_options(options),
-                options.weights);
+  Tensor qkv = linear(xr, B, T, w_qkv_, 0, N, b_qkv_, options.backend);  // [B, T, C | Ckv | Ckv]
+  Tensor y = attend(heads_view(qkv.data(), B, T, N, 0, num_heads_, D),
+                    heads_view(qkv.data(), B, T, N, C, num_kv_heads_, D),
+                    heads_view(qkv.data(), B, T, N, C + Ckv, num_kv_heads_, D), attention_options(options),
+                    options.weights, options.tape);
+  if (options.tape) record(*options.tape, options, x, {}, std::move(qkv), {});
+  return y;
+}
+
+Tensor MultiHeadAttention::forward(ConstTensorView x, ConstTensorView memory, const MhaOptions& options) const {
+  constexpr std::string_view fn = "MultiHeadAttention::forward";
+  const Rows xr = check_input(*this, fn, "x", x);
+  const Rows mr = check_input(*this, fn, "memory", memory);
+  if (memory.shape[0] != x.shape[0])
+    fail(fn, "memory.shape[0]", message(x.shape[0], " (B, as x.shape[0])"), std::to_string(memory.shape[0]));
+  const int64_t B = x.shape[0], T = x.shape[1], S = memory.shape[1], C = embed_dim_, D = head_dim(), Ckv = kv_dim();
+  Tensor q = linear(xr, B, T, w_qkv_, 0, C, b_qkv_, options.backend);             // [B, T, C]
+  Tensor kv = linear(mr, B, S, w_qkv_, C, 2 * Ckv, b_qkv_, options.backend);      // [B, S, Ckv | Ckv]
+  Tensor y = attend(heads_view(q.data(), B, T, C, 0, num_heads_, D), heads_view(kv.data(), B, S, 2 * Ckv, 0, num_kv_heads_, D),
+                    heads_view(kv.data(), B, S, 2 * Ckv, Ckv, num_kv_heads_, D), attention_options(options),
+                    options.weights, options.tape);
+  if (options.tape) record(*options.tape, options, x, memory, std::move(q), std::move(kv));
+  return y;
 }
 
 KVCache MultiHeadAttention::project_memory(ConstTensorView memory) const {
@@ -183,8 +268,10 @@ Tensor MultiHeadAttention::forward(ConstTensorView x, const KVCache& memory, con
   check_cache(*this, fn, "memory", memory, x.shape[0]);
   const int64_t B = x.shape[0], T = x.shape[1], C = embed_dim_;
   const Tensor q = linear(xr, B, T, w_qkv_, 0, C, b_qkv_, options.backend);  // [B, T, C]
+  if (options.tape)
+    fail(fn, "options.tape", "no tape with a projected memory (pass the memory array to train)", "a tape");
   return attend(heads_view(q.data(), B, T, C, 0, num_heads_, head_dim()), memory.keys(), memory.values(),
-                attention_options(options), options.weights);
+                attention_options(options), options.weights, nullptr);
 }
 
 KVCache MultiHeadAttention::new_cache(int64_t batch, int64_t max_tokens) const {
@@ -202,7 +289,66 @@ Tensor MultiHeadAttention::step(ConstTensorView x, KVCache& cache) const {
                heads_view(qkv.data(), B, T, N, C + Ckv, num_kv_heads_, D));
   AttentionOptions causal;
   causal.causal = true;  // the new rows are the last T of the cached sequence: bottom-right alignment
-  return attend(heads_view(qkv.data(), B, T, N, 0, num_heads_, D), cache.keys(), cache.values(), causal, nullptr);
+  return attend(heads_view(qkv.data(), B, T, N, 0, num_heads_, D), cache.keys(), cache.values(), causal, nullptr, nullptr);
+}
+
+MhaGradients MultiHeadAttention::zero_gradients() const {
+  MhaGradients g{Tensor(w_qkv_.shape()), has_bias() ? Tensor(b_qkv_.shape()) : Tensor(), Tensor(w_o_.shape()),
+                 has_bias() ? Tensor(b_o_.shape()) : Tensor()};
+  return g;
+}
+
+// y = ctx Wo + bo;  ctx = attention(q, k, v);  [q | k | v] = x Wqkv + bqkv (cross: q from x, k, v from memory)
+MhaInputGradients MultiHeadAttention::backward(const MhaTape& tape, ConstTensorView dy, MhaGradients& grads) const {
+  constexpr std::string_view fn = "MultiHeadAttention::backward";
+  if (!tape.x.defined() || !tape.ctx.defined()) fail(fn, "tape", "the tape of a forward with options.tape set", "an empty tape");
+  const int64_t B = tape.x.dim(0), T = tape.x.dim(1), C = embed_dim_, H = num_heads_, Hkv = num_kv_heads_;
+  const int64_t D = head_dim(), Ckv = kv_dim(), N = C + 2 * Ckv, S = tape.cross ? tape.memory.dim(1) : T;
+  check_tensor(fn, "dy", dy, 3, "[B, T, C]");
+  check_dim(fn, "dy", dy, 0, B, "B of the recorded forward");
+  check_dim(fn, "dy", dy, 1, T, "T of the recorded forward");
+  check_dim(fn, "dy", dy, 2, C, "C, the layer's embed_dim");
+  if (grads.w_qkv.shape() != w_qkv_.shape() || grads.w_o.shape() != w_o_.shape() ||
+      grads.b_qkv.defined() != has_bias() || grads.b_o.defined() != has_bias())
+    fail(fn, "grads", "gradients shaped like this layer's parameters (zero_gradients())", "other shapes");
+  const Tensor dy_rows = copy_of(dy);  // [B, T, C]
+  // Output projection.
+  add_weight_grads(tape.ctx.data(), B * T, C, dy_rows.data(), C, grads.w_o, 0, grads.b_o);
+  const Tensor dctx = times_transposed(dy_rows.data(), B, T, C, w_o_, 0);  // [B, T, C]
+  // Attention: gradients written straight into the projection layouts.
+  AttentionOptions aopt;
+  aopt.causal = tape.causal;
+  aopt.kv_lengths = tape.kv_lengths;
+  aopt.attn_mask = tape.attn_mask.defined() ? tape.attn_mask.view() : ConstTensorView{};
+  const ConstTensorView ctx_heads{tape.ctx.data(), {B, H, T, D}, {T * C, D, C, 1}};
+  const ConstTensorView dctx_heads{dctx.data(), {B, H, T, D}, {T * C, D, C, 1}};
+  MhaInputGradients out;
+  if (!tape.cross) {
+    Tensor dqkv({B, T, N});  // [B, T, C | Ckv | Ckv]
+    const auto grad_heads = [&](int64_t col, int64_t heads) {  // a [B, heads, T, D] view of dqkv
+      return TensorView{dqkv.data() + col, {B, heads, T, D}, {T * N, D, N, 1}};
+    };
+    scaled_dot_product_attention_backward(dctx_heads, heads_view(tape.qkv.data(), B, T, N, 0, H, D),
+                                          heads_view(tape.qkv.data(), B, T, N, C, Hkv, D),
+                                          heads_view(tape.qkv.data(), B, T, N, C + Ckv, Hkv, D), ctx_heads,
+                                          tape.lse.view(), grad_heads(0, H), grad_heads(C, Hkv),
+                                          grad_heads(C + Ckv, Hkv), aopt);
+    add_weight_grads(tape.x.data(), B * T, C, dqkv.data(), N, grads.w_qkv, 0, grads.b_qkv);
+    out.dx = times_transposed(dqkv.data(), B, T, N, w_qkv_, 0);
+  } else {
+    Tensor dq({B, T, C}), dkv({B, S, 2 * Ckv});
+    scaled_dot_product_attention_backward(
+        dctx_heads, heads_view(tape.qkv.data(), B, T, C, 0, H, D), heads_view(tape.kv.data(), B, S, 2 * Ckv, 0, Hkv, D),
+        heads_view(tape.kv.data(), B, S, 2 * Ckv, Ckv, Hkv, D), ctx_heads, tape.lse.view(),
+        TensorView{dq.data(), {B, H, T, D}, {T * C, D, C, 1}},
+        TensorView{dkv.data(), {B, Hkv, S, D}, {S * 2 * Ckv, D, 2 * Ckv, 1}},
+        TensorView{dkv.data() + Ckv, {B, Hkv, S, D}, {S * 2 * Ckv, D, 2 * Ckv, 1}}, aopt);
+    add_weight_grads(tape.x.data(), B * T, C, dq.data(), C, grads.w_qkv, 0, grads.b_qkv);
+    add_weight_grads(tape.memory.data(), B * S, C, dkv.data(), 2 * Ckv, grads.w_qkv, C, grads.b_qkv);
+    out.dx = times_transposed(dq.data(), B, T, C, w_qkv_, 0);
+    out.dmemory = times_transposed(dkv.data(), B, S, 2 * Ckv, w_qkv_, C);
+  }
+  return out;
 }
 
 }  // namespace mhsa
