@@ -1,5 +1,5 @@
 // apps/mhsa/attention_cmd.cpp — `mhsa attention`: one scaled_dot_product_attention call on random
-// inputs of a chosen shape, timed, with a summary of the output. A quick way to try shapes and
+// inputs of a chosen shape (and optionally its backward), timed, with a summary of the output. A quick way to try shapes and
 // options from the shell; the benchmarks with peers live in `mhsa bench` and bench/.
 #include <chrono>
 #include <cmath>
@@ -17,6 +17,7 @@ namespace {
 struct AttentionArgs {
   int64_t batch = 1, heads = 12, kv_heads = 0, tokens = 512, kv_tokens = 0, head_dim = 64;
   bool causal = false;
+  bool backward = false;
   uint64_t seed = 0;
   int repeats = 3;
 };
@@ -55,6 +56,18 @@ void run(const AttentionArgs& a) {
               static_cast<long long>(kv_tokens), static_cast<long long>(a.head_dim), a.causal ? "causal" : "full");
   std::printf("best of %d: %.3f ms, %.2f GFLOP/s, rms(out) = %.6f\n", a.repeats, best * 1e3, flops / best * 1e-9,
               std::sqrt(sum_sq / static_cast<double>(std::max<int64_t>(out.numel(), 1))));
+  if (!a.backward) return;
+  const Tensor dout = random_tensor({a.batch, a.heads, a.tokens, a.head_dim});
+  Tensor dq(q.shape()), dk(k.shape()), dv(v.shape());
+  double best_bwd = INFINITY;
+  for (int r = 0; r < a.repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), dq.view(),
+                                          dk.view(), dv.view(), opt);
+    best_bwd = std::min(best_bwd, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::printf("backward, best of %d: %.3f ms, %.2f GFLOP/s (2.5x the forward's FLOPs)\n", a.repeats, best_bwd * 1e3,
+              2.5 * flops / best_bwd * 1e-9);
 }
 
 }  // namespace
@@ -70,6 +83,7 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("--kv-tokens", args->kv_tokens, "key/value tokens Tk (default Tq)")->check(CLI::PositiveNumber);
   cmd->add_option("-D,--head-dim", args->head_dim, "head size D")->check(CLI::PositiveNumber);
   cmd->add_flag("--causal", args->causal, "mask the future (bottom-right aligned)");
+  cmd->add_flag("--backward", args->backward, "also run and time the backward (dq, dk, dv)");
   cmd->add_option("--seed", args->seed, "random seed for the inputs");
   cmd->add_option("--repeats", args->repeats, "timed runs; the best is reported")->check(CLI::PositiveNumber);
   cmd->callback([args] { run(*args); });

@@ -1,6 +1,8 @@
 // tests/cpp/test_mha.cpp — MultiHeadAttention against a float64 composition of the equations
 // (project, split heads, attend, concatenate, project), KV-cache decoding against the full
 // forward, cross-attention with reused memory K/V, and the positional encoding.
+#include <omp.h>
+
 #include <cstring>
 
 #include "test_util.h"
@@ -176,6 +178,35 @@ TEST(MultiHeadAttention, CrossAttentionReusesProjectedMemory) {
     EXPECT_EQ(0, std::memcmp(reused.data(), fresh.data(), sizeof(float) * reused.numel()));
     const LayerOracle want = naive_layer(m, x.view(), memory.view(), false, lengths);
     EXPECT_LE(rel_l2(reused.data(), want.y), 1e-5);  // fast GEMM and attention: float32 sums
+  }
+}
+
+TEST(MultiHeadAttention, BackwardIsBitwiseIdenticalForAnyThreadCount) {
+  auto gen = test_rng();
+  MultiHeadAttention m(48, 6, 2);
+  randomise(m, gen);
+  const Tensor x = random_tensor(gen, {2, 37, 48}), memory = random_tensor(gen, {2, 29, 48});
+  const Tensor dy = random_tensor(gen, {2, 37, 48});
+  for (bool cross : {false, true}) {
+    std::vector<std::vector<float>> runs;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      MhaTape tape;
+      MhaOptions opt;
+      opt.causal = !cross;
+      opt.tape = &tape;
+      if (cross) (void)m.forward(x.view(), memory.view(), opt);
+      else (void)m.forward(x.view(), opt);
+      MhaGradients g = m.zero_gradients();
+      const MhaInputGradients in = m.backward(tape, dy.view(), g);
+      std::vector<float> all;
+      for (const Tensor* t : std::initializer_list<const Tensor*>{&in.dx, &in.dmemory, &g.w_qkv, &g.b_qkv, &g.w_o, &g.b_o})
+        all.insert(all.end(), t->data(), t->data() + t->numel());
+      runs.push_back(std::move(all));
+    }
+    omp_set_num_threads(omp_get_num_procs());
+    EXPECT_EQ(runs[0], runs[1]) << (cross ? "cross" : "self");
+    EXPECT_EQ(runs[0], runs[2]) << (cross ? "cross" : "self");
   }
 }
 
