@@ -19,13 +19,13 @@ $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends 
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
 
-if [ "$with_tests" -eq 1 ]; then  # the ARM check: a cross compiler and qemu to run its result
+if [ "$with_tests" -eq 1 ]; then  # the ARM check (a cross compiler, qemu) and the fuzzer (clang, libFuzzer)
   $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    g++-aarch64-linux-gnu qemu-user >/dev/null
+    g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev >/dev/null
 fi
 
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)
-[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch)
+[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors)
 "$python" -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}"
 echo "setup.sh: ready ($("$python" --version), $(cmake --version | head -n1))"

@@ -2,7 +2,8 @@
 # Runs every test: builds, runs the C++ suite (ctest: GoogleTest, CLI, install consumer) and the
 # Python suite against PyTorch (pytest), builds the Python wheel with `pip` and imports it from a
 # fresh virtual environment, then rebuilds the C++ tests with AddressSanitizer +
-# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it cross-builds the
+# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it fuzzes the
+# safetensors reader for 30 seconds (tests/fuzz), cross-builds the
 # library for 64-bit ARM (portable kernels only) and runs tests/arm/check.cpp under qemu-aarch64.
 # Run scripts/setup.sh --test first.
 set -euo pipefail
@@ -26,6 +27,12 @@ rm -rf build/venv build/wheel
 build/venv/bin/python -m pip install --quiet --no-deps --force-reinstall build/wheel/mhsa-*.whl
 (cd build && venv/bin/python -c "import mhsa, numpy as np; x = np.ones((1, 3, 8), np.float32); \
 assert mhsa.MultiHeadAttention(8, 2)(x).shape == (1, 3, 8); print('wheel ok:', mhsa.__file__)")
+
+echo "== fuzzing the safetensors reader (libFuzzer + ASan + UBSan, 30 s)"
+clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/safetensors_fuzz.cpp \
+  src/io/safetensors.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_safetensors
+rm -rf build/fuzz_corpus && cp -r tests/fuzz/corpus build/fuzz_corpus
+build/fuzz_safetensors -max_total_time=30 -print_final_stats=1 build/fuzz_corpus 2>&1 | tail -n 3
 
 echo "== ARM (aarch64, portable kernels) under qemu"
 cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \

@@ -6,4 +6,5 @@
 #include "mhsa/kv_cache.h"
 #include "mhsa/mha.h"
 #include "mhsa/positional.h"
+#include "mhsa/safetensors.h"
 #include "mhsa/tensor.h"

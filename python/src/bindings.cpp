@@ -180,6 +180,38 @@ void def_parameter(py::class_<Layer>& cls, const char* name, const char* doc) {
       doc);
 }
 
+py::dict load_safetensors(const std::string& path) {
+  const SafeTensors file = SafeTensors::open(path);
+  py::dict out;
+  for (const auto& info : file.tensors()) {
+    Tensor t = file.load(info.name);
+    py::array a = to_numpy(std::move(t));
+    out[py::str(info.name)] = info.shape.empty() ? a.attr("reshape")(py::tuple()) : a;
+  }
+  return out;
+}
+
+void save_safetensors_py(const std::string& path, const py::dict& tensors, const py::object& metadata,
+                         const std::string& dtype) {
+  std::vector<InputArray> keep;
+  std::vector<std::pair<std::string, ConstTensorView>> views;
+  for (const auto& [key, value] : tensors) {
+    const std::string name = py::str(key);
+    py::array arr = py::array::ensure(value);
+    if (!arr) throw Error("save_safetensors: tensor '" + name + "': expected an array, got " +
+                          std::string(py::str(py::type::of(value).attr("__name__"))));
+    if (arr.ndim() == 0) arr = arr.attr("reshape")(1);
+    keep.push_back(float_array(arr, "save_safetensors", "tensor '" + name + "'", static_cast<int>(arr.ndim()), ""));
+    views.emplace_back(name, keep.back().view);
+  }
+  std::map<std::string, std::string> meta;
+  if (!metadata.is_none())
+    for (const auto& [k, v] : metadata.cast<py::dict>()) meta[py::str(k)] = py::str(v);
+  const DType t = dtype == "F32" ? DType::f32 : dtype == "F16" ? DType::f16 : dtype == "BF16" ? DType::bf16
+      : throw Error("save_safetensors: dtype: expected 'F32', 'F16' or 'BF16', got '" + dtype + "'");
+  save_safetensors(path, views, meta, t);
+}
+
 }  // namespace
 }  // namespace mhsa::python
 
@@ -191,8 +223,11 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const Error& e) {
-      py::set_error(error, e.what());
+    } catch (const Error& e) {  // messages may quote bytes of a hostile file: never fail to decode
+      const std::string msg = e.what();
+      py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+      PyErr_SetObject(error.ptr(), text.ptr());
     }
   });
 
@@ -209,6 +244,10 @@ gives 0. With return_lse, returns (out, lse [B, Hq, Tq]).)");
         R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
 inputs, out and lse (from return_lse=True), with the forward's options. dk and dv sum over the query heads
 of a group; rows with no visible key get zero gradients.)");
+  m.def("load_safetensors", &load_safetensors, "path"_a,
+        "Every tensor of a safetensors file (F32, F16, BF16) as float32 arrays, by name; the file is validated first.");
+  m.def("save_safetensors", &save_safetensors_py, "path"_a, "tensors"_a, "metadata"_a = py::none(), "dtype"_a = "F32",
+        "Writes float32 arrays (up to 4-D) as a safetensors file, atomically, stored as F32, F16 or BF16.");
   m.def("attention_probabilities", &probabilities, "q"_a, "k"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(),
         "The exact softmax matrix [B, Hq, Tq, Tk] that scaled_dot_product_attention applies (same options).");

@@ -1,0 +1,312 @@
+// io/safetensors.cpp — safetensors reading (memory-mapped, validated) and atomic writing.
+#include "mhsa/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace mhsa {
+namespace {
+
+using detail::fail;
+using detail::message;
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the format's own limit: 100 MB of JSON
+
+int64_t itemsize(DType t) { return t == DType::f32 ? 4 : 2; }
+std::string dtype_name(DType t) { return t == DType::f32 ? "F32" : t == DType::f16 ? "F16" : "BF16"; }
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = mant;
+    do {
+      ++e;
+      m <<= 1;
+    } while ((m & 0x400u) == 0);
+    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {  // round to nearest even
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffffu;
+  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
+  if (exp >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: inf
+  if (exp <= 0) {                                                 // subnormal or zero
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    const uint32_t shift = static_cast<uint32_t>(14 - exp);
+    uint32_t half = mant >> shift;
+    const uint32_t rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+    if (rest > mid || (rest == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into inf: correct
+  return static_cast<uint16_t>(sign | half);
+}
+
+uint16_t f32_to_bf16(float f) {  // round to nearest even; nan stays nan
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+// Text from a hostile file, safe to print: bytes outside printable ASCII as \xNN.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// A non-negative integer of the header, or a clear error.
+uint64_t header_uint(const json& v, const std::string& fn, const std::string& arg) {
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
+    fail(fn, arg, "a non-negative integer", v.dump());
+  return v.get<uint64_t>();
+}
+
+SafeTensorInfo parse_entry(const std::string& fn, const std::string& name, const json& e, uint64_t data_size) {
+  const std::string arg = "tensor '" + name + "'";
+  if (!e.is_object()) fail(fn, arg, "an object with dtype, shape and data_offsets", e.dump());
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!e.contains(key)) fail(fn, arg, message("a '", key, "' entry"), "none");
+  SafeTensorInfo info;
+  info.name = name;
+  const json& dt = e["dtype"];
+  const std::string dtype = dt.is_string() ? dt.get<std::string>() : dt.dump();
+  if (dtype == "F32") info.dtype = DType::f32;
+  else if (dtype == "F16") info.dtype = DType::f16;
+  else if (dtype == "BF16") info.dtype = DType::bf16;
+  else fail(fn, arg + " dtype", "F32, F16 or BF16", dtype);
+  const json& shape = e["shape"];
+  if (!shape.is_array() || shape.size() > 8) fail(fn, arg + " shape", "an array of at most 8 sizes", shape.dump());
+  uint64_t numel = 1;
+  for (const json& d : shape) {
+    const uint64_t n = header_uint(d, fn, arg + " shape");
+    // The element count can never exceed the data's size; checking against it avoids overflow.
+    if (n != 0 && numel > data_size / n) fail(fn, arg + " shape", message("a size within the file's ", data_size, " data bytes"), shape.dump());
+    numel *= n;
+    info.shape.push_back(static_cast<int64_t>(n));
+  }
+  const json& off = e["data_offsets"];
+  if (!off.is_array() || off.size() != 2) fail(fn, arg + " data_offsets", "[begin, end]", off.dump());
+  info.begin = header_uint(off[0], fn, arg + " data_offsets");
+  info.end = header_uint(off[1], fn, arg + " data_offsets");
+  if (info.begin > info.end || info.end > data_size)
+    fail(fn, arg + " data_offsets", message("0 <= begin <= end <= ", data_size, " (the data section's size)"), off.dump());
+  const uint64_t bytes = numel * static_cast<uint64_t>(itemsize(info.dtype));
+  if (info.end - info.begin != bytes)
+    fail(fn, arg + " data_offsets",
+         message(bytes, " bytes for shape ", shape.dump(), " of ", dtype),
+         message(info.end - info.begin, " bytes ", off.dump()));
+  return info;
+}
+
+}  // namespace
+
+struct SafeTensors::Mapping {
+  void* address = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (address) munmap(address, size);
+  }
+};
+
+SafeTensors::SafeTensors(SafeTensors&&) noexcept = default;
+SafeTensors& SafeTensors::operator=(SafeTensors&&) noexcept = default;
+SafeTensors::~SafeTensors() = default;
+
+SafeTensors SafeTensors::open(const std::string& path) {
+  const std::string fn = "safetensors";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(fn, "path", "a readable file", message("'", path, "': ", std::strerror(errno)));
+  struct stat st{};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(fn, "path", "a regular file", "'" + path + "'");
+  }
+  auto mapping = std::make_unique<Mapping>();
+  mapping->size = static_cast<size_t>(st.st_size);
+  if (mapping->size > 0) {
+    void* p = mmap(nullptr, mapping->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      fail(fn, "path", "a file that can be memory-mapped", message("'", path, "': ", std::strerror(errno)));
+    }
+    mapping->address = p;
+  }
+  ::close(fd);
+  SafeTensors file = parse({static_cast<const uint8_t*>(mapping->address), mapping->size}, path);
+  file.mapping_ = std::move(mapping);
+  return file;
+}
+
+SafeTensors SafeTensors::parse(std::span<const uint8_t> bytes, std::string source) {
+  const std::string fn = "safetensors " + source;
+  if (bytes.size() < 8) fail(fn, "header length", "8 bytes", message(bytes.size(), " bytes in the file"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<size_t>(i)];
+  if (n > bytes.size() - 8 || n > kMaxHeader)
+    fail(fn, "header length", message("at most ", std::min<uint64_t>(bytes.size() - 8, kMaxHeader), " bytes"),
+         std::to_string(n));
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+  } catch (const json::exception& e) {
+    fail(fn, "header", "UTF-8 JSON", printable(e.what()));
+  }
+  if (!header.is_object()) fail(fn, "header", "a JSON object", header.dump().substr(0, 80));
+  SafeTensors file;
+  file.source_ = std::move(source);
+  file.data_ = bytes.subspan(8 + n);
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail(fn, "__metadata__", "an object of strings", entry.dump());
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) fail(fn, "__metadata__ '" + key + "'", "a string", value.dump());
+        file.metadata_[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    file.tensors_.push_back(parse_entry(fn, name, entry, file.data_.size()));
+  }
+  std::vector<const SafeTensorInfo*> by_offset;
+  for (const auto& t : file.tensors_) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    if (by_offset[i]->begin < by_offset[i - 1]->end)
+      fail(fn, "tensor '" + by_offset[i]->name + "' data_offsets",
+           message("bytes apart from tensor '", by_offset[i - 1]->name, "' (which ends at ", by_offset[i - 1]->end, ")"),
+           message("a start at ", by_offset[i]->begin));
+  return file;
+}
+
+const SafeTensorInfo* SafeTensors::find(std::string_view name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+Tensor SafeTensors::load(std::string_view name) const {
+  const SafeTensorInfo* info = find(name);
+  if (!info) fail("safetensors " + source_, "name", "a tensor in the file", message("'", name, "' (absent)"));
+  std::vector<int64_t> dims = info->shape;
+  if (dims.empty()) dims = {1};  // a scalar
+  if (dims.size() > kMaxDims)
+    fail("safetensors " + source_, "tensor '" + info->name + "' shape", "at most 4 dimensions to load",
+         std::to_string(dims.size()));
+  Tensor t(dims);
+  const uint8_t* src = data_.data() + info->begin;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (info->dtype == DType::f32) {
+      std::memcpy(t.data() + i, src + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      if (info->dtype == DType::f16) {
+        t.data()[i] = f16_to_f32(h);
+      } else {
+        const uint32_t bits = uint32_t{h} << 16;
+        std::memcpy(t.data() + i, &bits, 4);
+      }
+    }
+  }
+  return t;
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, ConstTensorView>>& tensors,
+                      const std::map<std::string, std::string>& metadata, DType dtype) {
+  const std::string fn = "save_safetensors";
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, view] : tensors) {
+    if (name == "__metadata__" || header.contains(name)) fail(fn, "tensors", "unique names other than __metadata__", "'" + name + "'");
+    if (view.numel() > 0 && !view.data) fail(fn, "tensor '" + name + "'", "data", "a null pointer");
+    const uint64_t bytes = static_cast<uint64_t>(view.numel()) * static_cast<uint64_t>(itemsize(dtype));
+    std::vector<int64_t> shape(view.shape.begin(), view.shape.begin() + view.ndim);
+    header[name] = {{"dtype", dtype_name(dtype)}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail(fn, "path", "a writable location", message("'", tmp, "': ", std::strerror(errno)));
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+    out.write(reinterpret_cast<const char*>(len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& [name, v] : tensors) {
+      std::vector<char> buf;
+      const auto put = [&](float x) {
+        if (dtype == DType::f32) {
+          buf.insert(buf.end(), reinterpret_cast<const char*>(&x), reinterpret_cast<const char*>(&x) + 4);
+        } else {
+          const uint16_t h = dtype == DType::f16 ? f32_to_f16(x) : f32_to_bf16(x);
+          buf.insert(buf.end(), reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + 2);
+        }
+      };
+      std::array<int64_t, 4> s{1, 1, 1, 1}, st{0, 0, 0, 0};
+      for (int i = 0; i < v.ndim; ++i) s[4 - v.ndim + i] = v.shape[i], st[4 - v.ndim + i] = v.stride[i];
+      for (int64_t a = 0; a < s[0]; ++a)
+        for (int64_t b = 0; b < s[1]; ++b)
+          for (int64_t c = 0; c < s[2]; ++c)
+            for (int64_t d = 0; d < s[3]; ++d) put(v.data[a * st[0] + b * st[1] + c * st[2] + d * st[3]]);
+      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
+    }
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      fail(fn, "path", "a complete write", message("an I/O error writing '", tmp, "'"));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    std::remove(tmp.c_str());
+    fail(fn, "path", "a location the file can be renamed into", message("'", path, "': ", why));
+  }
+}
+
+}  // namespace mhsa
