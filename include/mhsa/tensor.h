@@ -17,6 +17,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "mhsa/error.h"
+
 namespace mhsa {
 
 inline constexpr int kMaxDims = 4;
@@ -32,7 +34,7 @@ struct View {
   // Contiguous row-major view.
   View(T* ptr, std::initializer_list<int64_t> dims) : View(ptr, std::vector<int64_t>(dims)) {}
   View(T* ptr, const std::vector<int64_t>& dims) : data(ptr), ndim(static_cast<int>(dims.size())) {
-    if (dims.size() > kMaxDims) throw std::length_error("mhsa::View: more than 4 dimensions");
+    if (dims.size() > kMaxDims) throw Error("View: dims: expected at most 4 dimensions, got " + std::to_string(dims.size()));
     int64_t step = 1;
     for (int i = ndim - 1; i >= 0; --i) {
       shape[i] = dims[static_cast<size_t>(i)];
@@ -44,7 +46,8 @@ struct View {
   View(T* ptr, std::initializer_list<int64_t> dims, std::initializer_list<int64_t> strides)
       : data(ptr), ndim(static_cast<int>(dims.size())) {
     if (dims.size() > kMaxDims || strides.size() != dims.size())
-      throw std::length_error("mhsa::View: dims and strides must have the same length <= 4");
+      throw Error("View: strides: expected as many as dims (at most 4), got " + std::to_string(strides.size()) +
+                  " strides for " + std::to_string(dims.size()) + " dims");
     std::copy(dims.begin(), dims.end(), shape.begin());
     std::copy(strides.begin(), strides.end(), stride.begin());
   }

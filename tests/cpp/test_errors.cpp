@@ -206,6 +206,12 @@ TEST(Errors, TensorDimsInvalid) {
   expect_error([] { Tensor({1, 2, 3, 4, 5}); }, {"Tensor: dims: expected 1 to 4 dimensions, got 5"});
 }
 
+TEST(Errors, ViewDimsInvalid) {
+  float x = 0.0f;
+  expect_error([&] { ConstTensorView(&x, {1, 1, 1, 1, 1}); }, {"View: dims: expected at most 4 dimensions, got 5"});
+  expect_error([&] { ConstTensorView(&x, {1, 1}, {1}); }, {"View: strides: expected as many as dims (at most 4), got 1"});
+}
+
 TEST(Errors, PositionalEncodingArguments) {
   expect_error([] { sinusoidal_positional_encoding(4, 0); }, {"channels: expected a count > 0, got 0"});
   expect_error([] { sinusoidal_positional_encoding(-1, 4); }, {"tokens: expected a count >= 0, got -1"});
