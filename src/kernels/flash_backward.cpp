@@ -128,6 +128,10 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
           store(s + jj, prob * (load(dp + jj) - di) * ds_scale);
           store(dp + jj, prob);
         }
+        if (t.end[row] == 1) {  // one visible key: P = 1 and dS = 0 exactly, not up to rounding
+          std::fill(s, s + kBc, 0.0f);
+          dp[0] = j0 == 0 ? 1.0f : 0.0f;
+        }
         for (int64_t jj = 0; jj < kBc; ++jj) {  // transposed copies for dV = Pᵀ dO and dK = dSᵀ Q
           t.pt[jj * kBr + r] = dp[jj];
           t.dst[jj * kBr + r] = s[jj];

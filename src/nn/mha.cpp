@@ -100,11 +100,11 @@ void add_weight_grads(const float* a, int64_t M, int64_t K, const float* g, int6
   const int64_t width = grad.dim(1);
   for (int64_t r = 0; r < K; ++r)
     for (int64_t c = 0; c < n; ++c) grad.data()[r * width + col + c] += prod.data()[r * n + c];
-  if (bias_grad.defined()) {  // summed apart, then added: accumulation is then one addition
-    std::vector<float> sum(static_cast<size_t>(n), 0.0f);
+  if (bias_grad.defined()) {  // summed apart in float64 (O(M·n), exact enough), then added once
+    std::vector<double> sum(static_cast<size_t>(n), 0.0);
     for (int64_t m = 0; m < M; ++m)
       for (int64_t c = 0; c < n; ++c) sum[c] += g[m * n + c];
-    for (int64_t c = 0; c < n; ++c) bias_grad.data()[col + c] += sum[c];
+    for (int64_t c = 0; c < n; ++c) bias_grad.data()[col + c] += static_cast<float>(sum[c]);
   }
 }
 
