@@ -117,4 +117,7 @@ class Tensor {
   std::vector<float, AlignedAllocator<float>> storage_;
 };
 
+// A contiguous copy of any view (any strides, 1 to 4 dimensions).
+Tensor contiguous(const ConstTensorView& v);
+
 }  // namespace mhsa

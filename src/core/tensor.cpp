@@ -16,4 +16,16 @@ Tensor::Tensor(std::vector<int64_t> dims) : shape_(std::move(dims)) {
   storage_.assign(static_cast<size_t>(n), 0.0f);
 }
 
+Tensor contiguous(const ConstTensorView& v) {
+  Tensor t(std::vector<int64_t>(v.shape.begin(), v.shape.begin() + v.ndim));
+  std::array<int64_t, 4> n{1, 1, 1, 1}, st{0, 0, 0, 0};  // right-aligned to 4 dimensions
+  for (int i = 0; i < v.ndim; ++i) n[4 - v.ndim + i] = v.shape[i], st[4 - v.ndim + i] = v.stride[i];
+  float* out = t.data();
+  for (int64_t a = 0; a < n[0]; ++a)
+    for (int64_t b = 0; b < n[1]; ++b)
+      for (int64_t c = 0; c < n[2]; ++c)
+        for (int64_t d = 0; d < n[3]; ++d) *out++ = v.data[a * st[0] + b * st[1] + c * st[2] + d * st[3]];
+  return t;
+}
+
 }  // namespace mhsa

@@ -288,12 +288,8 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
           buf.insert(buf.end(), reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + 2);
         }
       };
-      std::array<int64_t, 4> s{1, 1, 1, 1}, st{0, 0, 0, 0};
-      for (int i = 0; i < v.ndim; ++i) s[4 - v.ndim + i] = v.shape[i], st[4 - v.ndim + i] = v.stride[i];
-      for (int64_t a = 0; a < s[0]; ++a)
-        for (int64_t b = 0; b < s[1]; ++b)
-          for (int64_t c = 0; c < s[2]; ++c)
-            for (int64_t d = 0; d < s[3]; ++d) put(v.data[a * st[0] + b * st[1] + c * st[2] + d * st[3]]);
+      const Tensor dense = contiguous(v);
+      for (int64_t i = 0; i < dense.numel(); ++i) put(dense.data()[i]);
       out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
     }
     out.flush();

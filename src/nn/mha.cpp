@@ -30,10 +30,7 @@ Rows as_rows(const ConstTensorView& x) {  // x [B, T, C]
   const int64_t B = x.shape[0], T = x.shape[1], C = x.shape[2];
   if ((x.stride[2] == 1 || C <= 1) && (x.stride[0] == T * x.stride[1] || B <= 1) && x.stride[1] >= C)
     return {x.data, x.stride[1], {}};
-  Tensor copy({B, T, C});
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t c = 0; c < C; ++c) copy.data()[(b * T + t) * C + c] = x.at(b, t, c, 0);
+  Tensor copy = contiguous(x);
   return {copy.data(), C, std::move(copy)};
 }
 
@@ -66,20 +63,6 @@ void check_cache(const MultiHeadAttention& m, std::string_view fn, std::string_v
   if (cache.kv_heads() != m.num_kv_heads() || cache.head_dim() != m.head_dim() || cache.v_head_dim() != m.head_dim())
     fail(fn, arg, message(m.num_kv_heads(), " kv heads of size ", m.head_dim(), " (this layer's)"),
          message(cache.kv_heads(), " kv heads of size ", cache.head_dim(), "/", cache.v_head_dim()));
-}
-
-// A contiguous copy of a view of up to 4 dimensions.
-Tensor copy_of(const ConstTensorView& v) {
-  std::vector<int64_t> dims(v.shape.begin(), v.shape.begin() + v.ndim);
-  Tensor t(dims);
-  std::array<int64_t, 4> n{1, 1, 1, 1}, st{0, 0, 0, 0};
-  for (int i = 0; i < v.ndim; ++i) n[4 - v.ndim + i] = v.shape[i], st[4 - v.ndim + i] = v.stride[i];
-  float* out = t.data();
-  for (int64_t a = 0; a < n[0]; ++a)
-    for (int64_t b = 0; b < n[1]; ++b)
-      for (int64_t c = 0; c < n[2]; ++c)
-        for (int64_t d = 0; d < n[3]; ++d) *out++ = v.data[a * st[0] + b * st[1] + c * st[2] + d * st[3]];
-  return t;
 }
 
 // dst[cols, rows] = src[rows, cols] (lds apart)
@@ -120,13 +103,13 @@ Tensor times_transposed(const float* g, int64_t B, int64_t T, int64_t n, const T
 void record(MhaTape& tape, const MhaOptions& o, const ConstTensorView& x, const ConstTensorView& memory, Tensor qkv,
             Tensor kv) {
   tape.cross = memory.defined();
-  tape.x = copy_of(x);
-  tape.memory = memory.defined() ? copy_of(memory) : Tensor();
+  tape.x = contiguous(x);
+  tape.memory = memory.defined() ? contiguous(memory) : Tensor();
   tape.qkv = std::move(qkv);
   tape.kv = std::move(kv);
   tape.causal = o.causal;
   tape.kv_lengths.assign(o.kv_lengths.begin(), o.kv_lengths.end());
-  tape.attn_mask = o.attn_mask.defined() ? copy_of(o.attn_mask) : Tensor();
+  tape.attn_mask = o.attn_mask.defined() ? contiguous(o.attn_mask) : Tensor();
 }
 
 AttentionOptions attention_options(const MhaOptions& o) {
@@ -311,7 +294,7 @@ MhaInputGradients MultiHeadAttention::backward(const MhaTape& tape, ConstTensorV
   if (grads.w_qkv.shape() != w_qkv_.shape() || grads.w_o.shape() != w_o_.shape() ||
       grads.b_qkv.defined() != has_bias() || grads.b_o.defined() != has_bias())
     fail(fn, "grads", "gradients shaped like this layer's parameters (zero_gradients())", "other shapes");
-  const Tensor dy_rows = copy_of(dy);  // [B, T, C]
+  const Tensor dy_rows = contiguous(dy);  // [B, T, C]
   // Output projection.
   add_weight_grads(tape.ctx.data(), B * T, C, dy_rows.data(), C, grads.w_o, 0, grads.b_o);
   const Tensor dctx = times_transposed(dy_rows.data(), B, T, C, w_o_, 0);  // [B, T, C]
