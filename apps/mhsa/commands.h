@@ -9,5 +9,7 @@ namespace mhsa::cli {
 void add_attention_command(CLI::App& app);
 // `mhsa bench`: the standard speed cases against the machine's measured FMA peak and bandwidth.
 void add_bench_command(CLI::App& app);
+// `mhsa tokenize`: GPT-2 token ids of a text, with a model directory's tokenizer.
+void add_tokenize_command(CLI::App& app);
 
 }  // namespace mhsa::cli

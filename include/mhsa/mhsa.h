@@ -8,3 +8,4 @@
 #include "mhsa/positional.h"
 #include "mhsa/safetensors.h"
 #include "mhsa/tensor.h"
+#include "mhsa/tokenizer.h"

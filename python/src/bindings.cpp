@@ -213,6 +213,10 @@ void save_safetensors_py(const std::string& path, const py::dict& tensors, const
 }
 
 }  // namespace
+
+void bind_tokenizer(py::module_& m);  // bind_tokenizer.cpp
+void bind_model(py::module_& m);      // bind_model.cpp
+
 }  // namespace mhsa::python
 
 PYBIND11_MODULE(_core, m) {
@@ -231,6 +235,8 @@ PYBIND11_MODULE(_core, m) {
     }
   });
 
+  bind_tokenizer(m);
+  bind_model(m);
   m.def("scaled_dot_product_attention", &sdpa, "q"_a, "k"_a, "v"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(), "return_lse"_a = false,
         R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].

@@ -151,7 +151,10 @@ TEST(MultiHeadAttention, CacheDecodingEqualsTheFullForward) {
         for (int64_t b = 0; b < B; ++b)
           for (int64_t t = t0; t < t0 + n; ++t)
             for (int64_t c = 0; c < C; ++c) want.push_back(full.data()[(b * T + t) * C + c]);
-        EXPECT_LE(rel_l2(y.data(), want), 1e-6) << "Hkv " << Hkv << " chunk " << chunk << " at " << t0;
+        // Decoding runs the small-M GEMM and split-K attention, the full pass the blocked ones:
+        // both are float32 sums in a different order (seen up to 1.05e-6 over 200 seeds); a cache
+        // that holds or aligns the wrong keys is off by O(1).
+        EXPECT_LE(rel_l2(y.data(), want), 4e-6) << "Hkv " << Hkv << " chunk " << chunk << " at " << t0;
       }
       cache.reset();
       EXPECT_EQ(cache.length(), 0);

@@ -1,0 +1,45 @@
+// mhsa/tokenizer.h — GPT-2's byte-level BPE tokenizer (vocab.json + merges.txt, or OpenAI's
+// identical encoder.json + vocab.bpe), with GPT-2's exact pre-tokenisation.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mhsa {
+
+class Tokenizer {
+ public:
+  // vocab: token → id JSON (vocab.json / encoder.json); merges: one merge per line after the
+  // "#version" line (merges.txt / vocab.bpe). Throws mhsa::Error naming the file and the problem.
+  static Tokenizer load(const std::filesystem::path& vocab, const std::filesystem::path& merges);
+  // A directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI).
+  static Tokenizer load_dir(const std::filesystem::path& dir);
+
+  // Any bytes (invalid UTF-8 included) → ids; decode(encode(s)) == s byte for byte. With
+  // allow_special, the literal text of a special token ("<|endoftext|>") becomes its id;
+  // otherwise it is ordinary text.
+  std::vector<int32_t> encode(std::string_view text, bool allow_special = false) const;
+  // ids → the bytes they stand for (possibly invalid UTF-8 at a cut). Throws for an id out of range.
+  std::string decode(std::span<const int32_t> ids) const;
+  std::string_view token_bytes(int32_t id) const;
+  std::optional<int32_t> token_id(std::string_view bytes) const;
+  int32_t vocab_size() const;
+  int32_t eos_id() const;  // <|endoftext|>
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mhsa

@@ -1,0 +1,1 @@
+// text/unicode_data.cpp — placeholder, generated later.

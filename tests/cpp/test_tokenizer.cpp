@@ -1,0 +1,1 @@
+// tests/cpp/test_tokenizer.cpp — placeholder.
