@@ -1,3 +1,161 @@
-// python/src/bind_model.cpp — placeholder.
+// python/src/bind_model.cpp — mhsa.GPT2: a Hugging Face GPT-2 directory, logits and generation.
+// Token ids come in as any integer array (or nested sequence) [B, T] or [T]; logits go out as
+// float32 NumPy arrays. The GIL is released while the model runs.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-namespace mhsa::python { void bind_model(pybind11::module_&) {} }
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <filesystem>
+
+#include "arrays.h"
+#include "core/check.h"
+#include "mhsa/gpt2.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace mhsa::python {
+namespace {
+
+// Token ids [B, T] (a 1-D input is one sequence), checked to be integers and copied to int32.
+struct Ids {
+  std::vector<int32_t> data;
+  int64_t B = 0, T = 0;
+  bool one_sequence = false;
+};
+
+Ids token_ids(py::handle obj, std::string_view fn) {
+  py::array arr = py::array::ensure(obj);
+  if (!arr) throw Error(detail::message(fn, ": ids: expected an integer array [B, T] or [T], got ",
+                                        std::string(py::str(py::type::of(obj).attr("__name__")))));
+  const char kind = arr.dtype().kind();
+  if (arr.size() > 0 && kind != 'i' && kind != 'u')
+    throw Error(detail::message(fn, ": ids: expected integer token ids, got dtype ", std::string(py::str(arr.dtype()))));
+  if (arr.ndim() != 1 && arr.ndim() != 2)
+    throw Error(detail::message(fn, ": ids: expected an array [B, T] or [T], got ", arr.ndim(), "-D"));
+  Ids ids;
+  ids.one_sequence = arr.ndim() == 1;
+  ids.B = ids.one_sequence ? 1 : arr.shape(0);
+  ids.T = arr.shape(arr.ndim() - 1);
+  auto a64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr);
+  const int64_t* p = a64.data();
+  ids.data.resize(static_cast<size_t>(ids.B * ids.T));
+  for (size_t i = 0; i < ids.data.size(); ++i) {
+    if (p[i] < INT32_MIN || p[i] > INT32_MAX)
+      throw Error(detail::message(fn, ": ids: expected token ids, got ", p[i]));
+    ids.data[i] = static_cast<int32_t>(p[i]);
+  }
+  return ids;
+}
+
+py::dict config_dict(const Gpt2Config& c) {
+  return py::dict("vocab_size"_a = c.vocab_size, "n_positions"_a = c.n_positions, "n_embd"_a = c.n_embd,
+                  "n_layer"_a = c.n_layer, "n_head"_a = c.n_head, "n_inner"_a = c.mlp_dim(),
+                  "layer_norm_epsilon"_a = c.layer_norm_epsilon, "eos_token_id"_a = c.eos_token_id);
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<Gpt2Cache>(m, "GPT2Cache", "Keys and values of every layer for a batch of sequences.")
+      .def_property_readonly("batch", &Gpt2Cache::batch)
+      .def_property_readonly("length", &Gpt2Cache::length)
+      .def_property_readonly("capacity", &Gpt2Cache::capacity)
+      .def("reset", &Gpt2Cache::reset);
+
+  py::class_<Gpt2>(m, "GPT2", R"(GPT-2 on mhsa's attention (float32).
+
+GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors.)")
+      .def_static(
+          "load", [](const std::filesystem::path& dir) {
+            py::gil_scoped_release unlocked;
+            return Gpt2::load(dir);
+          },
+          "path"_a, "Loads config.json + model.safetensors from a directory.")
+      .def_static(
+          "random",
+          [](int64_t vocab_size, int64_t n_positions, int64_t n_embd, int64_t n_layer, int64_t n_head, uint64_t seed) {
+            Gpt2Config c;
+            c.vocab_size = vocab_size;
+            c.n_positions = n_positions;
+            c.n_embd = n_embd;
+            c.n_layer = n_layer;
+            c.n_head = n_head;
+            c.eos_token_id = vocab_size > 50256 ? 50256 : -1;
+            py::gil_scoped_release unlocked;
+            return Gpt2::random(c, seed);
+          },
+          "vocab_size"_a = 50257, "n_positions"_a = 1024, "n_embd"_a = 768, "n_layer"_a = 12, "n_head"_a = 12,
+          "seed"_a = 0, "Random weights of the given shape (GPT-2 small by default), for benchmarks.")
+      .def_property_readonly("config", [](const Gpt2& g) { return config_dict(g.config()); })
+      .def(
+          "forward",
+          [](const Gpt2& g, const py::object& ids_obj) {
+            const Ids ids = token_ids(ids_obj, "GPT2.forward");
+            Tensor logits;
+            {
+              py::gil_scoped_release unlocked;
+              logits = g.forward(ids.data, ids.B, ids.T);
+            }
+            py::array out = to_numpy(std::move(logits));
+            if (ids.one_sequence) out = out.attr("reshape")(ids.T, g.config().vocab_size);
+            return out;
+          },
+          "ids"_a, "Logits float32 [B, T, V] of token ids [B, T] (or [T, V] of [T]).")
+      .def("__call__", [](const py::object& self, const py::object& ids) { return self.attr("forward")(ids); })
+      .def("new_cache", &Gpt2::new_cache, "batch"_a, "max_tokens"_a)
+      .def(
+          "extend",
+          [](const Gpt2& g, Gpt2Cache& cache, const py::object& ids_obj, bool last_only) {
+            const Ids ids = token_ids(ids_obj, "GPT2.extend");
+            Tensor logits;
+            {
+              py::gil_scoped_release unlocked;
+              logits = g.extend(cache, ids.data, ids.B, ids.T, last_only);
+            }
+            return to_numpy(std::move(logits));
+          },
+          "cache"_a, "ids"_a, "last_only"_a = false,
+          "Runs ids [B, n] after the cached tokens; logits [B, n, V] (or [B, 1, V] with last_only).")
+      .def(
+          "generate",
+          [](const Gpt2& g, const py::object& ids_obj, int64_t max_new_tokens, float temperature, int64_t top_k,
+             float top_p, uint64_t seed, float repetition_penalty, bool stop_at_eos) {
+            const Ids ids = token_ids(ids_obj, "GPT2.generate");
+            GenerationOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.temperature = temperature;
+            o.top_k = top_k;
+            o.top_p = top_p;
+            o.seed = seed;
+            o.repetition_penalty = repetition_penalty;
+            o.stop_at_eos = stop_at_eos;
+            std::vector<std::vector<int32_t>> out;
+            {
+              py::gil_scoped_release unlocked;
+              out = g.generate(ids.data, ids.B, ids.T, o);
+            }
+            size_t longest = 0;
+            for (const auto& row : out) longest = std::max(longest, row.size());
+            const int64_t W = ids.T + static_cast<int64_t>(longest);
+            py::array_t<int64_t> seq({ids.B, W});
+            int64_t* p = seq.mutable_data();
+            for (int64_t b = 0; b < ids.B; ++b) {
+              const auto& row = out[static_cast<size_t>(b)];
+              for (int64_t t = 0; t < W; ++t)
+                p[b * W + t] = t < ids.T                            ? ids.data[static_cast<size_t>(b * ids.T + t)]
+                               : t - ids.T < static_cast<int64_t>(row.size()) ? row[static_cast<size_t>(t - ids.T)]
+                                                                               : g.config().eos_token_id;
+            }
+            if (ids.one_sequence) return py::array(seq.attr("reshape")(W));
+            return py::array(seq);
+          },
+          "ids"_a, "max_new_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0,
+          "repetition_penalty"_a = 1.0f, "stop_at_eos"_a = true,
+          R"(Prompt + continuation, int64 [B, T + n] (like Hugging Face's generate): greedy at temperature 0,
+otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded with eos.)");
+}
+
+}  // namespace mhsa::python

@@ -18,6 +18,11 @@ namespace mhsa::kernels {
             const float* bias, float* C, int64_t ldc);                                                     \
   void attention_forward(const AttentionParams& p);                                                        \
   void attention_backward(const AttentionParams& p);                                                       \
+  void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta, \
+                  float eps, float* y, int64_t ldy);                                                       \
+  void gelu_tanh(int64_t n, float* x);                                                                     \
+  void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,  \
+                 float* C, int64_t ldc);                                                                   \
   }
 MHSA_DECLARE_ISA_KERNELS(portable)
 MHSA_DECLARE_ISA_KERNELS(avx2)
@@ -32,6 +37,12 @@ struct KernelTable {
   decltype(&portable::attention_forward) attention_forward;
   // The FlashAttention backward (kernels/flash_backward.cpp): dq, dk, dv.
   decltype(&portable::attention_backward) attention_backward;
+  // LayerNorm and GELU (tanh approximation) rows; float64 twins in kernels/elementwise.h.
+  decltype(&portable::layer_norm) layer_norm;
+  decltype(&portable::gelu_tanh) gelu_tanh;
+  // C[M, N] = A[M, K] · B[N, K]ᵀ for small M (kernels/matmul_bt.cpp), a bandwidth-bound stream
+  // over B; deterministic like gemm.
+  decltype(&portable::matmul_bt) matmul_bt;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

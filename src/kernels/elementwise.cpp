@@ -1,0 +1,72 @@
+// kernels/elementwise.cpp — LayerNorm and GELU, compiled once per ISA (see elementwise.h for
+// the definitions and the float64 twins). Both are memory-bound row passes; the point is only
+// to keep them off the critical path: vector exp instead of libm tanh (GELU runs on 4·C values
+// per token, and std::tanh alone would cost as much as a quarter of a prefill).
+#include <omp.h>
+
+#include <cmath>
+
+#include "kernels/isa/simd.h"
+
+namespace mhsa::kernels::MHSA_ISA {
+namespace {
+
+// Enough work per call to be worth waking the thread team.
+bool parallel_worth_it(int64_t elements) { return elements >= (int64_t{1} << 16); }
+
+float row_sum(const float* x, int64_t n) {
+  Vec acc = splat(0.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += load(x + i);
+  if (i < n) acc += load_partial(x + i, static_cast<int>(n - i), 0.0f);
+  return reduce_sum(acc);
+}
+
+float row_centered_sq_sum(const float* x, int64_t n, float mean) {
+  const Vec m = splat(mean);
+  Vec acc = splat(0.0f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec d = load(x + i) - m;
+    acc = fma(d, d, acc);
+  }
+  if (i < n) {
+    const Vec d = load_partial(x + i, static_cast<int>(n - i), mean) - m;
+    acc = fma(d, d, acc);
+  }
+  return reduce_sum(acc);
+}
+
+}  // namespace
+
+void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta,
+                float eps, float* y, int64_t ldy) {
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* yr = y + r * ldy;
+    const float mean = row_sum(xr, C) / static_cast<float>(C);  // two passes: no cancellation
+    const float var = row_centered_sq_sum(xr, C, mean) / static_cast<float>(C);
+    const Vec rstd = splat(1.0f / std::sqrt(var + eps)), m = splat(mean);
+    int64_t c = 0;
+    for (; c + kLanes <= C; c += kLanes)
+      store(yr + c, fma((load(xr + c) - m) * rstd, load(gamma + c), load(beta + c)));
+    for (; c < C; ++c) yr[c] = (xr[c] - mean) * rstd[0] * gamma[c] + beta[c];
+  }
+}
+
+// 0.5·x·(1 + tanh(u)) = x / (1 + e^(−2u)): one exp and one division, exact at both tails.
+void gelu_tanh(int64_t n, float* x) {
+  constexpr float k = 0.7978845608028654f;  // √(2/π)
+  const auto gelu = [&](Vec v) {
+    const Vec u = splat(k) * fma(v * v, splat(0.044715f), splat(1.0f)) * v;
+    return v / (splat(1.0f) + exp(splat(-2.0f) * u));
+  };
+  const int64_t full = n / kLanes * kLanes;
+#pragma omp parallel for schedule(static) if (parallel_worth_it(n))
+  for (int64_t i = 0; i < full; i += kLanes) store(x + i, gelu(load(x + i)));
+  if (full < n) store_partial(x + full, gelu(load_partial(x + full, static_cast<int>(n - full), 0.0f)),
+                              static_cast<int>(n - full));
+}
+
+}  // namespace mhsa::kernels::MHSA_ISA
