@@ -1,0 +1,321 @@
+// tests/cpp/test_gpt2.cpp — the GPT-2 pieces against their float64 twins (LayerNorm, GELU, the
+// Bᵀ stream), the cache against recomputation, the sampler's rules, and the loader's errors.
+// Logits against Hugging Face transformers are in tests/python/test_gpt2.py.
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "kernels/dispatch.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "mhsa/gpt2.h"
+#include "mhsa/safetensors.h"
+#include "test_util.h"
+
+namespace mhsa::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<double> as_double(const float* p, int64_t n) { return std::vector<double>(p, p + n); }
+
+TEST(Gpt2Kernels, LayerNormMatchesFloat64) {
+  auto gen = test_rng();
+  for (cpu::Isa isa : cpu::usable_isas())
+    for (int64_t C : {1, 40, 97, 768}) {
+      const int64_t rows = 37, ld = C + 3;
+      Tensor x = random_tensor(gen, {rows, ld}, 3.0f), g = random_tensor(gen, {C}), b = random_tensor(gen, {C});
+      for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] += 5.0f;  // an offset: the mean must not cancel badly
+      Tensor want({rows, C}), got({rows, C});
+      kernels::layer_norm_ref(rows, C, x.data(), ld, g.data(), b.data(), 1e-5f, want.data(), C);
+      kernels::kernels_for(isa).layer_norm(rows, C, x.data(), ld, g.data(), b.data(), 1e-5f, got.data(), C);
+      EXPECT_LE(rel_l2(got.data(), as_double(want.data(), want.numel())), 1e-6) << cpu::isa_name(isa) << " C " << C;
+    }
+}
+
+TEST(Gpt2Kernels, GeluMatchesFloat64) {
+  auto gen = test_rng();
+  for (cpu::Isa isa : cpu::usable_isas())
+    for (int64_t n : {1, 15, 16, 17, 100003}) {
+      Tensor x = random_tensor(gen, {n}, 4.0f);
+      x.data()[0] = n > 1 ? -30.0f : 0.5f;  // a far tail
+      Tensor want = x, got = x;
+      kernels::gelu_tanh_ref(n, want.data());
+      kernels::kernels_for(isa).gelu_tanh(n, got.data());
+      double worst = 0;
+      for (int64_t i = 0; i < n; ++i)  // absolute error relative to |x|: GELU(x) ~ x or ~ 0
+        worst = std::max(worst, std::abs(double(got.data()[i]) - want.data()[i]) / std::max(1.0, std::abs(double(x.data()[i]))));
+      EXPECT_LE(worst, 1e-6) << cpu::isa_name(isa) << " n " << n;
+    }
+}
+
+TEST(Gpt2Kernels, TransposedStreamMatchesFloat64) {
+  auto gen = test_rng();
+  for (cpu::Isa isa : cpu::usable_isas())
+    for (auto [M, N, K] : {std::tuple<int64_t, int64_t, int64_t>{1, 97, 40}, {3, 1025, 80}, {8, 200, 768}, {5, 1, 1}}) {
+      const Tensor a = random_tensor(gen, {M, K}), b = random_tensor(gen, {N, K});
+      Tensor bt({K, N}), want({M, N}), got({M, N});
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k) bt.data()[k * N + n] = b.data()[n * K + k];
+      kernels::gemm_ref(M, N, K, a.data(), K, bt.data(), N, nullptr, want.data(), N);
+      kernels::kernels_for(isa).matmul_bt(M, N, K, a.data(), K, b.data(), K, got.data(), N);
+      EXPECT_LE(rel_l2(got.data(), as_double(want.data(), want.numel())), 2e-6)
+          << cpu::isa_name(isa) << " " << M << "x" << N << "x" << K;
+    }
+}
+
+Gpt2Config tiny_config() {
+  Gpt2Config c;
+  c.vocab_size = 61;
+  c.n_positions = 40;
+  c.n_embd = 48;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.eos_token_id = 60;
+  return c;
+}
+
+std::vector<int32_t> random_ids(std::mt19937_64& gen, int64_t n, int64_t V) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = static_cast<int32_t>(gen() % static_cast<uint64_t>(V));
+  return ids;
+}
+
+TEST(Gpt2, CachedChunksEqualTheFullForward) {
+  auto gen = test_rng();
+  const Gpt2 m = Gpt2::random(tiny_config(), gen());
+  const int64_t B = 2, T = 23, V = m.config().vocab_size;
+  const std::vector<int32_t> ids = random_ids(gen, B * T, V);
+  const Tensor full = m.forward(ids, B, T);
+  for (int64_t chunk : {int64_t{1}, int64_t{5}, T}) {
+    Gpt2Cache cache = m.new_cache(B, T);
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t n = std::min(chunk, T - t0);
+      std::vector<int32_t> part;
+      for (int64_t b = 0; b < B; ++b) part.insert(part.end(), ids.begin() + b * T + t0, ids.begin() + b * T + t0 + n);
+      const Tensor all = m.extend(cache, part, B, n, false);
+      ASSERT_EQ(cache.length(), t0 + n);
+      std::vector<double> want;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = t0; t < t0 + n; ++t)
+          for (int64_t v = 0; v < V; ++v) want.push_back(full.data()[(b * T + t) * V + v]);
+      EXPECT_LE(rel_l2(all.data(), want), 4e-6) << "chunk " << chunk << " at " << t0;
+    }
+  }
+}
+
+TEST(Gpt2, LastOnlyLogitsAreTheLastRowOfAll) {
+  auto gen = test_rng();
+  const Gpt2 m = Gpt2::random(tiny_config(), gen());
+  const int64_t B = 3, T = 11, V = m.config().vocab_size;
+  const std::vector<int32_t> ids = random_ids(gen, B * T, V);
+  Gpt2Cache c1 = m.new_cache(B, T), c2 = m.new_cache(B, T);
+  const Tensor all = m.extend(c1, ids, B, T, false), last = m.extend(c2, ids, B, T, true);
+  ASSERT_EQ(last.shape(), (std::vector<int64_t>{B, 1, V}));
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<double> want(all.data() + (b * T + T - 1) * V, all.data() + (b * T + T) * V);
+    EXPECT_LE(rel_l2(last.data() + b * V, want), 1e-6);
+  }
+}
+
+TEST(Gpt2, GreedyGenerationEqualsArgmaxOfRecomputation) {
+  auto gen = test_rng();
+  Gpt2Config c = tiny_config();
+  c.eos_token_id = -1;  // run the full length
+  const Gpt2 m = Gpt2::random(c, gen());
+  const int64_t B = 2, T = 6, V = c.vocab_size;
+  const std::vector<int32_t> prompt = random_ids(gen, B * T, V);
+  GenerationOptions o;
+  o.max_new_tokens = 12;
+  int64_t calls = 0;
+  const auto out = m.generate(prompt, B, T, o, [&](int64_t step, std::span<const int32_t> tokens) {
+    EXPECT_EQ(step, calls++);
+    EXPECT_EQ(static_cast<int64_t>(tokens.size()), B);
+    return true;
+  });
+  EXPECT_EQ(calls, 12);
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int32_t> seq(prompt.begin() + b * T, prompt.begin() + (b + 1) * T);
+    ASSERT_EQ(out[static_cast<size_t>(b)].size(), 12u);
+    for (int32_t got : out[static_cast<size_t>(b)]) {  // from scratch, no cache
+      const int64_t n = static_cast<int64_t>(seq.size());
+      const Tensor logits = m.forward(seq, 1, n);
+      const float* row = logits.data() + (n - 1) * V;
+      EXPECT_EQ(got, std::max_element(row, row + V) - row);
+      seq.push_back(got);
+    }
+  }
+}
+
+TEST(Gpt2, GenerationStopsAtEosAndWhenAsked) {
+  auto gen = test_rng();
+  Gpt2Config c = tiny_config();
+  const Gpt2 m = Gpt2::random(c, gen());
+  const std::vector<int32_t> prompt = random_ids(gen, 4, c.vocab_size);
+  GenerationOptions o;
+  o.max_new_tokens = 30;
+  o.temperature = 1.0f;
+  o.seed = 7;
+  const auto out = m.generate(prompt, 1, 4, o);
+  const auto& row = out[0];
+  for (size_t i = 0; i + 1 < row.size(); ++i) EXPECT_NE(row[i], c.eos_token_id);
+  EXPECT_TRUE(row.size() == 30 || row.back() == c.eos_token_id);
+  EXPECT_EQ(m.generate(prompt, 1, 4, o), out) << "a seed must reproduce its sample";
+  int64_t steps = 0;
+  m.generate(prompt, 1, 4, o, [&](int64_t, std::span<const int32_t>) { return ++steps < 3; });
+  EXPECT_EQ(steps, 3);
+}
+
+TEST(Gpt2, ContextLimitIsAClearError) {
+  const Gpt2 m = Gpt2::random(tiny_config(), 1);
+  const std::vector<int32_t> prompt(30, 1);
+  GenerationOptions o;
+  o.max_new_tokens = 11;  // 30 + 11 > 40
+  expect_error([&] { m.generate(prompt, 1, 30, o); }, {"Gpt2::generate: max_new_tokens: expected at most 10 (the context is 40 tokens and the prompt has 30), got 11"});
+  Gpt2Cache cache = m.new_cache(1, 40);
+  m.extend(cache, prompt, 1, 30, true);
+  const std::vector<int32_t> more(11, 2);
+  expect_error([&] { m.extend(cache, more, 1, 11, true); }, {"expected at most 10 more tokens"});
+  EXPECT_EQ(cache.length(), 30);
+  const std::vector<int32_t> bad = {1, 61};
+  expect_error([&] { m.extend(cache, bad, 1, 2, true); }, {"Gpt2::extend: ids[0, 1]: expected a token id in [0, 61), got 61"});
+  EXPECT_EQ(cache.length(), 30);
+  expect_error([&] { m.new_cache(1, 41); }, {"Gpt2::new_cache: max_tokens: expected a count in [1, 40]"});
+}
+
+// The sampler: penalties, cuts, and a distribution that follows softmax(logits / temperature).
+TEST(Gpt2Sampler, RulesAndDistribution) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, -1.0f, 2.5f};
+  GenerationOptions greedy;
+  uint64_t rng = 1;
+  std::vector<float> l = logits;
+  EXPECT_EQ(Gpt2::sample(l, {}, greedy, rng), 1);
+  GenerationOptions pen;
+  pen.repetition_penalty = 2.0f;  // 3 → 1.5: 2.5 wins
+  l = logits;
+  EXPECT_EQ(Gpt2::sample(l, std::vector<int32_t>{1, 1}, pen, rng), 4);
+  EXPECT_FLOAT_EQ(l[1], 1.5f);
+  GenerationOptions top1;
+  top1.temperature = 1.0f;
+  top1.top_k = 1;
+  GenerationOptions nucleus;
+  nucleus.temperature = 1.0f;
+  nucleus.top_p = 0.01f;
+  for (int i = 0; i < 50; ++i) {
+    l = logits;
+    EXPECT_EQ(Gpt2::sample(l, {}, top1, rng), 1);
+    l = logits;
+    EXPECT_EQ(Gpt2::sample(l, {}, nucleus, rng), 1);
+  }
+  // Frequencies at temperature 0.7 against the softmax, with top_k = 3 (tokens 1, 4, 2 only).
+  GenerationOptions s;
+  s.temperature = 0.7f;
+  s.top_k = 3;
+  const int draws = 60000;
+  std::map<int32_t, int> count;
+  uint64_t state = test_seed();
+  for (int i = 0; i < draws; ++i) {
+    l = logits;
+    ++count[Gpt2::sample(l, {}, s, state)];
+  }
+  double z = 0;
+  for (int t : {1, 4, 2}) z += std::exp(logits[static_cast<size_t>(t)] / 0.7);
+  for (int t : {1, 4, 2}) {
+    const double p = std::exp(logits[static_cast<size_t>(t)] / 0.7) / z;
+    const double sd = std::sqrt(draws * p * (1 - p));
+    EXPECT_NEAR(count[t], draws * p, 5 * sd) << "token " << t;
+  }
+  EXPECT_EQ(count[0] + count[3], 0);
+}
+
+// ---- loading ---------------------------------------------------------------------------------
+
+struct TinyDir {
+  fs::path dir;
+  explicit TinyDir(const std::string& name) : dir(fs::temp_directory_path() / (name + std::to_string(test_seed()))) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  ~TinyDir() { fs::remove_all(dir); }
+  void write(const std::string& file, const std::string& text) const { std::ofstream(dir / file) << text; }
+};
+
+const char* kTinyConfig = R"({"model_type": "gpt2", "vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_layer": 1,
+  "n_head": 2, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "n_inner": null})";
+
+std::vector<std::pair<std::string, Tensor>> tiny_tensors(std::mt19937_64& gen, const std::string& prefix) {
+  std::vector<std::pair<std::string, Tensor>> t;
+  const auto add = [&](const std::string& n, std::vector<int64_t> dims) { t.emplace_back(prefix + n, random_tensor(gen, dims)); };
+  add("wte.weight", {11, 8});
+  add("wpe.weight", {8, 8});
+  add("ln_f.weight", {8});
+  add("ln_f.bias", {8});
+  for (const char* ln : {"h.0.ln_1.", "h.0.ln_2."}) {
+    add(std::string(ln) + "weight", {8});
+    add(std::string(ln) + "bias", {8});
+  }
+  add("h.0.attn.c_attn.weight", {8, 24});
+  add("h.0.attn.c_attn.bias", {24});
+  add("h.0.attn.c_proj.weight", {8, 8});
+  add("h.0.attn.c_proj.bias", {8});
+  add("h.0.mlp.c_fc.weight", {8, 32});
+  add("h.0.mlp.c_fc.bias", {32});
+  add("h.0.mlp.c_proj.weight", {32, 8});
+  add("h.0.mlp.c_proj.bias", {8});
+  return t;
+}
+
+void save(const fs::path& path, const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::vector<std::pair<std::string, ConstTensorView>> views;
+  for (const auto& [n, t] : tensors) views.emplace_back(n, t.view());
+  save_safetensors(path.string(), views);
+}
+
+TEST(Gpt2Load, PrefixedAndBareNamesGiveTheSameModel) {
+  auto gen = test_rng();
+  TinyDir a("mhsa_gpt2_bare"), b("mhsa_gpt2_prefixed");
+  auto bare = tiny_tensors(gen, "");
+  bare.emplace_back("h.0.attn.bias", Tensor({1, 1, 8, 8}));  // a causal-mask buffer: ignored
+  save(a.dir / "model.safetensors", bare);
+  std::vector<std::pair<std::string, Tensor>> prefixed;
+  for (const auto& [n, t] : bare) prefixed.emplace_back("transformer." + n, t);
+  save(b.dir / "model.safetensors", prefixed);
+  a.write("config.json", kTinyConfig);
+  b.write("config.json", kTinyConfig);
+  const std::vector<int32_t> ids = {3, 1, 4, 1, 5};
+  const Tensor la = Gpt2::load(a.dir).forward(ids, 1, 5), lb = Gpt2::load(b.dir).forward(ids, 1, 5);
+  EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), sizeof(float) * la.numel()));
+}
+
+TEST(Gpt2Load, BadDirectoriesGiveClearErrors) {
+  auto gen = test_rng();
+  TinyDir d("mhsa_gpt2_bad");
+  expect_error([&] { Gpt2::load(d.dir / "nope"); }, {"Gpt2::load: dir: expected a model directory"});
+  expect_error([&] { Gpt2::load(d.dir); }, {"config.json: expected a readable config.json, got no such file"});
+  d.write("config.json", "{\"n_embd\": 8,");
+  expect_error([&] { Gpt2::load(d.dir); }, {"config.json: expected a JSON object, got invalid JSON"});
+  d.write("config.json", R"({"vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_layer": 1})");
+  expect_error([&] { Gpt2::load(d.dir); }, {"expected a key \"n_head\", got none"});
+  d.write("config.json", R"({"vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_layer": 1, "n_head": 3})");
+  expect_error([&] { Gpt2::load(d.dir); }, {"config.n_head: expected a divisor of n_embd = 8, got 3"});
+  d.write("config.json", R"({"vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_layer": -1, "n_head": 2})");
+  expect_error([&] { Gpt2::load(d.dir); }, {"n_layer: expected a positive integer, got -1"});
+  d.write("config.json", R"({"vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_layer": 1, "n_head": 2,
+                             "activation_function": "relu"})");
+  expect_error([&] { Gpt2::load(d.dir); }, {"activation_function: expected \"gelu_new\" (GELU, tanh approximation), got \"relu\""});
+  d.write("config.json", kTinyConfig);
+  expect_error([&] { Gpt2::load(d.dir); }, {"expected model.safetensors"});
+  auto tensors = tiny_tensors(gen, "");
+  auto missing = tensors;
+  missing.erase(missing.begin() + 5);  // h.0.ln_1.bias
+  save(d.dir / "model.safetensors", missing);
+  expect_error([&] { Gpt2::load(d.dir); }, {"expected a tensor 'h.0.ln_1.bias', got none"});
+  auto wrong = tensors;
+  wrong[8].second = Tensor({8, 25});  // h.0.attn.c_attn.weight
+  save(d.dir / "model.safetensors", wrong);
+  expect_error([&] { Gpt2::load(d.dir); }, {"tensor 'h.0.attn.c_attn.weight': expected shape [8, 24], got [8, 25]"});
+}
+
+}  // namespace
+}  // namespace mhsa::test
