@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what mhsa needs on a fresh Debian machine: the C++ toolchain and libraries (apt-get)
-# and the Python build tools (pip). With --test, also what the tests use: PyTorch and pytest.
+# and the Python build tools (pip). With --test, also what the tests use as oracles: PyTorch,
+# Hugging Face transformers and tokenizers, tiktoken; and pytest.
 set -euo pipefail
 
 with_tests=0
@@ -26,6 +27,6 @@ fi
 
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)
-[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors)
+[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers tiktoken tokenizers)
 "$python" -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}"
 echo "setup.sh: ready ($("$python" --version), $(cmake --version | head -n1))"
