@@ -31,6 +31,7 @@ struct BenchArgs {
 struct Result {
   std::string name, unit;
   double seconds, work;  // work in FLOPs, or bytes for memory-bound cases
+  double tokens = 0;     // tokens processed in `seconds` (model cases)
 };
 
 Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims) {
@@ -137,6 +138,54 @@ Case gemm_case(int64_t M, int64_t K, int64_t N) {
           }};
 }
 
+// GPT-2 small (124M: 12 layers, 12 heads of 64, vocabulary 50257) with random weights, built once.
+const Gpt2& gpt2_small() {
+  static const Gpt2 model = Gpt2::random(Gpt2Config{}, 5);
+  return model;
+}
+
+// Prompt processing of T tokens (llama-bench's ppT): one prefill, logits of the last token only.
+Case gpt2_prefill_case(int64_t T) {
+  const std::string name = "gpt2_124M_pp" + std::to_string(T);
+  return {name, [=](double min_seconds) {
+            const Gpt2& m = gpt2_small();
+            const Gpt2Config& c = m.config();
+            std::vector<int32_t> ids(static_cast<size_t>(T));
+            for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919) % c.vocab_size);
+            const double s = best_seconds(
+                [&] {
+                  Gpt2Cache cache = m.new_cache(1, T);
+                  (void)m.extend(cache, ids, 1, T, true);
+                },
+                min_seconds);
+            const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_dim());
+            const double per_layer = 2.0 * T * (3 * C * C + C * C + 2 * C * F) +
+                                     attention_flops(1, c.n_head, T, T, c.n_embd / c.n_head, c.n_embd / c.n_head, true);
+            return Result{name, "GFLOP/s", s, c.n_layer * per_layer + 2.0 * C * c.vocab_size, double(T)};
+          }};
+}
+
+// Decoding of n tokens one at a time from an empty context (llama-bench's tgN): each step reads
+// every weight once, so it is reported as bytes read per second against the read bandwidth.
+Case gpt2_decode_case(int64_t n) {
+  const std::string name = "gpt2_124M_tg" + std::to_string(n);
+  return {name, [=](double min_seconds) {
+            const Gpt2& m = gpt2_small();
+            const Gpt2Config& c = m.config();
+            const double s = best_seconds(
+                [&] {
+                  Gpt2Cache cache = m.new_cache(1, n);
+                  std::vector<int32_t> token = {1};
+                  for (int64_t i = 0; i < n; ++i) (void)m.extend(cache, token, 1, 1, true);
+                },
+                min_seconds);
+            const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_dim());
+            const double weights = c.n_layer * (4 * C * C + 2 * C * F + 9 * C + F) + c.vocab_size * C;
+            const double kv = c.n_layer * 2.0 * C * (n + 1) / 2.0;  // the cache read per step, on average
+            return Result{name, "GB/s", s, n * (weights + kv) * sizeof(float), double(n)};
+          }};
+}
+
 void run(const BenchArgs& a) {
   const int threads = omp_get_max_threads();
   std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
@@ -148,7 +197,7 @@ void run(const BenchArgs& a) {
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       backward_case(12, 4096, 64, true),   mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
-      decode_case(12, 16384, 64)};
+      decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128)};
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
   std::vector<Result> results;
   for (const Case& c : cases) {
@@ -156,8 +205,10 @@ void run(const BenchArgs& a) {
     const Result r = c.run(a.min_seconds);
     const double rate = r.work / r.seconds * 1e-9;
     const double yardstick = r.unit == "GB/s" ? bandwidth : peak;
-    std::printf("%-32s %10.3f %7.1f %-7s %5.1f%%\n", r.name.c_str(), r.seconds * 1e3, rate, r.unit.c_str(),
+    std::printf("%-32s %10.3f %7.1f %-7s %5.1f%%", r.name.c_str(), r.seconds * 1e3, rate, r.unit.c_str(),
                 100.0 * rate / yardstick);
+    if (r.tokens > 0) std::printf("  %.1f tokens/s", r.tokens / r.seconds);
+    std::printf("\n");
     std::fflush(stdout);
     results.push_back(r);
   }
@@ -168,7 +219,8 @@ void run(const BenchArgs& a) {
         << "\", \"fma_peak_gflops\": " << peak << ", \"read_bandwidth_gbs\": " << bandwidth << ", \"cases\": [";
     for (size_t i = 0; i < results.size(); ++i)
       out << (i ? ", " : "") << "{\"name\": \"" << results[i].name << "\", \"seconds\": " << results[i].seconds
-          << ", \"work\": " << results[i].work << ", \"unit\": \"" << results[i].unit << "\"}";
+          << ", \"work\": " << results[i].work << ", \"unit\": \"" << results[i].unit << "\""
+          << (results[i].tokens > 0 ? ", \"tokens\": " + std::to_string(results[i].tokens) : std::string()) << "}";
     out << "]}\n";
   }
 }
