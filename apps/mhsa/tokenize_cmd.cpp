@@ -1,3 +1,104 @@
-// apps/mhsa/tokenize_cmd.cpp — placeholder.
+// apps/mhsa/tokenize_cmd.cpp — `mhsa tokenize`: GPT-2 token ids of a text, or with --decode the
+// text of token ids, using the tokenizer files of a model directory (vocab.json + merges.txt, or
+// encoder.json + vocab.bpe). TEXT "-" reads standard input. A quick look at how text splits;
+// not a batch tool: one text per call.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "commands.h"
-namespace mhsa::cli { void add_tokenize_command(CLI::App&) {} }
+#include "mhsa/error.h"
+#include "mhsa/tokenizer.h"
+
+namespace mhsa::cli {
+namespace {
+
+struct TokenizeArgs {
+  std::string model, text;
+  bool json = false, decode = false, allow_special = false;
+};
+
+std::string read_stdin() {
+  std::cin >> std::noskipws;
+  return {std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+}
+
+// The ids of --decode: integers separated by spaces, newlines or commas (so the output of
+// `mhsa tokenize`, or a JSON list, can be pasted back).
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (true) {
+    pos = text.find_first_not_of(" \t\r\n,[]", pos);
+    if (pos == std::string::npos) return ids;
+    const size_t end = std::min(text.find_first_of(" \t\r\n,[]", pos), text.size());
+    const std::string item = text.substr(pos, end - pos);
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || id < 0 || id > INT32_MAX)
+      throw Error(detail::message("TEXT: expected token ids separated by spaces or commas, got '",
+                                  item.substr(0, 40), "'"));
+    ids.push_back(static_cast<int32_t>(id));
+    pos = end;
+  }
+}
+
+// A JSON string literal of valid UTF-8 (what token_string gives).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+void run(const TokenizeArgs& a) {
+  const Tokenizer tok = Tokenizer::load_dir(a.model);
+  const std::string text = a.text == "-" ? read_stdin() : a.text;
+  if (a.decode) {
+    const std::string bytes = tok.decode(parse_ids(text));
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    if (isatty(fileno(stdout))) std::fputc('\n', stdout);  // exact bytes into a pipe or file
+    return;
+  }
+  const std::vector<int32_t> ids = tok.encode(text, a.allow_special);
+  std::string out;
+  if (a.json) {
+    out = "{\"ids\": [";
+    for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+    out += "], \"tokens\": [";
+    for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + json_string(tok.token_string(ids[i]));
+    out += "]}";
+  } else {
+    for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+  }
+  std::printf("%s\n", out.c_str());
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app) {
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = app.add_subcommand("tokenize", "GPT-2 token ids of a text (or, with --decode, the text of ids)");
+  cmd->add_option("--model", args->model, "directory with vocab.json + merges.txt (or encoder.json + vocab.bpe)")
+      ->required();
+  cmd->add_option("TEXT", args->text, "the text, or token ids with --decode; '-' reads standard input")->required();
+  CLI::Option* json = cmd->add_flag(
+      "--json", args->json, "print {\"ids\": [...], \"tokens\": [...]}, tokens as vocab.json spells them (\"Ġworld\")");
+  cmd->add_flag("--decode", args->decode, "TEXT is token ids; print the bytes they stand for")->excludes(json);
+  cmd->add_flag("--allow-special", args->allow_special, "encode the text <|endoftext|> as its special id");
+  cmd->callback([args] { run(*args); });
+}
+
+}  // namespace mhsa::cli

@@ -6,9 +6,12 @@ a subclass of ``ValueError``.
 """
 
 from ._core import (
+    GPT2,
+    GPT2Cache,
     Error,
     KVCache,
     MultiHeadAttention,
+    Tokenizer,
     attention_probabilities,
     load_safetensors,
     save_safetensors,
@@ -19,8 +22,11 @@ from ._core import (
 
 __all__ = [
     "Error",
+    "GPT2",
+    "GPT2Cache",
     "KVCache",
     "MultiHeadAttention",
+    "Tokenizer",
     "attention_probabilities",
     "load_safetensors",
     "save_safetensors",

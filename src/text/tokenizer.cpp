@@ -1,20 +1,546 @@
-// text/tokenizer.cpp — placeholder, being written.
+// text/tokenizer.cpp — GPT-2's byte-level BPE: loading and validating the vocab and merges, the
+// pre-tokeniser (a hand-written scanner for GPT-2's regex), the merge loop and decoding. Its
+// results equal tiktoken's and Hugging Face tokenizers' for GPT-2 (tests/python). Not a general
+// tokenizer framework: one regex, one special token, no normalisation.
 #include "mhsa/tokenizer.h"
 
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <unordered_map>
+
 #include "core/check.h"
+#include "text/unicode_data.h"
 
 namespace mhsa {
-struct Tokenizer::Impl {};
+namespace text {
+namespace {
+
+struct Utf8 {
+  char32_t cp;
+  int len;     // bytes consumed: 1 for an invalid byte
+  bool valid;
+};
+
+// Strict UTF-8, as Python decodes it: no overlong forms, no surrogates, nothing past U+10FFFF.
+// A byte that does not start a well-formed sequence is invalid on its own; the next byte starts
+// afresh.
+Utf8 decode_utf8(std::string_view s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = byte(i);
+  if (c < 0x80) return {c, 1, true};
+  int len;
+  char32_t cp;
+  unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range, narrower after E0, ED, F0, F4
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2, cp = c & 0x1Fu;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3, cp = c & 0x0Fu;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4, cp = c & 0x07u;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return {c, 1, false};
+  }
+  if (s.size() - i < static_cast<size_t>(len)) return {c, 1, false};
+  for (int k = 1; k < len; ++k) {
+    const unsigned char t = byte(i + k);
+    if (t < (k == 1 ? lo : 0x80) || t > (k == 1 ? hi : 0xBF)) return {c, 1, false};
+    cp = (cp << 6) | (t & 0x3Fu);
+  }
+  return {cp, len, true};
+}
+
+CharClass lookup(char32_t cp) {
+  const auto ranges = class_ranges();
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
+                             [](char32_t c, const CodePointRange& r) { return c < r.first; });
+  if (it == ranges.begin() || cp > (--it)->last) return CharClass::other;
+  return it->cls;
+}
+
+// ASCII, nearly all of most text, without the binary search; constexpr, so ready for any static
+// initialiser's use. tests/cpp/test_tokenizer.cpp checks it against the generated ranges.
+constexpr std::array<CharClass, 128> kAsciiClass = [] {
+  std::array<CharClass, 128> table{};
+  for (char32_t cp = 0; cp < 128; ++cp) {
+    if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) table[cp] = CharClass::letter;
+    else if (cp >= '0' && cp <= '9') table[cp] = CharClass::number;
+    else if (cp == ' ' || (cp >= '\t' && cp <= '\r')) table[cp] = CharClass::space;
+    else table[cp] = CharClass::other;
+  }
+  return table;
+}();
+
+struct Unit {
+  CharClass cls;
+  int len;
+};
+
+Unit unit_at(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return {kAsciiClass[c], 1};
+  const Utf8 d = decode_utf8(s, i);
+  return {d.valid ? char_class(d.cp) : CharClass::other, d.len};
+}
+
+size_t run_end(std::string_view s, size_t i, CharClass cls) {
+  while (i < s.size()) {
+    const Unit u = unit_at(s, i);
+    if (u.cls != cls) break;
+    i += static_cast<size_t>(u.len);
+  }
+  return i;
+}
+
+}  // namespace
+
+CharClass char_class(char32_t cp) { return cp < 128 ? kAsciiClass[cp] : lookup(cp); }
+
+size_t pretoken_end(std::string_view s, size_t begin) {
+  if (s[begin] == '\'')
+    for (const std::string_view suffix : {"s", "t", "re", "ve", "m", "ll", "d"})
+      if (s.substr(begin + 1).starts_with(suffix)) return begin + 1 + suffix.size();
+  // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: the class of the character after an optional
+  // U+0020 picks the alternative, and the run of that class is the match.
+  const size_t start = s[begin] == ' ' && begin + 1 < s.size() ? begin + 1 : begin;
+  const Unit first = unit_at(s, start);
+  if (first.cls != CharClass::space) return run_end(s, start + static_cast<size_t>(first.len), first.cls);
+  // Whitespace from `begin`. Before a non-space, `\s+(?!\S)` backs off one character so that
+  // the last one can lead the next pre-token (" world"); a lone space there is `\s+`'s.
+  size_t end = begin, last = begin, count = 0;
+  for (Unit u; end < s.size() && (u = unit_at(s, end)).cls == CharClass::space; ++count) {
+    last = end;
+    end += static_cast<size_t>(u.len);
+  }
+  return end < s.size() && count > 1 ? last : end;
+}
+
+}  // namespace text
+
+namespace {
+
+using detail::fail;
+using detail::message;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr std::string_view kLoad = "Tokenizer::load";
+constexpr std::string_view kEndOfText = "<|endoftext|>";
+// Pre-token → ids cache: English text encodes at ~30 MB/s with it, ~9 MB/s without (one core,
+// vim's 4.8 MB of docs, first pass). Emptied when full; longer pre-tokens rarely repeat.
+constexpr size_t kCacheEntries = size_t{1} << 16;
+constexpr size_t kCachedPieceBytes = 64;
+
+// GPT-2 writes tokens as text: the printable bytes 33–126, 161–172 and 174–255 stand for
+// themselves, the other 68 bytes, in order, for U+0100..U+0143 (so vocab files hold no spaces or
+// control characters).
+constexpr std::array<char32_t, 256> kByteChar = [] {
+  std::array<char32_t, 256> map{};
+  char32_t next = 256;
+  for (char32_t b = 0; b < 256; ++b)
+    map[b] = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174 ? b : next++;
+  return map;
+}();
+constexpr std::array<int16_t, 256 + 68> kCharByte = [] {  // the inverse; -1: not in the alphabet
+  std::array<int16_t, 256 + 68> map{};
+  map.fill(-1);
+  for (int16_t b = 0; b < 256; ++b) map[kByteChar[b]] = b;
+  return map;
+}();
+
+// The bytes a vocab or merges entry stands for; false if it has a character outside the alphabet.
+bool from_byte_level(std::string_view text, std::string& bytes) {
+  bytes.clear();
+  for (size_t i = 0; i < text.size();) {
+    const text::Utf8 d = text::decode_utf8(text, i);
+    if (!d.valid || d.cp >= kCharByte.size() || kCharByte[d.cp] < 0) return false;
+    bytes += static_cast<char>(kCharByte[d.cp]);
+    i += static_cast<size_t>(d.len);
+  }
+  return true;
+}
+
+// A character of the byte alphabet (below U+0800: one or two bytes) as UTF-8.
+void append_utf8(std::string& out, char32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Text from a file, quoted and safe to print: valid UTF-8 as is, control characters and invalid
+// bytes as \xNN, cut after 60 bytes.
+std::string printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "'";
+  for (size_t i = 0; i < text.size() && i < 60;) {
+    const text::Utf8 d = text::decode_utf8(text, i);
+    if (d.valid && d.cp >= 0x20 && d.cp != 0x7F) {
+      out.append(text.substr(i, static_cast<size_t>(d.len)));
+    } else {
+      const auto c = static_cast<unsigned char>(text[i]);
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+    i += static_cast<size_t>(d.len);
+  }
+  return out + (text.size() > 60 ? "'..." : "'");
+}
+
+std::string read_file(const fs::path& path, std::string_view arg) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  const auto got = [&](const std::string& why) { return message("'", path.string(), "' (", why, ")"); };
+  if (!fs::exists(st)) fail(kLoad, arg, "a readable file", got("no such file"));
+  if (!fs::is_regular_file(st)) fail(kLoad, arg, "a readable file", got("not a regular file"));
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(kLoad, arg, "a readable file", got(std::strerror(errno)));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail(kLoad, arg, "a readable file", got("read error"));
+  return text;
+}
+
+struct StringHash {
+  using is_transparent = void;  // lookups by string_view, without a temporary std::string
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <class T>
+using StringMap = std::unordered_map<std::string, T, StringHash, std::equal_to<>>;
+
+// Reads vocab.json as it streams past: one flat object of token → integer id, nothing else.
+// Stops at the first problem, remembered in `expected` / `got` for the caller to throw.
+class VocabReader : public nlohmann::json_sax<json> {
+ public:
+  struct Entry {
+    std::string key, bytes;
+    int64_t id;
+  };
+  std::vector<Entry> entries;
+  std::string arg, expected, got;  // the problem: the place, what was expected, what was found
+
+  explicit VocabReader(std::string file) : file_(std::move(file)) {}
+
+  bool start_object(std::size_t) override {
+    if (depth_++ == 0) return true;
+    return value_rejected("an object");
+  }
+  bool end_object() override {
+    --depth_;
+    return true;
+  }
+  bool key(string_t& key) override {
+    key_ = key;
+    if (from_byte_level(key, bytes_)) return true;
+    return reject(key_arg(), "characters of GPT-2's byte alphabet (printable Latin-1, U+0100..U+0143)", printable(key));
+  }
+  bool number_integer(number_integer_t id) override {
+    if (depth_ == 0) return value_rejected(std::to_string(id));
+    if (id < 0) return reject(key_arg(), "a non-negative id", std::to_string(id));
+    entries.push_back({key_, bytes_, id});
+    return true;
+  }
+  bool number_unsigned(number_unsigned_t id) override {
+    if (depth_ == 0) return value_rejected(std::to_string(id));
+    if (id > static_cast<uint64_t>(INT32_MAX)) return reject(key_arg(), "an id below 2^31", std::to_string(id));
+    entries.push_back({key_, bytes_, static_cast<int64_t>(id)});
+    return true;
+  }
+  bool number_float(number_float_t, const string_t& text) override { return value_rejected(text); }
+  bool null() override { return value_rejected("null"); }
+  bool boolean(bool b) override { return value_rejected(b ? "true" : "false"); }
+  bool string(string_t& s) override { return value_rejected("the string " + printable(s)); }
+  bool binary(binary_t&) override { return value_rejected("binary data"); }
+  bool start_array(std::size_t) override { return value_rejected("an array"); }
+  bool end_array() override { return false; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 2, ..."
+    if (const size_t tag = what.find("] "); tag != std::string::npos) what.erase(0, tag + 2);
+    return reject(file_arg(), "JSON", what);
+  }
+
+ private:
+  std::string file_, key_, bytes_;
+  int depth_ = 0;
+
+  std::string file_arg() const { return "vocab '" + file_ + "'"; }
+  std::string key_arg() const { return file_arg() + " key " + printable(key_); }
+  bool reject(std::string where, std::string want, std::string found) {
+    arg = std::move(where), expected = std::move(want), got = std::move(found);
+    return false;
+  }
+  // A value where an id (inside the object) or the object (at the top) belongs.
+  bool value_rejected(const std::string& found) {
+    if (depth_ == 0) return reject(file_arg(), "a JSON object of token → id", found);
+    return reject(key_arg(), "an integer id", found);
+  }
+};
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  struct Merge {
+    int32_t rank, id;  // rank: the line's place among the merges (lower merges first)
+  };
+  std::vector<std::string> tokens;              // id → bytes
+  StringMap<int32_t> ids;                       // bytes → id
+  std::array<int32_t, 256> byte_ids{};          // the single-byte tokens BPE starts from
+  std::unordered_map<uint64_t, Merge> merges;   // left id << 32 | right id → the merge
+  int32_t eos = -1;                             // <|endoftext|>
+  mutable std::mutex cache_mutex;               // encode is const and may run on many threads
+  mutable StringMap<std::vector<int32_t>> cache;  // pre-token → its ids
+
+  static uint64_t pair_key(int32_t left, int32_t right) {
+    return static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32 | static_cast<uint32_t>(right);
+  }
+  const Merge* find_merge(int32_t left, int32_t right) const {
+    const auto it = merges.find(pair_key(left, right));
+    return it == merges.end() ? nullptr : &it->second;
+  }
+
+  void read_vocab(const fs::path& path);
+  void read_merges(const fs::path& path);
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
+};
+
+void Tokenizer::Impl::read_vocab(const fs::path& path) {
+  const std::string text = read_file(path, "vocab");
+  VocabReader reader(path.string());
+  if (!json::sax_parse(text, &reader)) fail(kLoad, reader.arg, reader.expected, reader.got);
+  const std::string file = "vocab '" + path.string() + "'";
+  // Ids must number the tokens 0..n-1: then an id is an index, and every index is a token.
+  const auto n = static_cast<int64_t>(reader.entries.size());
+  tokens.resize(static_cast<size_t>(n));
+  std::vector<const std::string*> key_of(static_cast<size_t>(n), nullptr);
+  ids.reserve(static_cast<size_t>(n));
+  for (VocabReader::Entry& e : reader.entries) {
+    const std::string arg = file + " key " + printable(e.key);
+    if (e.id >= n)
+      fail(kLoad, arg, message("an id in [0, ", n, ") (the file has ", n, " tokens)"), std::to_string(e.id));
+    const auto id = static_cast<size_t>(e.id);
+    if (key_of[id]) fail(kLoad, arg, "a unique id", message(e.id, ", the id of ", printable(*key_of[id]), " too"));
+    if (!ids.emplace(e.bytes, static_cast<int32_t>(e.id)).second)
+      fail(kLoad, arg, "each token once", "a second entry");
+    key_of[id] = &e.key;
+    tokens[id] = std::move(e.bytes);
+  }
+  for (int b = 0; b < 256; ++b) {
+    const auto it = ids.find(std::string(1, static_cast<char>(b)));
+    if (it == ids.end()) {
+      std::string key;
+      append_utf8(key, kByteChar[static_cast<size_t>(b)]);
+      fail(kLoad, file, "a token for every byte", message("none for byte ", b, " ('", key, "')"));
+    }
+    byte_ids[static_cast<size_t>(b)] = it->second;
+  }
+  const auto it = ids.find(kEndOfText);
+  if (it == ids.end()) fail(kLoad, file, "the special token <|endoftext|>", "none");
+  eos = it->second;
+}
+
+void Tokenizer::Impl::read_merges(const fs::path& path) {
+  const std::string text = read_file(path, "merges");
+  const std::string file = "merges '" + path.string() + "'";
+  merges.reserve(static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1);
+  std::string left, right;
+  int32_t rank = 0;
+  size_t line_no = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t eol = std::min(text.find('\n', pos), text.size());
+    std::string_view line(text.data() + pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (line.ends_with('\r')) line.remove_suffix(1);
+    if (line.starts_with("#version")) continue;
+    const std::string arg = message(file, " line ", line_no);
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
+        line.find(' ', space + 1) != std::string_view::npos)
+      fail(kLoad, arg, "two tokens separated by one space", printable(line));
+    const std::string_view left_text = line.substr(0, space), right_text = line.substr(space + 1);
+    if (!from_byte_level(left_text, left) || !from_byte_level(right_text, right))
+      fail(kLoad, arg, "characters of GPT-2's byte alphabet (printable Latin-1, U+0100..U+0143)", printable(line));
+    const auto l = ids.find(left), r = ids.find(right), m = ids.find(left + right);
+    if (l == ids.end()) fail(kLoad, arg, "tokens of the vocab", printable(left_text) + ", which it does not have");
+    if (r == ids.end()) fail(kLoad, arg, "tokens of the vocab", printable(right_text) + ", which it does not have");
+    if (m == ids.end())
+      fail(kLoad, arg, "a merge whose result is in the vocab",
+           message(printable(left_text), " + ", printable(right_text), ", which it does not have"));
+    if (!merges.emplace(pair_key(l->second, r->second), Merge{rank, m->second}).second)
+      fail(kLoad, arg, "each merge once", printable(line) + " again");
+    ++rank;
+  }
+}
+
+// Byte-pair merging of one pre-token: repeatedly merge the adjacent pair with the lowest rank,
+// the leftmost of equals, until no pair has a merge. Symbols form a linked list over the
+// piece's byte positions (a merge keeps the left one's position) and candidate pairs sit in a
+// heap; a candidate whose pair has changed since it was pushed is skipped when it surfaces.
+// O(n log n), so a megabyte with no spaces is one pre-token and still quick.
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  const auto n = static_cast<int32_t>(piece.size());
+  struct Symbol {
+    int32_t id, prev, next;  // id -1: merged into its left neighbour; prev/next -1: none
+  };
+  std::vector<Symbol> sym(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i)
+    sym[i] = {byte_ids[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
+  // A candidate is rank << 32 | left position, so the smallest is the lowest rank, leftmost.
+  // Ranks name pairs uniquely: a candidate is current iff its position still starts a pair
+  // with that rank.
+  const auto candidate = [&](int32_t pos) -> std::optional<uint64_t> {
+    const int32_t next = sym[pos].next;
+    if (next < 0) return std::nullopt;
+    const Merge* m = find_merge(sym[pos].id, sym[next].id);
+    if (!m) return std::nullopt;
+    return static_cast<uint64_t>(m->rank) << 32 | static_cast<uint32_t>(pos);
+  };
+  std::vector<uint64_t> initial;
+  for (int32_t i = 0; i + 1 < n; ++i)
+    if (const auto c = candidate(i)) initial.push_back(*c);
+  std::priority_queue heap(std::greater<>{}, std::move(initial));  // heapified in O(n)
+  while (!heap.empty()) {
+    const uint64_t c = heap.top();
+    heap.pop();
+    const auto pos = static_cast<int32_t>(c & 0xFFFFFFFFu), rank = static_cast<int32_t>(c >> 32);
+    Symbol& s = sym[pos];
+    if (s.id < 0 || s.next < 0) continue;  // stale
+    const Merge* m = find_merge(s.id, sym[s.next].id);
+    if (!m || m->rank != rank) continue;   // stale
+    Symbol& gone = sym[s.next];
+    s.id = m->id;
+    s.next = gone.next;
+    if (s.next >= 0) sym[s.next].prev = pos;
+    gone.id = -1;
+    if (s.prev >= 0)
+      if (const auto left = candidate(s.prev)) heap.push(*left);
+    if (const auto right = candidate(pos)) heap.push(*right);
+  }
+  for (int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+}
+
+void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.size() > kCachedPieceBytes) return bpe(piece, out);
+  {
+    std::lock_guard lock(cache_mutex);
+    if (const auto it = cache.find(piece); it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t first = out.size();
+  bpe(piece, out);
+  std::lock_guard lock(cache_mutex);
+  if (cache.size() >= kCacheEntries) cache.clear();
+  cache.emplace(piece, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+}
+
+void Tokenizer::Impl::encode_ordinary(std::string_view text, std::vector<int32_t>& out) const {
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t end = text::pretoken_end(text, pos);
+    encode_piece(text.substr(pos, end - pos), out);
+    pos = end;
+  }
+}
+
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
-Tokenizer Tokenizer::load(const std::filesystem::path&, const std::filesystem::path&) { throw Error("Tokenizer::load: not built yet"); }
-Tokenizer Tokenizer::load_dir(const std::filesystem::path&) { throw Error("Tokenizer::load_dir: not built yet"); }
-std::vector<int32_t> Tokenizer::encode(std::string_view, bool) const { return {}; }
-std::string Tokenizer::decode(std::span<const int32_t>) const { return {}; }
-std::string_view Tokenizer::token_bytes(int32_t) const { return {}; }
-std::optional<int32_t> Tokenizer::token_id(std::string_view) const { return {}; }
-int32_t Tokenizer::vocab_size() const { return 0; }
-int32_t Tokenizer::eos_id() const { return 0; }
+
+Tokenizer Tokenizer::load(const fs::path& vocab, const fs::path& merges) {
+  auto impl = std::make_unique<Impl>();
+  impl->read_vocab(vocab);
+  impl->read_merges(merges);
+  return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::load_dir(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    fail("Tokenizer::load_dir", "dir", "a directory", message("'", dir.string(), "' (", fs::exists(dir, ec) ? "not a directory" : "no such directory", ")"));
+  // Prefer Hugging Face's names; a half pair is loaded anyway so the error names the missing file.
+  if (fs::exists(dir / "vocab.json", ec)) return load(dir / "vocab.json", dir / "merges.txt");
+  if (fs::exists(dir / "encoder.json", ec)) return load(dir / "encoder.json", dir / "vocab.bpe");
+  fail("Tokenizer::load_dir", "dir", "a directory with vocab.json + merges.txt or encoder.json + vocab.bpe",
+       message("'", dir.string(), "' (neither vocab.json nor encoder.json)"));
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  // Positions inside a pre-token are int32_t; a 2 GiB text is far beyond GPT-2's use anyway.
+  if (text.size() > static_cast<size_t>(INT32_MAX))
+    fail("Tokenizer::encode", "text", "at most 2^31 - 1 bytes", message(text.size(), " bytes"));
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 4 + 1);  // English averages about 4 bytes a token
+  if (allow_special) {
+    const std::string_view special = impl_->tokens[static_cast<size_t>(impl_->eos)];
+    for (size_t at; (at = text.find(special)) != std::string_view::npos; text.remove_prefix(at + special.size())) {
+      impl_->encode_ordinary(text.substr(0, at), out);
+      out.push_back(impl_->eos);
+    }
+  }
+  impl_->encode_ordinary(text, out);
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+  const auto n = static_cast<int32_t>(impl_->tokens.size());
+  size_t bytes = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= n)
+      fail("Tokenizer::decode", message("ids[", i, "]"), message("an id in [0, ", n, ")"), std::to_string(ids[i]));
+    bytes += impl_->tokens[static_cast<size_t>(ids[i])].size();
+  }
+  std::string out;
+  out.reserve(bytes);
+  for (const int32_t id : ids) out += impl_->tokens[static_cast<size_t>(id)];
+  return out;
+}
+
+std::string_view Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    fail("Tokenizer::token_bytes", "id", message("an id in [0, ", vocab_size(), ")"), std::to_string(id));
+  return impl_->tokens[static_cast<size_t>(id)];
+}
+
+std::vector<std::string_view> Tokenizer::pretokenize(std::string_view text) {
+  std::vector<std::string_view> out;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t end = text::pretoken_end(text, pos);
+    out.push_back(text.substr(pos, end - pos));
+    pos = end;
+  }
+  return out;
+}
+
+std::string Tokenizer::token_string(int32_t id) const {
+  std::string out;
+  for (const char c : token_bytes(id)) append_utf8(out, kByteChar[static_cast<unsigned char>(c)]);
+  return out;
+}
+
+std::optional<int32_t> Tokenizer::token_id(std::string_view bytes) const {
+  const auto it = impl_->ids.find(bytes);
+  if (it == impl_->ids.end()) return std::nullopt;
+  return it->second;
+}
+
+int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->tokens.size()); }
+int32_t Tokenizer::eos_id() const { return impl_->eos; }
+
 }  // namespace mhsa
