@@ -79,6 +79,15 @@ std::string shape_string(const View<T>& v) {
   return s + "]";
 }
 
+namespace detail {
+// Memory for tensors: 64-byte aligned; blocks of 4 MiB and more are aligned to 2 MiB and, on
+// Linux, offered transparent huge pages (madvise): a weight matrix streamed once per decoded
+// token is read at ~36 GB/s from 2 MiB pages against 24–31 GB/s from 4 KiB ones on the
+// development machine (the hardware prefetchers stop at every 4 KiB page).
+void* allocate_tensor_memory(std::size_t bytes);
+void free_tensor_memory(void* p, std::size_t bytes) noexcept;
+}  // namespace detail
+
 template <class T, std::size_t Align = 64>
 struct AlignedAllocator {
   using value_type = T;
@@ -89,10 +98,9 @@ struct AlignedAllocator {
   AlignedAllocator() = default;
   template <class U>
   AlignedAllocator(const AlignedAllocator<U, Align>&) {}  // NOLINT(google-explicit-constructor)
-  T* allocate(std::size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{Align}));
-  }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t{Align}); }
+  static_assert(Align <= 64, "tensor memory is 64-byte aligned");
+  T* allocate(std::size_t n) { return static_cast<T*>(detail::allocate_tensor_memory(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) noexcept { detail::free_tensor_memory(p, n * sizeof(T)); }
   friend bool operator==(const AlignedAllocator&, const AlignedAllocator&) { return true; }
 };
 

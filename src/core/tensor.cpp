@@ -1,9 +1,41 @@
 // core/tensor.cpp — the owning Tensor.
 #include "mhsa/tensor.h"
 
+#include <new>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "core/check.h"
 
 namespace mhsa {
+
+namespace detail {
+
+namespace {
+constexpr std::size_t kHugePage = std::size_t{2} << 20;
+constexpr std::size_t kHugeFrom = std::size_t{4} << 20;
+}  // namespace
+
+void* allocate_tensor_memory(std::size_t bytes) {
+  if (bytes < kHugeFrom) return ::operator new(bytes, std::align_val_t{64});
+  const std::size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* p = ::operator new(rounded, std::align_val_t{kHugePage});
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  (void)madvise(p, rounded, MADV_HUGEPAGE);  // a hint: without THP the pages stay 4 KiB
+#endif
+  return p;
+}
+
+void free_tensor_memory(void* p, std::size_t bytes) noexcept {
+  if (bytes < kHugeFrom)
+    ::operator delete(p, std::align_val_t{64});
+  else
+    ::operator delete(p, std::align_val_t{kHugePage});
+}
+
+}  // namespace detail
 
 Tensor::Tensor(std::vector<int64_t> dims) : shape_(std::move(dims)) {
   if (shape_.empty() || shape_.size() > kMaxDims)

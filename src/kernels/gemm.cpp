@@ -230,16 +230,17 @@ void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
 // else matters. Threads split K, not N, so that each reads one contiguous run of B's rows (a
 // single long stream is what the hardware prefetchers keep up with; the column split above
 // reads 16 short runs at once and measured ~20 GB/s against ~31 with 2 threads at N=2304).
-// K is cut into fixed segments of kFreshKC rows whatever the thread count; a segment's partial
-// sums [M][N] are fresh fma chains (rows in ascending order), and C = bias + s0 + s1 + ... in
-// segment order: bit for bit the order of the kFresh micro-kernels, so results still depend on
-// the inputs and on M <= kFreshMaxM only.
+// K is cut into kStreamParts fixed parts whatever the thread count. A part sums its rows in
+// segments of kFreshKC (each a fresh fma chain, rows ascending, added to the part's running sum:
+// blocked summation as in the kFresh micro-kernels), and C = bias + part0 + part1 + ... in part
+// order. So results depend on the inputs only (and on this path: M <= kStreamMaxM), and the
+// parts' sums are the only extra traffic: kStreamParts·M·N floats, in L2.
 constexpr int64_t kStreamMaxM = 4;
-constexpr int64_t kSegK = kFreshKC;
+constexpr int64_t kStreamParts = 8;
 
-template <int R>
+template <int R, bool kFirst>
 void stream_rows(int64_t M, int64_t N, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t k,
-                 float* acc) {  // acc[m, 0:N] += Σ_r A[m, k + r] · B[k + r, 0:N], r < R
+                 float* acc) {  // acc[m, 0:N] (+)= Σ_r A[m, k + r] · B[k + r, 0:N], r < R; kFirst: from 0
   const int64_t full = N / kLanes * kLanes;
   for (int64_t m = 0; m < M; ++m) {
     Vec a[R];
@@ -247,45 +248,87 @@ void stream_rows(int64_t M, int64_t N, const float* A, int64_t lda, const float*
     float* c = acc + m * N;
     int64_t n = 0;
     for (; n < full; n += kLanes) {
-      Vec s = load(c + n);
+      Vec s = kFirst ? splat(0.0f) : load(c + n);
       for (int r = 0; r < R; ++r) s = fma(a[r], load(B + (k + r) * ldb + n), s);
       store(c + n, s);
     }
     if (n < N) {
       const int rest = static_cast<int>(N - n);
-      Vec s = load_partial(c + n, rest, 0.0f);
+      Vec s = kFirst ? splat(0.0f) : load_partial(c + n, rest, 0.0f);
       for (int r = 0; r < R; ++r) s = fma(a[r], load_partial(B + (k + r) * ldb + n, rest, 0.0f), s);
       store_partial(c + n, s, rest);
     }
   }
 }
 
+// rows [k0, k_end) into acc as one fresh chain: eight rows per pass over acc (1, 2, 4, 8 rows
+// per pass at N=2304: 32.8, 27.7, 32.4, 33.5 GB/s; at K=3072, N=768: 32.3, 24.0, 28.3, 39.8).
+void stream_chain(int64_t M, int64_t N, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t k0,
+                  int64_t k_end, float* acc) {
+  int64_t k = k0;
+  if (k + 8 <= k_end) {
+    stream_rows<8, true>(M, N, A, lda, B, ldb, k, acc);
+    k += 8;
+  } else {
+    stream_rows<1, true>(M, N, A, lda, B, ldb, k++, acc);
+  }
+  for (; k + 8 <= k_end; k += 8) stream_rows<8, false>(M, N, A, lda, B, ldb, k, acc);
+  for (; k < k_end; ++k) stream_rows<1, false>(M, N, A, lda, B, ldb, k, acc);
+}
+
+// Per-thread scratch kept between calls like the packed B (a fresh allocation of a few hundred
+// KiB per call is an mmap and a page fault per page).
+struct Scratch {
+  Buffer data;
+  int64_t capacity = 0;
+  float* reserve(int64_t n) {
+    if (n > capacity) data = aligned_floats(n), capacity = n;
+    return data.get();
+  }
+};
+
 void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                  const float* bias, float* C, int64_t ldc) {
-  const int64_t segments = (K + kSegK - 1) / kSegK;
-  Buffer partial = aligned_floats(segments * M * N);  // [segment][M][N]
+  const int64_t segments = (K + kFreshKC - 1) / kFreshKC;
+  const int64_t parts = std::min(kStreamParts, segments);
+  thread_local Scratch part_sums;
+  float* sums = part_sums.reserve(parts * M * N);  // [part][M][N]
 #pragma omp parallel if (M * N * K >= (int64_t{1} << 16))
   {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    for (int64_t seg = segments * t / threads; seg < segments * (t + 1) / threads; ++seg) {
-      float* acc = partial.get() + seg * M * N;
-      std::fill(acc, acc + M * N, 0.0f);
-      const int64_t k_end = std::min(K, (seg + 1) * kSegK);
-      int64_t k = seg * kSegK;
-      for (; k + 4 <= k_end; k += 4) stream_rows<4>(M, N, A, lda, B, ldb, k, acc);
-      for (; k < k_end; ++k) stream_rows<1>(M, N, A, lda, B, ldb, k, acc);
-    }
-#pragma omp barrier
+    thread_local Scratch chain_scratch;
+    float* chain = chain_scratch.reserve(M * N);
 #pragma omp for schedule(static)
-    for (int64_t j = 0; j < N; j += 256) {
-      const int64_t j_end = std::min(N, j + 256);
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t jj = j; jj < j_end; ++jj) {
-          float c = bias ? bias[jj] : 0.0f;
-          for (int64_t seg = 0; seg < segments; ++seg) c += partial[(seg * M + m) * N + jj];
-          C[m * ldc + jj] = c;
+    for (int64_t p = 0; p < parts; ++p) {
+      float* acc = sums + p * M * N;
+      const int64_t s_begin = segments * p / parts, s_end = segments * (p + 1) / parts;
+      for (int64_t seg = s_begin; seg < s_end; ++seg) {
+        const int64_t k0 = seg * kFreshKC, k_end = std::min(K, k0 + kFreshKC);
+        if (seg == s_begin) {
+          stream_chain(M, N, A, lda, B, ldb, k0, k_end, acc);
+          continue;
         }
+        stream_chain(M, N, A, lda, B, ldb, k0, k_end, chain);
+        int64_t i = 0;
+        for (; i + kLanes <= M * N; i += kLanes) store(acc + i, load(acc + i) + load(chain + i));
+        for (; i < M * N; ++i) acc[i] += chain[i];
+      }
     }
+    // C = bias + part0 + part1 + ..., a block of columns at a time.
+    constexpr int64_t kCols = 256;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < N; j += kCols) {
+        const int64_t cols = std::min(kCols, N - j);
+        alignas(64) float c[kCols];
+        for (int64_t jj = 0; jj < cols; ++jj) c[jj] = bias ? bias[j + jj] : 0.0f;
+        for (int64_t p = 0; p < parts; ++p) {
+          const float* s = sums + (p * M + m) * N + j;
+          int64_t jj = 0;
+          for (; jj + kLanes <= cols; jj += kLanes) store(c + jj, load(c + jj) + load(s + jj));
+          for (; jj < cols; ++jj) c[jj] += s[jj];
+        }
+        std::copy(c, c + cols, C + m * ldc + j);
+      }
   }
 }
 
