@@ -11,5 +11,7 @@ void add_attention_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // `mhsa tokenize`: GPT-2 token ids of a text, with a model directory's tokenizer.
 void add_tokenize_command(CLI::App& app);
+// `mhsa generate`: continues a prompt with a GPT-2 model directory, streaming the text.
+void add_generate_command(CLI::App& app);
 
 }  // namespace mhsa::cli

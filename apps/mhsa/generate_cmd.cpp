@@ -1,0 +1,176 @@
+// apps/mhsa/generate_cmd.cpp — `mhsa generate`: continue a prompt with a GPT-2 model directory,
+// streaming the text to stdout as it is made (or one JSON object at the end with --json).
+//
+// Streaming holds back only what could still change: the tail of an unfinished UTF-8 character
+// and any tail that may be the start of a --stop string. A stop string ends generation and is
+// not printed; neither is the end-of-text token.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "mhsa/error.h"
+#include "mhsa/gpt2.h"
+#include "mhsa/tokenizer.h"
+
+namespace mhsa::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model;
+  std::string prompt;
+  GenerationOptions options;
+  std::vector<std::string> stop;
+  bool json = false;
+  bool ignore_eos = false;
+  int threads = 0;
+};
+
+// Bytes at the end of `s` that begin a UTF-8 character not yet complete.
+size_t incomplete_utf8_tail(const std::string& s) {
+  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
+// The generated text so far and how much of it is printed; finds stop strings.
+class TextStream {
+ public:
+  explicit TextStream(const std::vector<std::string>& stop) : stop_(stop) {}
+
+  // Adds a token's bytes; returns true when a stop string has appeared (the text is cut before it).
+  bool add(std::string_view bytes) {
+    text_ += bytes;
+    for (const std::string& s : stop_) {
+      const size_t from = text_.size() >= bytes.size() + s.size() ? text_.size() - bytes.size() - s.size() + 1 : 0;
+      const size_t at = text_.find(s, from);
+      if (!s.empty() && at != std::string::npos) {
+        text_.resize(at);
+        stopped_ = true;
+      }
+    }
+    return stopped_;
+  }
+  // The bytes that can be printed now (all of them once finished).
+  std::string take(bool finished) {
+    size_t end = text_.size();
+    if (!finished) {
+      end -= incomplete_utf8_tail(text_);
+      for (const std::string& s : stop_)  // a tail that is a proper prefix of a stop string
+        for (size_t k = std::min(s.size() - 1, end); k > 0; --k)
+          if (text_.compare(end - k, k, s, 0, k) == 0) {
+            end -= k;
+            break;
+          }
+      end = std::max(end, printed_);
+    }
+    std::string out = text_.substr(printed_, end - printed_);
+    printed_ = end;
+    return out;
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  const std::vector<std::string>& stop_;
+  std::string text_;
+  size_t printed_ = 0;
+  bool stopped_ = false;
+};
+
+void run(const GenerateArgs& a) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const Gpt2 model = Gpt2::load(a.model);
+  const Tokenizer tok = Tokenizer::load_dir(a.model);
+  std::string prompt = a.prompt;
+  if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  std::vector<int32_t> ids = tok.encode(prompt);
+  const int32_t eos = model.config().eos_token_id;
+  if (ids.empty()) {  // unconditional generation starts from end-of-text, as GPT-2 was trained
+    if (eos < 0) throw Error("mhsa generate: --prompt: expected some text (this model has no end-of-text token), got none");
+    ids.push_back(eos);
+  }
+  GenerationOptions o = a.options;
+  o.stop_at_eos = !a.ignore_eos;
+  TextStream stream(a.stop);
+  std::vector<int32_t> tokens;
+  GenerationStats stats;
+  model.generate(
+      ids, 1, static_cast<int64_t>(ids.size()), o,
+      [&](int64_t, std::span<const int32_t> step) {
+        tokens.push_back(step[0]);
+        if (step[0] == eos && !a.ignore_eos) return false;
+        const bool stop = stream.add(tok.token_bytes(step[0]));
+        if (!a.json) {
+          const std::string out = stream.take(stop);
+          std::fwrite(out.data(), 1, out.size(), stdout);
+          std::fflush(stdout);
+        }
+        return !stop;
+      },
+      &stats);
+  const double prefill = stats.prefill_seconds > 0 ? stats.prefill_tokens / stats.prefill_seconds : 0.0;
+  const double decode = stats.decode_seconds > 0 ? stats.decode_tokens / stats.decode_seconds : 0.0;
+  if (a.json) {
+    nlohmann::json j;
+    j["prompt_tokens"] = ids.size();
+    j["prompt_ids"] = ids;
+    j["tokens"] = tokens;
+    j["text"] = stream.text();  // invalid UTF-8 (a cut character) is written as U+FFFD
+    j["prefill_tokens_per_s"] = prefill;
+    j["decode_tokens_per_s"] = decode;
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    return;
+  }
+  const std::string rest = stream.take(true);
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::printf("\n");
+  std::fprintf(stderr, "mhsa generate: %zu prompt tokens at %.1f tokens/s, %zu generated at %.1f tokens/s (%d threads)\n",
+               ids.size(), prefill, tokens.size(), decode, omp_get_max_threads());
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt with a GPT-2 model directory (Hugging Face layout)");
+  cmd->add_option("--model", a->model, "directory with config.json, model.safetensors, vocab.json, merges.txt")
+      ->required();
+  cmd->add_option("--prompt", a->prompt, "the text to continue ('-' reads stdin; empty starts from end-of-text)");
+  cmd->add_option("-n,--max-new-tokens", a->options.max_new_tokens, "tokens to generate at most")
+      ->default_val(64)
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", a->options.temperature, "0 is greedy; higher samples more freely")
+      ->default_val(0.0f)
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", a->options.top_k, "sample among the k most likely tokens (0: all)")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", a->options.top_p, "sample among the most likely tokens holding this probability")
+      ->default_val(1.0f)
+      ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--repetition-penalty", a->options.repetition_penalty, "> 1 discourages repeating tokens")
+      ->default_val(1.0f)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", a->options.seed, "the sampler's seed")->default_val(0);
+  cmd->add_option("--stop", a->stop, "stop when this text appears (repeatable); it is not printed");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after the end-of-text token");
+  cmd->add_flag("--json", a->json,
+                "print one JSON object: prompt_tokens, prompt_ids, tokens, text, prefill/decode tokens per second");
+  cmd->add_option("-t,--threads", a->threads, "threads (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace mhsa::cli

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# bench/llama_cpp_peer.sh -- measure the peer engine, llama.cpp, on this machine.
+#
+# What: builds llama.cpp's `llama-bench` (CPU only, Release, -march=native via
+# GGML_NATIVE) and runs it on a GPT-2 124M model with RANDOM weights stored as
+# an F32 GGUF, then prints one JSON line to stdout:
+#   {"llama_cpp_version": ..., "pp512_tokens_per_s": ..., "tg128_tokens_per_s": ...,
+#    "threads": N, ...stddev/samples...}
+# Progress messages and llama-bench's markdown table go to stderr.
+#
+# Why: mhsa's GPT-2 runner is compared against llama.cpp on the same hardware,
+# same model shape and same precision (F32), so the peer numbers must be
+# reproducible here rather than quoted from elsewhere.
+#
+# How, without GitHub or a model hub (only PyPI and Debian are reachable):
+#   1. llama.cpp source comes from PyPI: the llama-cpp-python sdist vendors it
+#      under vendor/llama.cpp. The version and the sdist's sha256 are pinned
+#      below; the matching llama.cpp commit is taken from that release's
+#      CHANGELOG ("update llama.cpp to ggml-org/llama.cpp@<commit>").
+#   2. cmake builds only the llama-bench target (-j2 by default).
+#   3. transformers builds GPT2LMHeadModel(GPT2Config()) with a fixed seed and
+#      saves it as safetensors, with the GPT-2 tokenizer files from
+#      tests/data/gpt2-tokenizer (encoder.json = vocab.json, vocab.bpe =
+#      merges.txt); the vendored convert_hf_to_gguf.py (with the vendored
+#      gguf-py on PYTHONPATH, nothing pip-installed) writes the F32 GGUF.
+#   4. llama-bench -p 512 -n 128 -o json, summarised with python3.
+#
+# Every step is cached under $MHSA_PEER_DIR (default: <repo>/build/peer) and
+# skipped when already done, so a second run only re-runs the benchmark.
+#
+# Environment:
+#   MHSA_PEER_DIR      cache dir (default <repo>/build/peer)
+#   MHSA_PEER_THREADS  llama-bench threads (default 2)
+#   MHSA_PEER_REPS     llama-bench repetitions (default 5)
+#   MHSA_PEER_JOBS     build parallelism (default 2)
+#
+# Needs: python3 with pip, torch, transformers, safetensors, numpy, pyyaml,
+# tqdm, requests; cmake >= 3.14; a C/C++17 compiler; tar; sha256sum.
+set -euo pipefail
+
+# ---- pinned peer version ----------------------------------------------------
+LCP_VERSION="0.3.36"                       # llama-cpp-python sdist on PyPI
+LCP_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+LLAMA_COMMIT="0c1e57098"                   # ggml-org/llama.cpp commit it vendors
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_DIR="$(cd "$SCRIPT_DIR/.." && pwd)"
+PEER_DIR="${MHSA_PEER_DIR:-$REPO_DIR/build/peer}"
+THREADS="${MHSA_PEER_THREADS:-2}"
+REPS="${MHSA_PEER_REPS:-5}"
+JOBS="${MHSA_PEER_JOBS:-2}"
+
+SDIST="llama_cpp_python-${LCP_VERSION}.tar.gz"
+SRC_DIR="$PEER_DIR/llama.cpp-$LLAMA_COMMIT"
+BUILD_DIR="$PEER_DIR/build-llama-$LLAMA_COMMIT"
+BENCH_BIN="$BUILD_DIR/bin/llama-bench"
+HF_DIR="$PEER_DIR/gpt2-random-hf"
+GGUF="$PEER_DIR/gpt2-124m-random-f32.gguf"
+
+log() { printf '[llama_cpp_peer] %s\n' "$*" >&2; }
+
+mkdir -p "$PEER_DIR"
+
+# ---- 1. source from PyPI ----------------------------------------------------
+if [[ ! -f "$SRC_DIR/.mhsa-unpacked" ]]; then
+    if [[ ! -f "$PEER_DIR/$SDIST" ]] || \
+       ! echo "$LCP_SHA256  $PEER_DIR/$SDIST" | sha256sum --check --status; then
+        log "downloading llama-cpp-python==$LCP_VERSION sdist from PyPI (~77 MB)"
+        rm -f "$PEER_DIR/$SDIST"
+        python3 -m pip download --quiet --no-deps --no-binary :all: \
+            "llama-cpp-python==$LCP_VERSION" -d "$PEER_DIR" >&2
+    fi
+    echo "$LCP_SHA256  $PEER_DIR/$SDIST" | sha256sum --check --status \
+        || { log "sha256 mismatch for $SDIST"; exit 1; }
+    log "unpacking vendor/llama.cpp into $SRC_DIR"
+    rm -rf "$SRC_DIR" "$SRC_DIR.tmp"
+    mkdir -p "$SRC_DIR.tmp"
+    tar -xzf "$PEER_DIR/$SDIST" -C "$SRC_DIR.tmp" --strip-components=3 \
+        "llama_cpp_python-${LCP_VERSION}/vendor/llama.cpp"
+    # The sdist keeps the submodule's ".git" file, pointing at a gitdir that is
+    # not shipped; drop it so nothing mistakes the tree for a git checkout.
+    rm -f "$SRC_DIR.tmp/.git"
+    touch "$SRC_DIR.tmp/.mhsa-unpacked"
+    mv "$SRC_DIR.tmp" "$SRC_DIR"
+else
+    log "source cached: $SRC_DIR"
+fi
+
+# ---- 2. build llama-bench ---------------------------------------------------
+if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
+    log "configuring llama.cpp (Release, CPU, GGML_NATIVE=ON)"
+    # Git is pointed at /bin/false: the tree has no git metadata, and the cache
+    # dir may sit inside mhsa's own repo, whose commit must not be reported.
+    cmake -S "$SRC_DIR" -B "$BUILD_DIR" \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DBUILD_SHARED_LIBS=OFF \
+        -DGGML_NATIVE=ON \
+        -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON \
+        -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" \
+        -DGIT_EXECUTABLE=/bin/false -DGIT_EXE=/bin/false \
+        >"$PEER_DIR/cmake-configure.log" 2>&1 \
+        || { log "configure failed, see $PEER_DIR/cmake-configure.log"; tail -30 "$PEER_DIR/cmake-configure.log" >&2; exit 1; }
+fi
+if [[ ! -x "$BENCH_BIN" ]]; then
+    log "building llama-bench with -j$JOBS (several minutes on 2 cores)"
+    t0=$(date +%s)
+fi
+# Always invoke the build: a no-op when up to date, and it repairs a partial one.
+cmake --build "$BUILD_DIR" --target llama-bench -j"$JOBS" \
+    >"$PEER_DIR/cmake-build.log" 2>&1 \
+    || { log "build failed, see $PEER_DIR/cmake-build.log"; tail -30 "$PEER_DIR/cmake-build.log" >&2; exit 1; }
+if [[ -n "${t0:-}" ]]; then
+    log "built llama-bench in $(( $(date +%s) - t0 )) s"
+fi
+
+# ---- 3. random-weight GPT-2 124M as F32 GGUF --------------------------------
+if [[ ! -f "$GGUF" ]]; then
+    TOK_DIR=""
+    for d in "$REPO_DIR/tests/data/gpt2-tokenizer" "$REPO_DIR/../shared/data/gpt2-tokenizer"; do
+        if [[ -f "$d/encoder.json" && -f "$d/vocab.bpe" ]]; then TOK_DIR="$d"; break; fi
+    done
+    [[ -n "$TOK_DIR" ]] || { log "no GPT-2 tokenizer (encoder.json, vocab.bpe) found"; exit 1; }
+
+    log "writing random GPT-2 124M (seed 0) to $HF_DIR"
+    rm -rf "$HF_DIR"
+    python3 - "$HF_DIR" "$TOK_DIR" >&2 <<'PY'
+import json, os, shutil, sys
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+out, tok = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+model = GPT2LMHeadModel(GPT2Config()).to(torch.float32).eval()
+model.save_pretrained(out, safe_serialization=True)
+# transformers >= 5 no longer writes GPT-2's legacy "n_ctx" key, which the
+# converter's GPT-2 path still reads; it equals n_positions (1024).
+cfg_path = os.path.join(out, "config.json")
+cfg = json.load(open(cfg_path))
+cfg.setdefault("n_ctx", cfg["n_positions"])
+json.dump(cfg, open(cfg_path, "w"), indent=2)
+shutil.copyfile(os.path.join(tok, "encoder.json"), os.path.join(out, "vocab.json"))
+shutil.copyfile(os.path.join(tok, "vocab.bpe"), os.path.join(out, "merges.txt"))
+n = sum(p.numel() for p in model.parameters())
+print(f"GPT-2 random model: {n/1e6:.1f}M parameters", file=sys.stderr)
+PY
+
+    log "converting to F32 GGUF with the vendored convert_hf_to_gguf.py"
+    PYTHONPATH="$SRC_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" \
+        python3 "$SRC_DIR/convert_hf_to_gguf.py" "$HF_DIR" \
+        --outtype f32 --outfile "$GGUF.tmp" >"$PEER_DIR/convert.log" 2>&1 \
+        || { log "conversion failed, see $PEER_DIR/convert.log"; tail -30 "$PEER_DIR/convert.log" >&2; exit 1; }
+    mv "$GGUF.tmp" "$GGUF"
+    rm -rf "$HF_DIR"   # ~500 MB, only needed for the conversion
+else
+    log "model cached: $GGUF"
+fi
+
+# ---- 4. benchmark -----------------------------------------------------------
+# The cores may be shared: sample whole-machine CPU use for 2 s first, so a
+# number taken on a busy machine is flagged rather than mistaken for the peer's.
+cpu_busy_pct() {
+    local a b
+    read -r -a a < <(head -1 /proc/stat); sleep 2; read -r -a b < <(head -1 /proc/stat)
+    local tot=0 k
+    for k in 1 2 3 4 5 6 7 8; do tot=$(( tot + b[k] - a[k] )); done
+    echo $(( tot > 0 ? 100 * (tot - (b[4] - a[4])) / tot : 0 ))
+}
+BUSY=$(cpu_busy_pct)
+if (( BUSY > 20 )); then
+    log "WARNING: machine already ${BUSY}% busy before the benchmark; numbers will be low and noisy"
+fi
+log "running llama-bench -t $THREADS -p 512 -n 128 -r $REPS"
+RESULT_JSON="$PEER_DIR/llama-bench-result.json"
+"$BENCH_BIN" -m "$GGUF" -t "$THREADS" -p 512 -n 128 -r "$REPS" \
+    -o json -oe md >"$RESULT_JSON"
+
+python3 - "$RESULT_JSON" "$LCP_VERSION" "$LLAMA_COMMIT" "$THREADS" "$BUSY" <<'PY'
+import json, sys
+path, lcp, commit, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+busy = int(sys.argv[5])
+rows = json.load(open(path))
+def pick(n_prompt, n_gen):
+    for r in rows:
+        if r["n_prompt"] == n_prompt and r["n_gen"] == n_gen:
+            return r
+    raise SystemExit(f"llama-bench result lacks pp{n_prompt}/tg{n_gen}")
+pp, tg = pick(512, 0), pick(0, 128)
+r2 = lambda x: round(float(x), 2)
+print(json.dumps({
+    "llama_cpp_version": f"ggml-org/llama.cpp@{pp.get('build_commit') or commit} "
+                         f"(vendored in llama-cpp-python {lcp})",
+    "pp512_tokens_per_s": r2(pp["avg_ts"]),
+    "tg128_tokens_per_s": r2(tg["avg_ts"]),
+    "threads": threads,
+    "pp512_stddev": r2(pp["stddev_ts"]),
+    "tg128_stddev": r2(tg["stddev_ts"]),
+    "pp512_samples": [r2(x) for x in pp.get("samples_ts", [])],
+    "tg128_samples": [r2(x) for x in tg.get("samples_ts", [])],
+    "model": f"{pp.get('model_type', '?')} random weights, {pp.get('model_size', 0)/2**20:.0f} MiB",
+    "cpu": pp.get("cpu_info", ""),
+    "cpu_busy_pct_before": busy,
+}))
+PY
