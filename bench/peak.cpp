@@ -5,6 +5,8 @@
 // __builtin_cpu_supports, so this file needs no special flags.
 #include "peak.h"
 
+#include "mhsa/tensor.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -104,11 +106,12 @@ double measure_fma_peak_gflops(int threads) {
 double measure_copy_bandwidth_gbs(int threads) {
   constexpr size_t kBytes = size_t{128} << 20;
   constexpr int kReps = 8;
+  // Tensor memory (2 MiB-aligned, huge pages where the kernel allows): what the kernels stream.
   struct Free {
-    void operator()(void* p) const { std::free(p); }
+    void operator()(void* p) const { detail::free_tensor_memory(p, kBytes); }
   };
-  std::unique_ptr<char, Free> src(static_cast<char*>(std::aligned_alloc(4096, kBytes)));
-  std::unique_ptr<char, Free> dst(static_cast<char*>(std::aligned_alloc(4096, kBytes)));
+  std::unique_ptr<char, Free> src(static_cast<char*>(detail::allocate_tensor_memory(kBytes)));
+  std::unique_ptr<char, Free> dst(static_cast<char*>(detail::allocate_tensor_memory(kBytes)));
   double best = 0.0;
   for (int r = 0; r < kReps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -130,10 +133,10 @@ double measure_read_bandwidth_gbs(int threads) {
   constexpr size_t kFloats = size_t{64} << 20;  // 256 MiB
   constexpr int kReps = 6;
   using V4 = float __attribute__((vector_size(16)));
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
+  struct Free {  // Tensor memory, as above
+    void operator()(void* p) const { detail::free_tensor_memory(p, kFloats * sizeof(float)); }
   };
-  std::unique_ptr<float, Free> data(static_cast<float*>(std::aligned_alloc(4096, kFloats * sizeof(float))));
+  std::unique_ptr<float, Free> data(static_cast<float*>(detail::allocate_tensor_memory(kFloats * sizeof(float))));
   double best = 0.0;
   for (int r = 0; r < kReps; ++r) {
     float total = 0.0f;
