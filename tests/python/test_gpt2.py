@@ -6,6 +6,8 @@ generation must give the same tokens.
 """
 
 import json
+import re
+import struct
 
 import numpy as np
 import pytest
@@ -140,4 +142,43 @@ def test_model_errors_are_clear(tmp_path):
         mhsa.GPT2.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(dict(TINY, model_type="llama")))
     with pytest.raises(mhsa.Error, match=r"model_type: expected \"gpt2\", got \"llama\""):
+        mhsa.GPT2.load(tmp_path)
+
+
+def _corrupt(raw, edit=None, length=None, header_bytes=None, data=None):
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    if edit:
+        edit(header)
+    body = header_bytes if header_bytes is not None else json.dumps(header).encode()
+    return struct.pack("<Q", len(body) if length is None else length) + body + (raw[8 + n:] if data is None else data)
+
+
+QKV = "transformer.h.0.attn.c_attn.weight"
+MODEL_FILE_VARIANTS = {
+    "truncated": (lambda raw: raw[:len(raw) // 2], "data_offsets: expected 0 <= begin <= end <="),
+    "header-length-too-large": (lambda raw: _corrupt(raw, length=10 ** 9), "header length: expected at most"),
+    "out-of-range-offsets": (lambda raw: _corrupt(raw, lambda h: h[QKV].update(data_offsets=[0, 10 ** 12])),
+                             f"tensor '{QKV}' data_offsets"),
+    "overlapping-offsets": (lambda raw: _corrupt(raw, lambda h: h[QKV].update(
+        data_offsets=h[QKV.replace("h.0", "h.1")]["data_offsets"])), "expected bytes apart from tensor"),
+    "unknown-dtype": (lambda raw: _corrupt(raw, lambda h: h[QKV].update(dtype="F64")),
+                      f"tensor '{QKV}' dtype: expected F32, F16 or BF16, got F64"),
+    "shape-size-mismatch": (lambda raw: _corrupt(raw, lambda h: h[QKV].update(shape=[48, 143])),
+                            f"tensor '{QKV}' data_offsets: expected"),
+    "missing-tensor": (lambda raw: _corrupt(raw, lambda h: h.pop("transformer.h.2.mlp.c_proj.bias")),
+                       "expected a tensor 'transformer.h.2.mlp.c_proj.bias', got none"),
+    "wrong-shape": (lambda raw: _corrupt(raw, lambda h: h[QKV].update(shape=[144, 48])),
+                    f"tensor '{QKV}': expected shape [48, 144], got [144, 48]"),
+    "non-utf8-json": (lambda raw: _corrupt(raw, header_bytes=b'{"\xff\xfe": {}}'), "header: expected UTF-8 JSON"),
+}
+
+
+@pytest.mark.parametrize("variant", MODEL_FILE_VARIANTS.values(), ids=MODEL_FILE_VARIANTS.keys())
+def test_corrupted_checkpoints_give_clear_errors(rng, tmp_path, variant):
+    make, message = variant
+    save(hf_model(TINY, int(rng.integers(1 << 31))), tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(make(weights.read_bytes()))
+    with pytest.raises(mhsa.Error, match=re.escape(message)):
         mhsa.GPT2.load(tmp_path)
