@@ -1,8 +1,11 @@
 // tests/arm/check.cpp — run under qemu-aarch64 by scripts/test.sh: on ARM the library builds its
-// portable kernels only; they must agree with the reference paths there too.
+// portable kernels only; they must agree with the reference paths there too, and the GPT-2
+// runner and tokenizer must work (run from the repository root: it reads tests/data).
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
+#include <vector>
 #include <mhsa/mhsa.h>
 int main() {
   std::mt19937 gen(1); std::normal_distribution<float> n;
@@ -27,6 +30,30 @@ int main() {
   for (int64_t i = 0; i < y1.numel(); ++i) { num += std::pow(y1.data()[i] - y2.data()[i], 2); den += std::pow(y2.data()[i], 2); }
   std::printf("MHA rel L2 %.3g\n", std::sqrt(num / den));
   bad += std::sqrt(num / den) > 1e-5;
+  // GPT-2 (LayerNorm, GELU, the Bᵀ stream, small-M GEMM): one token at a time equals the full forward.
+  mhsa::Gpt2Config c; c.vocab_size = 97; c.n_positions = 32; c.n_embd = 48; c.n_layer = 2; c.n_head = 4; c.eos_token_id = -1;
+  const mhsa::Gpt2 g = mhsa::Gpt2::random(c, 3);
+  std::vector<int32_t> ids(40); for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(gen() % 97);
+  const mhsa::Tensor full = g.forward(ids, 2, 20);
+  mhsa::Gpt2Cache cache = g.new_cache(2, 20);
+  num = den = 0;
+  for (int64_t t = 0; t < 20; ++t) {
+    const std::vector<int32_t> step = {ids[size_t(t)], ids[size_t(20 + t)]};
+    const mhsa::Tensor l = g.extend(cache, step, 2, 1, false);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t v = 0; v < 97; ++v) {
+        const double want = full.data()[(b * 20 + t) * 97 + v];
+        num += std::pow(l.data()[b * 97 + v] - want, 2); den += want * want;
+      }
+  }
+  std::printf("GPT-2 cached vs full rel L2 %.3g\n", std::sqrt(num / den));
+  bad += std::sqrt(num / den) > 1e-5;
+  const mhsa::Tokenizer tok = mhsa::Tokenizer::load_dir("tests/data/gpt2-tokenizer");
+  const std::string text = "Hello world, it's caf\xc3\xa9 \xf0\x9f\x98\x80 \xff";
+  const std::vector<int32_t> hello = tok.encode("Hello world");
+  const bool tok_ok = tok.decode(tok.encode(text)) == text && hello == std::vector<int32_t>{15496, 995};
+  std::printf("tokenizer %s\n", tok_ok ? "ok" : "WRONG");
+  bad += !tok_ok;
   std::printf("%s\n", bad ? "FAILED" : "ok");
   return bad;
 }
