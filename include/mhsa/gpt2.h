@@ -67,6 +67,13 @@ struct GenerationStats {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
+// The weights of one transformer block (Hugging Face names in comments).
+struct Gpt2Block {
+  Tensor ln1_g, ln1_b, ln2_g, ln2_b;  // ln_1, ln_2 weight and bias [C]
+  MultiHeadAttention attn;            // attn.c_attn (w_qkv [C, 3C]), attn.c_proj (w_o [C, C])
+  Tensor fc_w, fc_b, proj_w, proj_b;  // mlp.c_fc [C, F], [F]; mlp.c_proj [F, C], [C]
+};
+
 class Gpt2 {
  public:
   // A directory with config.json and model.safetensors (Hugging Face layout; tensor names with or
@@ -78,8 +85,11 @@ class Gpt2 {
 
   const Gpt2Config& config() const { return config_; }
 
-  // Logits [B, T, V] of ids [B, T] (row-major), positions 0..T-1, no cache.
-  Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T) const;
+  // Logits [B, T, V] of ids [B, T] (row-major), positions 0..T-1, no cache. With `attention`,
+  // also every layer's attention probabilities [B, H, T, T], recomputed exactly from the fast
+  // kernel's log-sum-exp (attention_probabilities), for the explainer.
+  Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T,
+                 std::vector<Tensor>* attention = nullptr) const;
 
   // An empty cache for `batch` sequences of up to `max_tokens` tokens (≤ n_positions).
   Gpt2Cache new_cache(int64_t batch, int64_t max_tokens) const;
@@ -103,14 +113,20 @@ class Gpt2 {
   static int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& options,
                         uint64_t& rng_state);
 
+  // The weights, read-only: embeddings wte [V, C] and wpe [n_positions, C], the blocks, ln_f, and
+  // the output matrix [V, C] (wte unless the checkpoint has its own lm_head).
+  const Tensor& wte() const { return wte_; }
+  const Tensor& wpe() const { return wpe_; }
+  const Gpt2Block& block(int64_t layer) const { return blocks_.at(static_cast<size_t>(layer)); }
+  const Tensor& ln_f_weight() const { return lnf_g_; }
+  const Tensor& ln_f_bias() const { return lnf_b_; }
+  const Tensor& output_matrix() const { return lm_head_.defined() ? lm_head_ : wte_; }
+
  private:
-  struct Block {
-    Tensor ln1_g, ln1_b, ln2_g, ln2_b;
-    MultiHeadAttention attn;
-    Tensor fc_w, fc_b, proj_w, proj_b;  // [C, F], [F], [F, C], [C]
-  };
+  using Block = Gpt2Block;
   Gpt2() = default;
-  Tensor run(std::span<const int32_t> ids, int64_t B, int64_t n, Gpt2Cache* cache, bool last_only) const;
+  Tensor run(std::span<const int32_t> ids, int64_t B, int64_t n, Gpt2Cache* cache, bool last_only,
+             std::vector<Tensor>* attention = nullptr) const;
 
   Gpt2Config config_;
   Tensor wte_;     // [V, C], also the output matrix unless lm_head_ is defined

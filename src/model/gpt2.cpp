@@ -233,20 +233,21 @@ Gpt2Cache Gpt2::new_cache(int64_t batch, int64_t max_tokens) const {
   return cache;
 }
 
-Tensor Gpt2::forward(std::span<const int32_t> ids, int64_t B, int64_t T) const {
+Tensor Gpt2::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention) const {
   if (T > config_.n_positions)
     fail("Gpt2::forward", "T", message("at most n_positions = ", config_.n_positions, " tokens"), std::to_string(T));
   if (B <= 0 || T <= 0)
     fail("Gpt2::forward", "ids", "a non-empty batch [B, T]", message("[", B, ", ", T, "]"));
   Gpt2Cache cache = new_cache(B, T);
-  return run(ids, B, T, &cache, false);
+  return run(ids, B, T, &cache, false, attention);
 }
 
 Tensor Gpt2::extend(Gpt2Cache& cache, std::span<const int32_t> ids, int64_t B, int64_t n, bool last_only) const {
   return run(ids, B, n, &cache, last_only);
 }
 
-Tensor Gpt2::run(std::span<const int32_t> ids, int64_t B, int64_t n, Gpt2Cache* cache, bool last_only) const {
+Tensor Gpt2::run(std::span<const int32_t> ids, int64_t B, int64_t n, Gpt2Cache* cache, bool last_only,
+                 std::vector<Tensor>* attention) const {
   constexpr std::string_view fn = "Gpt2::extend";
   const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.mlp_dim();
   if (cache->layers_.size() != blocks_.size())
@@ -276,10 +277,19 @@ Tensor Gpt2::run(std::span<const int32_t> ids, int64_t B, int64_t n, Gpt2Cache* 
     for (int64_t c = 0; c < C; ++c) xr[c] = te[c] + pe[c];
   }
   const float eps = config_.layer_norm_epsilon;
+  if (attention) attention->assign(blocks_.size(), Tensor());
   for (size_t l = 0; l < blocks_.size(); ++l) {
     const Block& b = blocks_[l];
     k.layer_norm(rows, C, x.data(), C, b.ln1_g.data(), b.ln1_b.data(), eps, h.data(), C);
-    const Tensor a = b.attn.step(h.view(), cache->layers_[l]);
+    Tensor a;
+    if (attention && pos0 == 0) {  // the same attention, also returning its probabilities
+      MhaOptions opt;
+      opt.causal = true;
+      opt.weights = &(*attention)[l];
+      a = b.attn.forward(h.view(), opt);
+    } else {
+      a = b.attn.step(h.view(), cache->layers_[l]);
+    }
     add_into(x.data(), a.data(), rows * C);
     k.layer_norm(rows, C, x.data(), C, b.ln2_g.data(), b.ln2_b.data(), eps, h.data(), C);
     k.gemm(rows, F, C, h.data(), C, b.fc_w.data(), F, b.fc_b.data(), u.data(), F);

@@ -105,6 +105,30 @@ TEST(Gpt2, CachedChunksEqualTheFullForward) {
   }
 }
 
+TEST(Gpt2, ForwardCanReturnEveryLayersAttention) {
+  auto gen = test_rng();
+  const Gpt2 m = Gpt2::random(tiny_config(), gen());
+  const int64_t B = 2, T = 9, H = 4, V = m.config().vocab_size;
+  const std::vector<int32_t> ids = random_ids(gen, B * T, V);
+  std::vector<Tensor> attention;
+  const Tensor with = m.forward(ids, B, T, &attention), without = m.forward(ids, B, T);
+  EXPECT_LE(rel_l2(with.data(), as_double(without.data(), without.numel())), 4e-6);
+  ASSERT_EQ(attention.size(), 2u);
+  for (const Tensor& p : attention) {
+    ASSERT_EQ(p.shape(), (std::vector<int64_t>{B, H, T, T}));
+    for (int64_t r = 0; r < B * H * T; ++r) {
+      const int64_t i = r % T;
+      double sum = 0;
+      for (int64_t j = 0; j < T; ++j) {
+        const float v = p.data()[r * T + j];
+        if (j > i) EXPECT_EQ(v, 0.0f);  // the future is masked
+        sum += v;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-6);
+    }
+  }
+}
+
 TEST(Gpt2, LastOnlyLogitsAreTheLastRowOfAll) {
   auto gen = test_rng();
   const Gpt2 m = Gpt2::random(tiny_config(), gen());
