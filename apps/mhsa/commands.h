@@ -13,5 +13,7 @@ void add_bench_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 // `mhsa generate`: continues a prompt with a GPT-2 model directory, streaming the text.
 void add_generate_command(CLI::App& app);
+// `mhsa explain`: what every head attends to, as an HTML report, JSON or a terminal heatmap.
+void add_explain_command(CLI::App& app);
 
 }  // namespace mhsa::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   mhsa::cli::add_attention_command(app);
   mhsa::cli::add_bench_command(app);
+  mhsa::cli::add_explain_command(app);
   mhsa::cli::add_generate_command(app);
   mhsa::cli::add_tokenize_command(app);
   try {
