@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <functional>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "mhsa/kv_cache.h"
@@ -121,6 +123,21 @@ class Gpt2 {
   const Tensor& ln_f_weight() const { return lnf_g_; }
   const Tensor& ln_f_bias() const { return lnf_b_; }
   const Tensor& output_matrix() const { return lm_head_.defined() ? lm_head_ : wte_; }
+
+  // ---- training (src/train/gpt2_backward.cpp) ----
+  // Every parameter with its Hugging Face name ("wte.weight", "h.0.attn.c_attn.weight", ...), in
+  // a fixed order: what optimisers update and checkpoints store.
+  std::vector<std::pair<std::string, Tensor*>> parameters();
+  std::vector<std::pair<std::string, const Tensor*>> parameters() const;
+  // Zero gradients shaped like parameters(), in the same order.
+  std::vector<Tensor> zero_gradients() const;
+  // Mean cross-entropy (nats per token) of predicting targets [B, T] from ids [B, T] (a target
+  // of -1 is ignored); adds d(loss)/d(parameter) into grads (from zero_gradients()). The logits
+  // are never materialised beyond one block of rows; results are the same for any thread count.
+  double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
+                            std::vector<Tensor>& grads) const;
+  // The same loss without gradients (for validation).
+  double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const;
 
  private:
   using Block = Gpt2Block;

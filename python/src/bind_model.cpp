@@ -105,6 +105,37 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
           },
           "ids"_a, "Logits float32 [B, T, V] of token ids [B, T] (or [T, V] of [T]).")
       .def("__call__", [](const py::object& self, const py::object& ids) { return self.attr("forward")(ids); })
+      .def(
+          "loss_and_grad",
+          [](const Gpt2& g, const py::object& ids_obj, const py::object& targets_obj) {
+            const Ids ids = token_ids(ids_obj, "GPT2.loss_and_grad");
+            const Ids targets = token_ids(targets_obj, "GPT2.loss_and_grad");
+            if (targets.B != ids.B || targets.T != ids.T)
+              throw Error(detail::message("GPT2.loss_and_grad: targets: expected the shape of ids [", ids.B, ", ",
+                                          ids.T, "], got [", targets.B, ", ", targets.T, "]"));
+            std::vector<Tensor> grads = g.zero_gradients();
+            double loss = 0;
+            {
+              py::gil_scoped_release unlocked;
+              loss = g.loss_and_gradients(ids.data, targets.data, ids.B, ids.T, grads);
+            }
+            py::dict out;
+            const auto params = g.parameters();
+            for (size_t i = 0; i < params.size(); ++i) out[py::str(params[i].first)] = to_numpy(std::move(grads[i]));
+            return py::make_tuple(loss, out);
+          },
+          "ids"_a, "targets"_a,
+          "Mean cross-entropy of predicting targets [B, T] (-1: ignored) from ids [B, T], and every parameter's "
+          "gradient by Hugging Face name.")
+      .def(
+          "loss",
+          [](const Gpt2& g, const py::object& ids_obj, const py::object& targets_obj) {
+            const Ids ids = token_ids(ids_obj, "GPT2.loss");
+            const Ids targets = token_ids(targets_obj, "GPT2.loss");
+            py::gil_scoped_release unlocked;
+            return g.loss(ids.data, targets.data, ids.B, ids.T);
+          },
+          "ids"_a, "targets"_a, "Mean cross-entropy (nats per token) of predicting targets from ids.")
       .def("new_cache", &Gpt2::new_cache, "batch"_a, "max_tokens"_a)
       .def(
           "extend",

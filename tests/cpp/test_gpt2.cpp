@@ -1,6 +1,8 @@
 // tests/cpp/test_gpt2.cpp — the GPT-2 pieces against their float64 twins (LayerNorm, GELU, the
 // Bᵀ stream), the cache against recomputation, the sampler's rules, and the loader's errors.
 // Logits against Hugging Face transformers are in tests/python/test_gpt2.py.
+#include <omp.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -251,6 +253,38 @@ TEST(Gpt2Sampler, RulesAndDistribution) {
     EXPECT_NEAR(count[t], draws * p, 5 * sd) << "token " << t;
   }
   EXPECT_EQ(count[0] + count[3], 0);
+}
+
+TEST(Gpt2Train, GradientsAreBitwiseIdenticalForAnyThreadCount) {
+  auto gen = test_rng();
+  const Gpt2 m = Gpt2::random(tiny_config(), gen());
+  const int64_t B = 2, T = 13, V = m.config().vocab_size;
+  const std::vector<int32_t> ids = random_ids(gen, B * T, V), targets = random_ids(gen, B * T, V);
+  std::vector<std::vector<Tensor>> runs;
+  std::vector<double> losses;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    runs.push_back(m.zero_gradients());
+    losses.push_back(m.loss_and_gradients(ids, targets, B, T, runs.back()));
+  }
+  omp_set_num_threads(omp_get_num_procs());
+  const auto params = m.parameters();
+  for (size_t r = 1; r < runs.size(); ++r) {
+    EXPECT_EQ(losses[r], losses[0]);
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_EQ(0, std::memcmp(runs[r][i].data(), runs[0][i].data(), sizeof(float) * runs[0][i].numel()))
+          << params[i].first << " with " << r + 1 << " threads";
+  }
+  // Gradients accumulate: a second call doubles them.
+  std::vector<Tensor> twice = m.zero_gradients();
+  m.loss_and_gradients(ids, targets, B, T, twice);
+  m.loss_and_gradients(ids, targets, B, T, twice);
+  EXPECT_LE(rel_l2(twice[0].data(), [&] {
+              std::vector<double> d(as_double(runs[0][0].data(), runs[0][0].numel()));
+              for (double& v : d) v *= 2;
+              return d;
+            }()),
+            1e-6);
 }
 
 // ---- loading ---------------------------------------------------------------------------------
