@@ -15,5 +15,7 @@ void add_tokenize_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 // `mhsa explain`: what every head attends to, as an HTML report, JSON or a terminal heatmap.
 void add_explain_command(CLI::App& app);
+// `mhsa train`: trains a byte-level GPT on a text file, with checkpoints that resume bit for bit.
+void add_train_command(CLI::App& app);
 
 }  // namespace mhsa::cli

@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <iostream>
 #include <iterator>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,14 +94,26 @@ class TextStream {
 void run(const GenerateArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   const Gpt2 model = Gpt2::load(a.model);
-  const Tokenizer tok = Tokenizer::load_dir(a.model);
+  // A model without vocab.json and a vocabulary of 256 is byte-level (what `mhsa train` makes):
+  // each byte is its token.
+  const bool bytes = model.config().vocab_size == 256 && !std::filesystem::exists(std::filesystem::path(a.model) / "vocab.json") &&
+                     !std::filesystem::exists(std::filesystem::path(a.model) / "encoder.json");
+  const std::optional<Tokenizer> tok = bytes ? std::nullopt : std::optional<Tokenizer>(Tokenizer::load_dir(a.model));
+  const auto token_bytes = [&](int32_t id) -> std::string {
+    return bytes ? std::string(1, static_cast<char>(id)) : std::string(tok->token_bytes(id));
+  };
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  std::vector<int32_t> ids = tok.encode(prompt);
+  std::vector<int32_t> ids;
+  if (bytes)
+    for (const char c : prompt) ids.push_back(static_cast<unsigned char>(c));
+  else
+    ids = tok->encode(prompt);
   const int32_t eos = model.config().eos_token_id;
-  if (ids.empty()) {  // unconditional generation starts from end-of-text, as GPT-2 was trained
-    if (eos < 0) throw Error("mhsa generate: --prompt: expected some text (this model has no end-of-text token), got none");
-    ids.push_back(eos);
+  if (ids.empty()) {  // unconditional generation starts from end-of-text (GPT-2) or a newline (bytes)
+    if (eos < 0 && !bytes)
+      throw Error("mhsa generate: --prompt: expected some text (this model has no end-of-text token), got none");
+    ids.push_back(bytes ? int32_t{'\n'} : eos);
   }
   GenerationOptions o = a.options;
   o.stop_at_eos = !a.ignore_eos;
@@ -111,7 +125,7 @@ void run(const GenerateArgs& a) {
       [&](int64_t, std::span<const int32_t> step) {
         tokens.push_back(step[0]);
         if (step[0] == eos && !a.ignore_eos) return false;
-        const bool stop = stream.add(tok.token_bytes(step[0]));
+        const bool stop = stream.add(token_bytes(step[0]));
         if (!a.json) {
           const std::string out = stream.take(stop);
           std::fwrite(out.data(), 1, out.size(), stdout);

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   mhsa::cli::add_explain_command(app);
   mhsa::cli::add_generate_command(app);
   mhsa::cli::add_tokenize_command(app);
+  mhsa::cli::add_train_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -10,3 +10,4 @@
 #include "mhsa/safetensors.h"
 #include "mhsa/tensor.h"
 #include "mhsa/tokenizer.h"
+#include "mhsa/train.h"

@@ -1,0 +1,113 @@
+// apps/mhsa/train_cmd.cpp — `mhsa train`: trains a byte-level GPT on a text file with a progress
+// bar (step, loss, validation bits per byte, tokens/s, ETA), checkpoints into --out, and stops
+// cleanly on Ctrl-C (the checkpoint of the last finished step is written first).
+#include <omp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "mhsa/error.h"
+#include "mhsa/train.h"
+
+namespace mhsa::cli {
+namespace {
+
+std::atomic<bool> interrupted{false};
+extern "C" void on_interrupt(int) { interrupted = true; }
+
+struct TrainArgs {
+  std::string data, out;
+  TrainOptions options;
+  bool resume = false;
+  int threads = 0;
+  int64_t stop_after = 0;  // end this run (with a checkpoint) after this many steps of it
+};
+
+std::string duration(double s) {
+  const long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  return buf;
+}
+
+void run(const TrainArgs& a, bool steps_given) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  TrainOptions options = a.options;
+  if (a.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  const bool tty = isatty(fileno(stderr));
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t first_step = -1;
+  double last_val = -1;
+  TrainProgress last;
+  const double val = train_byte_gpt(a.data, a.out, options, a.resume, [&](const TrainProgress& p) {
+    if (first_step < 0) first_step = p.step - 1;
+    last = p;
+    if (p.val_bits_per_byte >= 0) last_val = p.val_bits_per_byte;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double eta = elapsed / double(p.step - first_step) * double(p.steps - p.step);
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(kWidth * p.step / std::max<int64_t>(1, p.steps));
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    char val_text[32] = "";
+    if (last_val >= 0) std::snprintf(val_text, sizeof val_text, " val %.3f bpb", last_val);
+    std::fprintf(stderr, "%s[%s] step %lld/%lld  loss %.3f bpb%s  lr %.2e  %.0f tok/s  ETA %s%s",
+                 tty ? "\r" : "", bar.c_str(), static_cast<long long>(p.step), static_cast<long long>(p.steps),
+                 p.loss / std::log(2.0), val_text, p.lr, p.tokens_per_s, duration(eta).c_str(),
+                 tty ? "\033[K" : "\n");
+    std::fflush(stderr);
+    if (a.stop_after > 0 && p.step - first_step >= a.stop_after) return false;
+    return !interrupted.load();
+  });
+  std::fprintf(stderr, "\n");
+  char val_text[64] = "no validation yet";
+  if (val >= 0) std::snprintf(val_text, sizeof val_text, "validation %.4f bits per byte", val);
+  std::printf("%s at step %lld: %s; checkpoint in %s (config.json, model.safetensors, train_state.safetensors, "
+              "loss_curve.svg)\n",
+              last.step == last.steps ? "done" : interrupted ? "interrupted" : "stopped",
+              static_cast<long long>(last.step), val_text, a.out.c_str());
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  TrainOptions& o = a->options;
+  CLI::App* cmd = app.add_subcommand("train", "Train a byte-level GPT on a text file (checkpoints resume bit for bit)");
+  cmd->add_option("--data", a->data, "the training text (its last --val-fraction is held out)")->required();
+  cmd->add_option("--out", a->out, "checkpoint directory (a GPT-2 model directory mhsa generate can run)")->required();
+  cmd->add_flag("--resume", a->resume, "continue from --out's checkpoint (its options; --steps may extend it)");
+  cmd->add_option("--layers", o.layers, "transformer blocks")->default_val(o.layers)->check(CLI::PositiveNumber);
+  cmd->add_option("--heads", o.heads, "attention heads")->default_val(o.heads)->check(CLI::PositiveNumber);
+  cmd->add_option("--embd", o.embd, "model width")->default_val(o.embd)->check(CLI::PositiveNumber);
+  cmd->add_option("--context", o.context, "tokens (bytes) per sequence")->default_val(o.context)->check(CLI::Range(2, 1 << 16));
+  cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", o.batch, "sequences per micro-batch")->default_val(o.batch)->check(CLI::PositiveNumber);
+  cmd->add_option("--accumulate", o.accumulate, "micro-batches per step")->default_val(o.accumulate)->check(CLI::PositiveNumber);
+  cmd->add_option("--lr", o.lr, "peak learning rate")->default_val(o.lr)->check(CLI::PositiveNumber);
+  cmd->add_option("--warmup", o.warmup, "warm-up steps")->default_val(o.warmup)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay")->default_val(o.adamw.weight_decay);
+  cmd->add_option("--clip", o.clip, "gradient-norm clip (0: none)")->default_val(o.clip)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o.seed, "initial weights and batches")->default_val(o.seed);
+  cmd->add_option("--val-fraction", o.val_fraction, "held-out share of the text")->default_val(o.val_fraction);
+  cmd->add_option("--eval-every", o.eval_every, "validate every N steps")->default_val(o.eval_every);
+  cmd->add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every N steps")->default_val(o.checkpoint_every);
+  cmd->add_option("--stop-after", a->stop_after, "end this run after N steps with a checkpoint (--resume goes on)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", a->threads, "threads (default: OMP_NUM_THREADS or all cores)");
+  cmd->callback([a, cmd] { run(*a, cmd->count("--steps") > 0); });
+}
+
+}  // namespace mhsa::cli

@@ -1,0 +1,91 @@
+// mhsa/train.h — training a GPT-2-shaped model with the library's own gradients: AdamW, gradient
+// clipping, a warm-up + cosine learning-rate schedule, byte-level text data, and checkpoints that
+// resume bit for bit.
+//
+// A checkpoint directory holds config.json and model.safetensors (a Hugging Face GPT-2
+// directory: `mhsa generate --model DIR` runs it; vocabulary 256 means byte-level text), and
+// train_state.safetensors: the weights, AdamW's moments and the trainer's state (step, options,
+// loss history) in one file, replaced atomically, so a crash or Ctrl-C mid-write leaves the
+// previous checkpoint. Not a general training framework: GPT-2's architecture, one machine.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mhsa/gpt2.h"
+#include "mhsa/tensor.h"
+
+namespace mhsa {
+
+struct AdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0.1f;  // decoupled; applied to matrices only (not biases or LayerNorms)
+};
+
+// AdamW over a list of parameters (as Gpt2::parameters() gives them).
+class AdamW {
+ public:
+  AdamW(const std::vector<std::pair<std::string, Tensor*>>& params, AdamWOptions options = {});
+  // One update with learning rate lr from gradients shaped like the parameters, in their order.
+  void step(const std::vector<std::pair<std::string, Tensor*>>& params, const std::vector<Tensor>& grads, float lr);
+  int64_t steps() const { return steps_; }
+  std::vector<Tensor>& first_moments() { return m_; }
+  std::vector<Tensor>& second_moments() { return v_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
+
+ private:
+  AdamWOptions options_;
+  int64_t steps_ = 0;
+  std::vector<Tensor> m_, v_;
+};
+
+// Scales the gradients so that their global L2 norm is at most max_norm (when max_norm > 0);
+// returns the norm before clipping (summed in float64, in a fixed order).
+double clip_gradients(std::vector<Tensor>& grads, double max_norm);
+
+struct TrainOptions {
+  // Model shape (a new model; a resumed one keeps its own).
+  int64_t layers = 4, heads = 4, embd = 128, context = 128;
+  // Optimisation.
+  int64_t steps = 1000, batch = 16, accumulate = 1;  // sequences per step = batch × accumulate
+  float lr = 1e-3f, min_lr_ratio = 0.1f;             // cosine from lr down to lr × min_lr_ratio
+  int64_t warmup = 100;                              // linear warm-up steps
+  float clip = 1.0f;                                 // global gradient-norm clip (0: none)
+  AdamWOptions adamw;
+  uint64_t seed = 0;
+  // Validation and checkpoints.
+  double val_fraction = 0.05;  // the last part of the text, never trained on
+  int64_t eval_every = 100, eval_batches = 8, checkpoint_every = 100;
+};
+
+// The learning rate at a step (0-based): linear warm-up, then cosine decay to lr × min_lr_ratio.
+float learning_rate(const TrainOptions& o, int64_t step);
+
+// Byte-level text: token = byte (vocabulary 256), split into training and held-out validation.
+struct ByteCorpus {
+  std::vector<int32_t> train, val;
+  static ByteCorpus load(const std::filesystem::path& file, double val_fraction, int64_t context);
+};
+
+// One step's numbers, for progress display.
+struct TrainProgress {
+  int64_t step = 0, steps = 0;
+  double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;
+  double val_bits_per_byte = -1;  // when validation ran at this step
+};
+
+// Trains (or resumes from out/train_state.safetensors when resume is set: the checkpoint's
+// options then apply, except options.steps when it is > 0) a byte-level GPT on `data`, writing
+// checkpoints to `out`. on_step sees every step; a false return stops after
+// writing a checkpoint. Returns the final validation bits per byte.
+double train_byte_gpt(const std::filesystem::path& data, const std::filesystem::path& out, const TrainOptions& options,
+                      bool resume, const std::function<bool(const TrainProgress&)>& on_step = {});
+
+// Mean validation loss in bits per byte over the whole held-out text, in windows of the model's
+// context (each byte predicted once, with up to a full context before it... within its window).
+double evaluate_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tokens, int64_t context);
+
+}  // namespace mhsa

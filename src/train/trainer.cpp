@@ -1,0 +1,396 @@
+// train/trainer.cpp — AdamW, clipping, the schedule, byte-level data, checkpoints and the training
+// loop (see mhsa/train.h). Every random choice (initial weights, which windows form a batch) is
+// a function of the seed and the step, so a resumed run repeats an uninterrupted one bit for bit.
+#include "mhsa/train.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "mhsa/safetensors.h"
+
+namespace mhsa {
+namespace {
+
+using detail::fail;
+using detail::message;
+namespace fs = std::filesystem;
+
+uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a well-spread hash of (seed, step, row)
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A text file written whole or not at all: a temporary file renamed into place.
+void write_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) fail("train", "out", "a writable directory", "'" + path.parent_path().string() + "'");
+    out << text;
+    if (!out.flush()) fail("train", "out", "room to write " + path.string(), "a failed write");
+  }
+  fs::rename(tmp, path);
+}
+
+nlohmann::json options_json(const TrainOptions& o) {
+  return {{"layers", o.layers},         {"heads", o.heads},
+          {"embd", o.embd},             {"context", o.context},
+          {"steps", o.steps},           {"batch", o.batch},
+          {"accumulate", o.accumulate}, {"lr", o.lr},
+          {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
+          {"clip", o.clip},             {"beta1", o.adamw.beta1},
+          {"beta2", o.adamw.beta2},     {"eps", o.adamw.eps},
+          {"weight_decay", o.adamw.weight_decay}, {"seed", o.seed},
+          {"val_fraction", o.val_fraction}, {"eval_every", o.eval_every},
+          {"eval_batches", o.eval_batches}, {"checkpoint_every", o.checkpoint_every}};
+}
+
+TrainOptions options_from_json(const nlohmann::json& j) {
+  TrainOptions o;
+  o.layers = j.at("layers");
+  o.heads = j.at("heads");
+  o.embd = j.at("embd");
+  o.context = j.at("context");
+  o.steps = j.at("steps");
+  o.batch = j.at("batch");
+  o.accumulate = j.at("accumulate");
+  o.lr = j.at("lr");
+  o.min_lr_ratio = j.at("min_lr_ratio");
+  o.warmup = j.at("warmup");
+  o.clip = j.at("clip");
+  o.adamw.beta1 = j.at("beta1");
+  o.adamw.beta2 = j.at("beta2");
+  o.adamw.eps = j.at("eps");
+  o.adamw.weight_decay = j.at("weight_decay");
+  o.seed = j.at("seed");
+  o.val_fraction = j.at("val_fraction");
+  o.eval_every = j.at("eval_every");
+  o.eval_batches = j.at("eval_batches");
+  o.checkpoint_every = j.at("checkpoint_every");
+  return o;
+}
+
+std::string config_json(const Gpt2Config& c) {
+  nlohmann::json j = {{"model_type", "gpt2"},
+                      {"architectures", {"GPT2LMHeadModel"}},
+                      {"vocab_size", c.vocab_size},
+                      {"n_positions", c.n_positions},
+                      {"n_ctx", c.n_positions},
+                      {"n_embd", c.n_embd},
+                      {"n_layer", c.n_layer},
+                      {"n_head", c.n_head},
+                      {"n_inner", nullptr},
+                      {"activation_function", "gelu_new"},
+                      {"layer_norm_epsilon", c.layer_norm_epsilon},
+                      {"bos_token_id", nullptr},
+                      {"eos_token_id", nullptr},
+                      {"mhsa_tokenizer", c.vocab_size == 256 ? "bytes" : "gpt2"}};
+  return j.dump(2) + "\n";
+}
+
+struct History {
+  std::vector<double> loss;                          // per step, nats per token
+  std::vector<std::pair<int64_t, double>> val_bpb;   // (step, bits per byte)
+};
+
+// The loss curve as a small self-contained SVG: training loss per step (bits per byte) and the
+// validation points.
+std::string loss_curve_svg(const History& h) {
+  const double W = 640, H = 360, L = 56, R = 16, T = 20, Bm = 40;
+  double hi = 0, lo = 1e9;
+  for (double l : h.loss) hi = std::max(hi, l / std::log(2.0)), lo = std::min(lo, l / std::log(2.0));
+  for (const auto& [s, v] : h.val_bpb) hi = std::max(hi, v), lo = std::min(lo, v);
+  if (h.loss.empty()) hi = 1, lo = 0;
+  lo = std::max(0.0, std::floor(lo * 2) / 2), hi = std::ceil(hi * 2) / 2 + 1e-9;
+  const double n = std::max<double>(1, static_cast<double>(h.loss.size()) - 1);
+  const auto X = [&](double step) { return L + (W - L - R) * step / n; };
+  const auto Y = [&](double bpb) { return T + (H - T - Bm) * (1 - (bpb - lo) / (hi - lo)); };
+  std::ostringstream s;
+  s.setf(std::ios::fixed);
+  s.precision(1);
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' "
+    << "font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n";
+  for (double v = lo; v <= hi + 1e-9; v += 0.5)
+    s << "<line x1='" << L << "' x2='" << W - R << "' y1='" << Y(v) << "' y2='" << Y(v)
+      << "' stroke='#ddd'/><text x='" << L - 6 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << v << "</text>\n";
+  s << "<text x='" << (W + L) / 2 << "' y='" << H - 8 << "' text-anchor='middle'>step (0–" << h.loss.size()
+    << ")</text>\n<text x='14' y='" << (H - Bm) / 2 << "' transform='rotate(-90 14 " << (H - Bm) / 2
+    << ")' text-anchor='middle'>bits per byte</text>\n<polyline fill='none' stroke='#3b6fd6' stroke-width='1.2' points='";
+  const size_t stride = std::max<size_t>(1, h.loss.size() / 1000);
+  for (size_t i = 0; i < h.loss.size(); i += stride) s << X(double(i)) << "," << Y(h.loss[i] / std::log(2.0)) << " ";
+  s << "'/>\n";
+  for (const auto& [step, v] : h.val_bpb)
+    s << "<circle cx='" << X(double(step)) << "' cy='" << Y(v) << "' r='3' fill='#d65f3b'/>\n";
+  s << "<text x='" << W - R << "' y='" << T << "' text-anchor='end' fill='#3b6fd6'>training</text>"
+    << "<text x='" << W - R << "' y='" << T + 14 << "' text-anchor='end' fill='#d65f3b'>validation</text>\n</svg>\n";
+  return s.str();
+}
+
+void save_checkpoint(const fs::path& out, Gpt2& model, AdamW& adam, const TrainOptions& o, int64_t step,
+                     const History& h) {
+  fs::create_directories(out);
+  const auto params = model.parameters();
+  std::vector<std::pair<std::string, ConstTensorView>> weights, state;
+  for (size_t i = 0; i < params.size(); ++i) {
+    weights.emplace_back(params[i].first, params[i].second->view());
+    state.emplace_back("param." + params[i].first, params[i].second->view());
+    state.emplace_back("adam_m." + params[i].first, adam.first_moments()[i].view());
+    state.emplace_back("adam_v." + params[i].first, adam.second_moments()[i].view());
+  }
+  nlohmann::json history = {{"loss", h.loss}, {"val_bpb", h.val_bpb}};
+  const std::map<std::string, std::string> meta = {{"format", "mhsa-train-1"},
+                                                   {"step", std::to_string(step)},
+                                                   {"adam_steps", std::to_string(adam.steps())},
+                                                   {"options", options_json(o).dump()},
+                                                   {"history", history.dump()}};
+  save_safetensors((out / "train_state.safetensors").string(), state, meta);  // the resume point: one file
+  write_atomically(out / "config.json", config_json(model.config()));
+  save_safetensors((out / "model.safetensors").string(), weights, {{"format", "pt"}});
+  write_atomically(out / "loss_curve.svg", loss_curve_svg(h));
+}
+
+}  // namespace
+
+// ---- AdamW, clipping, schedule ---------------------------------------------------------------
+
+AdamW::AdamW(const std::vector<std::pair<std::string, Tensor*>>& params, AdamWOptions options) : options_(options) {
+  for (const auto& [name, t] : params) {
+    m_.emplace_back(t->shape());
+    v_.emplace_back(t->shape());
+  }
+}
+
+void AdamW::step(const std::vector<std::pair<std::string, Tensor*>>& params, const std::vector<Tensor>& grads,
+                 float lr) {
+  if (params.size() != m_.size() || grads.size() != m_.size())
+    fail("AdamW::step", "grads", message(m_.size(), " tensors"), std::to_string(grads.size()));
+  ++steps_;
+  const double c1 = 1.0 - std::pow(double(options_.beta1), double(steps_));
+  const double c2 = 1.0 - std::pow(double(options_.beta2), double(steps_));
+  const float b1 = options_.beta1, b2 = options_.beta2;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor& p = *params[i].second;
+    const float decay = p.shape().size() >= 2 ? lr * options_.weight_decay : 0.0f;  // matrices only
+    float* w = p.data();
+    float* m = m_[i].data();
+    float* v = v_[i].data();
+    const float* g = grads[i].data();
+    const int64_t n = p.numel();
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+    for (int64_t j = 0; j < n; ++j) {
+      m[j] = b1 * m[j] + (1 - b1) * g[j];
+      v[j] = b2 * v[j] + (1 - b2) * g[j] * g[j];
+      const double update = (m[j] / c1) / (std::sqrt(v[j] / c2) + options_.eps);
+      w[j] = static_cast<float>(w[j] - decay * w[j] - lr * update);
+    }
+  }
+}
+
+double clip_gradients(std::vector<Tensor>& grads, double max_norm) {
+  double sum = 0;
+  for (const Tensor& g : grads)
+    for (int64_t i = 0; i < g.numel(); ++i) sum += double(g.data()[i]) * g.data()[i];
+  const double norm = std::sqrt(sum);
+  if (max_norm > 0 && norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / norm);
+    for (Tensor& g : grads)
+      for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] *= scale;
+  }
+  return norm;
+}
+
+float learning_rate(const TrainOptions& o, int64_t step) {
+  if (step < o.warmup) return o.lr * static_cast<float>(step + 1) / static_cast<float>(o.warmup);
+  const double span = std::max<int64_t>(1, o.steps - o.warmup);
+  const double progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
+  return static_cast<float>(o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine));
+}
+
+// ---- data ------------------------------------------------------------------------------------
+
+ByteCorpus ByteCorpus::load(const fs::path& file, double val_fraction, int64_t context) {
+  constexpr std::string_view fn = "ByteCorpus::load";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail(fn, "data", "a readable text file", "'" + file.string() + "'");
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!(val_fraction > 0 && val_fraction < 0.5))
+    fail(fn, "val_fraction", "a fraction in (0, 0.5)", std::to_string(val_fraction));
+  const int64_t n = static_cast<int64_t>(bytes.size());
+  const int64_t n_val = static_cast<int64_t>(std::llround(double(n) * val_fraction));
+  if (n - n_val < 2 * (context + 1) || n_val < context + 1)
+    fail(fn, "data", message("at least ", static_cast<int64_t>(std::ceil((context + 1) / val_fraction)),
+                             " bytes for a context of ", context, " and a validation fraction of ", val_fraction),
+         message(n, " bytes in '", file.string(), "'"));
+  ByteCorpus c;
+  for (int64_t i = 0; i < n; ++i)
+    (i < n - n_val ? c.train : c.val).push_back(static_cast<unsigned char>(bytes[static_cast<size_t>(i)]));
+  return c;
+}
+
+namespace {
+
+// Mean loss in bits per byte of the windows tokens[s .. s + T] (T inputs, each predicting the
+// next) for every start s, in batches.
+double windows_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tokens, const std::vector<int64_t>& starts,
+                             int64_t T) {
+  constexpr size_t kBatch = 8;
+  double total = 0;
+  for (size_t w0 = 0; w0 < starts.size(); w0 += kBatch) {
+    const int64_t B = static_cast<int64_t>(std::min(kBatch, starts.size() - w0));
+    std::vector<int32_t> ids, targets;
+    for (int64_t b = 0; b < B; ++b) {
+      const auto first = tokens.begin() + starts[w0 + static_cast<size_t>(b)];
+      ids.insert(ids.end(), first, first + T);
+      targets.insert(targets.end(), first + 1, first + T + 1);
+    }
+    total += model.loss(ids, targets, B, T) * double(B);
+  }
+  return total / double(starts.size()) / std::log(2.0);
+}
+
+}  // namespace
+
+double evaluate_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tokens, int64_t context) {
+  const int64_t T = std::min(context, model.config().n_positions);
+  const int64_t windows = (static_cast<int64_t>(tokens.size()) - 1) / T;
+  if (windows <= 0)
+    fail("evaluate_bits_per_byte", "tokens", message("more than ", T, " tokens"), std::to_string(tokens.size()));
+  std::vector<int64_t> starts;
+  for (int64_t w = 0; w < windows; ++w) starts.push_back(w * T);
+  return windows_bits_per_byte(model, tokens, starts, T);
+}
+
+// ---- the loop --------------------------------------------------------------------------------
+
+double train_byte_gpt(const fs::path& data, const fs::path& out, const TrainOptions& requested, bool resume,
+                      const std::function<bool(const TrainProgress&)>& on_step) {
+  constexpr std::string_view fn = "train";
+  TrainOptions o = requested;
+  const fs::path state_file = out / "train_state.safetensors";
+  int64_t start = 0;
+  History history;
+  Gpt2Config config;
+  std::optional<Gpt2> model;
+  std::optional<AdamW> adam;
+  if (resume) {
+    if (!fs::exists(state_file)) fail(fn, "--resume", "a checkpoint in " + out.string(), "no train_state.safetensors");
+    const SafeTensors st = SafeTensors::open(state_file.string());
+    const auto meta = [&](const char* key) {
+      const auto it = st.metadata().find(key);
+      if (it == st.metadata().end()) fail(fn, state_file.string(), message("metadata '", key, "'"), "none");
+      return it->second;
+    };
+    try {
+      o = options_from_json(nlohmann::json::parse(meta("options")));
+      const nlohmann::json h = nlohmann::json::parse(meta("history"));
+      history.loss = h.at("loss").get<std::vector<double>>();
+      history.val_bpb = h.at("val_bpb").get<std::vector<std::pair<int64_t, double>>>();
+    } catch (const nlohmann::json::exception& e) {
+      fail(fn, state_file.string(), "the trainer's JSON metadata", e.what());
+    }
+    start = std::stoll(meta("step"));
+    if (requested.steps > 0) {  // a resumed run may be given another length (which moves the schedule)
+      if (requested.steps < start)
+        fail(fn, "steps", message("at least ", start, " (the checkpoint's step)"), std::to_string(requested.steps));
+      o.steps = requested.steps;
+    }
+    config = Gpt2Config::load(out / "config.json");
+    model = Gpt2::random(config, 0);
+    adam.emplace(model->parameters(), o.adamw);
+    const auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      *params[i].second = st.load("param." + params[i].first);
+      adam->first_moments()[i] = st.load("adam_m." + params[i].first);
+      adam->second_moments()[i] = st.load("adam_v." + params[i].first);
+    }
+    adam->set_steps(std::stoll(meta("adam_steps")));
+  } else {
+    if (o.layers <= 0 || o.heads <= 0 || o.embd <= 0 || o.embd % o.heads != 0 || o.context <= 1)
+      fail(fn, "shape", "layers, heads > 0, embd a multiple of heads, context > 1",
+           message(o.layers, " layers, ", o.heads, " heads, embd ", o.embd, ", context ", o.context));
+    if (o.steps <= 0 || o.batch <= 0 || o.accumulate <= 0 || !(o.lr > 0))
+      fail(fn, "options", "steps, batch, accumulate > 0 and lr > 0",
+           message(o.steps, " steps, batch ", o.batch, ", accumulate ", o.accumulate, ", lr ", o.lr));
+    config.vocab_size = 256;
+    config.n_positions = o.context;
+    config.n_embd = o.embd;
+    config.n_layer = o.layers;
+    config.n_head = o.heads;
+    config.eos_token_id = -1;
+    model = Gpt2::random(config, mix(o.seed));
+    adam.emplace(model->parameters(), o.adamw);
+  }
+  const ByteCorpus corpus = ByteCorpus::load(data, o.val_fraction, o.context);
+  const int64_t T = o.context, B = o.batch;
+  const int64_t positions = static_cast<int64_t>(corpus.train.size()) - T - 1;
+  double last_val = history.val_bpb.empty() ? -1 : history.val_bpb.back().second;
+
+  // Validation during training: eval_batches·B windows spread evenly over the held-out text.
+  const auto quick_val = [&] {
+    const int64_t windows = (static_cast<int64_t>(corpus.val.size()) - 1) / T;
+    const int64_t use = std::min(windows, o.eval_batches * B);
+    std::vector<int64_t> starts;
+    for (int64_t i = 0; i < use; ++i) starts.push_back(i * windows / use * T);
+    return windows_bits_per_byte(*model, corpus.val, starts, T);
+  };
+
+  using clock = std::chrono::steady_clock;
+  for (int64_t step = start; step < o.steps; ++step) {
+    const auto t0 = clock::now();
+    std::vector<Tensor> grads = model->zero_gradients();
+    double loss = 0;
+    for (int64_t a = 0; a < o.accumulate; ++a) {
+      std::vector<int32_t> ids(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
+      for (int64_t b = 0; b < B; ++b) {
+        const uint64_t h = mix(mix(mix(o.seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(a * B + b));
+        const int64_t at = static_cast<int64_t>(h % static_cast<uint64_t>(positions + 1));
+        for (int64_t t = 0; t < T; ++t) {
+          ids[static_cast<size_t>(b * T + t)] = corpus.train[static_cast<size_t>(at + t)];
+          targets[static_cast<size_t>(b * T + t)] = corpus.train[static_cast<size_t>(at + t + 1)];
+        }
+      }
+      loss += model->loss_and_gradients(ids, targets, B, T, grads);
+    }
+    if (o.accumulate > 1) {
+      loss /= static_cast<double>(o.accumulate);
+      for (Tensor& g : grads)
+        for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] /= static_cast<float>(o.accumulate);
+    }
+    TrainProgress p;
+    p.step = step + 1;
+    p.steps = o.steps;
+    p.loss = loss;
+    p.grad_norm = clip_gradients(grads, o.clip);
+    p.lr = learning_rate(o, step);
+    adam->step(model->parameters(), grads, static_cast<float>(p.lr));
+    history.loss.push_back(loss);
+    p.tokens_per_s = double(B * T * o.accumulate) / std::chrono::duration<double>(clock::now() - t0).count();
+    const bool last = step + 1 == o.steps;
+    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
+      last_val = quick_val();
+      history.val_bpb.emplace_back(step + 1, last_val);
+      p.val_bits_per_byte = last_val;
+    }
+    const bool go_on = !on_step || on_step(p);
+    if (!go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))
+      save_checkpoint(out, *model, *adam, o, step + 1, history);
+    if (!go_on) break;
+  }
+  return last_val;
+}
+
+}  // namespace mhsa
