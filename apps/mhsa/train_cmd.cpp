@@ -86,6 +86,7 @@ void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainOptions& o = a->options;
   CLI::App* cmd = app.add_subcommand("train", "Train a byte-level GPT on a text file (checkpoints resume bit for bit)");
+  cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later option overrides
   cmd->add_option("--data", a->data, "the training text (its last --val-fraction is held out)")->required();
   cmd->add_option("--out", a->out, "checkpoint directory (a GPT-2 model directory mhsa generate can run)")->required();
   cmd->add_flag("--resume", a->resume, "continue from --out's checkpoint (its options; --steps may extend it)");
