@@ -92,7 +92,7 @@ def test_interrupted_runs_leave_a_loadable_checkpoint(text, tmp_path, sig, rng):
     """Ctrl-C writes the last finished step and exits; kill -9 at random moments (checkpoints every
     step, so often mid-write) leaves the previous checkpoint whole. Either way --resume goes on."""
     out = tmp_path / "m"
-    train("--data", text, "--out", out, *SMALL, "--steps", 400, "--stop-after", 1, "--checkpoint-every", 1)
+    train("--data", text, "--out", out, *SMALL, "--steps", 10 ** 6, "--stop-after", 1, "--checkpoint-every", 1)
     r = random.Random(int(rng.integers(1 << 30)))
     for _ in range(3 if sig == signal.SIGKILL else 1):
         p = subprocess.Popen([str(CLI), "train", "--data", str(text), "--out", str(out), "--resume"],
