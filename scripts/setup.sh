@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what mhsa needs on a fresh Debian machine: the C++ toolchain and libraries (apt-get)
 # and the Python build tools (pip). With --test, also what the tests use as oracles: PyTorch,
-# Hugging Face transformers and tokenizers, tiktoken; and pytest.
+# Hugging Face transformers and tokenizers, tiktoken; pytest; and Debian's Chromium with Playwright
+# (driving /usr/bin/chromium: Playwright's own browser downloads are never used) and Pillow, to
+# test the `mhsa explain` report in a real browser.
 set -euo pipefail
 
 with_tests=0
@@ -20,13 +22,13 @@ $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends 
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
 
-if [ "$with_tests" -eq 1 ]; then  # the ARM check (a cross compiler, qemu) and the fuzzer (clang, libFuzzer)
+if [ "$with_tests" -eq 1 ]; then  # the ARM check (a cross compiler, qemu), the fuzzer (clang, libFuzzer), a browser
   $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev >/dev/null
+    g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev chromium >/dev/null
 fi
 
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)
-[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers tiktoken tokenizers)
+[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers tiktoken tokenizers playwright pillow)
 "$python" -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}"
 echo "setup.sh: ready ($("$python" --version), $(cmake --version | head -n1))"

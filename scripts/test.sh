@@ -18,7 +18,7 @@ echo "== C++ tests"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
 echo "== Python tests (against PyTorch)"
-PYTHONPATH="$PWD/build/python" OMP_NUM_THREADS="$jobs" "$python" -m pytest -q tests/python
+PYTHONPATH="$PWD/build/python" OMP_NUM_THREADS="$jobs" MHSA_REQUIRE_BROWSER=1 "$python" -m pytest -q tests/python
 
 echo "== pip install . into a fresh virtual environment"
 rm -rf build/venv build/wheel

@@ -1,3 +1,404 @@
-// apps/mhsa/explain_cmd.cpp — placeholder.
+// apps/mhsa/explain_cmd.cpp — `mhsa explain`: what every attention head of a GPT-2 model does on a
+// prompt, as a self-contained HTML report (--out), BertViz-style JSON (--json) or a terminal
+// heatmap of one head (--format text). The numbers come from mhsa::explain (mhsa/explain.h); this
+// file lays them out. The page (markup, style, script) is apps/mhsa/explain_report.html, built
+// into the binary by cmake/embed.cmake; the data goes where the page says <!-- mhsa:data -->.
+//
+// Every layer × head at full resolution would not fit a page (GPT-2 small on 1000 tokens holds
+// 144 million probabilities), so the report stores three levels, each base64 in its own
+// <script type="text/plain"> block that the page decodes only when it needs it:
+//   - thumbnails: every head max-pooled to at most kThumbSize² cells, 8 bits (round(255·p));
+//   - detail: every head max-pooled to at most n² cells, 8 bits, n as large as kDetailBudget allows
+//     (n = T, every probability, for short prompts or small models);
+//   - exact: the chosen head's float32 probabilities, bit for bit those of the JSON.
+// Max-pooling (not averaging) keeps a single strongly attended token visible when shrunk.
+// Causal matrices are stored as their lower triangles (j ≤ i), row by row.
+#include <omp.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
-namespace mhsa::cli { void add_explain_command(CLI::App&) {} }
+#include "explain_report_html.h"
+#include "mhsa/error.h"
+#include "mhsa/explain.h"
+#include "mhsa/gpt2.h"
+#include "mhsa/tokenizer.h"
+
+namespace mhsa::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using detail::message;
+
+constexpr int64_t kThumbSize = 64;              // grid heatmaps are drawn 64 px wide
+constexpr int64_t kDetailBudget = 6 << 20;      // bytes of 8-bit detail for all heads: ~8 MB of base64
+constexpr int64_t kTraceEnds = 8;               // the walk-through shows the first and last 8 tokens
+constexpr int64_t kTextColumns = 96;            // the terminal heatmap pools longer prompts to this
+
+struct ExplainArgs {
+  std::string model;
+  std::string prompt;
+  int64_t layer = 0;
+  int64_t head = 0;
+  std::string out;
+  std::string json;
+  std::string format = "html";
+  int threads = 0;
+};
+
+// The model directory. Only --model for now: the built-in default model will be returned here.
+fs::path model_dir(const ExplainArgs& a) {
+  if (a.model.empty())
+    throw Error("mhsa explain: --model: expected a GPT-2 model directory (there is no built-in model yet), got none");
+  return a.model;
+}
+
+// ---- text helpers ----------------------------------------------------------------------------
+
+// A token's bytes made printable: invalid UTF-8 becomes U+FFFD, a newline "↵", other control
+// characters their Unicode control pictures (U+2400 + c).
+std::string printable(std::string_view bytes) {
+  std::string s;
+  for (size_t i = 0; i < bytes.size();) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c < 0x20 || c == 0x7F) {
+      s += c == '\n' ? "\u21B5" : c == 0x7F ? "\u2421" : std::string{'\xE2', '\x90', static_cast<char>(0x80 + c)};
+      ++i;
+      continue;
+    }
+    const size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+    bool ok = len > 0 && i + len <= bytes.size();
+    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(bytes[i + k]) & 0xC0) == 0x80;
+    if (ok) {
+      s.append(bytes.substr(i, len));
+      i += len;
+    } else {
+      s += "\uFFFD";
+      ++i;
+    }
+  }
+  return s;
+}
+
+// Code points in a UTF-8 string (its width in a terminal, for the characters tokens hold).
+size_t width(std::string_view s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// `s` cut or padded to `w` terminal columns.
+std::string fit(const std::string& s, size_t w) {
+  if (width(s) <= w) return s + std::string(w - width(s), ' ');
+  std::string cut;
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((s[i] & 0xC0) != 0x80 && ++n == w) break;
+    cut += s[i];
+  }
+  return cut + "\u2026";
+}
+
+std::string base64(const std::vector<uint8_t>& bytes) {
+  static constexpr char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string s;
+  s.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t n = (uint32_t{bytes[i]} << 16) | (i + 1 < bytes.size() ? uint32_t{bytes[i + 1]} << 8 : 0) |
+                       (i + 2 < bytes.size() ? uint32_t{bytes[i + 2]} : 0);
+    s += kDigits[(n >> 18) & 63];
+    s += kDigits[(n >> 12) & 63];
+    s += i + 1 < bytes.size() ? kDigits[(n >> 6) & 63] : '=';
+    s += i + 2 < bytes.size() ? kDigits[n & 63] : '=';
+  }
+  return s;
+}
+
+// ---- probabilities, pooled -------------------------------------------------------------------
+
+// Max-pools a causal [T, T] matrix to [n, n] (n ≤ T): block b covers rows and columns
+// [b·T/n, (b+1)·T/n). Returns the lower triangle (bj ≤ bi), row by row; blocks above it are 0.
+std::vector<float> pool_lower(const float* p, int64_t T, int64_t n) {
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(n * (n + 1) / 2));
+  std::vector<float> column_max(static_cast<size_t>(T));
+  for (int64_t bi = 0; bi < n; ++bi) {
+    const int64_t r0 = bi * T / n, r1 = (bi + 1) * T / n;
+    std::fill(column_max.begin(), column_max.begin() + r1, 0.0f);
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t j = 0; j <= r; ++j) column_max[static_cast<size_t>(j)] = std::max(column_max[static_cast<size_t>(j)], p[r * T + j]);
+    for (int64_t bj = 0; bj <= bi; ++bj) {
+      const int64_t c0 = bj * T / n, c1 = (bj + 1) * T / n;
+      out.push_back(*std::max_element(column_max.begin() + c0, column_max.begin() + c1));
+    }
+  }
+  return out;
+}
+
+void append_u8(std::vector<uint8_t>& bytes, const std::vector<float>& values) {
+  for (float v : values) bytes.push_back(static_cast<uint8_t>(std::lround(std::clamp(v, 0.0f, 1.0f) * 255.0f)));
+}
+
+// The largest detail size n ≤ T whose lower triangles for every head fit kDetailBudget (never
+// below the thumbnails' size).
+int64_t detail_size(int64_t T, int64_t heads) {
+  int64_t n = T;
+  while (n > kThumbSize && heads * n * (n + 1) / 2 > kDetailBudget) --n;
+  return n;
+}
+
+// ---- JSON ------------------------------------------------------------------------------------
+
+void append_float(std::string& s, float v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest text that reads back as v
+  s.append(buf, r.ptr);
+}
+
+// {"tokens": [...], "ids": [...], "attention": [layer][1][H][T][T]}, streamed: the full
+// precision nested lists of a long prompt run to gigabytes, too many for a json object in memory.
+void write_json(const fs::path& file, const std::vector<std::string>& tokens, const Explanation& e) {
+  std::ofstream f(file, std::ios::binary);
+  if (!f) throw Error(message("mhsa explain: --json: expected a writable file, got '", file.string(), "'"));
+  f << "{\"tokens\": " << nlohmann::json(tokens).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+    << ", \"ids\": " << nlohmann::json(e.ids).dump() << ", \"attention\": [";
+  std::string row;
+  for (size_t l = 0; l < e.attention.size(); ++l) {
+    const Tensor& a = e.attention[l];  // [1, H, T, T]
+    const int64_t H = a.dim(1), T = a.dim(2);
+    f << (l ? ", [[" : "[[");
+    for (int64_t h = 0; h < H; ++h) {
+      f << (h ? ", [" : "[");
+      for (int64_t i = 0; i < T; ++i) {
+        row.assign(i ? ", [" : "[");
+        for (int64_t j = 0; j < T; ++j) {
+          if (j) row += ", ";
+          append_float(row, a.data()[(h * T + i) * T + j]);
+        }
+        row += ']';
+        f << row;
+      }
+      f << ']';
+    }
+    f << "]]";
+  }
+  f << "]}\n";
+  if (!f.flush()) throw Error(message("mhsa explain: --json: expected a writable file, got '", file.string(), "' (write failed)"));
+}
+
+// ---- the HTML report -------------------------------------------------------------------------
+
+double rounded(float v) {  // 4 significant digits: what a table shows, and a smaller page
+  if (!std::isfinite(v)) return v;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", static_cast<double>(v));
+  return std::strtod(buf, nullptr);
+}
+
+// Rows `rows` of a [T, W] tensor, every column (or, for [T, T] ones, the columns `rows`); −∞ is null.
+nlohmann::json rows_of(const Tensor& t, const std::vector<int64_t>& rows, bool square) {
+  nlohmann::json out = nlohmann::json::array();
+  const int64_t W = t.dim(1);
+  for (int64_t i : rows) {
+    nlohmann::json r = nlohmann::json::array();
+    const auto cell = [&](int64_t j) {
+      const float v = t.data()[i * W + j];
+      r.push_back(std::isfinite(v) ? nlohmann::json(rounded(v)) : nlohmann::json(nullptr));
+    };
+    if (square)
+      for (int64_t j : rows) cell(j);
+    else
+      for (int64_t j = 0; j < W; ++j) cell(j);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+nlohmann::json trace_json(const HeadTrace& t) {
+  const int64_t T = t.x.dim(0);
+  std::vector<int64_t> rows;  // every token of a short prompt, else the first and last kTraceEnds
+  for (int64_t i = 0; i < T; ++i)
+    if (T <= 2 * kTraceEnds || i < kTraceEnds || i >= T - kTraceEnds) rows.push_back(i);
+  nlohmann::json j;
+  j["rows"] = rows;
+  const std::pair<const char*, const Tensor*> vectors[] = {
+      {"token_embedding", &t.token_embedding}, {"position_embedding", &t.position_embedding}, {"x", &t.x},
+      {"ln", &t.ln}, {"q", &t.q}, {"k", &t.k}, {"v", &t.v}, {"head_out", &t.head_out}, {"concat", &t.concat},
+      {"out", &t.out}};
+  for (const auto& [name, tensor] : vectors) j[name] = rows_of(*tensor, rows, false);
+  j["scores"] = rows_of(t.scores, rows, true);
+  j["scaled"] = rows_of(t.scaled, rows, true);
+  j["probs"] = rows_of(t.probs, rows, true);
+  return j;
+}
+
+std::string script_block(const std::string& id, const std::string& type, const std::string& text) {
+  return "<script id=\"" + id + "\" type=\"" + type + "\">" + text + "</script>\n";
+}
+
+std::string report_html(const fs::path& model, const Gpt2Config& c, const std::vector<std::string>& labels,
+                        const Explanation& e) {
+  const auto T = static_cast<int64_t>(e.ids.size());
+  const int64_t L = c.n_layer, H = c.n_head, layer = e.trace.layer, head = e.trace.head;
+  const int64_t thumb = std::min(T, kThumbSize), detail = detail_size(T, L * H);
+
+  nlohmann::json meta;
+  meta["model"] = model.string();
+  meta["tokens"] = labels;
+  meta["ids"] = e.ids;
+  meta["layers"] = L;
+  meta["heads"] = H;
+  meta["embed_dim"] = c.n_embd;
+  meta["head_dim"] = c.n_embd / H;
+  meta["chosen"] = {layer, head};
+  meta["thumb_size"] = thumb;
+  meta["detail_size"] = detail;
+  const std::pair<const char*, double HeadSummary::*> metrics[] = {{"entropy", &HeadSummary::entropy},
+      {"first_token", &HeadSummary::first_token}, {"previous_token", &HeadSummary::previous_token},
+      {"self", &HeadSummary::self}};
+  for (const auto& [key, field] : metrics) {  // [layer][head] tables, one per metric
+    nlohmann::json& table = meta["summaries"][key] = nlohmann::json::array();
+    for (const std::vector<HeadSummary>& heads : e.summaries) {
+      nlohmann::json& row = table.emplace_back(nlohmann::json::array());
+      for (const HeadSummary& s : heads) row.push_back(s.*field);
+    }
+  }
+  meta["trace"] = trace_json(e.trace);
+  // '<' as \u003c: no "</script>" or "<!--" in a token can end or confuse the script block.
+  std::string meta_text;
+  for (char ch : meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+    meta_text += ch == '<' ? std::string("\\u003c") : std::string(1, ch);
+
+  std::string data = script_block("mhsa-meta", "application/json", meta_text);
+  std::vector<uint8_t> thumbs;
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < H; ++h) append_u8(thumbs, pool_lower(e.attention[l].data() + h * T * T, T, thumb));
+  data += script_block("mhsa-thumbs", "text/plain", base64(thumbs));
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<uint8_t> bytes;
+      append_u8(bytes, pool_lower(e.attention[l].data() + h * T * T, T, detail));
+      data += script_block(message("mhsa-detail-", l, "-", h), "text/plain", base64(bytes));
+    }
+  std::vector<uint8_t> exact;  // float32, little-endian, whatever the host's byte order
+  const float* p = e.attention[static_cast<size_t>(layer)].data() + head * T * T;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j <= i; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, &p[i * T + j], 4);
+      for (int b = 0; b < 4; ++b) exact.push_back(static_cast<uint8_t>(bits >> (8 * b)));
+    }
+  data += script_block("mhsa-exact", "text/plain", base64(exact));
+
+  std::string page = kExplainReportHtml;
+  const std::string marker = "<!-- mhsa:data -->";
+  const size_t at = page.find(marker);
+  if (at == std::string::npos) throw Error("mhsa explain: the built-in report page has no <!-- mhsa:data --> marker");
+  return page.replace(at, marker.size(), data);
+}
+
+// ---- the terminal heatmap --------------------------------------------------------------------
+
+void print_text(const std::vector<std::string>& labels, const Explanation& e, int64_t layer, int64_t head) {
+  const auto T = static_cast<int64_t>(labels.size());
+  const int64_t n = std::min(T, kTextColumns);
+  const std::vector<float> cells = pool_lower(e.attention[static_cast<size_t>(layer)].data() + head * T * T, T, n);
+  const auto shade = [](float p) {
+    return p < 0.05f ? "\u00B7" : p < 0.2f ? "\u2591" : p < 0.4f ? "\u2592" : p < 0.7f ? "\u2593" : "\u2588";
+  };
+  std::printf("layer %lld, head %lld: row = query token, column = key token it attends to%s\n",
+              static_cast<long long>(layer), static_cast<long long>(head),
+              n < T ? message(" (each cell the max over ", T / n, "\u2013", (T + n - 1) / n, " tokens)").c_str() : "");
+  std::printf("\u00B7 < 0.05 \u2264 \u2591 < 0.2 \u2264 \u2592 < 0.4 \u2264 \u2593 < 0.7 \u2264 \u2588   (blank: the future, masked)\n");
+  std::string ticks;  // every 10th column's key token index, written from that column on
+  for (int64_t j = 0; j < n; j += 10) ticks += fit(std::to_string(j * T / n), static_cast<size_t>(std::min<int64_t>(10, n - j)));
+  std::printf("%s %s\n", std::string(20, ' ').c_str(), ticks.c_str());
+  const size_t digits = std::to_string(T - 1).size();
+  size_t k = 0;
+  for (int64_t bi = 0; bi < n; ++bi) {
+    const int64_t r0 = bi * T / n, r1 = (bi + 1) * T / n;
+    const std::string index = std::to_string(r0);
+    const std::string label = r1 - r0 == 1 ? std::string(digits - index.size(), ' ') + index + " " + labels[static_cast<size_t>(r0)]
+                                           : message(r0, "\u2013", r1 - 1);
+    std::string line = fit(label, 20) + "\u2502";
+    for (int64_t bj = 0; bj <= bi; ++bj) line += shade(cells[k++]);
+    std::printf("%s\n", line.c_str());
+  }
+  const HeadSummary& s = e.summaries[static_cast<size_t>(layer)][static_cast<size_t>(head)];
+  std::printf("entropy %.3f nats, first token %.3f, previous token %.3f, self %.3f (means over query rows 1..T-1)\n",
+              s.entropy, s.first_token, s.previous_token, s.self);
+}
+
+// ---- the command -----------------------------------------------------------------------------
+
+void run(ExplainArgs a) {
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  if (a.format == "html" && a.out.empty() && a.json.empty())
+    throw Error("mhsa explain: --out: expected a file for the HTML report (or --json FILE, or --format text), got none");
+  const fs::path dir = model_dir(a);
+  const Gpt2 model = Gpt2::load(dir);
+  const Tokenizer tok = Tokenizer::load_dir(dir);
+  const Gpt2Config& c = model.config();
+  if (a.prompt == "-") a.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> ids = tok.encode(a.prompt);
+  if (ids.empty()) throw Error("mhsa explain: --prompt: expected some text, got an empty prompt");
+  if (static_cast<int64_t>(ids.size()) > c.n_positions)
+    throw Error(message("mhsa explain: --prompt: expected at most ", c.n_positions,
+                        " tokens (the model's context), got ", ids.size(), " tokens"));
+  if (a.layer < 0 || a.layer >= c.n_layer)
+    throw Error(message("mhsa explain: --layer: expected a layer in [0, ", c.n_layer, "), got ", a.layer));
+  if (a.head < 0 || a.head >= c.n_head)
+    throw Error(message("mhsa explain: --head: expected a head in [0, ", c.n_head, "), got ", a.head));
+
+  const Explanation e = explain(model, ids, a.layer, a.head);
+  std::vector<std::string> labels, token_strings;
+  for (int32_t id : ids) {
+    labels.push_back(printable(tok.token_bytes(id)));
+    token_strings.push_back(tok.token_string(id));
+  }
+  if (!a.json.empty()) write_json(a.json, token_strings, e);
+  if (a.format == "text") print_text(labels, e, a.layer, a.head);
+  if (!a.out.empty()) {
+    const std::string page = report_html(dir, c, labels, e);
+    std::ofstream f(a.out, std::ios::binary);
+    if (!f || !f.write(page.data(), static_cast<std::streamsize>(page.size())) || !f.flush())
+      throw Error(message("mhsa explain: --out: expected a writable file, got '", a.out, "'"));
+    std::fprintf(stderr, "mhsa explain: wrote %s (%zu tokens, %lld layers x %lld heads, %.1f MB)\n", a.out.c_str(),
+                 ids.size(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
+                 static_cast<double>(page.size()) / 1e6);
+  }
+}
+
+}  // namespace
+
+void add_explain_command(CLI::App& app) {
+  auto a = std::make_shared<ExplainArgs>();
+  CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a GPT-2 model attends to on a prompt");
+  cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)")->required();
+  cmd->add_option("--model", a->model, "directory with config.json, model.safetensors, vocab.json, merges.txt");
+  cmd->add_option("--layer", a->layer, "the layer to walk through step by step (and --format text's)")
+      ->default_val(0);
+  cmd->add_option("--head", a->head, "the head of that layer")->default_val(0);
+  cmd->add_option("--out", a->out, "write the HTML report here (self-contained: open it in any browser)");
+  cmd->add_option("--json", a->json,
+                  "write {\"tokens\", \"ids\", \"attention\": [layer][1][H][T][T]} here (BertViz head_view layout)");
+  cmd->add_option("--format", a->format, "html: the report (--out); text: a heatmap of one head on stdout")
+      ->default_val("html")
+      ->check(CLI::IsMember({"html", "text"}));
+  cmd->add_option("-t,--threads", a->threads, "threads (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace mhsa::cli

@@ -3,6 +3,7 @@
 
 #include "mhsa/attention.h"
 #include "mhsa/error.h"
+#include "mhsa/explain.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/kv_cache.h"
 #include "mhsa/mha.h"
