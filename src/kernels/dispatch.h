@@ -21,6 +21,7 @@ namespace mhsa::kernels {
   void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta, \
                   float eps, float* y, int64_t ldy);                                                       \
   void gelu_tanh(int64_t n, float* x);                                                                     \
+  void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz);                           \
   void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,  \
                  float* C, int64_t ldc);                                                                   \
   }
@@ -40,6 +41,7 @@ struct KernelTable {
   // LayerNorm and GELU (tanh approximation) rows; float64 twins in kernels/elementwise.h.
   decltype(&portable::layer_norm) layer_norm;
   decltype(&portable::gelu_tanh) gelu_tanh;
+  decltype(&portable::gelu_tanh_backward) gelu_tanh_backward;  // dz = du · GELU'(z)
   // C[M, N] = A[M, K] · B[N, K]ᵀ for small M (kernels/matmul_bt.cpp), a bandwidth-bound stream
   // over B; deterministic like gemm.
   decltype(&portable::matmul_bt) matmul_bt;

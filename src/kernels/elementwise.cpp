@@ -69,4 +69,23 @@ void gelu_tanh(int64_t n, float* x) {
                               static_cast<int>(n - full));
 }
 
+// dz = du · GELU'(z), with GELU(z) = z·σ(2u), u = √(2/π)(z + 0.044715 z³):
+// GELU'(z) = σ(2u) + z·σ(2u)(1 − σ(2u))·2u'  where u' = √(2/π)(1 + 3·0.044715 z²).
+void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz) {
+  constexpr float k = 0.7978845608028654f;
+  const auto grad = [&](Vec v, Vec d) {
+    const Vec u = splat(k) * fma(v * v, splat(0.044715f), splat(1.0f)) * v;
+    const Vec s = splat(1.0f) / (splat(1.0f) + exp(splat(-2.0f) * u));  // σ(2u)
+    const Vec du_dz = splat(2.0f * k) * fma(v * v, splat(3.0f * 0.044715f), splat(1.0f));
+    return d * fma(v * s * (splat(1.0f) - s), du_dz, s);
+  };
+  const int64_t full = n / kLanes * kLanes;
+#pragma omp parallel for schedule(static) if (parallel_worth_it(n))
+  for (int64_t i = 0; i < full; i += kLanes) store(dz + i, grad(load(z + i), load(du + i)));
+  if (full < n) {
+    const int rest = static_cast<int>(n - full);
+    store_partial(dz + full, grad(load_partial(z + full, rest, 0.0f), load_partial(du + full, rest, 0.0f)), rest);
+  }
+}
+
 }  // namespace mhsa::kernels::MHSA_ISA

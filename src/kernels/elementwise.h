@@ -14,5 +14,7 @@ void layer_norm_ref(int64_t rows, int64_t C, const float* x, int64_t ldx, const 
 // x ← GELU with the tanh approximation (GPT-2's "gelu_new"), in place:
 // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
 void gelu_tanh_ref(int64_t n, float* x);
+// dz = du · d/dz GELU(z) for the same approximation (dz may alias du).
+void gelu_tanh_backward_ref(int64_t n, const float* z, const float* du, float* dz);
 
 }  // namespace mhsa::kernels

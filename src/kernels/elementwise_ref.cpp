@@ -27,4 +27,13 @@ void gelu_tanh_ref(int64_t n, float* x) {
   }
 }
 
+void gelu_tanh_backward_ref(int64_t n, const float* z, const float* du, float* dz) {
+  const double k = std::sqrt(2.0 / M_PI);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = z[i], t = std::tanh(k * (v + 0.044715 * v * v * v));
+    const double d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * v * v);
+    dz[i] = static_cast<float>(du[i] * d);
+  }
+}
+
 }  // namespace mhsa::kernels

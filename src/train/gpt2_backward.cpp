@@ -78,17 +78,6 @@ void layer_norm_backward(int64_t rows, int64_t C, const float* x, const LayerNor
   }
 }
 
-// dz = du · GELU'(z) for GELU's tanh form, elementwise.
-void gelu_backward(int64_t n, const float* z, const float* du, float* dz) {
-  constexpr double k = 0.7978845608028654;  // √(2/π)
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = z[i], t = std::tanh(k * (v + 0.044715 * v * v * v));
-    const double d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * v * v);
-    dz[i] = static_cast<float>(du[i] * d);
-  }
-}
-
 void add_into(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
@@ -263,7 +252,7 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
     // MLP: x_out = x_mid + gelu(h2·fc_w + fc_b)·proj_w + proj_b
     nn::add_weight_grads(s.u.data(), rows, F, dx.data(), C, grad(h + "mlp.c_proj.weight"), 0, grad(h + "mlp.c_proj.bias"));
     Tensor du = nn::times_transposed(dx.data(), 1, rows, C, b.proj_w, 0);  // [1, rows, F]
-    gelu_backward(rows * F, s.z.data(), du.data(), du.data());
+    k.gelu_tanh_backward(rows * F, s.z.data(), du.data(), du.data());
     nn::add_weight_grads(s.h2.data(), rows, C, du.data(), F, grad(h + "mlp.c_fc.weight"), 0, grad(h + "mlp.c_fc.bias"));
     const Tensor dh2 = nn::times_transposed(du.data(), 1, rows, F, b.fc_w, 0);  // [1, rows, C]
     layer_norm_backward(rows, C, s.x_mid.data(), s.ln2, b.ln2_g, dh2.data(), dx.data(), grad(h + "ln_2.weight"),
