@@ -22,9 +22,9 @@ $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends 
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
 
-if [ "$with_tests" -eq 1 ]; then  # the ARM check (a cross compiler, qemu), the fuzzer (clang, libFuzzer), a browser
+if [ "$with_tests" -eq 1 ]; then  # the ARM check (qemu), the fuzzer (libFuzzer), a browser, the default model's text
   $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev chromium >/dev/null
+    g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev chromium bible-kjv bible-kjv-text >/dev/null
 fi
 
 python=${PYTHON:-python3}

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "default_model.h"
 #include "explain_report_html.h"
 #include "mhsa/error.h"
 #include "mhsa/explain.h"
@@ -58,13 +59,6 @@ struct ExplainArgs {
   std::string format = "html";
   int threads = 0;
 };
-
-// The model directory. Only --model for now: the built-in default model will be returned here.
-fs::path model_dir(const ExplainArgs& a) {
-  if (a.model.empty())
-    throw Error("mhsa explain: --model: expected a GPT-2 model directory (there is no built-in model yet), got none");
-  return a.model;
-}
 
 // ---- text helpers ----------------------------------------------------------------------------
 
@@ -346,9 +340,9 @@ void run(ExplainArgs a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   if (a.format == "html" && a.out.empty() && a.json.empty())
     throw Error("mhsa explain: --out: expected a file for the HTML report (or --json FILE, or --format text), got none");
-  const fs::path dir = model_dir(a);
+  const fs::path dir = model_dir(a.model);  // --model, or the embedded default model
   const Gpt2 model = Gpt2::load(dir);
-  const Tokenizer tok = Tokenizer::load_dir(dir);
+  const Tokenizer tok = Tokenizer::for_model(dir, model.config().vocab_size);  // BPE, or bytes
   const Gpt2Config& c = model.config();
   if (a.prompt == "-") a.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   const std::vector<int32_t> ids = tok.encode(a.prompt);
@@ -386,7 +380,7 @@ void add_explain_command(CLI::App& app) {
   auto a = std::make_shared<ExplainArgs>();
   CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a GPT-2 model attends to on a prompt");
   cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)")->required();
-  cmd->add_option("--model", a->model, "directory with config.json, model.safetensors, vocab.json, merges.txt");
+  cmd->add_option("--model", a->model, "model directory (default: the embedded byte-level model)");
   cmd->add_option("--layer", a->layer, "the layer to walk through step by step (and --format text's)")
       ->default_val(0);
   cmd->add_option("--head", a->head, "the head of that layer")->default_val(0);

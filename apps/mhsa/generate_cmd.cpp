@@ -12,13 +12,13 @@
 #include <iterator>
 #include <filesystem>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "default_model.h"
 #include "mhsa/error.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/tokenizer.h"
@@ -93,22 +93,13 @@ class TextStream {
 
 void run(const GenerateArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  const Gpt2 model = Gpt2::load(a.model);
-  // A model without vocab.json and a vocabulary of 256 is byte-level (what `mhsa train` makes):
-  // each byte is its token.
-  const bool bytes = model.config().vocab_size == 256 && !std::filesystem::exists(std::filesystem::path(a.model) / "vocab.json") &&
-                     !std::filesystem::exists(std::filesystem::path(a.model) / "encoder.json");
-  const std::optional<Tokenizer> tok = bytes ? std::nullopt : std::optional<Tokenizer>(Tokenizer::load_dir(a.model));
-  const auto token_bytes = [&](int32_t id) -> std::string {
-    return bytes ? std::string(1, static_cast<char>(id)) : std::string(tok->token_bytes(id));
-  };
+  const std::filesystem::path dir = model_dir(a.model);
+  const Gpt2 model = Gpt2::load(dir);
+  const Tokenizer tok = Tokenizer::for_model(dir, model.config().vocab_size);  // BPE, or bytes
+  const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  std::vector<int32_t> ids;
-  if (bytes)
-    for (const char c : prompt) ids.push_back(static_cast<unsigned char>(c));
-  else
-    ids = tok->encode(prompt);
+  std::vector<int32_t> ids = tok.encode(prompt);
   const int32_t eos = model.config().eos_token_id;
   if (ids.empty()) {  // unconditional generation starts from end-of-text (GPT-2) or a newline (bytes)
     if (eos < 0 && !bytes)
@@ -125,7 +116,7 @@ void run(const GenerateArgs& a) {
       [&](int64_t, std::span<const int32_t> step) {
         tokens.push_back(step[0]);
         if (step[0] == eos && !a.ignore_eos) return false;
-        const bool stop = stream.add(token_bytes(step[0]));
+        const bool stop = stream.add(tok.token_bytes(step[0]));
         if (!a.json) {
           const std::string out = stream.take(stop);
           std::fwrite(out.data(), 1, out.size(), stdout);
@@ -159,8 +150,9 @@ void run(const GenerateArgs& a) {
 void add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt with a GPT-2 model directory (Hugging Face layout)");
-  cmd->add_option("--model", a->model, "directory with config.json, model.safetensors, vocab.json, merges.txt")
-      ->required();
+  cmd->add_option("--model", a->model,
+                  "model directory: config.json, model.safetensors (+ vocab.json, merges.txt for GPT-2's tokens); "
+                  "default: the embedded byte-level model");
   cmd->add_option("--prompt", a->prompt, "the text to continue ('-' reads stdin; empty starts from end-of-text)");
   cmd->add_option("-n,--max-new-tokens", a->options.max_new_tokens, "tokens to generate at most")
       ->default_val(64)

@@ -25,6 +25,12 @@ class Tokenizer {
   static Tokenizer load(const std::filesystem::path& vocab, const std::filesystem::path& merges);
   // A directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI).
   static Tokenizer load_dir(const std::filesystem::path& dir);
+  // The byte-level tokenizer of models trained by `mhsa train`: 256 tokens, id = byte, no merges
+  // and no special token.
+  static Tokenizer bytes();
+  // The tokenizer of a model directory: its vocabulary files when it has them, else bytes() for
+  // a model of 256 tokens; an error naming the directory otherwise.
+  static Tokenizer for_model(const std::filesystem::path& dir, int64_t vocab_size);
 
   // Any bytes (invalid UTF-8 included) → ids; decode(encode(s)) == s byte for byte. With
   // allow_special, the literal text of a special token ("<|endoftext|>") becomes its id;

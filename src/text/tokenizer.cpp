@@ -481,6 +481,24 @@ Tokenizer Tokenizer::load_dir(const fs::path& dir) {
        message("'", dir.string(), "' (neither vocab.json nor encoder.json)"));
 }
 
+Tokenizer Tokenizer::bytes() {
+  auto impl = std::make_unique<Impl>();
+  for (int b = 0; b < 256; ++b) {
+    impl->tokens.emplace_back(1, static_cast<char>(b));
+    impl->byte_ids[static_cast<size_t>(b)] = b;
+  }
+  for (int b = 0; b < 256; ++b) impl->ids.emplace(impl->tokens[static_cast<size_t>(b)], b);
+  return Tokenizer(std::move(impl));  // no merges: BPE leaves every byte its own token
+}
+
+Tokenizer Tokenizer::for_model(const fs::path& dir, int64_t vocab_size) {
+  std::error_code ec;
+  if (fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "encoder.json", ec)) return load_dir(dir);
+  if (vocab_size == 256) return bytes();
+  fail("Tokenizer::for_model", "dir", "vocab.json and merges.txt (or a byte-level model of 256 tokens)",
+       message("neither in '", dir.string(), "' for a vocabulary of ", vocab_size));
+}
+
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
   // Positions inside a pre-token are int32_t; a 2 GiB text is far beyond GPT-2's use anyway.
   if (text.size() > static_cast<size_t>(INT32_MAX))

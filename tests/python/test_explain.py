@@ -197,7 +197,6 @@ def test_bad_requests_are_clear_errors(model_dir, tmp_path):
     d, _ = model_dir
     cases = [
         (["--model", tmp_path / "absent", "--prompt", "Hi", "--out", tmp_path / "x.html"], "Gpt2::load: dir: expected a model directory"),
-        (["--prompt", "Hi", "--out", tmp_path / "x.html"], "--model: expected a GPT-2 model directory"),
         (["--model", d, "--prompt", "Hi", "--layer", 2, "--out", tmp_path / "x.html"], "--layer: expected a layer in [0, 2), got 2"),
         (["--model", d, "--prompt", "Hi", "--head", -1, "--out", tmp_path / "x.html"], "--head: expected a head in [0, 4), got -1"),
         (["--model", d, "--prompt", "", "--out", tmp_path / "x.html"], "--prompt: expected some text, got an empty prompt"),
