@@ -180,9 +180,9 @@ void run_tile(int64_t rows, int64_t n, int64_t kc, const float* a, const float* 
   for (int64_t r = 0; r < rows; ++r) std::copy(edge + r * kNR, edge + r * kNR + n, c + r * ldc);
 }
 
-// The packed B of the calling thread, kept between calls (a projection multiplies by the same
-// shapes every step; reallocating megabytes each call costs page faults).
-struct PackedB {
+// A per-thread buffer kept between calls: the packed B, the stream path's sums (a projection
+// multiplies by the same shapes every step; reallocating megabytes each call costs page faults).
+struct Scratch {
   Buffer data;
   int64_t capacity = 0;
   float* reserve(int64_t n) {
@@ -276,17 +276,6 @@ void stream_chain(int64_t M, int64_t N, const float* A, int64_t lda, const float
   for (; k < k_end; ++k) stream_rows<1, false>(M, N, A, lda, B, ldb, k, acc);
 }
 
-// Per-thread scratch kept between calls like the packed B (a fresh allocation of a few hundred
-// KiB per call is an mmap and a page fault per page).
-struct Scratch {
-  Buffer data;
-  int64_t capacity = 0;
-  float* reserve(int64_t n) {
-    if (n > capacity) data = aligned_floats(n), capacity = n;
-    return data.get();
-  }
-};
-
 void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                  const float* bias, float* C, int64_t ldc) {
   const int64_t segments = (K + kFreshKC - 1) / kFreshKC;
@@ -346,7 +335,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
   if (M <= kInPlaceMaxM) return gemm_in_place(M, N, K, A, lda, B, ldb, bias, C, ldc);
 
   const int64_t panels = (N + kNR - 1) / kNR;
-  thread_local PackedB packed_b;
+  thread_local Scratch packed_b;
   float* b_packed = packed_b.reserve(panels * (K + 1) * kNR);  // [panels][K][kNR], then bias [panels·kNR]
   float* bias_packed = b_packed + panels * K * kNR;
   // Tiles of C: row blocks × panel blocks, evened out so that no tile is a sliver.
