@@ -141,6 +141,7 @@ void run(const GenerateArgs& a) {
   const std::string rest = stream.take(true);
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::printf("\n");
+  std::fflush(stdout);  // the text first, then the summary, when both go to one terminal or file
   std::fprintf(stderr, "mhsa generate: %zu prompt tokens at %.1f tokens/s, %zu generated at %.1f tokens/s (%d threads)\n",
                ids.size(), prefill, tokens.size(), decode, omp_get_max_threads());
 }
