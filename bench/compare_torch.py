@@ -83,7 +83,93 @@ def gemm_peers(name, min_seconds):
     return {"torch addmm": best_seconds(lambda: torch.addmm(bias, a, b), min_seconds)}
 
 
-PEERS = {"attention": attention_peers, "backward": backward_peers, "decode": decode_peers, "mha": mha_peers, "gemm": gemm_peers}
+class TorchGpt2(torch.nn.Module):
+    """GPT-2 written directly in PyTorch the way a careful user would (nanoGPT's layout): fused
+    QKV projection, scaled_dot_product_attention(is_causal=True), GELU-tanh, tied head, cross-entropy
+    over the full logits."""
+
+    def __init__(self, layers=12, heads=12, embd=768, context=1024, vocab=50257):
+        super().__init__()
+        nn = torch.nn
+        self.heads = heads
+        self.wte, self.wpe = nn.Embedding(vocab, embd), nn.Embedding(context, embd)
+        self.blocks = nn.ModuleList()
+        for _ in range(layers):
+            b = nn.Module()
+            b.ln_1, b.ln_2 = nn.LayerNorm(embd), nn.LayerNorm(embd)
+            b.c_attn, b.c_proj = nn.Linear(embd, 3 * embd), nn.Linear(embd, embd)
+            b.c_fc, b.mlp_proj = nn.Linear(embd, 4 * embd), nn.Linear(4 * embd, embd)
+            self.blocks.append(b)
+        self.ln_f = nn.LayerNorm(embd)
+
+    def forward(self, ids, targets):
+        B, T = ids.shape
+        x = self.wte(ids) + self.wpe(torch.arange(T))
+        for b in self.blocks:
+            q, k, v = b.c_attn(b.ln_1(x)).split(x.shape[-1], dim=-1)
+            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+            x = x + b.c_proj(a)
+            x = x + b.mlp_proj(F.gelu(b.c_fc(b.ln_2(x)), approximate="tanh"))
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+
+
+def train_step(model, opt, ids, targets):
+    opt.zero_grad(set_to_none=True)
+    with torch.enable_grad():
+        loss = model(ids, targets)
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
+def adamw(model):
+    """AdamW as mhsa bench runs it: betas (0.9, 0.95), weight decay 0.1 on matrices only."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8)
+
+
+def gpt2_peers(name, min_seconds):
+    """Training steps of the 124M model (forward, loss, backward, clipping, AdamW): PyTorch eager
+    on the same shape, written directly and as transformers' GPT2LMHeadModel (sdpa attention)."""
+    parts = name.split("_")
+    if parts[2] != "train":
+        return {}  # prefill and decode: the peer is llama.cpp (bench/compare_llama_cpp.py)
+    B, T = int(parts[3][1:]), int(parts[4][1:])
+    ids = torch.randint(0, 50257, (B, T + 1))
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    out = {}
+    torch.manual_seed(0)
+    model = TorchGpt2().train()
+    opt = adamw(model)
+    out["torch eager GPT-2"] = best_seconds(lambda: train_step(model, opt, x, y), min_seconds)
+    del model, opt
+    try:
+        import transformers
+    except ImportError:
+        return out
+    cfg = transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    hf = transformers.GPT2LMHeadModel(cfg).train()
+    hf.config._attn_implementation = "sdpa"
+    opt = adamw(hf)
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = hf
+
+        def forward(self, ids, targets):
+            logits = self.m(input_ids=ids).logits
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    out["transformers GPT2LMHeadModel"] = best_seconds(lambda: train_step(Wrap(), opt, x, y), min_seconds)
+    return out
+
+
+PEERS = {"gpt2": gpt2_peers, "attention": attention_peers, "backward": backward_peers, "decode": decode_peers, "mha": mha_peers, "gemm": gemm_peers}
 
 
 def main():

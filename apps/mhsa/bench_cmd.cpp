@@ -186,6 +186,37 @@ Case gpt2_decode_case(int64_t n) {
           }};
 }
 
+// One training step of GPT-2 124M on B sequences of T tokens: the loss and every gradient
+// (Gpt2::loss_and_gradients), global-norm clipping and an AdamW update. Reported against the
+// model FLOPs (6 per parameter-multiply per token, 3× the causal attention's forward; no
+// recomputation counted), so rate / peak is the model-FLOP utilisation.
+Case gpt2_train_case(int64_t B, int64_t T) {
+  const std::string name = "gpt2_124M_train_B" + std::to_string(B) + "_T" + std::to_string(T);
+  return {name, [=](double min_seconds) {
+            Gpt2 m = Gpt2::random(Gpt2Config{}, 6);
+            const Gpt2Config& c = m.config();
+            std::vector<int32_t> ids(static_cast<size_t>(B * T + 1));
+            for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919 + i * i * 31) % c.vocab_size);
+            const std::span<const int32_t> x(ids.data(), static_cast<size_t>(B * T)), y(ids.data() + 1, x.size());
+            const auto params = m.parameters();
+            AdamW adam(params);
+            std::vector<Tensor> grads = m.zero_gradients();
+            const double s = best_seconds(
+                [&] {
+                  for (Tensor& g : grads) std::fill(g.data(), g.data() + g.numel(), 0.0f);
+                  (void)m.loss_and_gradients(x, y, B, T, grads);
+                  (void)clip_gradients(grads, 1.0);
+                  adam.step(params, grads, 1e-4f);
+                },
+                min_seconds);
+            const double C = static_cast<double>(c.n_embd), F = static_cast<double>(c.mlp_dim());
+            const double dense = c.n_layer * (4 * C * C + 2 * C * F) + C * c.vocab_size;  // multiplies per token
+            const double attn = c.n_layer * attention_flops(B, c.n_head, T, T, c.n_embd / c.n_head,
+                                                            c.n_embd / c.n_head, true);
+            return Result{name, "GFLOP/s", s, 6.0 * dense * B * T + 3.0 * attn, double(B * T)};
+          }};
+}
+
 void run(const BenchArgs& a) {
   const int threads = omp_get_max_threads();
   std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
@@ -197,7 +228,8 @@ void run(const BenchArgs& a) {
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       backward_case(12, 4096, 64, true),   mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
-      decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128)};
+      decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
+      gpt2_train_case(4, 256)};
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
   std::vector<Result> results;
   for (const Case& c : cases) {

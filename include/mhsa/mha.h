@@ -96,7 +96,8 @@ class MultiHeadAttention {
   Tensor step(ConstTensorView x, KVCache& cache) const;
 
   // Gradients from dy [B, T, C] and the tape of the forward that produced y: adds the parameters'
-  // gradients into `grads` (accumulating, as PyTorch does) and returns dx (and dmemory).
+  // gradients into `grads` (accumulating, as PyTorch does; the GEMM adds the weight products into
+  // them, so two calls give g1 + g2 to within float32 rounding) and returns dx (and dmemory).
   MhaInputGradients backward(const MhaTape& tape, ConstTensorView dy, MhaGradients& grads) const;
   // Zero gradients shaped like the parameters.
   MhaGradients zero_gradients() const;

@@ -4,12 +4,12 @@
 namespace mhsa::kernels {
 
 const KernelTable& kernels_for(cpu::Isa isa) {
-  static const KernelTable portable_table{&portable::gemm, &portable::attention_forward, &portable::attention_backward,
+  static const KernelTable portable_table{&portable::gemm, &portable::gemm_ex, &portable::attention_forward, &portable::attention_backward,
                                          &portable::layer_norm, &portable::gelu_tanh, &portable::gelu_tanh_backward, &portable::matmul_bt};
 #if defined(MHSA_HAVE_X86_KERNELS)
-  static const KernelTable avx2_table{&avx2::gemm, &avx2::attention_forward, &avx2::attention_backward,
+  static const KernelTable avx2_table{&avx2::gemm, &avx2::gemm_ex, &avx2::attention_forward, &avx2::attention_backward,
                                          &avx2::layer_norm, &avx2::gelu_tanh, &avx2::gelu_tanh_backward, &avx2::matmul_bt};
-  static const KernelTable avx512_table{&avx512::gemm, &avx512::attention_forward, &avx512::attention_backward,
+  static const KernelTable avx512_table{&avx512::gemm, &avx512::gemm_ex, &avx512::attention_forward, &avx512::attention_backward,
                                          &avx512::layer_norm, &avx512::gelu_tanh, &avx512::gelu_tanh_backward, &avx512::matmul_bt};
   if (isa == cpu::Isa::avx512) return avx512_table;
   if (isa == cpu::Isa::avx2) return avx2_table;

@@ -16,6 +16,8 @@ namespace mhsa::kernels {
   namespace isa {                                                                                          \
   void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,     \
             const float* bias, float* C, int64_t ldc);                                                     \
+  void gemm_ex(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const float* B,  \
+               int64_t ldb, bool trans_b, float* C, int64_t ldc, bool accumulate);                         \
   void attention_forward(const AttentionParams& p);                                                        \
   void attention_backward(const AttentionParams& p);                                                       \
   void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta, \
@@ -34,6 +36,10 @@ struct KernelTable {
   // C[M, N] = A[M, K] · B[K, N] + bias[N] (bias may be null); row-major with leading dimensions.
   // Deterministic: each element of C is summed by one thread in a fixed order.
   decltype(&portable::gemm) gemm;
+  // C[M, N] (+)= op(A) · op(B): op(A) is A [M, K] (lda), or with trans_a the transpose of A stored
+  // [K, M]; op(B) is B [K, N], or with trans_b the transpose of B stored [N, K]. accumulate: C +=.
+  // For backward passes (dW += Xᵀ·dY, dX = dY·Wᵀ); deterministic like gemm.
+  decltype(&portable::gemm_ex) gemm_ex;
   // The FlashAttention forward (kernels/flash_attention.cpp): lse, and out when p.out is set.
   decltype(&portable::attention_forward) attention_forward;
   // The FlashAttention backward (kernels/flash_backward.cpp): dq, dk, dv.

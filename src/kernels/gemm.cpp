@@ -16,7 +16,10 @@
 // the result depends on the inputs and on M <= kFreshMaxM only (per ISA: portable code without
 // FMA rounds the product separately, consistently).
 //
-// Not a BLAS: no transposes, no alpha/beta, no other types. Block sizes and their measurements
+// gemm_ex adds what backward passes need: either operand stored transposed, and C += A·B (the
+// chains start from C). It always takes the packed path (the transposes are in packing only), so
+// its chains are the plain ones; for M <= kFreshMaxM they differ from gemm's blocked chains.
+// Not a BLAS: no alpha/beta, no other types. Block sizes and their measurements
 // are below the micro-kernel.
 #include <algorithm>
 #include <array>
@@ -150,6 +153,19 @@ void pack_a(int64_t rows, int64_t kc, const float* A, int64_t lda, float* packed
   }
 }
 
+// pack_a for A stored transposed ([K, M], lda): rows [0, rows) × cols [0, kc) of op(A) = Aᵀ, from
+// A's rows [0, kc) and columns [0, rows). Each k reads kMR contiguous floats.
+void pack_a_transposed(int64_t rows, int64_t kc, const float* A, int64_t lda, float* packed) {
+  for (int64_t i0 = 0; i0 < rows; i0 += kMR) {
+    const int64_t r_end = std::min<int64_t>(kMR, rows - i0);
+    float* panel = packed + i0 * kc;
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* src = A + k * lda + i0;
+      for (int64_t r = 0; r < r_end; ++r) panel[k * kMR + r] = src[r];
+    }
+  }
+}
+
 // Packs columns [j, j + n) (n <= kNR) of B's K rows into one panel [K][kNR], zero-padded.
 void pack_b_panel(int64_t K, int64_t n, const float* B, int64_t ldb, float* panel) {
   for (int64_t k = 0; k < K; ++k) {
@@ -160,6 +176,23 @@ void pack_b_panel(int64_t K, int64_t n, const float* B, int64_t ldb, float* pane
       store(dst + kLanes, load(src + kLanes));
     } else {
       for (int64_t j = 0; j < kNR; ++j) dst[j] = j < n ? src[j] : 0.0f;
+    }
+  }
+}
+
+// pack_b_panel for B stored transposed ([N, K], ldb; B points at stored row j): op(B)[k, j + jj]
+// = B[jj·ldb + k]. A kKC-long stretch of each of the n rows at a time, so the panel being
+// written stays in L1.
+void pack_b_panel_transposed(int64_t K, int64_t n, const float* B, int64_t ldb, float* panel) {
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t k_end = std::min(K, k0 + kKC);
+    for (int64_t jj = 0; jj < kNR; ++jj) {
+      if (jj >= n) {
+        for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = 0.0f;
+        continue;
+      }
+      const float* src = B + jj * ldb;
+      for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = src[k];
     }
   }
 }
@@ -321,19 +354,11 @@ void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
   }
 }
 
-}  // namespace
-
-void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-          const float* bias, float* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
-    return;
-  }
-  if (M <= kStreamMaxM) return gemm_stream(M, N, K, A, lda, B, ldb, bias, C, ldc);
-  if (M <= kInPlaceMaxM) return gemm_in_place(M, N, K, A, lda, B, ldb, bias, C, ldc);
-
+// The packed path (BLIS): B packed once into column panels, A a cache block at a time. Either
+// operand may be stored transposed (only packing differs); accumulate: C's contents start the
+// chains (bias unused).
+void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const float* B,
+                 int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc, bool accumulate) {
   const int64_t panels = (N + kNR - 1) / kNR;
   thread_local Scratch packed_b;
   float* b_packed = packed_b.reserve(panels * (K + 1) * kNR);  // [panels][K][kNR], then bias [panels·kNR]
@@ -348,7 +373,10 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
-      pack_b_panel(K, n, B + j, ldb, b_packed + p * K * kNR);
+      if (trans_b)
+        pack_b_panel_transposed(K, n, B + j * ldb, ldb, b_packed + p * K * kNR);
+      else
+        pack_b_panel(K, n, B + j, ldb, b_packed + p * K * kNR);
       for (int64_t jj = 0; jj < kNR; ++jj) bias_packed[j + jj] = bias && jj < n ? bias[j + jj] : 0.0f;
     }
     Buffer a_packed = aligned_floats(mc * kc_max);  // [mc/kMR][kc][kMR]
@@ -360,17 +388,47 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
         if (i0 >= M || p0 >= panels) continue;
         for (int64_t pc = 0; pc < K; pc += kKC) {
           const int64_t kc = std::min(kKC, K - pc);
-          pack_a(i_end - i0, kc, A + i0 * lda + pc, lda, a_packed.get());
+          if (trans_a)
+            pack_a_transposed(i_end - i0, kc, A + pc * lda + i0, lda, a_packed.get());
+          else
+            pack_a(i_end - i0, kc, A + i0 * lda + pc, lda, a_packed.get());
           for (int64_t p = p0; p < p_end; ++p) {
             const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
             const float* b = b_packed + (p * K + pc) * kNR;
             for (int64_t i = i0; i < i_end; i += kMR)
               run_tile(std::min<int64_t>(kMR, i_end - i), n, kc, a_packed.get() + (i - i0) * kc, b, kNR,
-                       bias_packed + j, pc == 0, C + i * ldc + j, ldc);
+                       bias_packed + j, pc == 0 && !accumulate, C + i * ldc + j, ldc);
           }
         }
       }
   }
+}
+
+}  // namespace
+
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+          const float* bias, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+    return;
+  }
+  if (M <= kStreamMaxM) return gemm_stream(M, N, K, A, lda, B, ldb, bias, C, ldc);
+  if (M <= kInPlaceMaxM) return gemm_in_place(M, N, K, A, lda, B, ldb, bias, C, ldc);
+  gemm_packed(M, N, K, A, lda, false, B, ldb, false, bias, C, ldc, false);
+}
+
+void gemm_ex(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const float* B, int64_t ldb,
+             bool trans_b, float* C, int64_t ldc, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  if (!trans_a && !trans_b && !accumulate) return gemm(M, N, K, A, lda, B, ldb, nullptr, C, ldc);
+  gemm_packed(M, N, K, A, lda, trans_a, B, ldb, trans_b, nullptr, C, ldc, accumulate);
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA

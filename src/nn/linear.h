@@ -1,6 +1,7 @@
 // nn/linear.h — the products behind a linear layer's backward, shared by MultiHeadAttention and
 // the GPT trainer: weights are [in, out] (GPT-2's Conv1D layout), activations rows of [M, in].
-// The GEMM has no transposes, so the transposed operand is copied once per call. Not public.
+// The transposed operands are read in place by gemm_ex's packing, and weight gradients are
+// accumulated by the GEMM itself (no temporary product). Not public.
 #pragma once
 
 #include <cstdint>

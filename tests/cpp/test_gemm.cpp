@@ -195,5 +195,103 @@ TEST(Gemm, ElementsDoNotDependOnHowCIsCut) {
   }
 }
 
+// gemm_ex: op(A)·op(B) with either operand stored transposed, optionally added to C, against the
+// float64 reference on explicit transposes (C's start value playing the bias), on odd shapes, with
+// leading dimensions wider than the stored rows; and bitwise the same for any thread count.
+struct ExCase {
+  int64_t M, N, K;
+  bool trans_a, trans_b, accumulate;
+};
+struct ExOperands {
+  int64_t lda, ldb, ldc;
+  Tensor a, b, c0;  // stored as the case says: a [M|K, lda], b [K|N, ldb], c0 [M, ldc]
+};
+ExOperands make_ex_operands(std::mt19937_64& gen, const ExCase& c) {
+  const int64_t a_rows = c.trans_a ? c.K : c.M, a_cols = c.trans_a ? c.M : c.K;
+  const int64_t b_rows = c.trans_b ? c.N : c.K, b_cols = c.trans_b ? c.K : c.N;
+  return {a_cols + 3, b_cols + 5, c.N + 2, random_tensor(gen, {std::max<int64_t>(a_rows, 1), a_cols + 3}),
+          random_tensor(gen, {std::max<int64_t>(b_rows, 1), b_cols + 5}),
+          random_tensor(gen, {std::max<int64_t>(c.M, 1), c.N + 2})};
+}
+// op(X) as a plain row-major [rows, cols] copy
+std::vector<float> op_of(const Tensor& x, int64_t ld, bool trans, int64_t rows, int64_t cols, bool absolute) {
+  std::vector<float> out(static_cast<size_t>(std::max<int64_t>(rows * cols, 1)));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const float v = trans ? x.data()[j * ld + i] : x.data()[i * ld + j];
+      out[static_cast<size_t>(i * cols + j)] = absolute ? std::fabs(v) : v;
+    }
+  return out;
+}
+
+TEST(GemmEx, TransposedOperandsAndAccumulationMatchTheReference) {
+  auto gen = test_rng();
+  std::vector<ExCase> cases;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int acc = 0; acc < 2; ++acc)
+        for (int64_t M : {1, 13, 97, 300})
+          for (int64_t N : {1, 33, 97})
+            for (int64_t K : {1, 97, 257}) cases.push_back({M, N, K, ta == 1, tb == 1, acc == 1});
+  cases.push_back({1025, 768, 256, true, false, true});  // dW += Xᵀ·dY at a GPT-2 shape
+  cases.push_back({256, 1030, 768, false, true, false});  // dX = dY·Wᵀ
+  for (const ExCase& c : cases) {
+    const ExOperands o = make_ex_operands(gen, c);
+    const auto a = op_of(o.a, o.lda, c.trans_a, c.M, c.K, false), b = op_of(o.b, o.ldb, c.trans_b, c.K, c.N, false);
+    const auto a_abs = op_of(o.a, o.lda, c.trans_a, c.M, c.K, true), b_abs = op_of(o.b, o.ldb, c.trans_b, c.K, c.N, true);
+    std::vector<float> want(static_cast<size_t>(c.M * o.ldc)), scale = want;
+    for (int64_t i = 0; i < c.M; ++i) {  // C's start as a per-row bias: one reference call per row
+      std::vector<float> start(o.c0.data() + i * o.ldc, o.c0.data() + i * o.ldc + c.N), start_abs = start;
+      for (float& x : start_abs) x = std::fabs(x);
+      kernels::gemm_ref(1, c.N, c.K, a.data() + i * c.K, c.K, b.data(), c.N, c.accumulate ? start.data() : nullptr,
+                        want.data() + i * o.ldc, o.ldc);
+      kernels::gemm_ref(1, c.N, c.K, a_abs.data() + i * c.K, c.K, b_abs.data(), c.N,
+                        c.accumulate ? start_abs.data() : nullptr, scale.data() + i * o.ldc, o.ldc);
+    }
+    const double tolerance = 4.0 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(c.K + 1));
+    const std::string what = " M=" + std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                             " trans_a=" + std::to_string(c.trans_a) + " trans_b=" + std::to_string(c.trans_b) +
+                             " accumulate=" + std::to_string(c.accumulate);
+    for (cpu::Isa isa : cpu::usable_isas()) {
+      std::vector<float> got(o.c0.data(), o.c0.data() + c.M * o.ldc);
+      kernels::kernels_for(isa).gemm_ex(c.M, c.N, c.K, o.a.data(), o.lda, c.trans_a, o.b.data(), o.ldb, c.trans_b,
+                                        got.data(), o.ldc, c.accumulate);
+      double err = 0.0, norm = 0.0;
+      bool padding_untouched = true;
+      for (int64_t i = 0; i < c.M; ++i) {
+        for (int64_t j = 0; j < c.N; ++j) {
+          const double d = double(got[i * o.ldc + j]) - want[i * o.ldc + j];
+          err += d * d;
+          norm += double(scale[i * o.ldc + j]) * scale[i * o.ldc + j];
+        }
+        for (int64_t j = c.N; j < o.ldc; ++j) padding_untouched &= got[i * o.ldc + j] == o.c0.data()[i * o.ldc + j];
+      }
+      EXPECT_LE(std::sqrt(err / norm), tolerance) << cpu::isa_name(isa) << what;
+      EXPECT_TRUE(padding_untouched) << cpu::isa_name(isa) << what << ": wrote into C's padding";
+    }
+  }
+}
+
+TEST(GemmEx, BitwiseIdenticalForAnyThreadCount) {
+  auto gen = test_rng();
+  const int saved = omp_get_max_threads();
+  for (const ExCase& c : std::vector<ExCase>{{301, 1025, 257, true, false, true}, {200, 333, 300, false, true, false},
+                                             {97, 50, 513, true, true, true}}) {
+    const ExOperands o = make_ex_operands(gen, c);
+    for (cpu::Isa isa : cpu::usable_isas()) {
+      std::vector<std::vector<float>> results;
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        results.emplace_back(o.c0.data(), o.c0.data() + c.M * o.ldc);
+        kernels::kernels_for(isa).gemm_ex(c.M, c.N, c.K, o.a.data(), o.lda, c.trans_a, o.b.data(), o.ldb, c.trans_b,
+                                          results.back().data(), o.ldc, c.accumulate);
+      }
+      EXPECT_TRUE(bitwise_equal(results[0], results[1])) << cpu::isa_name(isa) << " M=" << c.M << ": 1 vs 2 threads";
+      EXPECT_TRUE(bitwise_equal(results[0], results[2])) << cpu::isa_name(isa) << " M=" << c.M << ": 1 vs 3 threads";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 }  // namespace
 }  // namespace mhsa::test
