@@ -84,10 +84,15 @@ namespace detail {
 // Linux, offered transparent huge pages (madvise): a weight matrix streamed once per decoded
 // token is read at ~36 GB/s from 2 MiB pages against 24–31 GB/s from 4 KiB ones on the
 // development machine (the hardware prefetchers stop at every 4 KiB page). Freed blocks of that
-// size are kept for reuse, up to 128 MiB in all (see core/tensor.cpp).
+// size are kept for reuse, up to an eighth of the machine's memory (128 MiB to 4 GiB; see
+// core/tensor.cpp and release_cached_memory below).
 void* allocate_tensor_memory(std::size_t bytes);
 void free_tensor_memory(void* p, std::size_t bytes) noexcept;
 }  // namespace detail
+
+// Gives the freed tensor blocks that are kept for reuse back to the operating system (after a
+// training run, say: a step's activations stay cached for the next step until then).
+void release_cached_memory();
 
 template <class T, std::size_t Align = 64>
 struct AlignedAllocator {

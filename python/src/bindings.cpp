@@ -250,6 +250,8 @@ gives 0. With return_lse, returns (out, lse [B, Hq, Tq]).)");
         R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
 inputs, out and lse (from return_lse=True), with the forward's options. dk and dv sum over the query heads
 of a group; rows with no visible key get zero gradients.)");
+  m.def("release_cached_memory", &mhsa::release_cached_memory,
+        "Give the freed tensor memory that mhsa keeps for reuse (up to 1/8 of RAM) back to the system.");
   m.def("load_safetensors", &load_safetensors, "path"_a,
         "Every tensor of a safetensors file (F32, F16, BF16) as float32 arrays, by name; the file is validated first.");
   m.def("save_safetensors", &save_safetensors_py, "path"_a, "tensors"_a, "metadata"_a = py::none(), "dtype"_a = "F32",

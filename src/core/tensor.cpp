@@ -1,6 +1,7 @@
 // core/tensor.cpp — the owning Tensor.
 #include "mhsa/tensor.h"
 
+#include <algorithm>
 #include <mutex>
 #include <new>
 #include <utility>
@@ -8,6 +9,7 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 #include "core/check.h"
@@ -19,9 +21,23 @@ namespace detail {
 namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kHugeFrom = std::size_t{4} << 20;
-constexpr std::size_t kCacheBytes = std::size_t{128} << 20;
 
-// Freed blocks of kHugeFrom bytes and more, kept (up to kCacheBytes in all) for the next request
+// How much freed memory the cache may hold: an eighth of the machine's memory, between 128 MiB
+// and 4 GiB (a GPT-2 124M training step at B·T = 1024 frees about 1 GiB of activations and
+// allocates it again in the next step; with 128 MiB the kernel's page clearing was 15% of it).
+std::size_t cache_bytes() {
+  static const std::size_t bytes = [] {
+    std::size_t physical = std::size_t{1} << 30;
+#if defined(__linux__)
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages > 0 && page > 0) physical = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+#endif
+    return std::clamp(physical / 8, std::size_t{128} << 20, std::size_t{4} << 30);
+  }();
+  return bytes;
+}
+
+// Freed blocks of kHugeFrom bytes and more, kept (up to cache_bytes() in all) for the next request
 // of the same size: a transformer allocates the same activation shapes in every layer and every
 // step, and a fresh block costs an mmap, a page fault per page and the kernel clearing each page
 // (11% of a 512-token GPT-2 prefill before this cache).
@@ -40,14 +56,18 @@ class BlockCache {
   }
   bool keep(void* p, std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (held_ + bytes > kCacheBytes) return false;
+    if (held_ + bytes > cache_bytes()) return false;
     blocks_.emplace_back(bytes, p);
     held_ += bytes;
     return true;
   }
-  ~BlockCache() {
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& [bytes, p] : blocks_) ::operator delete(p, std::align_val_t{kHugePage});
+    blocks_.clear();
+    held_ = 0;
   }
+  ~BlockCache() { release(); }
 
  private:
   std::mutex mutex_;
@@ -90,6 +110,8 @@ void free_tensor_memory(void* p, std::size_t bytes) noexcept {
 }
 
 }  // namespace detail
+
+void release_cached_memory() { detail::block_cache().release(); }
 
 Tensor::Tensor(std::vector<int64_t> dims) : shape_(std::move(dims)) {
   if (shape_.empty() || shape_.size() > kMaxDims)
