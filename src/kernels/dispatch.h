@@ -26,6 +26,10 @@ namespace mhsa::kernels {
   void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz);                           \
   void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,  \
                  float* C, int64_t ldc);                                                                   \
+  void softmax_cross_entropy(int64_t rows, int64_t V, float* logits, int64_t ld, const int32_t* targets,     \
+                             float scale, double* loss);                                                   \
+  void adamw(int64_t n, float* w, const float* g, float* m, float* v, float lr, float decay, float beta1,    \
+             float beta2, float inv_c1, float inv_c2, float eps);                                          \
   }
 MHSA_DECLARE_ISA_KERNELS(portable)
 MHSA_DECLARE_ISA_KERNELS(avx2)
@@ -51,6 +55,9 @@ struct KernelTable {
   // C[M, N] = A[M, K] · B[N, K]ᵀ for small M (kernels/matmul_bt.cpp), a bandwidth-bound stream
   // over B; deterministic like gemm.
   decltype(&portable::matmul_bt) matmul_bt;
+  // Training: the softmax cross-entropy head and AdamW (float64 twins in kernels/elementwise.h).
+  decltype(&portable::softmax_cross_entropy) softmax_cross_entropy;
+  decltype(&portable::adamw) adamw;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

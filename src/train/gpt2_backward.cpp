@@ -210,27 +210,13 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
   Tensor no_bias;
   double total = 0;
   const double inv = 1.0 / static_cast<double>(counted);
+  std::vector<double> row_loss(static_cast<size_t>(std::min(kLossRows, rows)));
   for (int64_t r0 = 0; r0 < rows; r0 += kLossRows) {
     const int64_t R = std::min(kLossRows, rows - r0);
     Tensor logits({R, V});
     k.gemm(R, V, C, hf.data() + r0 * C, C, wt.data(), V, nullptr, logits.data(), V);
-    for (int64_t r = 0; r < R; ++r) {
-      float* lr = logits.data() + r * V;
-      const int32_t t = targets[static_cast<size_t>(r0 + r)];
-      if (t < 0) {
-        std::fill(lr, lr + V, 0.0f);
-        continue;
-      }
-      double m = -INFINITY, sum = 0;
-      for (int64_t v = 0; v < V; ++v) m = std::max(m, double(lr[v]));
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(lr[v] - m);
-      const double lse = m + std::log(sum);
-      total += lse - lr[t];
-      if (backward) {  // dlogits = (softmax − onehot) / counted
-        for (int64_t v = 0; v < V; ++v) lr[v] = static_cast<float>(std::exp(lr[v] - lse) * inv);
-        lr[t] -= static_cast<float>(inv);
-      }
-    }
+    k.softmax_cross_entropy(R, V, logits.data(), V, targets.data() + r0, static_cast<float>(inv), row_loss.data());
+    for (int64_t r = 0; r < R; ++r) total += row_loss[static_cast<size_t>(r)];  // rows in order
     if (!backward) continue;
     k.gemm(R, C, V, logits.data(), V, w.data(), C, nullptr, dhf.data() + r0 * C, C);
     nn::add_weight_grads(logits.data(), R, V, hf.data() + r0 * C, C, dw, 0, no_bias);

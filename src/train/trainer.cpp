@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "kernels/dispatch.h"
 #include "mhsa/safetensors.h"
 
 namespace mhsa {
@@ -177,25 +178,18 @@ void AdamW::step(const std::vector<std::pair<std::string, Tensor*>>& params, con
                  float lr) {
   if (params.size() != m_.size() || grads.size() != m_.size())
     fail("AdamW::step", "grads", message(m_.size(), " tensors"), std::to_string(grads.size()));
+  for (size_t i = 0; i < params.size(); ++i)
+    if (grads[i].shape() != params[i].second->shape() || m_[i].shape() != params[i].second->shape())
+      fail("AdamW::step", message("grads[", i, "]"), "the shape of " + params[i].first, "another shape");
   ++steps_;
   const double c1 = 1.0 - std::pow(double(options_.beta1), double(steps_));
   const double c2 = 1.0 - std::pow(double(options_.beta2), double(steps_));
-  const float b1 = options_.beta1, b2 = options_.beta2;
+  const kernels::KernelTable& k = kernels::kernels();
   for (size_t i = 0; i < params.size(); ++i) {
     Tensor& p = *params[i].second;
     const float decay = p.shape().size() >= 2 ? lr * options_.weight_decay : 0.0f;  // matrices only
-    float* w = p.data();
-    float* m = m_[i].data();
-    float* v = v_[i].data();
-    const float* g = grads[i].data();
-    const int64_t n = p.numel();
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-    for (int64_t j = 0; j < n; ++j) {
-      m[j] = b1 * m[j] + (1 - b1) * g[j];
-      v[j] = b2 * v[j] + (1 - b2) * g[j] * g[j];
-      const double update = (m[j] / c1) / (std::sqrt(v[j] / c2) + options_.eps);
-      w[j] = static_cast<float>(w[j] - decay * w[j] - lr * update);
-    }
+    k.adamw(p.numel(), p.data(), grads[i].data(), m_[i].data(), v_[i].data(), lr, decay, options_.beta1,
+            options_.beta2, static_cast<float>(1.0 / c1), static_cast<float>(1.0 / c2), options_.eps);
   }
 }
 

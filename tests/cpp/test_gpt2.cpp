@@ -52,6 +52,77 @@ TEST(Gpt2Kernels, GeluMatchesFloat64) {
     }
 }
 
+// The training head: loss per row and (softmax − onehot)·scale, against float64, for widths around
+// the vector and summation-chunk sizes and GPT-2's 50,257; ignored rows (target −1) come back zero;
+// bitwise the same for 1, 2 and 3 threads.
+TEST(Gpt2Kernels, SoftmaxCrossEntropyMatchesFloat64) {
+  auto gen = test_rng();
+  const int saved = omp_get_max_threads();
+  for (cpu::Isa isa : cpu::usable_isas())
+    for (int64_t V : {1, 15, 17, 513, 50257}) {
+      const int64_t rows = 9, ld = V + 5;
+      Tensor x = random_tensor(gen, {rows, ld}, 4.0f);
+      x.data()[3 * ld + V / 2] = 60.0f;  // one dominant logit: lse far from the bulk
+      std::vector<int32_t> targets(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) targets[static_cast<size_t>(r)] = static_cast<int32_t>((r * 7919) % V);
+      targets[5] = -1;
+      const float scale = 1.0f / 8.0f;
+      Tensor want = x;
+      std::vector<double> want_loss(static_cast<size_t>(rows));
+      kernels::softmax_cross_entropy_ref(rows, V, want.data(), ld, targets.data(), scale, want_loss.data());
+      std::vector<std::vector<float>> runs;
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        Tensor got = x;
+        std::vector<double> loss(static_cast<size_t>(rows));
+        kernels::kernels_for(isa).softmax_cross_entropy(rows, V, got.data(), ld, targets.data(), scale, loss.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_NEAR(loss[static_cast<size_t>(r)], want_loss[static_cast<size_t>(r)], 2e-6 * (1 + want_loss[static_cast<size_t>(r)]))
+              << cpu::isa_name(isa) << " V " << V << " row " << r;
+          // Error against the scale of the terms, (‖softmax‖² + 1)·scale²: p_target − 1 cancels.
+          double err = 0, norm = 1;
+          for (int64_t v = 0; v < V; ++v) {
+            const double d = double(got.data()[r * ld + v]) - want.data()[r * ld + v];
+            const double p = want.data()[r * ld + v] / scale + (v == targets[static_cast<size_t>(r)]);
+            err += d * d, norm += p * p;
+          }
+          if (r == 5) EXPECT_EQ(err, 0.0) << "an ignored row must be all zeros";
+          else EXPECT_LE(std::sqrt(err / norm) / scale, 2e-6) << cpu::isa_name(isa) << " V " << V << " row " << r;
+          for (int64_t v = V; v < ld; ++v) ASSERT_EQ(got.data()[r * ld + v], x.data()[r * ld + v]) << "padding";
+        }
+        runs.emplace_back(got.data(), got.data() + got.numel());
+      }
+      EXPECT_EQ(runs[0], runs[1]) << cpu::isa_name(isa) << " V " << V << ": 1 vs 2 threads";
+      EXPECT_EQ(runs[0], runs[2]) << cpu::isa_name(isa) << " V " << V << ": 1 vs 3 threads";
+    }
+  omp_set_num_threads(saved);
+}
+
+// AdamW's update against float64 over several steps (moments carried), with and without decay,
+// including zero gradients (v = 0: the eps guard) and lengths that are not whole vectors.
+TEST(Gpt2Kernels, AdamWMatchesFloat64) {
+  auto gen = test_rng();
+  for (cpu::Isa isa : cpu::usable_isas())
+    for (int64_t n : {1, 17, 100003})
+      for (float decay : {0.0f, 1e-4f}) {
+        Tensor w = random_tensor(gen, {n}), m({n}), v({n});
+        Tensor w_ref = w, m_ref = m, v_ref = v;
+        for (int step = 1; step <= 3; ++step) {
+          Tensor g = random_tensor(gen, {n}, 0.01f);
+          g.data()[0] = 0.0f;
+          const float inv_c1 = 1.0f / (1.0f - std::pow(0.9f, float(step))), inv_c2 = 1.0f / (1.0f - std::pow(0.95f, float(step)));
+          kernels::adamw_ref(n, w_ref.data(), g.data(), m_ref.data(), v_ref.data(), 1e-3f, decay, 0.9f, 0.95f, inv_c1,
+                             inv_c2, 1e-8f);
+          kernels::kernels_for(isa).adamw(n, w.data(), g.data(), m.data(), v.data(), 1e-3f, decay, 0.9f, 0.95f, inv_c1,
+                                          inv_c2, 1e-8f);
+        }
+        for (int64_t i = 0; i < n; ++i)  // each update is ≤ lr in size: compare on that scale
+          ASSERT_NEAR(w.data()[i], w_ref.data()[i], 1e-8 + 4e-7 * std::abs(w_ref.data()[i])) << cpu::isa_name(isa) << " i " << i;
+        EXPECT_LE(rel_l2(m.data(), as_double(m_ref.data(), m_ref.numel())), 1e-6) << cpu::isa_name(isa) << " n " << n;
+        EXPECT_LE(rel_l2(v.data(), as_double(v_ref.data(), v_ref.numel())), 1e-6) << cpu::isa_name(isa) << " n " << n;
+      }
+}
+
 TEST(Gpt2Kernels, GeluBackwardMatchesFloat64) {
   auto gen = test_rng();
   for (cpu::Isa isa : cpu::usable_isas())

@@ -10,6 +10,12 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
 #ifndef MHSA_ISA
 #error "define MHSA_ISA (the ISA namespace) before including kernels/isa/simd.h"
 #endif
@@ -45,6 +51,21 @@ inline void store_partial(float* p, Vec v, int n) {
   for (int i = 0; i < n; ++i) p[i] = v[i];
 }
 inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
+// Square root of every lane (the hardware instruction; the vector extensions have none).
+inline Vec sqrt(Vec x) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_sqrt_ps((__m512)x);
+#elif defined(__AVX2__)
+  return (Vec)_mm256_sqrt_ps((__m256)x);
+#elif defined(__SSE2__)
+  return (Vec)_mm_sqrt_ps((__m128)x);
+#elif defined(__aarch64__)
+  return (Vec)vsqrtq_f32((float32x4_t)x);
+#else
+  for (int i = 0; i < kLanes; ++i) x[i] = __builtin_sqrtf(x[i]);
+  return x;
+#endif
+}
 inline Vec min(Vec a, Vec b) { return a < b ? a : b; }
 // a·b + c, a single fused instruction where the ISA has one (TUs build with -ffp-contract=fast).
 inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
