@@ -83,8 +83,8 @@ namespace detail {
 // Memory for tensors: 64-byte aligned; blocks of 4 MiB and more are aligned to 2 MiB and, on
 // Linux, offered transparent huge pages (madvise): a weight matrix streamed once per decoded
 // token is read at ~36 GB/s from 2 MiB pages against 24–31 GB/s from 4 KiB ones on the
-// development machine (the hardware prefetchers stop at every 4 KiB page). Freed blocks of that
-// size are kept for reuse, up to an eighth of the machine's memory (128 MiB to 4 GiB; see
+// development machine (the hardware prefetchers stop at every 4 KiB page). Freed blocks of
+// 256 KiB and more are kept for reuse, up to an eighth of the machine's memory (128 MiB to 4 GiB; see
 // core/tensor.cpp and release_cached_memory below).
 void* allocate_tensor_memory(std::size_t bytes);
 void free_tensor_memory(void* p, std::size_t bytes) noexcept;

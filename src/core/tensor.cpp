@@ -21,6 +21,17 @@ namespace detail {
 namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kHugeFrom = std::size_t{4} << 20;
+constexpr std::size_t kCacheFrom = std::size_t{256} << 10;
+
+// Cached blocks are rounded to whole pages: 2 MiB from kHugeFrom on, else 4 KiB. The rounded
+// size alone then tells the alignment a block was allocated with.
+std::size_t rounded(std::size_t bytes) {
+  const std::size_t unit = bytes > kHugeFrom - 4096 ? kHugePage : 4096;  // 4 KiB units stay below kHugeFrom
+  return (bytes + unit - 1) / unit * unit;
+}
+std::align_val_t alignment(std::size_t rounded_bytes) {
+  return std::align_val_t{rounded_bytes >= kHugeFrom ? kHugePage : 64};
+}
 
 // How much freed memory the cache may hold: an eighth of the machine's memory, between 128 MiB
 // and 4 GiB (a GPT-2 124M training step at B·T = 1024 frees about 1 GiB of activations and
@@ -37,7 +48,7 @@ std::size_t cache_bytes() {
   return bytes;
 }
 
-// Freed blocks of kHugeFrom bytes and more, kept (up to cache_bytes() in all) for the next request
+// Freed blocks of kCacheFrom bytes and more, kept (up to cache_bytes() in all) for the next request
 // of the same size: a transformer allocates the same activation shapes in every layer and every
 // step, and a fresh block costs an mmap, a page fault per page and the kernel clearing each page
 // (11% of a 512-token GPT-2 prefill before this cache).
@@ -63,7 +74,7 @@ class BlockCache {
   }
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [bytes, p] : blocks_) ::operator delete(p, std::align_val_t{kHugePage});
+    for (const auto& [bytes, p] : blocks_) ::operator delete(p, alignment(bytes));
     blocks_.clear();
     held_ = 0;
   }
@@ -80,33 +91,35 @@ BlockCache& block_cache() {
   return cache;
 }
 
-std::size_t huge_rounded(std::size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
 }  // namespace
 
+// Blocks from kCacheFrom (256 KiB) up are cached when freed: below 4 MiB glibc serves them with
+// mmap or from the top of the heap, and either gives the pages back on free, so a training step's
+// 3 MiB activations faulted in fresh pages every step.
 void* allocate_tensor_memory(std::size_t bytes) {
-  if (bytes < kHugeFrom) return ::operator new(bytes, std::align_val_t{64});
-  const std::size_t rounded = huge_rounded(bytes);
-  if (void* p = block_cache().take(rounded)) return p;
-  void* p = ::operator new(rounded, std::align_val_t{kHugePage});
+  if (bytes < kCacheFrom) return ::operator new(bytes, std::align_val_t{64});
+  const std::size_t size = rounded(bytes);
+  if (void* p = block_cache().take(size)) return p;
+  void* p = ::operator new(size, alignment(size));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  (void)madvise(p, rounded, MADV_HUGEPAGE);  // a hint: without THP the pages stay 4 KiB
+  if (size >= kHugeFrom) (void)madvise(p, size, MADV_HUGEPAGE);  // a hint: without THP the pages stay 4 KiB
 #endif
   return p;
 }
 
 void free_tensor_memory(void* p, std::size_t bytes) noexcept {
   if (p == nullptr) return;
-  if (bytes < kHugeFrom) {
+  if (bytes < kCacheFrom) {
     ::operator delete(p, std::align_val_t{64});
     return;
   }
-  const std::size_t rounded = huge_rounded(bytes);
+  const std::size_t size = rounded(bytes);
   bool kept = false;
   try {
-    kept = block_cache().keep(p, rounded);
+    kept = block_cache().keep(p, size);
   } catch (...) {  // no room to remember it: give it back
   }
-  if (!kept) ::operator delete(p, std::align_val_t{kHugePage});
+  if (!kept) ::operator delete(p, alignment(size));
 }
 
 }  // namespace detail

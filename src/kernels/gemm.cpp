@@ -230,8 +230,9 @@ struct Scratch {
 void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                    const float* bias, float* C, int64_t ldc) {
   const int64_t panels = (N + kNR - 1) / kNR;
-  Buffer a_packed = aligned_floats((M + kMR - 1) / kMR * kMR * K);  // [M/kMR][K][kMR]
-  pack_a(M, K, A, lda, a_packed.get());
+  thread_local Scratch a_scratch;  // kept: at K = 50257 (a GPT-2 head's backward) this is 51 MB
+  float* a_packed = a_scratch.reserve((M + kMR - 1) / kMR * kMR * K);  // [M/kMR][K][kMR]
+  pack_a(M, K, A, lda, a_packed);
 #pragma omp parallel if (M * N * K >= (int64_t{1} << 16))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -252,7 +253,7 @@ void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
         const bool packed = n < kNR;
         const float* b = packed ? edge_b.get() + pc * kNR : B + pc * ldb + j;
         for (int64_t i = 0; i < M; i += kMR)
-          run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed.get() + i * K + pc * kMR, b,
+          run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, b,
                    packed ? kNR : ldb, init, pc == 0, C + i * ldc + j, ldc, !packed, fresh);
       }
     }
