@@ -90,17 +90,28 @@ double best_gflops(Loop loop, int threads, int reps) {
   return best;
 }
 
+// The widest loop this CPU runs, best of `reps` on `threads` threads.
+double widest_gflops(int threads, int reps) {
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) return best_gflops(fma_loop_avx512, threads, reps);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return best_gflops(fma_loop_avx2, threads, reps);
+#endif
+  return best_gflops(fma_loop_baseline, threads, reps);
+}
+
 }  // namespace
 
+// On a shared machine (a VM whose second core is sometimes taken for a second or so), one burst
+// of repetitions can measure half the peak, and every "% of peak" after it would be doubled. So
+// the all-threads measurement is repeated, up to 8 rounds, until it reaches 92% of threads × the
+// one-thread rate (scaling that real cores give), keeping the best.
 double measure_fma_peak_gflops(int threads) {
-  constexpr int kReps = 5;
-  double best = best_gflops(fma_loop_baseline, threads, kReps);
-#if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    best = std::max(best, best_gflops(fma_loop_avx2, threads, kReps));
-  if (__builtin_cpu_supports("avx512f")) best = std::max(best, best_gflops(fma_loop_avx512, threads, kReps));
-#endif
-  return best;
+  constexpr int kReps = 5, kRounds = 8;
+  const double one = widest_gflops(1, kReps);
+  double best = 0.0;
+  for (int round = 0; round < kRounds && best < 0.92 * threads * one; ++round)
+    best = std::max(best, widest_gflops(threads, kReps));
+  return std::max(best, best_gflops(fma_loop_baseline, threads, 2));
 }
 
 double measure_copy_bandwidth_gbs(int threads) {
