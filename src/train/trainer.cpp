@@ -193,15 +193,32 @@ void AdamW::step(const std::vector<std::pair<std::string, Tensor*>>& params, con
   }
 }
 
+// The squares are summed in float64 over fixed chunks of each tensor, in parallel, and the chunks'
+// sums in order: the same norm for any thread count.
 double clip_gradients(std::vector<Tensor>& grads, double max_norm) {
+  constexpr int64_t kChunk = int64_t{1} << 16;
   double sum = 0;
-  for (const Tensor& g : grads)
-    for (int64_t i = 0; i < g.numel(); ++i) sum += double(g.data()[i]) * g.data()[i];
+  for (const Tensor& g : grads) {
+    const int64_t n = g.numel(), chunks = (n + kChunk - 1) / kChunk;
+    std::vector<double> part(static_cast<size_t>(chunks));
+    const float* x = g.data();
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double s = 0;
+      for (int64_t i = c * kChunk, end = std::min(n, i + kChunk); i < end; ++i) s += double(x[i]) * x[i];
+      part[static_cast<size_t>(c)] = s;
+    }
+    for (double s : part) sum += s;
+  }
   const double norm = std::sqrt(sum);
   if (max_norm > 0 && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / norm);
-    for (Tensor& g : grads)
-      for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] *= scale;
+    for (Tensor& g : grads) {
+      float* x = g.data();
+      const int64_t n = g.numel();
+#pragma omp parallel for schedule(static) if (n >= kChunk)
+      for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+    }
   }
   return norm;
 }
