@@ -21,54 +21,40 @@ using detail::message;
 
 constexpr int64_t kLossRows = 256;  // rows of logits alive at once: kLossRows × V floats
 
-struct LayerNormSaved {
-  std::vector<double> mean, rstd;  // per row
-};
-
-// y = (x − mean)·rstd·g + b per row, statistics in float64 and kept for backward.
-void layer_norm_forward(int64_t rows, int64_t C, const float* x, const Tensor& g, const Tensor& b, float eps,
-                        float* y, LayerNormSaved& s) {
-  s.mean.resize(static_cast<size_t>(rows));
-  s.rstd.resize(static_cast<size_t>(rows));
+// dx += ∂/∂x, dg += Σ dy·x̂, db += Σ dy   (x̂ = (x − mean)·rstd) for y = LayerNorm(x) as the
+// forward's kernel computes it; the row statistics are recomputed here in float64 (two passes over
+// a row cost less than keeping them), and the sums over rows run in row order.
+void layer_norm_backward(int64_t rows, int64_t C, const float* x, const Tensor& g, float eps, const float* dy,
+                         float* dx, Tensor& dg, Tensor& db) {
+  std::vector<double> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
 #pragma omp parallel for schedule(static) if (rows * C >= (1 << 16))
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * C;
-    double mean = 0, var = 0;
-    for (int64_t c = 0; c < C; ++c) mean += xr[c];
-    mean /= static_cast<double>(C);
-    for (int64_t c = 0; c < C; ++c) var += (xr[c] - mean) * (xr[c] - mean);
-    const double rstd = 1.0 / std::sqrt(var / static_cast<double>(C) + eps);
-    s.mean[static_cast<size_t>(r)] = mean;
-    s.rstd[static_cast<size_t>(r)] = rstd;
-    for (int64_t c = 0; c < C; ++c)
-      y[r * C + c] = static_cast<float>((xr[c] - mean) * rstd * g.data()[c] + b.data()[c]);
-  }
-}
-
-// dx += ∂/∂x, dg += Σ dy·x̂, db += Σ dy   (x̂ = (x − mean)·rstd)
-void layer_norm_backward(int64_t rows, int64_t C, const float* x, const LayerNormSaved& s, const Tensor& g,
-                         const float* dy, float* dx, Tensor& dg, Tensor& db) {
-#pragma omp parallel for schedule(static) if (rows * C >= (1 << 16))
-  for (int64_t r = 0; r < rows; ++r) {
-    const double mean = s.mean[static_cast<size_t>(r)], rstd = s.rstd[static_cast<size_t>(r)];
+    double m = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) m += xr[c];
+    m /= static_cast<double>(C);
+    for (int64_t c = 0; c < C; ++c) var += (xr[c] - m) * (xr[c] - m);
+    const double rs = 1.0 / std::sqrt(var / static_cast<double>(C) + eps);
+    mean[static_cast<size_t>(r)] = m;
+    rstd[static_cast<size_t>(r)] = rs;
     double a = 0, b = 0;  // mean of dx̂ and of dx̂·x̂
     for (int64_t c = 0; c < C; ++c) {
-      const double xhat = (x[r * C + c] - mean) * rstd, dxhat = double(dy[r * C + c]) * g.data()[c];
+      const double xhat = (xr[c] - m) * rs, dxhat = double(dy[r * C + c]) * g.data()[c];
       a += dxhat;
       b += dxhat * xhat;
     }
     a /= static_cast<double>(C);
     b /= static_cast<double>(C);
     for (int64_t c = 0; c < C; ++c) {
-      const double xhat = (x[r * C + c] - mean) * rstd, dxhat = double(dy[r * C + c]) * g.data()[c];
-      dx[r * C + c] += static_cast<float>(rstd * (dxhat - a - xhat * b));
+      const double xhat = (xr[c] - m) * rs, dxhat = double(dy[r * C + c]) * g.data()[c];
+      dx[r * C + c] += static_cast<float>(rs * (dxhat - a - xhat * b));
     }
   }
   std::vector<double> sg(static_cast<size_t>(C), 0.0), sb(static_cast<size_t>(C), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
-    const double mean = s.mean[static_cast<size_t>(r)], rstd = s.rstd[static_cast<size_t>(r)];
+    const double m = mean[static_cast<size_t>(r)], rs = rstd[static_cast<size_t>(r)];
     for (int64_t c = 0; c < C; ++c) {
-      sg[static_cast<size_t>(c)] += double(dy[r * C + c]) * (x[r * C + c] - mean) * rstd;
+      sg[static_cast<size_t>(c)] += double(dy[r * C + c]) * (x[r * C + c] - m) * rs;
       sb[static_cast<size_t>(c)] += dy[r * C + c];
     }
   }
@@ -165,7 +151,6 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
   // Forward, recording each block's inputs and intermediate values.
   struct Saved {
     Tensor x_in, h1, x_mid, h2, z, u;
-    LayerNormSaved ln1, ln2;
     MhaTape tape;
   };
   std::vector<Saved> saved(blocks_.size());
@@ -180,7 +165,7 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
     Saved& s = saved[l];
     s.x_in = x;
     s.h1 = Tensor({B, T, C});
-    layer_norm_forward(rows, C, x.data(), b.ln1_g, b.ln1_b, eps, s.h1.data(), s.ln1);
+    k.layer_norm(rows, C, x.data(), C, b.ln1_g.data(), b.ln1_b.data(), eps, s.h1.data(), C);
     MhaOptions opt;
     opt.causal = true;
     if (backward) opt.tape = &s.tape;
@@ -188,7 +173,7 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
     add_into(x.data(), a.data(), rows * C);
     s.x_mid = x;
     s.h2 = Tensor({B, T, C});
-    layer_norm_forward(rows, C, x.data(), b.ln2_g, b.ln2_b, eps, s.h2.data(), s.ln2);
+    k.layer_norm(rows, C, x.data(), C, b.ln2_g.data(), b.ln2_b.data(), eps, s.h2.data(), C);
     s.z = Tensor({rows, F});
     k.gemm(rows, F, C, s.h2.data(), C, b.fc_w.data(), F, b.fc_b.data(), s.z.data(), F);
     s.u = s.z;
@@ -199,8 +184,7 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
     if (!backward) s = Saved();  // nothing to keep
   }
   Tensor hf({rows, C});
-  LayerNormSaved lnf;
-  layer_norm_forward(rows, C, x.data(), lnf_g_, lnf_b_, eps, hf.data(), lnf);
+  k.layer_norm(rows, C, x.data(), C, lnf_g_.data(), lnf_b_.data(), eps, hf.data(), C);
 
   // Fused softmax cross-entropy, a block of rows at a time: logits, loss, dlogits, dhf, dW.
   const Tensor& w = output_matrix();  // [V, C]
@@ -230,7 +214,7 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
     fail(fn, "grads", "a gradient for " + name, "none");
   };
   Tensor dx({B, T, C});
-  layer_norm_backward(rows, C, x.data(), lnf, lnf_g_, dhf.data(), dx.data(), grad("ln_f.weight"), grad("ln_f.bias"));
+  layer_norm_backward(rows, C, x.data(), lnf_g_, eps, dhf.data(), dx.data(), grad("ln_f.weight"), grad("ln_f.bias"));
   for (size_t l = blocks_.size(); l-- > 0;) {
     const Block& b = blocks_[l];
     Saved& s = saved[l];
@@ -241,7 +225,7 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
     k.gelu_tanh_backward(rows * F, s.z.data(), du.data(), du.data());
     nn::add_weight_grads(s.h2.data(), rows, C, du.data(), F, grad(h + "mlp.c_fc.weight"), 0, grad(h + "mlp.c_fc.bias"));
     const Tensor dh2 = nn::times_transposed(du.data(), 1, rows, F, b.fc_w, 0);  // [1, rows, C]
-    layer_norm_backward(rows, C, s.x_mid.data(), s.ln2, b.ln2_g, dh2.data(), dx.data(), grad(h + "ln_2.weight"),
+    layer_norm_backward(rows, C, s.x_mid.data(), b.ln2_g, eps, dh2.data(), dx.data(), grad(h + "ln_2.weight"),
                         grad(h + "ln_2.bias"));
     // Attention: x_mid = x_in + attn(h1)
     MhaGradients mg{std::move(grad(h + "attn.c_attn.weight")), std::move(grad(h + "attn.c_attn.bias")),
@@ -251,7 +235,7 @@ double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const in
     grad(h + "attn.c_attn.bias") = std::move(mg.b_qkv);
     grad(h + "attn.c_proj.weight") = std::move(mg.w_o);
     grad(h + "attn.c_proj.bias") = std::move(mg.b_o);
-    layer_norm_backward(rows, C, s.x_in.data(), s.ln1, b.ln1_g, in.dx.data(), dx.data(), grad(h + "ln_1.weight"),
+    layer_norm_backward(rows, C, s.x_in.data(), b.ln1_g, eps, in.dx.data(), dx.data(), grad(h + "ln_1.weight"),
                         grad(h + "ln_1.bias"));
     s = Saved();  // free this block's activations as soon as they are used
   }
