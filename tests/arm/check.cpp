@@ -1,6 +1,7 @@
 // tests/arm/check.cpp — run under qemu-aarch64 by scripts/test.sh: on ARM the library builds its
 // portable kernels only; they must agree with the reference paths there too, and the GPT-2
 // runner and tokenizer must work (run from the repository root: it reads tests/data).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -48,6 +49,40 @@ int main() {
   }
   std::printf("GPT-2 cached vs full rel L2 %.3g\n", std::sqrt(num / den));
   bad += std::sqrt(num / den) > 1e-5;
+  // Training (transposed GEMMs, the cross-entropy head, AdamW): the gradient against a central
+  // difference of the loss along it, then AdamW steps on one batch must fit it.
+  {
+    mhsa::Gpt2 t = mhsa::Gpt2::random(c, 4);
+    std::vector<int32_t> x(ids.begin(), ids.end() - 1), y(ids.begin() + 1, ids.end());
+    x.resize(38), y.resize(38);
+    auto params = t.parameters();
+    std::vector<mhsa::Tensor> grads = t.zero_gradients();
+    const double loss0 = t.loss_and_gradients(x, y, 2, 19, grads);
+    double norm = 0;
+    for (const auto& gr : grads) for (int64_t i = 0; i < gr.numel(); ++i) norm += double(gr.data()[i]) * gr.data()[i];
+    norm = std::sqrt(norm);
+    const auto shifted = [&](double h) {  // loss at w + h·g/|g|
+      for (size_t p = 0; p < params.size(); ++p)
+        for (int64_t i = 0; i < grads[p].numel(); ++i) params[p].second->data()[i] += float(h * grads[p].data()[i] / norm);
+      const double l = t.loss(x, y, 2, 19);
+      for (size_t p = 0; p < params.size(); ++p)
+        for (int64_t i = 0; i < grads[p].numel(); ++i) params[p].second->data()[i] -= float(h * grads[p].data()[i] / norm);
+      return l;
+    };
+    const double h = 3e-3, slope = (shifted(h) - shifted(-h)) / (2 * h);
+    std::printf("gradient norm %.5f, central difference along it %.5f\n", norm, slope);
+    bad += std::abs(slope - norm) > 0.01 * norm;  // measured 0.07% on x86
+    mhsa::AdamW adam(params);
+    double loss = loss0;
+    for (int step = 0; step < 30; ++step) {
+      for (auto& gr : grads) std::fill(gr.data(), gr.data() + gr.numel(), 0.0f);
+      loss = t.loss_and_gradients(x, y, 2, 19, grads);
+      mhsa::clip_gradients(grads, 1.0);
+      adam.step(params, grads, 1e-2f);
+    }
+    std::printf("training loss %.3f -> %.3f after 30 AdamW steps\n", loss0, loss);
+    bad += !(loss < 0.5 * loss0);
+  }
   const mhsa::Tokenizer tok = mhsa::Tokenizer::load_dir("tests/data/gpt2-tokenizer");
   const std::string text = "Hello world, it's caf\xc3\xa9 \xf0\x9f\x98\x80 \xff";
   const std::vector<int32_t> hello = tok.encode("Hello world");
