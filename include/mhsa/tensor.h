@@ -90,9 +90,15 @@ void* allocate_tensor_memory(std::size_t bytes);
 void free_tensor_memory(void* p, std::size_t bytes) noexcept;
 }  // namespace detail
 
-// Gives the freed tensor blocks that are kept for reuse back to the operating system (after a
-// training run, say: a step's activations stay cached for the next step until then).
+// Freed tensor blocks of 256 KiB and more are kept for the next tensor of the same size (see
+// detail:: above), the longest-unused given back first when the limit is reached.
+// release_cached_memory() gives them all back to the operating system (after a training run,
+// say: a step's activations stay cached for the next step until then); set_cached_memory_limit
+// changes the limit (0: keep nothing; default: 1/8 of RAM, 128 MiB to 4 GiB) and trims to it;
+// cached_memory_bytes() is what is held now.
 void release_cached_memory();
+void set_cached_memory_limit(std::size_t bytes);
+std::size_t cached_memory_bytes();
 
 template <class T, std::size_t Align = 64>
 struct AlignedAllocator {

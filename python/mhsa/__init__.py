@@ -13,10 +13,13 @@ from ._core import (
     MultiHeadAttention,
     Tokenizer,
     attention_probabilities,
+    cached_memory_bytes,
     load_safetensors,
+    release_cached_memory,
     save_safetensors,
     scaled_dot_product_attention,
     scaled_dot_product_attention_backward,
+    set_cached_memory_limit,
     sinusoidal_positional_encoding,
 )
 
@@ -28,10 +31,13 @@ __all__ = [
     "MultiHeadAttention",
     "Tokenizer",
     "attention_probabilities",
+    "cached_memory_bytes",
     "load_safetensors",
+    "release_cached_memory",
     "save_safetensors",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_backward",
+    "set_cached_memory_limit",
     "sinusoidal_positional_encoding",
 ]
 __version__ = "0.1.0"

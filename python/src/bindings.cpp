@@ -252,6 +252,9 @@ inputs, out and lse (from return_lse=True), with the forward's options. dk and d
 of a group; rows with no visible key get zero gradients.)");
   m.def("release_cached_memory", &mhsa::release_cached_memory,
         "Give the freed tensor memory that mhsa keeps for reuse (up to 1/8 of RAM) back to the system.");
+  m.def("set_cached_memory_limit", &mhsa::set_cached_memory_limit, "bytes"_a,
+        "Keep at most this many bytes of freed tensor memory for reuse (0: none); trims to it now.");
+  m.def("cached_memory_bytes", &mhsa::cached_memory_bytes, "Bytes of freed tensor memory kept for reuse now.");
   m.def("load_safetensors", &load_safetensors, "path"_a,
         "Every tensor of a safetensors file (F32, F16, BF16) as float32 arrays, by name; the file is validated first.");
   m.def("save_safetensors", &save_safetensors_py, "path"_a, "tensors"_a, "metadata"_a = py::none(), "dtype"_a = "F32",

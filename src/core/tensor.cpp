@@ -2,6 +2,9 @@
 #include "mhsa/tensor.h"
 
 #include <algorithm>
+#include <atomic>
+#include <deque>
+#include <iterator>
 #include <mutex>
 #include <new>
 #include <utility>
@@ -33,11 +36,11 @@ std::align_val_t alignment(std::size_t rounded_bytes) {
   return std::align_val_t{rounded_bytes >= kHugeFrom ? kHugePage : 64};
 }
 
-// How much freed memory the cache may hold: an eighth of the machine's memory, between 128 MiB
-// and 4 GiB (a GPT-2 124M training step at B·T = 1024 frees about 1 GiB of activations and
-// allocates it again in the next step; with 128 MiB the kernel's page clearing was 15% of it).
-std::size_t cache_bytes() {
-  static const std::size_t bytes = [] {
+// How much freed memory the cache may hold: by default an eighth of the machine's memory, between
+// 128 MiB and 4 GiB (a GPT-2 124M training step at B·T = 1024 frees about 1 GiB of activations
+// and allocates it again in the next step; with 128 MiB the kernel's page clearing was 15% of it).
+std::atomic<std::size_t>& cache_limit() {
+  static std::atomic<std::size_t> bytes = [] {
     std::size_t physical = std::size_t{1} << 30;
 #if defined(__linux__)
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
@@ -47,42 +50,59 @@ std::size_t cache_bytes() {
   }();
   return bytes;
 }
+std::size_t cache_bytes() { return cache_limit().load(std::memory_order_relaxed); }
 
 // Freed blocks of kCacheFrom bytes and more, kept (up to cache_bytes() in all) for the next request
 // of the same size: a transformer allocates the same activation shapes in every layer and every
 // step, and a fresh block costs an mmap, a page fault per page and the kernel clearing each page
-// (11% of a 512-token GPT-2 prefill before this cache).
+// (11% of a 512-token GPT-2 prefill before this cache). Blocks are kept in the order they were
+// freed; a request takes the most recently freed block of its size, and when a new block would
+// not fit, the longest-unused ones are given back first, so the cache follows the shapes in use
+// now rather than filling up with sizes an earlier workload left behind.
 class BlockCache {
  public:
   void* take(std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = blocks_.begin(); it != blocks_.end(); ++it)
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it)
       if (it->first == bytes) {
         void* p = it->second;
         held_ -= bytes;
-        blocks_.erase(it);
+        blocks_.erase(std::next(it).base());
         return p;
       }
     return nullptr;
   }
   bool keep(void* p, std::size_t bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (held_ + bytes > cache_bytes()) return false;
+    if (bytes > cache_bytes()) return false;
+    while (held_ + bytes > cache_bytes()) {  // evict the oldest
+      ::operator delete(blocks_.front().second, alignment(blocks_.front().first));
+      held_ -= blocks_.front().first;
+      blocks_.pop_front();
+    }
     blocks_.emplace_back(bytes, p);
     held_ += bytes;
     return true;
   }
-  void release() {
+  void release() { trim(0); }
+  // Gives back the oldest blocks until at most `limit` bytes are held.
+  void trim(std::size_t limit) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& [bytes, p] : blocks_) ::operator delete(p, alignment(bytes));
-    blocks_.clear();
-    held_ = 0;
+    while (held_ > limit) {
+      ::operator delete(blocks_.front().second, alignment(blocks_.front().first));
+      held_ -= blocks_.front().first;
+      blocks_.pop_front();
+    }
+  }
+  std::size_t held() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return held_;
   }
   ~BlockCache() { release(); }
 
  private:
   std::mutex mutex_;
-  std::vector<std::pair<std::size_t, void*>> blocks_;
+  std::deque<std::pair<std::size_t, void*>> blocks_;  // oldest first
   std::size_t held_ = 0;
 };
 
@@ -125,6 +145,13 @@ void free_tensor_memory(void* p, std::size_t bytes) noexcept {
 }  // namespace detail
 
 void release_cached_memory() { detail::block_cache().release(); }
+
+void set_cached_memory_limit(std::size_t bytes) {
+  detail::cache_limit().store(bytes, std::memory_order_relaxed);
+  detail::block_cache().trim(bytes);
+}
+
+std::size_t cached_memory_bytes() { return detail::block_cache().held(); }
 
 Tensor::Tensor(std::vector<int64_t> dims) : shape_(std::move(dims)) {
   if (shape_.empty() || shape_.size() > kMaxDims)

@@ -35,5 +35,30 @@ TEST(TensorMemory, FreedBlocksAreReusedZeroedAndReleasedOnRequest) {
 #endif
 }
 
+// With a limit, a freed block that does not fit pushes out the longest-unused ones; a block larger
+// than the limit is not kept; the limit 0 keeps nothing.
+TEST(TensorMemory, TheCacheKeepsTheMostRecentBlocksWithinItsLimit) {
+  const std::size_t MiB = std::size_t{1} << 20;
+  release_cached_memory();
+  set_cached_memory_limit(100 * MiB);
+  { Tensor a({16, 1 << 20}); }  // 64 MiB
+  EXPECT_EQ(cached_memory_bytes(), 64 * MiB);
+  { Tensor b({12, 1 << 20}); }  // 48 MiB: 112 > 100, so the 64 MiB block goes
+  EXPECT_EQ(cached_memory_bytes(), 48 * MiB);
+  { Tensor c({32, 1 << 20}); }  // 128 MiB: over the limit by itself
+  EXPECT_EQ(cached_memory_bytes(), 48 * MiB);
+  {
+    Tensor d({12, 1 << 20});  // takes the cached 48 MiB block
+    EXPECT_EQ(cached_memory_bytes(), 0u);
+  }
+  { Tensor small({1000}); }  // small tensors are never cached
+  EXPECT_EQ(cached_memory_bytes(), 48 * MiB);
+  set_cached_memory_limit(0);
+  EXPECT_EQ(cached_memory_bytes(), 0u);
+  { Tensor e({16, 1 << 20}); }
+  EXPECT_EQ(cached_memory_bytes(), 0u);
+  set_cached_memory_limit(std::size_t{1} << 30);
+}
+
 }  // namespace
 }  // namespace mhsa::test
