@@ -229,7 +229,7 @@ void run(const BenchArgs& a) {
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       backward_case(12, 4096, 64, true),   mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
       decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
-      gpt2_train_case(4, 256)};
+      gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
   std::vector<Result> results;
   for (const Case& c : cases) {
