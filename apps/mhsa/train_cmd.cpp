@@ -1,4 +1,4 @@
-// apps/mhsa/train_cmd.cpp — `mhsa train`: trains a byte-level GPT on a text file with a progress
+// apps/mhsa/train_cmd.cpp — `mhsa train`: trains a GPT (bytes or GPT-2 BPE) on a text file with a progress
 // bar (step, loss, validation bits per byte, tokens/s, ETA), checkpoints into --out, and stops
 // cleanly on Ctrl-C (the checkpoint of the last finished step is written first).
 #include <omp.h>
@@ -51,7 +51,7 @@ void run(const TrainArgs& a, bool steps_given) {
   int64_t first_step = -1;
   double last_val = -1;
   TrainProgress last;
-  const double val = train_byte_gpt(a.data, a.out, options, a.resume, [&](const TrainProgress& p) {
+  const double val = train_gpt(a.data, a.out, options, a.resume, [&](const TrainProgress& p) {
     if (first_step < 0) first_step = p.step - 1;
     last = p;
     if (p.val_bits_per_byte >= 0) last_val = p.val_bits_per_byte;
@@ -65,7 +65,7 @@ void run(const TrainArgs& a, bool steps_given) {
     if (last_val >= 0) std::snprintf(val_text, sizeof val_text, " val %.3f bpb", last_val);
     std::fprintf(stderr, "%s[%s] step %lld/%lld  loss %.3f bpb%s  lr %.2e  %.0f tok/s  ETA %s%s",
                  tty ? "\r" : "", bar.c_str(), static_cast<long long>(p.step), static_cast<long long>(p.steps),
-                 p.loss / std::log(2.0), val_text, p.lr, p.tokens_per_s, duration(eta).c_str(),
+                 p.loss_bits_per_byte, val_text, p.lr, p.tokens_per_s, duration(eta).c_str(),
                  tty ? "\033[K" : "\n");
     std::fflush(stderr);
     if (a.stop_after > 0 && p.step - first_step >= a.stop_after) return false;
@@ -85,15 +85,18 @@ void run(const TrainArgs& a, bool steps_given) {
 void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainOptions& o = a->options;
-  CLI::App* cmd = app.add_subcommand("train", "Train a byte-level GPT on a text file (checkpoints resume bit for bit)");
+  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on a text file, byte-level or with GPT-2's BPE (checkpoints resume bit for bit)");
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later option overrides
   cmd->add_option("--data", a->data, "the training text (its last --val-fraction is held out)")->required();
   cmd->add_option("--out", a->out, "checkpoint directory (a GPT-2 model directory mhsa generate can run)")->required();
   cmd->add_flag("--resume", a->resume, "continue from --out's checkpoint (its options; --steps may extend it)");
+  cmd->add_option("--tokenizer", o.tokenizer,
+                  "a directory with GPT-2's BPE files (vocab.json + merges.txt); default: bytes, vocabulary 256")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--layers", o.layers, "transformer blocks")->default_val(o.layers)->check(CLI::PositiveNumber);
   cmd->add_option("--heads", o.heads, "attention heads")->default_val(o.heads)->check(CLI::PositiveNumber);
   cmd->add_option("--embd", o.embd, "model width")->default_val(o.embd)->check(CLI::PositiveNumber);
-  cmd->add_option("--context", o.context, "tokens (bytes) per sequence")->default_val(o.context)->check(CLI::Range(2, 1 << 16));
+  cmd->add_option("--context", o.context, "tokens per sequence")->default_val(o.context)->check(CLI::Range(2, 1 << 16));
   cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(CLI::PositiveNumber);
   cmd->add_option("--batch", o.batch, "sequences per micro-batch")->default_val(o.batch)->check(CLI::PositiveNumber);
   cmd->add_option("--accumulate", o.accumulate, "micro-batches per step")->default_val(o.accumulate)->check(CLI::PositiveNumber);

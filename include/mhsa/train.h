@@ -1,9 +1,9 @@
 // mhsa/train.h — training a GPT-2-shaped model with the library's own gradients: AdamW, gradient
-// clipping, a warm-up + cosine learning-rate schedule, byte-level text data, and checkpoints that
+// clipping, a warm-up + cosine learning-rate schedule, text data (bytes or GPT-2 BPE), and checkpoints that
 // resume bit for bit.
 //
 // A checkpoint directory holds config.json and model.safetensors (a Hugging Face GPT-2
-// directory: `mhsa generate --model DIR` runs it; vocabulary 256 means byte-level text), and
+// directory: `mhsa generate --model DIR` runs it; vocabulary 256 means byte-level text, a BPE model carries its vocabulary files), and
 // train_state.safetensors: the weights, AdamW's moments and the trainer's state (step, options,
 // loss history) in one file, replaced atomically, so a crash or Ctrl-C mid-write leaves the
 // previous checkpoint. Not a general training framework: GPT-2's architecture, one machine.
@@ -17,6 +17,7 @@
 
 #include "mhsa/gpt2.h"
 #include "mhsa/tensor.h"
+#include "mhsa/tokenizer.h"
 
 namespace mhsa {
 
@@ -59,33 +60,43 @@ struct TrainOptions {
   // Validation and checkpoints.
   double val_fraction = 0.05;  // the last part of the text, never trained on
   int64_t eval_every = 100, eval_batches = 8, checkpoint_every = 100;
+  // Text: empty for bytes (vocabulary 256), else a directory with GPT-2's BPE files (vocab.json +
+  // merges.txt, or encoder.json + vocab.bpe): the model gets that vocabulary, and the files are
+  // copied into the checkpoint so that it runs as it is.
+  std::string tokenizer;
 };
 
 // The learning rate at a step (0-based): linear warm-up, then cosine decay to lr × min_lr_ratio.
 float learning_rate(const TrainOptions& o, int64_t step);
 
-// Byte-level text: token = byte (vocabulary 256), split into training and held-out validation.
-struct ByteCorpus {
+// A text file as tokens (bytes, or GPT-2 BPE), its last val_fraction of bytes held out for
+// validation and tokenized apart; the byte counts turn losses per token into bits per byte.
+struct TextCorpus {
   std::vector<int32_t> train, val;
-  static ByteCorpus load(const std::filesystem::path& file, double val_fraction, int64_t context);
+  int64_t train_bytes = 0, val_bytes = 0;
+  static TextCorpus load(const std::filesystem::path& file, double val_fraction, int64_t context,
+                         const Tokenizer& tokenizer);
 };
 
 // One step's numbers, for progress display.
 struct TrainProgress {
   int64_t step = 0, steps = 0;
-  double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;
+  double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;  // loss: nats per token
+  double loss_bits_per_byte = 0;
   double val_bits_per_byte = -1;  // when validation ran at this step
 };
 
 // Trains (or resumes from out/train_state.safetensors when resume is set: the checkpoint's
-// options then apply, except options.steps when it is > 0) a byte-level GPT on `data`, writing
-// checkpoints to `out`. on_step sees every step; a false return stops after
-// writing a checkpoint. Returns the final validation bits per byte.
-double train_byte_gpt(const std::filesystem::path& data, const std::filesystem::path& out, const TrainOptions& options,
+// options then apply, except options.steps when it is > 0) a GPT on `data` (bytes, or BPE with
+// options.tokenizer), writing checkpoints to `out`. on_step sees every step; a false return
+// stops after writing a checkpoint. Returns the final validation bits per byte.
+double train_gpt(const std::filesystem::path& data, const std::filesystem::path& out, const TrainOptions& options,
                       bool resume, const std::function<bool(const TrainProgress&)>& on_step = {});
 
-// Mean validation loss in bits per byte over the whole held-out text, in windows of the model's
-// context (each byte predicted once, with up to a full context before it... within its window).
-double evaluate_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tokens, int64_t context);
+// Validation loss over the whole held-out text in windows of the model's context (each token
+// predicted once, within its window), in bits per byte: bits per token × tokens / `bytes` (the
+// text's length; -1: one byte per token, as for a byte-level model).
+double evaluate_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tokens, int64_t context,
+                              int64_t bytes = -1);
 
 }  // namespace mhsa

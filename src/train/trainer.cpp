@@ -1,4 +1,4 @@
-// train/trainer.cpp — AdamW, clipping, the schedule, byte-level data, checkpoints and the training
+// train/trainer.cpp — AdamW, clipping, the schedule, text data (bytes or GPT-2 BPE), checkpoints and the training
 // loop (see mhsa/train.h). Every random choice (initial weights, which windows form a batch) is
 // a function of the seed and the step, so a resumed run repeats an uninterrupted one bit for bit.
 #include "mhsa/train.h"
@@ -19,6 +19,7 @@
 #include "core/check.h"
 #include "kernels/dispatch.h"
 #include "mhsa/safetensors.h"
+#include "mhsa/tokenizer.h"
 
 namespace mhsa {
 namespace {
@@ -56,7 +57,8 @@ nlohmann::json options_json(const TrainOptions& o) {
           {"beta2", o.adamw.beta2},     {"eps", o.adamw.eps},
           {"weight_decay", o.adamw.weight_decay}, {"seed", o.seed},
           {"val_fraction", o.val_fraction}, {"eval_every", o.eval_every},
-          {"eval_batches", o.eval_batches}, {"checkpoint_every", o.checkpoint_every}};
+          {"eval_batches", o.eval_batches}, {"checkpoint_every", o.checkpoint_every},
+          {"tokenizer", o.tokenizer}};
 }
 
 TrainOptions options_from_json(const nlohmann::json& j) {
@@ -81,6 +83,7 @@ TrainOptions options_from_json(const nlohmann::json& j) {
   o.eval_every = j.at("eval_every");
   o.eval_batches = j.at("eval_batches");
   o.checkpoint_every = j.at("checkpoint_every");
+  o.tokenizer = j.value("tokenizer", "");  // absent in checkpoints from before BPE: bytes
   return o;
 }
 
@@ -96,13 +99,14 @@ std::string config_json(const Gpt2Config& c) {
                       {"n_inner", nullptr},
                       {"activation_function", "gelu_new"},
                       {"layer_norm_epsilon", c.layer_norm_epsilon},
-                      {"bos_token_id", nullptr},
-                      {"eos_token_id", nullptr},
+                      {"bos_token_id", c.eos_token_id >= 0 ? nlohmann::json(c.eos_token_id) : nlohmann::json()},
+                      {"eos_token_id", c.eos_token_id >= 0 ? nlohmann::json(c.eos_token_id) : nlohmann::json()},
                       {"mhsa_tokenizer", c.vocab_size == 256 ? "bytes" : "gpt2"}};
   return j.dump(2) + "\n";
 }
 
 struct History {
+  double bytes_per_token = 1;                        // of the training text: nats/token -> bits/byte
   std::vector<double> loss;                          // per step, nats per token
   std::vector<std::pair<int64_t, double>> val_bpb;   // (step, bits per byte)
 };
@@ -112,7 +116,8 @@ struct History {
 std::string loss_curve_svg(const History& h) {
   const double W = 640, H = 360, L = 56, R = 16, T = 20, Bm = 40;
   double hi = 0, lo = 1e9;
-  for (double l : h.loss) hi = std::max(hi, l / std::log(2.0)), lo = std::min(lo, l / std::log(2.0));
+  const auto bpb = [&](double nats) { return nats / std::log(2.0) / h.bytes_per_token; };
+  for (double l : h.loss) hi = std::max(hi, bpb(l)), lo = std::min(lo, bpb(l));
   for (const auto& [s, v] : h.val_bpb) hi = std::max(hi, v), lo = std::min(lo, v);
   if (h.loss.empty()) hi = 1, lo = 0;
   lo = std::max(0.0, std::floor(lo * 2) / 2), hi = std::ceil(hi * 2) / 2 + 1e-9;
@@ -131,7 +136,7 @@ std::string loss_curve_svg(const History& h) {
     << ")</text>\n<text x='14' y='" << (H - Bm) / 2 << "' transform='rotate(-90 14 " << (H - Bm) / 2
     << ")' text-anchor='middle'>bits per byte</text>\n<polyline fill='none' stroke='#3b6fd6' stroke-width='1.2' points='";
   const size_t stride = std::max<size_t>(1, h.loss.size() / 1000);
-  for (size_t i = 0; i < h.loss.size(); i += stride) s << X(double(i)) << "," << Y(h.loss[i] / std::log(2.0)) << " ";
+  for (size_t i = 0; i < h.loss.size(); i += stride) s << X(double(i)) << "," << Y(bpb(h.loss[i])) << " ";
   s << "'/>\n";
   for (const auto& [step, v] : h.val_bpb)
     s << "<circle cx='" << X(double(step)) << "' cy='" << Y(v) << "' r='3' fill='#d65f3b'/>\n";
@@ -158,6 +163,14 @@ void save_checkpoint(const fs::path& out, Gpt2& model, AdamW& adam, const TrainO
                                                    {"options", options_json(o).dump()},
                                                    {"history", history.dump()}};
   save_safetensors((out / "train_state.safetensors").string(), state, meta);  // the resume point: one file
+  if (!o.tokenizer.empty())  // the vocabulary files, so that the directory runs as it is
+    for (const char* name : {"vocab.json", "merges.txt", "encoder.json", "vocab.bpe"}) {
+      const fs::path from = fs::path(o.tokenizer) / name, to = out / name;
+      if (fs::exists(from) && !fs::exists(to)) {
+        fs::copy_file(from, to.string() + ".tmp", fs::copy_options::overwrite_existing);
+        fs::rename(to.string() + ".tmp", to);
+      }
+    }
   write_atomically(out / "config.json", config_json(model.config()));
   save_safetensors((out / "model.safetensors").string(), weights, {{"format", "pt"}});
   write_atomically(out / "loss_curve.svg", loss_curve_svg(h));
@@ -233,8 +246,8 @@ float learning_rate(const TrainOptions& o, int64_t step) {
 
 // ---- data ------------------------------------------------------------------------------------
 
-ByteCorpus ByteCorpus::load(const fs::path& file, double val_fraction, int64_t context) {
-  constexpr std::string_view fn = "ByteCorpus::load";
+TextCorpus TextCorpus::load(const fs::path& file, double val_fraction, int64_t context, const Tokenizer& tokenizer) {
+  constexpr std::string_view fn = "TextCorpus::load";
   std::ifstream in(file, std::ios::binary);
   if (!in) fail(fn, "data", "a readable text file", "'" + file.string() + "'");
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -242,13 +255,17 @@ ByteCorpus ByteCorpus::load(const fs::path& file, double val_fraction, int64_t c
     fail(fn, "val_fraction", "a fraction in (0, 0.5)", std::to_string(val_fraction));
   const int64_t n = static_cast<int64_t>(bytes.size());
   const int64_t n_val = static_cast<int64_t>(std::llround(double(n) * val_fraction));
-  if (n - n_val < 2 * (context + 1) || n_val < context + 1)
-    fail(fn, "data", message("at least ", static_cast<int64_t>(std::ceil((context + 1) / val_fraction)),
-                             " bytes for a context of ", context, " and a validation fraction of ", val_fraction),
-         message(n, " bytes in '", file.string(), "'"));
-  ByteCorpus c;
-  for (int64_t i = 0; i < n; ++i)
-    (i < n - n_val ? c.train : c.val).push_back(static_cast<unsigned char>(bytes[static_cast<size_t>(i)]));
+  TextCorpus c;
+  c.train = tokenizer.encode(std::string_view(bytes).substr(0, static_cast<size_t>(n - n_val)));
+  c.val = tokenizer.encode(std::string_view(bytes).substr(static_cast<size_t>(n - n_val)));
+  c.train_bytes = n - n_val;
+  c.val_bytes = n_val;
+  const auto train_tokens = static_cast<int64_t>(c.train.size()), val_tokens = static_cast<int64_t>(c.val.size());
+  if (train_tokens < 2 * (context + 1) || val_tokens < context + 1)
+    fail(fn, "data",
+         message("at least ", 2 * (context + 1), " training and ", context + 1, " validation tokens for a context of ",
+                 context, " (validation fraction ", val_fraction, ")"),
+         message(train_tokens, " and ", val_tokens, " tokens from the ", n, " bytes of '", file.string(), "'"));
   return c;
 }
 
@@ -275,19 +292,20 @@ double windows_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& toke
 
 }  // namespace
 
-double evaluate_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tokens, int64_t context) {
+double evaluate_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tokens, int64_t context, int64_t bytes) {
   const int64_t T = std::min(context, model.config().n_positions);
   const int64_t windows = (static_cast<int64_t>(tokens.size()) - 1) / T;
   if (windows <= 0)
     fail("evaluate_bits_per_byte", "tokens", message("more than ", T, " tokens"), std::to_string(tokens.size()));
   std::vector<int64_t> starts;
   for (int64_t w = 0; w < windows; ++w) starts.push_back(w * T);
-  return windows_bits_per_byte(model, tokens, starts, T);
+  const double tokens_per_byte = bytes > 0 ? double(tokens.size()) / double(bytes) : 1.0;
+  return windows_bits_per_byte(model, tokens, starts, T) * tokens_per_byte;
 }
 
 // ---- the loop --------------------------------------------------------------------------------
 
-double train_byte_gpt(const fs::path& data, const fs::path& out, const TrainOptions& requested, bool resume,
+double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& requested, bool resume,
                       const std::function<bool(const TrainProgress&)>& on_step) {
   constexpr std::string_view fn = "train";
   TrainOptions o = requested;
@@ -336,16 +354,24 @@ double train_byte_gpt(const fs::path& data, const fs::path& out, const TrainOpti
     if (o.steps <= 0 || o.batch <= 0 || o.accumulate <= 0 || !(o.lr > 0))
       fail(fn, "options", "steps, batch, accumulate > 0 and lr > 0",
            message(o.steps, " steps, batch ", o.batch, ", accumulate ", o.accumulate, ", lr ", o.lr));
-    config.vocab_size = 256;
+    const Tokenizer tokenizer = o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(o.tokenizer);
+    config.vocab_size = tokenizer.vocab_size();
     config.n_positions = o.context;
     config.n_embd = o.embd;
     config.n_layer = o.layers;
     config.n_head = o.heads;
-    config.eos_token_id = -1;
+    config.eos_token_id = o.tokenizer.empty() ? -1 : tokenizer.eos_id();
     model = Gpt2::random(config, mix(o.seed));
     adam.emplace(model->parameters(), o.adamw);
   }
-  const ByteCorpus corpus = ByteCorpus::load(data, o.val_fraction, o.context);
+  // A resumed run reads the checkpoint's copy of the vocabulary files (the original may have moved).
+  const Tokenizer tokenizer = o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(resume ? out : fs::path(o.tokenizer));
+  if (tokenizer.vocab_size() != config.vocab_size)
+    fail(fn, "tokenizer", message("a vocabulary of ", config.vocab_size, " (the model's)"),
+         message(tokenizer.vocab_size(), " in ", o.tokenizer.empty() ? std::string("bytes") : o.tokenizer));
+  const TextCorpus corpus = TextCorpus::load(data, o.val_fraction, o.context, tokenizer);
+  history.bytes_per_token = double(corpus.train_bytes) / double(corpus.train.size());
+  const double val_tokens_per_byte = double(corpus.val.size()) / double(corpus.val_bytes);
   const int64_t T = o.context, B = o.batch;
   const int64_t positions = static_cast<int64_t>(corpus.train.size()) - T - 1;
   double last_val = history.val_bpb.empty() ? -1 : history.val_bpb.back().second;
@@ -356,7 +382,7 @@ double train_byte_gpt(const fs::path& data, const fs::path& out, const TrainOpti
     const int64_t use = std::min(windows, o.eval_batches * B);
     std::vector<int64_t> starts;
     for (int64_t i = 0; i < use; ++i) starts.push_back(i * windows / use * T);
-    return windows_bits_per_byte(*model, corpus.val, starts, T);
+    return windows_bits_per_byte(*model, corpus.val, starts, T) * val_tokens_per_byte;
   };
 
   using clock = std::chrono::steady_clock;
@@ -385,6 +411,7 @@ double train_byte_gpt(const fs::path& data, const fs::path& out, const TrainOpti
     p.step = step + 1;
     p.steps = o.steps;
     p.loss = loss;
+    p.loss_bits_per_byte = loss / std::log(2.0) / history.bytes_per_token;
     p.grad_norm = clip_gradients(grads, o.clip);
     p.lr = learning_rate(o, step);
     adam->step(model->parameters(), grads, static_cast<float>(p.lr));

@@ -75,6 +75,44 @@ def test_training_learns_and_reports_progress(tmp_path):
     assert json.loads(g.stdout)["text"].startswith(" mat")
 
 
+def test_bpe_training_with_the_gpt2_tokenizer(text, tmp_path, rng):
+    """--tokenizer: GPT-2's BPE vocabulary. The checkpoint carries the vocabulary files (a resumed
+    run reads that copy: the original is gone by then), its validation in bits per byte equals
+    bits per token of the held-out tokens × tokens / bytes recomputed here from the stored model,
+    and mhsa generate runs it as a GPT-2 directory."""
+    import shutil
+    vocab = tmp_path / "vocab"
+    shutil.copytree(ROOT / "tests" / "data" / "gpt2-tokenizer", vocab)
+    out, seed = tmp_path / "bpe", int(rng.integers(1000))
+    train("--data", text, "--out", out, "--tokenizer", vocab, *SMALL, "--steps", 20, "--seed", seed, "--stop-after", 10,
+          "--val-fraction", "0.02")
+    shutil.rmtree(vocab)
+    r = train("--data", text, "--out", out, "--resume")
+    assert "done at step 20" in r.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["vocab_size"] == 50257 and config["eos_token_id"] == 50256 and config["mhsa_tokenizer"] == "gpt2"
+    history, _, _ = state(out)
+    reported = history["val_bpb"][-1][1]
+
+    tok = mhsa.Tokenizer.load(str(out))
+    data = text.read_bytes()
+    held_out = data[len(data) - round(len(data) * 0.02):]
+    ids = np.array(tok.encode(held_out))  # bytes: the cut may fall inside a character
+    T = 32
+    windows = (len(ids) - 1) // T
+    assert windows <= 8 * 4  # the trainer's validation then uses every window
+    model = mhsa.GPT2.load(str(out))
+    x = np.stack([ids[w * T:w * T + T] for w in range(windows)])
+    y = np.stack([ids[w * T + 1:w * T + T + 1] for w in range(windows)])
+    bits_per_token = model.loss(x, y) / np.log(2)
+    assert reported == pytest.approx(bits_per_token * len(ids) / len(held_out), rel=1e-5)
+    assert reported < 16  # below a uniform guess over 50257 tokens spread over the bytes: it learned something
+
+    g = subprocess.run([str(CLI), "generate", "--model", out, "--prompt", "The model", "-n", "5", "--json"],
+                       capture_output=True, text=True, check=True)
+    assert len(json.loads(g.stdout)["tokens"]) == 5
+
+
 def test_checkpoints_load_in_transformers(text, tmp_path):
     transformers = pytest.importorskip("transformers")
     import torch
@@ -118,7 +156,10 @@ def test_bad_requests_are_clear_errors(text, tmp_path):
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("too short")
     r = train("--data", tiny, "--out", tmp_path / "m", "--context", 64, check=False)
-    assert r.returncode == 2 and "expected at least 1300 bytes for a context of 64" in r.stderr
+    assert r.returncode == 2 and ("expected at least 130 training and 65 validation tokens for a context of 64"
+                                  in r.stderr) and "got 9 and 0 tokens from the 9 bytes" in r.stderr
+    r = train("--data", text, "--out", tmp_path / "m", "--tokenizer", tmp_path, check=False)
+    assert r.returncode == 2 and "vocab.json" in r.stderr  # a directory without vocabulary files
     r = train("--data", text, "--out", tmp_path / "m", "--resume", check=False)
     assert r.returncode == 2 and "--resume: expected a checkpoint in" in r.stderr
     r = train("--data", text, "--out", tmp_path / "m", "--embd", 30, "--heads", 4, check=False)
