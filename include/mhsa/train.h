@@ -1,9 +1,10 @@
 // mhsa/train.h — training a GPT-2-shaped model with the library's own gradients: AdamW, gradient
-// clipping, a warm-up + cosine learning-rate schedule, text data (bytes or GPT-2 BPE), and checkpoints that
-// resume bit for bit.
+// clipping, a warm-up + cosine learning-rate schedule, text data (bytes or GPT-2 BPE), and
+// checkpoints that resume bit for bit.
 //
 // A checkpoint directory holds config.json and model.safetensors (a Hugging Face GPT-2
-// directory: `mhsa generate --model DIR` runs it; vocabulary 256 means byte-level text, a BPE model carries its vocabulary files), and
+// directory: `mhsa generate --model DIR` runs it; vocabulary 256 means byte-level text, and a BPE
+// model carries its vocabulary files), and
 // train_state.safetensors: the weights, AdamW's moments and the trainer's state (step, options,
 // loss history) in one file, replaced atomically, so a crash or Ctrl-C mid-write leaves the
 // previous checkpoint. Not a general training framework: GPT-2's architecture, one machine.
