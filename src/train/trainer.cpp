@@ -1,6 +1,7 @@
 // train/trainer.cpp — AdamW, clipping, the schedule, text data (bytes or GPT-2 BPE), checkpoints
-// and the training loop (see mhsa/train.h). Every random choice (initial weights, which windows form a batch) is
-// a function of the seed and the step, so a resumed run repeats an uninterrupted one bit for bit.
+// and the training loop (see mhsa/train.h). Every random choice (initial weights, which windows
+// form a batch) is a function of the seed and the step, so a resumed run repeats an uninterrupted
+// one bit for bit.
 #include "mhsa/train.h"
 
 #include <omp.h>
