@@ -316,6 +316,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   Gpt2Config config;
   std::optional<Gpt2> model;
   std::optional<AdamW> adam;
+  std::optional<Tokenizer> tokenizer;
   if (resume) {
     if (!fs::exists(state_file)) fail(fn, "--resume", "a checkpoint in " + out.string(), "no train_state.safetensors");
     const SafeTensors st = SafeTensors::open(state_file.string());
@@ -355,22 +356,22 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     if (o.steps <= 0 || o.batch <= 0 || o.accumulate <= 0 || !(o.lr > 0))
       fail(fn, "options", "steps, batch, accumulate > 0 and lr > 0",
            message(o.steps, " steps, batch ", o.batch, ", accumulate ", o.accumulate, ", lr ", o.lr));
-    const Tokenizer tokenizer = o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(o.tokenizer);
-    config.vocab_size = tokenizer.vocab_size();
+    tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(o.tokenizer));
+    config.vocab_size = tokenizer->vocab_size();
     config.n_positions = o.context;
     config.n_embd = o.embd;
     config.n_layer = o.layers;
     config.n_head = o.heads;
-    config.eos_token_id = o.tokenizer.empty() ? -1 : tokenizer.eos_id();
+    config.eos_token_id = o.tokenizer.empty() ? -1 : tokenizer->eos_id();
     model = Gpt2::random(config, mix(o.seed));
     adam.emplace(model->parameters(), o.adamw);
   }
   // A resumed run reads the checkpoint's copy of the vocabulary files (the original may have moved).
-  const Tokenizer tokenizer = o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(resume ? out : fs::path(o.tokenizer));
-  if (tokenizer.vocab_size() != config.vocab_size)
+  if (!tokenizer) tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(out));
+  if (tokenizer->vocab_size() != config.vocab_size)
     fail(fn, "tokenizer", message("a vocabulary of ", config.vocab_size, " (the model's)"),
-         message(tokenizer.vocab_size(), " in ", o.tokenizer.empty() ? std::string("bytes") : o.tokenizer));
-  const TextCorpus corpus = TextCorpus::load(data, o.val_fraction, o.context, tokenizer);
+         message(tokenizer->vocab_size(), " in ", o.tokenizer.empty() ? std::string("bytes") : out.string()));
+  const TextCorpus corpus = TextCorpus::load(data, o.val_fraction, o.context, *tokenizer);
   history.bytes_per_token = double(corpus.train_bytes) / double(corpus.train.size());
   const double val_tokens_per_byte = double(corpus.val.size()) / double(corpus.val_bytes);
   const int64_t T = o.context, B = o.batch;

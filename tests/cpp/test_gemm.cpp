@@ -63,6 +63,19 @@ std::vector<float> abs_of(const Tensor& t) {
   return v;
 }
 
+// ||got − want|| / ||scale|| over the M × N block of row-major storage ldc apart (see below).
+double scaled_error(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& scale,
+                    int64_t M, int64_t N, int64_t ldc) {
+  double err = 0.0, norm = 0.0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      const double d = double(got[i * ldc + j]) - want[i * ldc + j];
+      err += d * d;
+      norm += double(scale[i * ldc + j]) * scale[i * ldc + j];
+    }
+  return std::sqrt(err / norm);
+}
+
 // Compares every ISA with the float64 reference. The error is measured against the scale of the
 // terms, ||got - ref|| / || |A|·|B| + |bias| ||, not against ||A·B||: a single dot product can
 // cancel to almost nothing (M = N = 1 makes that a coin toss), and no fp32 summation owes more than
@@ -80,17 +93,10 @@ void expect_matches_reference(const Case& c, std::mt19937_64& gen) {
   for (cpu::Isa isa : cpu::usable_isas()) {
     std::vector<float> got = poisoned_c(c, o.ldc);
     kernels::kernels_for(isa).gemm(c.M, c.N, c.K, o.a.data(), o.lda, o.b_data(), o.ldb, bias, got.data(), o.ldc);
-    double err = 0.0, norm = 0.0;
     bool padding_untouched = true;
-    for (int64_t i = 0; i < c.M; ++i) {
-      for (int64_t j = 0; j < c.N; ++j) {
-        const double d = double(got[i * o.ldc + j]) - want[i * o.ldc + j];
-        err += d * d;
-        norm += double(scale[i * o.ldc + j]) * scale[i * o.ldc + j];
-      }
+    for (int64_t i = 0; i < c.M; ++i)
       for (int64_t j = c.N; j < o.ldc; ++j) padding_untouched &= std::isnan(got[i * o.ldc + j]);
-    }
-    EXPECT_LE(std::sqrt(err / norm), tolerance) << describe(isa, c);
+    EXPECT_LE(scaled_error(got, want, scale, c.M, c.N, o.ldc), tolerance) << describe(isa, c);
     EXPECT_TRUE(padding_untouched) << describe(isa, c) << ": wrote into C's padding";
   }
 }
@@ -256,17 +262,10 @@ TEST(GemmEx, TransposedOperandsAndAccumulationMatchTheReference) {
       std::vector<float> got(o.c0.data(), o.c0.data() + c.M * o.ldc);
       kernels::kernels_for(isa).gemm_ex(c.M, c.N, c.K, o.a.data(), o.lda, c.trans_a, o.b.data(), o.ldb, c.trans_b,
                                         got.data(), o.ldc, c.accumulate);
-      double err = 0.0, norm = 0.0;
       bool padding_untouched = true;
-      for (int64_t i = 0; i < c.M; ++i) {
-        for (int64_t j = 0; j < c.N; ++j) {
-          const double d = double(got[i * o.ldc + j]) - want[i * o.ldc + j];
-          err += d * d;
-          norm += double(scale[i * o.ldc + j]) * scale[i * o.ldc + j];
-        }
+      for (int64_t i = 0; i < c.M; ++i)
         for (int64_t j = c.N; j < o.ldc; ++j) padding_untouched &= got[i * o.ldc + j] == o.c0.data()[i * o.ldc + j];
-      }
-      EXPECT_LE(std::sqrt(err / norm), tolerance) << cpu::isa_name(isa) << what;
+      EXPECT_LE(scaled_error(got, want, scale, c.M, c.N, o.ldc), tolerance) << cpu::isa_name(isa) << what;
       EXPECT_TRUE(padding_untouched) << cpu::isa_name(isa) << what << ": wrote into C's padding";
     }
   }

@@ -10,15 +10,17 @@ def test_cached_memory_is_reported_released_and_limited():
     rng = np.random.default_rng()
     m = mhsa.MultiHeadAttention(256, 4)
     x = rng.standard_normal((1, 512, 256), dtype=np.float32)  # 512 KiB activations inside the layer
-    mhsa.set_cached_memory_limit(256 << 20)
-    mhsa.release_cached_memory()
-    assert mhsa.cached_memory_bytes() == 0
-    first = m(x, is_causal=True)
-    assert mhsa.cached_memory_bytes() >= 512 << 10  # the layer's temporaries, kept
-    np.testing.assert_array_equal(m(x, is_causal=True), first)  # reused blocks change nothing
-    mhsa.release_cached_memory()
-    assert mhsa.cached_memory_bytes() == 0
-    mhsa.set_cached_memory_limit(0)
-    m(x, is_causal=True)
-    assert mhsa.cached_memory_bytes() == 0
-    mhsa.set_cached_memory_limit(1 << 30)
+    try:
+        mhsa.set_cached_memory_limit(256 << 20)
+        mhsa.release_cached_memory()
+        assert mhsa.cached_memory_bytes() == 0
+        first = m(x, is_causal=True)
+        assert mhsa.cached_memory_bytes() >= 512 << 10  # the layer's temporaries, kept
+        np.testing.assert_array_equal(m(x, is_causal=True), first)  # reused blocks change nothing
+        mhsa.release_cached_memory()
+        assert mhsa.cached_memory_bytes() == 0
+        mhsa.set_cached_memory_limit(0)
+        m(x, is_causal=True)
+        assert mhsa.cached_memory_bytes() == 0
+    finally:
+        mhsa.set_cached_memory_limit(1 << 30)  # the tests after this one: room enough

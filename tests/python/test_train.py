@@ -6,6 +6,7 @@ test_gpt2_train.py.)"""
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -80,7 +81,6 @@ def test_bpe_training_with_the_gpt2_tokenizer(text, tmp_path, rng):
     run reads that copy: the original is gone by then), its validation in bits per byte equals
     bits per token of the held-out tokens × tokens / bytes recomputed here from the stored model,
     and mhsa generate runs it as a GPT-2 directory."""
-    import shutil
     vocab = tmp_path / "vocab"
     shutil.copytree(ROOT / "tests" / "data" / "gpt2-tokenizer", vocab)
     out, seed = tmp_path / "bpe", int(rng.integers(1000))
