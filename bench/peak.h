@@ -1,6 +1,6 @@
 // bench/peak.h — the machine's own yardsticks, measured in the same run as a benchmark: FP32 FMA
 // peak and copy bandwidth, so results can be quoted as a fraction of what this machine can do
-// (DESIGN.md, "Speed: how it is measured"). Not a calibrated microbenchmark suite: a best-of-N
+// (docs/architecture.md, "Speed: how it is measured"). Not a calibrated microbenchmark suite: a best-of-N
 // tight loop for each.
 #pragma once
 
@@ -14,8 +14,11 @@ double measure_fma_peak_gflops(int threads);
 // far larger than the last-level cache, on `threads` OpenMP threads each copying its own slice.
 double measure_copy_bandwidth_gbs(int threads);
 
-// Read-only bandwidth in GB/s: a sum over a 256 MiB buffer, each thread its own slice. The
-// yardstick for memory-bound decode, which reads its keys and values and writes almost nothing.
-double measure_read_bandwidth_gbs(int threads);
+// Read-only bandwidth in GB/s: sums over a 512 MiB buffer with the widest vector loads, each
+// thread its own slice; the best repetition. The yardstick for memory-bound decode, which reads
+// its weights and keys and values and writes almost nothing. Rounds are repeated (a few at
+// most) while the best is below `at_least`, a rate a kernel has just reached: on hosts whose
+// bandwidth swings, a slow moment must not make the yardstick shorter than what was measured.
+double measure_read_bandwidth_gbs(int threads, double at_least = 0.0);
 
 }  // namespace mhsa::bench

@@ -4,6 +4,7 @@
 // through PyTorch beside it and prints the ratios. Not a test: nothing here passes or fails.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -23,15 +24,22 @@ namespace mhsa::cli {
 namespace {
 
 struct BenchArgs {
-  std::string filter;  // substring of the case names to run
+  std::string filter;  // comma-separated substrings: the cases whose name contains one of them run
   std::string json;    // write the results here too
   double min_seconds = 1.0;
 };
 
+// Seconds per run of a case: the best, which the rates are quoted from, and the median, the
+// statistic to compare with a peer that reports a mean or median (bench/compare_llama_cpp.py).
+struct Timing {
+  double best, median;
+};
+
 struct Result {
   std::string name, unit;
-  double seconds, work;  // work in FLOPs, or bytes for memory-bound cases
-  double tokens = 0;     // tokens processed in `seconds` (model cases)
+  Timing seconds;
+  double work;        // in FLOPs, or bytes for memory-bound cases
+  double tokens = 0;  // tokens processed per run (model cases)
 };
 
 Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims) {
@@ -41,18 +49,20 @@ Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims) {
   return t;
 }
 
-// Best time of repeated runs, at least 3 and for at least min_seconds after one warm-up.
-double best_seconds(const std::function<void()>& run, double min_seconds) {
+// Times repeated runs, at least 3 and for at least min_seconds, after one warm-up.
+Timing time_runs(const std::function<void()>& run, double min_seconds) {
   run();
-  double best = INFINITY, total = 0.0;
-  for (int i = 0; i < 3 || total < min_seconds; ++i) {
+  std::vector<double> times;
+  double total = 0.0;
+  while (times.size() < 3 || total < min_seconds) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::min(best, s);
-    total += s;
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    total += times.back();
   }
-  return best;
+  std::sort(times.begin(), times.end());
+  const size_t n = times.size();
+  return {times.front(), n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2])};
 }
 
 struct Case {
@@ -70,7 +80,7 @@ Case attention_case(int64_t H, int64_t T, int64_t D, bool causal) {
             Tensor out({1, H, T, D}), lse({1, H, T});
             AttentionOptions opt;
             opt.causal = causal;
-            const double s = best_seconds(
+            const Timing s = time_runs(
                 [&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), out.view(), opt, lse.view()); },
                 min_seconds);
             return Result{name, "GFLOP/s", s, attention_flops(1, H, T, T, D, D, causal)};
@@ -88,13 +98,13 @@ Case backward_case(int64_t H, int64_t T, int64_t D, bool causal) {
             opt.causal = causal;
             const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
             Tensor dq({1, H, T, D}), dk({1, H, T, D}), dv({1, H, T, D});
-            const double s = best_seconds(
+            const Timing s = time_runs(
                 [&] {
                   scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), fwd.out.view(),
                                                         fwd.lse.view(), dq.view(), dk.view(), dv.view(), opt);
                 },
                 min_seconds);
-            return Result{name, "GFLOP/s", s, 2.5 * attention_flops(1, H, T, T, D, D, causal)};  // DESIGN.md
+            return Result{name, "GFLOP/s", s, 2.5 * attention_flops(1, H, T, T, D, D, causal)};  // docs/architecture.md
           }};
 }
 
@@ -105,7 +115,7 @@ Case decode_case(int64_t H, int64_t Tk, int64_t D) {
             const Tensor q = random_tensor(gen, {1, H, 1, D}), k = random_tensor(gen, {1, H, Tk, D});
             const Tensor v = random_tensor(gen, {1, H, Tk, D});
             Tensor out({1, H, 1, D});
-            const double s = best_seconds(
+            const Timing s = time_runs(
                 [&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), out.view()); }, min_seconds);
             return Result{name, "GB/s", s, 2.0 * H * Tk * D * sizeof(float)};  // K and V read once
           }};
@@ -119,7 +129,7 @@ Case mha_case(int64_t C, int64_t H, int64_t T) {
             const Tensor x = random_tensor(gen, {1, T, C});
             MhaOptions opt;
             opt.causal = true;
-            const double s = best_seconds([&] { (void)m.forward(x.view(), opt); }, min_seconds);
+            const Timing s = time_runs([&] { (void)m.forward(x.view(), opt); }, min_seconds);
             const double flops = 2.0 * T * C * 3 * C + attention_flops(1, H, T, T, C / H, C / H, true) + 2.0 * T * C * C;
             return Result{name, "GFLOP/s", s, flops};
           }};
@@ -132,7 +142,7 @@ Case gemm_case(int64_t M, int64_t K, int64_t N) {
             const Tensor a = random_tensor(gen, {M, K}), b = random_tensor(gen, {K, N}), bias = random_tensor(gen, {N});
             Tensor c({M, N});
             const auto gemm = kernels::kernels().gemm;
-            const double s = best_seconds(
+            const Timing s = time_runs(
                 [&] { gemm(M, N, K, a.data(), K, b.data(), N, bias.data(), c.data(), N); }, min_seconds);
             return Result{name, "GFLOP/s", s, 2.0 * M * N * K};
           }};
@@ -152,7 +162,7 @@ Case gpt2_prefill_case(int64_t T) {
             const Gpt2Config& c = m.config();
             std::vector<int32_t> ids(static_cast<size_t>(T));
             for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919) % c.vocab_size);
-            const double s = best_seconds(
+            const Timing s = time_runs(
                 [&] {
                   Gpt2Cache cache = m.new_cache(1, T);
                   (void)m.extend(cache, ids, 1, T, true);
@@ -172,7 +182,7 @@ Case gpt2_decode_case(int64_t n) {
   return {name, [=](double min_seconds) {
             const Gpt2& m = gpt2_small();
             const Gpt2Config& c = m.config();
-            const double s = best_seconds(
+            const Timing s = time_runs(
                 [&] {
                   Gpt2Cache cache = m.new_cache(1, n);
                   std::vector<int32_t> token = {1};
@@ -201,7 +211,7 @@ Case gpt2_train_case(int64_t B, int64_t T) {
             const auto params = m.parameters();
             AdamW adam(params);
             std::vector<Tensor> grads = m.zero_gradients();
-            const double s = best_seconds(
+            const Timing s = time_runs(
                 [&] {
                   for (Tensor& g : grads) std::fill(g.data(), g.data() + g.numel(), 0.0f);
                   (void)m.loss_and_gradients(x, y, B, T, grads);
@@ -217,11 +227,22 @@ Case gpt2_train_case(int64_t B, int64_t T) {
           }};
 }
 
+// Whether `name` contains one of the comma-separated substrings of `filter` (all do when empty).
+bool selected(const std::string& name, const std::string& filter) {
+  size_t begin = 0;
+  do {
+    const size_t end = std::min(filter.find(',', begin), filter.size());
+    if (name.find(filter.substr(begin, end - begin)) != std::string::npos) return true;
+    begin = end + 1;
+  } while (begin <= filter.size());
+  return false;
+}
+
 void run(const BenchArgs& a) {
   const int threads = omp_get_max_threads();
   std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
   const double peak = bench::measure_fma_peak_gflops(threads);
-  const double bandwidth = bench::measure_read_bandwidth_gbs(threads);
+  double bandwidth = bench::measure_read_bandwidth_gbs(threads);
   std::printf("measured: FP32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s (copy %.1f GB/s)\n\n", peak, bandwidth,
               bench::measure_copy_bandwidth_gbs(threads));
   const std::vector<Case> cases = {
@@ -233,13 +254,16 @@ void run(const BenchArgs& a) {
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
   std::vector<Result> results;
   for (const Case& c : cases) {
-    if (c.name.find(a.filter) == std::string::npos) continue;
+    if (!selected(c.name, a.filter)) continue;
     const Result r = c.run(a.min_seconds);
-    const double rate = r.work / r.seconds * 1e-9;
+    const double rate = r.work / r.seconds.best * 1e-9;
+    // Bandwidth swings on these hosts: re-measure right after each memory-bound case, and keep
+    // the highest reading, so that no case is quoted against a slow moment's yardstick.
+    if (r.unit == "GB/s") bandwidth = std::max(bandwidth, bench::measure_read_bandwidth_gbs(threads, rate));
     const double yardstick = r.unit == "GB/s" ? bandwidth : peak;
-    std::printf("%-32s %10.3f %7.1f %-7s %5.1f%%", r.name.c_str(), r.seconds * 1e3, rate, r.unit.c_str(),
+    std::printf("%-32s %10.3f %7.1f %-7s %5.1f%%", r.name.c_str(), r.seconds.best * 1e3, rate, r.unit.c_str(),
                 100.0 * rate / yardstick);
-    if (r.tokens > 0) std::printf("  %.1f tokens/s", r.tokens / r.seconds);
+    if (r.tokens > 0) std::printf("  %.1f tokens/s", r.tokens / r.seconds.best);
     std::printf("\n");
     std::fflush(stdout);
     results.push_back(r);
@@ -250,8 +274,9 @@ void run(const BenchArgs& a) {
     out << "{\"threads\": " << threads << ", \"isa\": \"" << cpu::isa_name(cpu::best_isa())
         << "\", \"fma_peak_gflops\": " << peak << ", \"read_bandwidth_gbs\": " << bandwidth << ", \"cases\": [";
     for (size_t i = 0; i < results.size(); ++i)
-      out << (i ? ", " : "") << "{\"name\": \"" << results[i].name << "\", \"seconds\": " << results[i].seconds
-          << ", \"work\": " << results[i].work << ", \"unit\": \"" << results[i].unit << "\""
+      out << (i ? ", " : "") << "{\"name\": \"" << results[i].name << "\", \"seconds\": " << results[i].seconds.best
+          << ", \"median_seconds\": " << results[i].seconds.median << ", \"work\": " << results[i].work
+          << ", \"unit\": \"" << results[i].unit << "\""
           << (results[i].tokens > 0 ? ", \"tokens\": " + std::to_string(results[i].tokens) : std::string()) << "}";
     out << "]}\n";
   }
@@ -262,7 +287,7 @@ void run(const BenchArgs& a) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Time the standard cases against this machine's measured peak");
-  cmd->add_option("--filter", args->filter, "run only the cases whose name contains this");
+  cmd->add_option("--filter", args->filter, "run only the cases whose name contains this (or one of these, comma-separated)");
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")
       ->check(CLI::PositiveNumber);
