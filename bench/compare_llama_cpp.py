@@ -2,9 +2,17 @@
 """GPT-2 124M (fp32, random weights) through mhsa and llama.cpp in one run: prompt processing of
 512 tokens (pp512) and decoding of 128 (tg128), as llama-bench defines them.
 
-Runs `mhsa bench --filter gpt2` and bench/llama_cpp_peer.sh alternately (mhsa, llama.cpp, mhsa,
-...), so that both see the same machine, and prints each one's best and median with the ratios.
-Usage: python3 bench/compare_llama_cpp.py [--rounds 2] [--threads 2]
+Decode speed on these shared hosts is bimodal (memory bandwidth has swung between 38 and 76 GB/s
+within minutes), so a ratio of two numbers taken minutes apart, or of one engine's best against
+the other's mean, says more about the moment than about the engines. This script therefore
+- runs the two in paired rounds, alternating which goes first (mhsa, llama.cpp; llama.cpp, mhsa;
+  ...), so each round's two measurements are minutes apart at most and neither always goes first;
+- takes the same statistic from both: the median of each engine's timed repetitions in a round
+  (mhsa bench's median_seconds; the median of llama-bench's per-repetition samples);
+- prints every round's ratio, and summarises with the median of the paired ratios and their
+  range (min–max).
+
+Usage: python3 bench/compare_llama_cpp.py [--rounds 6] [--threads 2]
 The first run builds llama.cpp from PyPI's llama-cpp-python sdist (several minutes); later runs
 reuse it (see bench/llama_cpp_peer.sh).
 """
@@ -19,52 +27,70 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = (("pp", "gpt2_124M_pp512", "pp512"), ("tg", "gpt2_124M_tg128", "tg128"))
 
 
 def mhsa_run(cli, threads):
+    """tokens/s of each test: tokens / the median of mhsa bench's timed runs (3 or more, 2 s at least)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        subprocess.run([str(cli), "bench", "--filter", "gpt2", "--min-seconds", "2", "--json", f.name], check=True,
-                       env=env, stdout=sys.stderr)
+        subprocess.run([str(cli), "bench", "--filter", ",".join(name for _, name, _ in TESTS), "--min-seconds", "2",
+                        "--json", f.name], check=True, env=env, stdout=sys.stderr)
         data = json.load(open(f.name))
-    rates = {c["name"]: c["tokens"] / c["seconds"] for c in data["cases"]}
-    return data, rates["gpt2_124M_pp512"], rates["gpt2_124M_tg128"]
+    cases = {c["name"]: c for c in data["cases"]}
+    return data, {key: cases[name]["tokens"] / cases[name]["median_seconds"] for key, name, _ in TESTS}
 
 
-def peer_run(threads):
-    env = dict(os.environ, MHSA_PEER_THREADS=str(threads))
+def peer_run(threads, reps):
+    """tokens/s of each test: the median of llama-bench's per-repetition samples."""
+    env = dict(os.environ, MHSA_PEER_THREADS=str(threads), MHSA_PEER_REPS=str(reps))
     out = subprocess.run(["bash", str(ROOT / "bench" / "llama_cpp_peer.sh")], check=True, env=env,
                          capture_output=True, text=True)
-    line = [l for l in out.stdout.splitlines() if l.strip().startswith("{")][-1]
-    j = json.loads(line)
-    return j, j["pp512_tokens_per_s"], j["tg128_tokens_per_s"]
+    j = json.loads([l for l in out.stdout.splitlines() if l.strip().startswith("{")][-1])
+    rates = {}
+    for key, _, label in TESTS:
+        samples = j.get(f"{label}_samples") or [j[f"{label}_tokens_per_s"]]
+        rates[key] = statistics.median(samples)
+    return j, rates
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=6, help="paired rounds (default 6)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5, help="llama-bench repetitions per round")
     ap.add_argument("--cli", default=str(ROOT / "build" / "mhsa"))
     args = ap.parse_args()
-    ours, peer, info = {"pp": [], "tg": []}, {"pp": [], "tg": []}, {}
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected >= 1, got {args.rounds}")
+    rounds, info = [], {}
     for r in range(args.rounds):
-        print(f"round {r + 1}/{args.rounds}: mhsa", file=sys.stderr)
-        data, pp, tg = mhsa_run(args.cli, args.threads)
-        ours["pp"].append(pp), ours["tg"].append(tg)
-        info["mhsa"] = data
-        print(f"round {r + 1}/{args.rounds}: llama.cpp", file=sys.stderr)
-        j, pp, tg = peer_run(args.threads)
-        peer["pp"].append(pp), peer["tg"].append(tg)
-        info["llama.cpp"] = j
+        order = ("mhsa", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "mhsa")
+        rates = {}
+        for engine in order:
+            print(f"round {r + 1}/{args.rounds}: {engine}", file=sys.stderr, flush=True)
+            if engine == "mhsa":
+                info["mhsa"], rates["mhsa"] = mhsa_run(args.cli, args.threads)
+            else:
+                info["llama.cpp"], rates["llama.cpp"] = peer_run(args.threads, args.reps)
+        rounds.append(rates)
+        print("  " + "  ".join(f"{label} {rates['mhsa'][key]:.1f} vs {rates['llama.cpp'][key]:.1f} tokens/s "
+                               f"({rates['mhsa'][key] / rates['llama.cpp'][key]:.2f}x)" for key, _, label in TESTS),
+              file=sys.stderr, flush=True)
     peak, bw = info["mhsa"]["fma_peak_gflops"], info["mhsa"]["read_bandwidth_gbs"]
-    print(f"GPT-2 124M fp32, {args.threads} threads, {args.rounds} rounds; "
-          f"llama.cpp {info['llama.cpp'].get('llama_cpp_version', '?')}; last measured peak {peak:.1f} GFLOP/s, "
-          f"read bandwidth {bw:.1f} GB/s")
-    print(f"{'test':8} {'mhsa best':>10} {'median':>8} {'llama.cpp best':>15} {'median':>8} {'ratio (best)':>13}")
-    for key, name in (("pp", "pp512"), ("tg", "tg128")):
-        a, b = ours[key], peer[key]
-        print(f"{name:8} {max(a):10.1f} {statistics.median(a):8.1f} {max(b):15.1f} {statistics.median(b):8.1f} "
-              f"{max(a) / max(b):12.2f}x")
+    print(f"GPT-2 124M fp32, {args.threads} threads, {args.rounds} paired rounds (alternating order), "
+          f"median of each engine's repetitions per round; llama.cpp {info['llama.cpp'].get('llama_cpp_version', '?')}; "
+          f"last measured peak {peak:.1f} GFLOP/s, read bandwidth {bw:.1f} GB/s")
+    print(f"{'round':>5} " + " ".join(f"{label + ' mhsa':>11} {'llama.cpp':>10} {'ratio':>6}" for _, _, label in TESTS))
+    for i, rates in enumerate(rounds):
+        print(f"{i + 1:>5} " + " ".join(f"{rates['mhsa'][key]:11.1f} {rates['llama.cpp'][key]:10.1f} "
+                                         f"{rates['mhsa'][key] / rates['llama.cpp'][key]:5.2f}x" for key, _, _ in TESTS))
+    for key, _, label in TESTS:
+        ratios = [rates["mhsa"][key] / rates["llama.cpp"][key] for rates in rounds]
+        print(f"{label}: median of paired ratios {statistics.median(ratios):.2f}x "
+              f"(range {min(ratios):.2f}-{max(ratios):.2f}x over {len(ratios)} rounds); "
+              f"mhsa median {statistics.median(r['mhsa'][key] for r in rounds):.1f} tokens/s, "
+              f"llama.cpp median {statistics.median(r['llama.cpp'][key] for r in rounds):.1f} tokens/s")
 
 
 if __name__ == "__main__":
