@@ -14,15 +14,20 @@ for arg in "$@"; do
   esac
 done
 
+say() { printf 'setup.sh: %s\n' "$*"; }
+
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 export DEBIAN_FRONTEND=noninteractive
+say "apt-get update (Debian's package lists)"
 $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+say "apt-get install: compiler, CMake, Ninja, OpenMP, GoogleTest, Google Benchmark, CLI11, nlohmann-json"
 $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
 
 if [ "$with_tests" -eq 1 ]; then  # the ARM check (qemu), the fuzzer (libFuzzer), a browser, the default model's text
+  say "apt-get install: the test tools (aarch64 cross compiler, qemu, clang's libFuzzer, Chromium, the KJV text)"
   $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
     g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev chromium bible-kjv bible-kjv-text >/dev/null
 fi
@@ -30,5 +35,10 @@ fi
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)
 [ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers tiktoken tokenizers playwright pillow)
+if [ "$with_tests" -eq 1 ]; then
+  say "pip install: ${pip_packages[*]} (PyTorch alone is ~1 GB: several minutes on a fresh machine)"
+else
+  say "pip install: ${pip_packages[*]}"
+fi
 "$python" -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}"
 echo "setup.sh: ready ($("$python" --version), $(cmake --version | head -n1))"

@@ -10,17 +10,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 jobs=$(nproc)
+start=$(date +%s)
+# Prints a step's name with the time since the start, so a long silent step is never a mystery.
+step() { local t=$(( $(date +%s) - start )); printf '\n== [%d:%02d] %s\n' $((t / 60)) $((t % 60)) "$*"; }
 
-echo "== build"
+step "build (Release, into build/; a fresh build takes ~5 min on 2 cores)"
 scripts/build.sh
 
-echo "== C++ tests"
+step "C++ tests"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
-echo "== Python tests (against PyTorch)"
+step "Python tests against PyTorch, transformers, tokenizers, tiktoken and Chromium (~8 min on 2 cores)"
 PYTHONPATH="$PWD/build/python" OMP_NUM_THREADS="$jobs" MHSA_REQUIRE_BROWSER=1 "$python" -m pytest -q tests/python
 
-echo "== pip install . into a fresh virtual environment"
+step "pip wheel . (compiles the module again, ~3 min on 2 cores) and install it into a fresh virtual environment"
 rm -rf build/venv build/wheel
 "$python" -m pip wheel --quiet --no-deps --wheel-dir build/wheel .
 "$python" -m venv --system-site-packages build/venv
@@ -28,28 +31,29 @@ build/venv/bin/python -m pip install --quiet --no-deps --force-reinstall build/w
 (cd build && venv/bin/python -c "import mhsa, numpy as np; x = np.ones((1, 3, 8), np.float32); \
 assert mhsa.MultiHeadAttention(8, 2)(x).shape == (1, 3, 8); print('wheel ok:', mhsa.__file__)")
 
-echo "== fuzzing the safetensors reader (libFuzzer + ASan + UBSan, 30 s)"
+step "fuzzing the safetensors reader (libFuzzer + ASan + UBSan, 30 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/safetensors_fuzz.cpp \
   src/io/safetensors.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_safetensors
 rm -rf build/fuzz_corpus && cp -r tests/fuzz/corpus build/fuzz_corpus
 build/fuzz_safetensors -max_total_time=30 -print_final_stats=1 build/fuzz_corpus 2>&1 | tail -n 3
 
-echo "== fuzzing the tokenizer: any bytes encode and decode back (libFuzzer + ASan + UBSan, 20 s)"
+step "fuzzing the tokenizer: any bytes encode and decode back (libFuzzer + ASan + UBSan, 20 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_fuzz.cpp \
   src/text/tokenizer.cpp src/text/unicode_data.cpp src/core/error.cpp -o build/fuzz_tokenizer
 rm -rf build/fuzz_tokenizer_corpus && cp -r tests/fuzz/tokenizer_corpus build/fuzz_tokenizer_corpus
 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer \
   build/fuzz_tokenizer -max_total_time=20 -print_final_stats=1 build/fuzz_tokenizer_corpus 2>&1 | tail -n 3
 
-echo "== ARM (aarch64, portable kernels) under qemu"
+step "ARM (aarch64, portable kernels) under qemu"
 cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
   -DMHSA_BUILD_APPS=OFF -DMHSA_BUILD_PYTHON=OFF -DMHSA_BUILD_TESTS=OFF >/dev/null
 cmake --build build-arm
 aarch64-linux-gnu-g++ -std=c++20 -O2 -fopenmp -Iinclude tests/arm/check.cpp build-arm/libmhsa.a -o build-arm/check
 qemu-aarch64 -L /usr/aarch64-linux-gnu build-arm/check
 
-echo "== C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (build ~6 min on 2 cores)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHSA_SANITIZE=ON -DMHSA_BUILD_PYTHON=OFF >/dev/null
 cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -j"$jobs" --output-on-failure
+step "all tests passed"
