@@ -1,6 +1,6 @@
 // bench/bench_gemm.cpp — speed of the projection GEMM (kernels::gemm) for the shapes the library
 // uses, every usable ISA, 1 and 2 threads, against this machine's FP32 FMA peak and copy
-// bandwidth measured in the same run (DESIGN.md, "Speed: how it is measured").
+// bandwidth measured in the same run (docs/architecture.md, "Speed: how it is measured").
 //
 //   bench_gemm [--quick]
 //

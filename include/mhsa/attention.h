@@ -1,6 +1,6 @@
 // mhsa/attention.h — scaled dot-product attention, the kernel-level API.
 //
-// The attention contract (see DESIGN.md), which every backend implements exactly:
+// The attention contract (see docs/architecture.md), which every backend implements exactly:
 //   q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]  ->  out [B, Hq, Tq, Dv], lse [B, Hq, Tq]
 //   - grouped heads: Hq % Hkv == 0, query head h reads key/value head h / (Hq / Hkv);
 //   - scale: 1/sqrt(D) unless given;
@@ -75,7 +75,7 @@ Tensor attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensor
                                const AttentionOptions& options = {},
                                std::span<const int64_t> heads = {});
 
-// Forward FLOPs as DESIGN.md counts them: 2·B·Hq·Tq·Tk·(D + Dv) (= 4·B·Hq·Tq·Tk·D when Dv = D),
+// Forward FLOPs as docs/architecture.md counts them: 2·B·Hq·Tq·Tk·(D + Dv) (= 4·B·Hq·Tq·Tk·D when Dv = D),
 // half of that for causal attention with Tq = Tk.
 double attention_flops(int64_t B, int64_t Hq, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv,
                        bool causal);
