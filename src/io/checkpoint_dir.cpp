@@ -46,18 +46,16 @@ WriterClaim::WriterClaim(const fs::path& dir, std::string_view fn, std::string_v
   if (fd_ < 0)
     fail(fn, arg, "a writable directory", message("'", dir.string(), "' (", std::strerror(errno), " opening train.lock)"));
   if (lock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
+    if (errno != EWOULDBLOCK) return;  // a file system without flock: the run goes on unclaimed, as readers do
     char pid[32] = {};
     const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
     ::close(fd_);
     fd_ = -1;
-    std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
-    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
-    if (err == EWOULDBLOCK)
-      fail(fn, arg, "a directory no other training run is writing",
-           message("'", dir.string(), "' in use by ", holder.empty() ? "another process" : "process " + holder, " (it holds ",
-                   file.string(), ")"));
-    fail(fn, arg, "a directory that can be locked", message("'", dir.string(), "' (", std::strerror(err), ")"));
+    const std::string text = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+    const std::string holder = text.substr(0, text.find_first_not_of("0123456789"));  // the pid the holder wrote
+    fail(fn, arg, "a directory no other training run is writing",
+         message("'", dir.string(), "' in use by ", holder.empty() ? "another process" : "process " + holder, " (it holds ",
+                 file.string(), ")"));
   }
   // Best effort: without the pid, a second writer's message names no process. (A stale pid left
   // in the file is harmless: only a held lock refuses a writer.)

@@ -7,7 +7,7 @@
 // of each. A writer also claims the directory for its whole run (WriterClaim: DIR/train.lock), so
 // that two never write into one directory, and removes the temporaries a killed writer left.
 // Not a general lock manager: advisory locks on one machine (where a file system does not support
-// flock, readers and swaps go on unlocked; a writer's claim is then refused).
+// flock, readers, swaps and claims go on unlocked, as they did before these locks).
 #pragma once
 
 #include <filesystem>
