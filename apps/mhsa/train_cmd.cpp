@@ -59,7 +59,7 @@ void run(const TrainArgs& a, bool steps_given) {
   int64_t first_step = -1;
   double last_val = -1;
   TrainProgress last;
-  const double val = train_gpt(a.data, a.out, options, a.start, [&](const TrainProgress& p) {
+  const auto progress = [&](const TrainProgress& p) {
     if (first_step < 0) first_step = p.step - 1;
     last = p;
     if (p.val_bits_per_byte >= 0) last_val = p.val_bits_per_byte;
@@ -78,7 +78,14 @@ void run(const TrainArgs& a, bool steps_given) {
     std::fflush(stderr);
     if (a.stop_after > 0 && p.step - first_step >= a.stop_after) return false;
     return !interrupted.load();
-  });
+  };
+  double val = -1;
+  try {
+    val = train_gpt(a.data, a.out, options, a.start, progress);
+  } catch (const Error&) {
+    if (tty && first_step >= 0) std::fprintf(stderr, "\n");  // the error (a diverged run) below the progress bar
+    throw;
+  }
   std::fprintf(stderr, "\n");
   char val_text[64] = "no validation yet";
   if (val >= 0) std::snprintf(val_text, sizeof val_text, "validation %.4f bits per byte", val);

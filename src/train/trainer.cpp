@@ -412,9 +412,10 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   const fs::path state_file = out / "train_state.safetensors";
   if (how.resume && !fs::exists(state_file))
     fail(fn, "--resume", "a checkpoint in " + out.string(), "no train_state.safetensors");
+  std::error_code ec;
   if (!how.resume && !how.force)
     for (const char* name : {"train_state.safetensors", "model.safetensors", "config.json"})
-      if (fs::exists(out / name))
+      if (fs::exists(out / name, ec))
         fail(fn, "out", "a directory without a checkpoint (--resume continues it, --force replaces it)",
              message("'", out.string(), "' holding ", name));
   detail::check_writable(out, fn, "out");  // before the first step, not at the first checkpoint
