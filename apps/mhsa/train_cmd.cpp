@@ -46,12 +46,6 @@ void run(const TrainArgs& a, bool steps_given) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   TrainOptions options = a.options;
   if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
-  if (!a.start.resume && options.steps < options.warmup)
-    std::fprintf(stderr,
-                 "mhsa: warning: --steps %lld ends within the --warmup of %lld steps: the learning rate rises only to "
-                 "%.2e, not the --lr %.2e given\n",
-                 static_cast<long long>(options.steps), static_cast<long long>(options.warmup),
-                 learning_rate(options, options.steps - 1), options.lr);
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   const bool tty = isatty(fileno(stderr));
@@ -60,6 +54,12 @@ void run(const TrainArgs& a, bool steps_given) {
   double last_val = -1;
   TrainProgress last;
   const auto progress = [&](const TrainProgress& p) {
+    if (first_step < 0 && !a.start.resume && options.steps < options.warmup)  // once the run has started
+      std::fprintf(stderr,
+                   "mhsa: warning: --steps %lld ends within the --warmup of %lld steps: the learning rate rises only "
+                   "to %.2e, not the --lr %.2e given\n",
+                   static_cast<long long>(options.steps), static_cast<long long>(options.warmup),
+                   learning_rate(options, options.steps - 1), options.lr);
     if (first_step < 0) first_step = p.step - 1;
     last = p;
     if (p.val_bits_per_byte >= 0) last_val = p.val_bits_per_byte;
