@@ -474,7 +474,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
         fail(fn, (out / "config.json").string(),
              message("the shape of train_state.safetensors (vocab_size ", config.vocab_size, ", n_positions ",
                      config.n_positions, ", n_embd ", config.n_embd, ", n_layer ", config.n_layer, ", n_head ",
-                     config.n_head, ")"),
+                     config.n_head, ", MLP width ", config.mlp_dim(), ")"),
              message("vocab_size ", c.vocab_size, ", n_positions ", c.n_positions, ", n_embd ", c.n_embd, ", n_layer ",
                      c.n_layer, ", n_head ", c.n_head, ", MLP width ", c.mlp_dim()));
     }
