@@ -1,6 +1,8 @@
 // apps/mhsa/train_cmd.cpp — `mhsa train`: trains a GPT (bytes or GPT-2 BPE) on a text file with a progress
 // bar (step, loss, validation bits per byte, tokens/s, ETA), checkpoints into --out, and stops
-// cleanly on Ctrl-C (the checkpoint of the last finished step is written first).
+// cleanly on Ctrl-C (the checkpoint of the last finished step is written first). The library
+// checks the options, the directory and the run (mhsa/train.h); this file adds the flags that
+// say what to do with what --out holds (--resume, --force, --allow-data-change).
 #include <omp.h>
 #include <unistd.h>
 
@@ -25,7 +27,7 @@ extern "C" void on_interrupt(int) { interrupted = true; }
 struct TrainArgs {
   std::string data, out;
   TrainOptions options;
-  bool resume = false;
+  TrainStart start;
   int threads = 0;
   int64_t stop_after = 0;  // end this run (with a checkpoint) after this many steps of it
 };
@@ -43,7 +45,7 @@ std::string duration(double s) {
 void run(const TrainArgs& a, bool steps_given) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   TrainOptions options = a.options;
-  if (a.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
+  if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   const bool tty = isatty(fileno(stderr));
@@ -51,7 +53,13 @@ void run(const TrainArgs& a, bool steps_given) {
   int64_t first_step = -1;
   double last_val = -1;
   TrainProgress last;
-  const double val = train_gpt(a.data, a.out, options, a.resume, [&](const TrainProgress& p) {
+  const auto progress = [&](const TrainProgress& p) {
+    if (first_step < 0 && !a.start.resume && options.steps < options.warmup)  // once the run has started
+      std::fprintf(stderr,
+                   "mhsa: warning: --steps %lld ends within the --warmup of %lld steps: the learning rate rises only "
+                   "to %.2e, not the --lr %.2e given\n",
+                   static_cast<long long>(options.steps), static_cast<long long>(options.warmup),
+                   learning_rate(options, options.steps - 1), options.lr);
     if (first_step < 0) first_step = p.step - 1;
     last = p;
     if (p.val_bits_per_byte >= 0) last_val = p.val_bits_per_byte;
@@ -70,7 +78,14 @@ void run(const TrainArgs& a, bool steps_given) {
     std::fflush(stderr);
     if (a.stop_after > 0 && p.step - first_step >= a.stop_after) return false;
     return !interrupted.load();
-  });
+  };
+  double val = -1;
+  try {
+    val = train_gpt(a.data, a.out, options, a.start, progress);
+  } catch (const Error&) {
+    if (tty && first_step >= 0) std::fprintf(stderr, "\n");  // the error (a diverged run) below the progress bar
+    throw;
+  }
   std::fprintf(stderr, "\n");
   char val_text[64] = "no validation yet";
   if (val >= 0) std::snprintf(val_text, sizeof val_text, "validation %.4f bits per byte", val);
@@ -89,7 +104,12 @@ void add_train_command(CLI::App& app) {
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later option overrides
   cmd->add_option("--data", a->data, "the training text (its last --val-fraction is held out)")->required();
   cmd->add_option("--out", a->out, "checkpoint directory (a GPT-2 model directory mhsa generate can run)")->required();
-  cmd->add_flag("--resume", a->resume, "continue from --out's checkpoint (its options; --steps may extend it)");
+  cmd->add_flag("--resume", a->start.resume, "continue from --out's checkpoint (its options; --steps may extend it)");
+  cmd->add_flag("--force", a->start.force, "start a new run even where --out holds a checkpoint (it is replaced)")
+      ->excludes("--resume");
+  cmd->add_flag("--allow-data-change", a->start.allow_data_change,
+                "resume on --data other than the text the checkpoint was trained on")
+      ->needs("--resume");
   cmd->add_option("--tokenizer", o.tokenizer,
                   "a directory with GPT-2's BPE files (vocab.json + merges.txt); default: bytes, vocabulary 256")
       ->check(CLI::ExistingDirectory);

@@ -6,8 +6,12 @@
 // directory: `mhsa generate --model DIR` runs it; vocabulary 256 means byte-level text, and a BPE
 // model carries its vocabulary files), and
 // train_state.safetensors: the weights, AdamW's moments and the trainer's state (step, options,
-// loss history) in one file, replaced atomically, so a crash or Ctrl-C mid-write leaves the
-// previous checkpoint. Not a general training framework: GPT-2's architecture, one machine.
+// loss history, a fingerprint of the text) in one file. A checkpoint's files are written aside
+// and swapped in together while readers wait (see src/io/checkpoint_dir.h), so a crash or Ctrl-C
+// mid-write leaves the previous checkpoint and a reader loads one checkpoint whole; one training
+// run at a time holds the directory (train.lock). A run that diverges (a loss or gradient that is
+// not finite) stops with an error and never saves its weights. Not a general training framework:
+// GPT-2's architecture, one machine.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +34,7 @@ struct AdamWOptions {
 // AdamW over a list of parameters (as Gpt2::parameters() gives them).
 class AdamW {
  public:
+  // Throws mhsa::Error for options out of range (betas in [0, 1), eps > 0, weight decay >= 0, all finite).
   AdamW(const std::vector<std::pair<std::string, Tensor*>>& params, AdamWOptions options = {});
   // One update with learning rate lr from gradients shaped like the parameters, in their order.
   void step(const std::vector<std::pair<std::string, Tensor*>>& params, const std::vector<Tensor>& grads, float lr);
@@ -65,6 +70,11 @@ struct TrainOptions {
   // merges.txt, or encoder.json + vocab.bpe): the model gets that vocabulary, and the files are
   // copied into the checkpoint so that it runs as it is.
   std::string tokenizer;
+
+  // Throws mhsa::Error naming the first option out of range: sizes and counts that must be
+  // positive (or >= 0: warmup, eval_every, checkpoint_every), rates that must be finite and in
+  // range (lr > 0, clip >= 0, min_lr_ratio in [0, 1], val_fraction in (0, 0.5), AdamW's).
+  void validate() const;
 };
 
 // The learning rate at a step (0-based): linear warm-up, then cosine decay to lr × min_lr_ratio.
@@ -75,6 +85,7 @@ float learning_rate(const TrainOptions& o, int64_t step);
 struct TextCorpus {
   std::vector<int32_t> train, val;
   int64_t train_bytes = 0, val_bytes = 0;
+  std::string fingerprint;  // "<size> bytes, FNV-1a <hash>" of the file: a resumed run checks it reads the same text
   static TextCorpus load(const std::filesystem::path& file, double val_fraction, int64_t context,
                          const Tokenizer& tokenizer);
 };
@@ -87,12 +98,21 @@ struct TrainProgress {
   double val_bits_per_byte = -1;  // when validation ran at this step
 };
 
-// Trains (or resumes from out/train_state.safetensors when resume is set: the checkpoint's
+// What train_gpt does with what `out` already holds.
+struct TrainStart {
+  bool resume = false;             // continue from out's checkpoint
+  bool force = false;              // a new run replaces a checkpoint (or model) out holds; else that is refused
+  bool allow_data_change = false;  // a resumed run reads text other than the checkpoint's; else that is refused
+};
+
+// Trains (or resumes from out/train_state.safetensors when start.resume is set: the checkpoint's
 // options then apply, except options.steps when it is > 0) a GPT on `data` (bytes, or BPE with
 // options.tokenizer), writing checkpoints to `out`. on_step sees every step; a false return
-// stops after writing a checkpoint. Returns the final validation bits per byte.
+// stops after writing a checkpoint. Returns the final validation bits per byte. Before the first
+// step it checks the options, that `out` is writable and that no other run holds it; it throws
+// mhsa::Error when a step's loss or gradient norm is not finite (the last checkpoint stays).
 double train_gpt(const std::filesystem::path& data, const std::filesystem::path& out, const TrainOptions& options,
-                      bool resume, const std::function<bool(const TrainProgress&)>& on_step = {});
+                 const TrainStart& start, const std::function<bool(const TrainProgress&)>& on_step = {});
 
 // Validation loss over the whole held-out text in windows of the model's context (each token
 // predicted once, within its window), in bits per byte: bits per token × tokens / `bytes` (the

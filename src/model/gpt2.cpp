@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/checkpoint_dir.h"
 #include "kernels/dispatch.h"
 #include "mhsa/safetensors.h"
 
@@ -160,12 +161,15 @@ Gpt2 Gpt2::load(const fs::path& dir) {
   constexpr std::string_view fn = "Gpt2::load";
   if (!fs::is_directory(dir)) fail(fn, "dir", "a model directory (config.json, model.safetensors)", "'" + dir.string() + "'");
   Gpt2 m;
-  m.config_ = Gpt2Config::load(dir / "config.json");
   const fs::path weights = dir / "model.safetensors";
-  if (!fs::exists(weights))
-    fail(fn, dir.string(), "model.safetensors (PyTorch .bin checkpoints are not read: save with safe_serialization)",
-         "no such file");
-  const SafeTensors st = SafeTensors::open(weights.string());
+  const SafeTensors st = [&] {  // config.json and the weights of one checkpoint, while a trainer may swap them
+    const detail::DirLock lock(dir, detail::DirLock::Mode::shared);
+    m.config_ = Gpt2Config::load(dir / "config.json");
+    if (!fs::exists(weights))
+      fail(fn, dir.string(), "model.safetensors (PyTorch .bin checkpoints are not read: save with safe_serialization)",
+           "no such file");
+    return SafeTensors::open(weights.string());
+  }();
   const std::string file = weights.string();
   const std::string prefix = st.find("transformer.wte.weight") != nullptr ? "transformer." : "";
   const Gpt2Config& c = m.config_;

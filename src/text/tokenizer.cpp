@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
+#include "io/checkpoint_dir.h"
 #include "text/unicode_data.h"
 
 namespace mhsa {
@@ -474,6 +475,7 @@ Tokenizer Tokenizer::load_dir(const fs::path& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     fail("Tokenizer::load_dir", "dir", "a directory", message("'", dir.string(), "' (", fs::exists(dir, ec) ? "not a directory" : "no such directory", ")"));
+  const detail::DirLock lock(dir, detail::DirLock::Mode::shared);  // one checkpoint's files (io/checkpoint_dir.h)
   // Prefer Hugging Face's names; a half pair is loaded anyway so the error names the missing file.
   if (fs::exists(dir / "vocab.json", ec)) return load(dir / "vocab.json", dir / "merges.txt");
   if (fs::exists(dir / "encoder.json", ec)) return load(dir / "encoder.json", dir / "vocab.bpe");

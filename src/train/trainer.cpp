@@ -1,7 +1,8 @@
 // train/trainer.cpp — AdamW, clipping, the schedule, text data (bytes or GPT-2 BPE), checkpoints
 // and the training loop (see mhsa/train.h). Every random choice (initial weights, which windows
 // form a batch) is a function of the seed and the step, so a resumed run repeats an uninterrupted
-// one bit for bit.
+// one bit for bit. Nothing read from a checkpoint is trusted: its options are validated and every
+// tensor is shape-checked against the model they describe.
 #include "mhsa/train.h"
 
 #include <omp.h>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/checkpoint_dir.h"
 #include "kernels/dispatch.h"
 #include "mhsa/safetensors.h"
 #include "mhsa/tokenizer.h"
@@ -36,16 +38,46 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a well-spread hash of (se
   return x ^ (x >> 31);
 }
 
-// A text file written whole or not at all: a temporary file renamed into place.
-void write_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail("train", "out", "a writable directory", "'" + path.parent_path().string() + "'");
-    out << text;
-    if (!out.flush()) fail("train", "out", "room to write " + path.string(), "a failed write");
-  }
-  fs::rename(tmp, path);
+// The files of a checkpoint directory (see mhsa/train.h); a new run's first checkpoint replaces
+// all of them, so nothing of what the directory held before stays beside it.
+const std::vector<std::string> kCheckpointFiles = {"train_state.safetensors", "model.safetensors", "loss_curve.svg",
+                                                   "vocab.json", "merges.txt", "encoder.json", "vocab.bpe",
+                                                   "config.json"};
+const std::vector<std::string> kVocabularyFiles = {"vocab.json", "merges.txt", "encoder.json", "vocab.bpe"};
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush()) fail("train", "out", "room to write '" + path.string() + "'", "a failed write");
+}
+
+// "<size> bytes, FNV-1a <hash>" (64-bit FNV-1a: fast, and any edit changes it).
+std::string text_fingerprint(std::string_view bytes) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (const char c : bytes) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return message(bytes.size(), " bytes, FNV-1a ", hex);
+}
+
+bool all_finite(const Tensor& t) {
+  const float* x = t.data();
+  bool finite = true;
+  for (int64_t i = 0; i < t.numel(); ++i) finite &= std::isfinite(x[i]);
+  return finite;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// What a diverged run says: where it stopped and what it kept.
+std::string divergence(const fs::path& out, int64_t saved_step) {
+  return message("the run diverged: lower --lr (or clip gradients with --clip); ",
+                 saved_step > 0 ? message("the checkpoint of step ", saved_step, " in '", out.string(), "' is kept")
+                                : std::string("no checkpoint of this run was written"));
 }
 
 nlohmann::json options_json(const TrainOptions& o) {
@@ -106,6 +138,19 @@ std::string config_json(const Gpt2Config& c) {
   return j.dump(2) + "\n";
 }
 
+// The model a run's options and vocabulary describe (a resumed run's too: its config.json is
+// only checked against this).
+Gpt2Config model_config(const TrainOptions& o, const Tokenizer& tokenizer) {
+  Gpt2Config c;
+  c.vocab_size = tokenizer.vocab_size();
+  c.n_positions = o.context;
+  c.n_embd = o.embd;
+  c.n_layer = o.layers;
+  c.n_head = o.heads;
+  c.eos_token_id = o.tokenizer.empty() ? -1 : tokenizer.eos_id();
+  return c;
+}
+
 struct History {
   double bytes_per_token = 1;                        // of the training text: nats/token -> bits/byte
   std::vector<double> loss;                          // per step, nats per token
@@ -146,12 +191,19 @@ std::string loss_curve_svg(const History& h) {
   return s.str();
 }
 
+// Writes the checkpoint of `step` into `out`: each file staged aside, then all swapped in at once
+// (config.json last). A new run's first checkpoint (`replace`) also removes what the directory
+// held before and copies the vocabulary files. Refuses non-finite weights or moments: a diverged
+// run never overwrites a good checkpoint.
 void save_checkpoint(const fs::path& out, Gpt2& model, AdamW& adam, const TrainOptions& o, int64_t step,
-                     const History& h) {
-  fs::create_directories(out);
+                     const History& h, const std::string& data, bool replace, int64_t saved_step) {
   const auto params = model.parameters();
   std::vector<std::pair<std::string, ConstTensorView>> weights, state;
   for (size_t i = 0; i < params.size(); ++i) {
+    for (const Tensor* t : {params[i].second, &adam.first_moments()[i], &adam.second_moments()[i]})
+      if (!all_finite(*t))
+        fail("train", message("step ", step), message("finite weights and AdamW moments to save (", params[i].first, ")"),
+             "a value that is not finite: " + divergence(out, saved_step));
     weights.emplace_back(params[i].first, params[i].second->view());
     state.emplace_back("param." + params[i].first, params[i].second->view());
     state.emplace_back("adam_m." + params[i].first, adam.first_moments()[i].view());
@@ -162,26 +214,49 @@ void save_checkpoint(const fs::path& out, Gpt2& model, AdamW& adam, const TrainO
                                                    {"step", std::to_string(step)},
                                                    {"adam_steps", std::to_string(adam.steps())},
                                                    {"options", options_json(o).dump()},
-                                                   {"history", history.dump()}};
-  save_safetensors((out / "train_state.safetensors").string(), state, meta);  // the resume point: one file
-  if (!o.tokenizer.empty())  // the vocabulary files, so that the directory runs as it is
-    for (const char* name : {"vocab.json", "merges.txt", "encoder.json", "vocab.bpe"}) {
-      const fs::path from = fs::path(o.tokenizer) / name, to = out / name;
-      if (fs::exists(from) && !fs::exists(to)) {
-        fs::copy_file(from, to.string() + ".tmp", fs::copy_options::overwrite_existing);
-        fs::rename(to.string() + ".tmp", to);
-      }
-    }
-  write_atomically(out / "config.json", config_json(model.config()));
-  save_safetensors((out / "model.safetensors").string(), weights, {{"format", "pt"}});
-  write_atomically(out / "loss_curve.svg", loss_curve_svg(h));
+                                                   {"history", history.dump()},
+                                                   {"data", data}};
+  std::vector<std::pair<fs::path, std::string>> staged;
+  const auto stage = [&](const std::string& name) { return staged.emplace_back(detail::staged_name(out, name), name).first; };
+  save_safetensors(stage("train_state.safetensors").string(), state, meta);  // the resume point: one file
+  save_safetensors(stage("model.safetensors").string(), weights, {{"format", "pt"}});
+  write_file(stage("loss_curve.svg"), loss_curve_svg(h));
+  if (replace && !o.tokenizer.empty())  // the vocabulary files, so that the directory runs as it is
+    for (const std::string& name : kVocabularyFiles)
+      if (const fs::path from = fs::path(o.tokenizer) / name; fs::exists(from))
+        fs::copy_file(from, stage(name), fs::copy_options::overwrite_existing);
+  write_file(stage("config.json"), config_json(model.config()));
+  detail::swap_in(out, replace ? kCheckpointFiles : std::vector<std::string>{}, staged, "train");
 }
 
 }  // namespace
 
 // ---- AdamW, clipping, schedule ---------------------------------------------------------------
 
+namespace {
+
+// A finite number in [lo, hi] (an open end where the flag says so).
+void check_range(std::string_view fn, std::string_view arg, double x, double lo, double hi, bool open_lo = false,
+                 bool open_hi = false) {
+  const bool ok = std::isfinite(x) && (open_lo ? x > lo : x >= lo) && (open_hi ? x < hi : x <= hi);
+  if (ok) return;
+  const std::string range = std::isinf(hi) ? message(open_lo ? "> " : ">= ", lo)
+                                           : message("in ", open_lo ? "(" : "[", lo, ", ", hi, open_hi ? ")" : "]");
+  fail(fn, arg, "a finite number " + range, message(x));
+}
+
+void check_adamw(std::string_view fn, const AdamWOptions& o) {
+  constexpr double inf = HUGE_VAL;
+  check_range(fn, "beta1", o.beta1, 0, 1, false, true);
+  check_range(fn, "beta2", o.beta2, 0, 1, false, true);
+  check_range(fn, "eps", o.eps, 0, inf, true);
+  check_range(fn, "weight_decay", o.weight_decay, 0, inf);
+}
+
+}  // namespace
+
 AdamW::AdamW(const std::vector<std::pair<std::string, Tensor*>>& params, AdamWOptions options) : options_(options) {
+  check_adamw("AdamW", options);
   for (const auto& [name, t] : params) {
     m_.emplace_back(t->shape());
     v_.emplace_back(t->shape());
@@ -237,6 +312,27 @@ double clip_gradients(std::vector<Tensor>& grads, double max_norm) {
   return norm;
 }
 
+void TrainOptions::validate() const {
+  constexpr std::string_view fn = "TrainOptions";
+  constexpr double inf = HUGE_VAL;
+  if (layers <= 0 || heads <= 0 || embd <= 0 || embd % heads != 0 || context <= 1)
+    fail(fn, "shape", "layers, heads > 0, embd a multiple of heads, context > 1",
+         message(layers, " layers, ", heads, " heads, embd ", embd, ", context ", context));
+  const std::pair<const char*, int64_t> positive[] = {
+      {"steps", steps}, {"batch", batch}, {"accumulate", accumulate}, {"eval_batches", eval_batches}};
+  for (const auto& [name, n] : positive)
+    if (n <= 0) fail(fn, name, "a count > 0", std::to_string(n));
+  const std::pair<const char*, int64_t> counts[] = {
+      {"warmup", warmup}, {"eval_every", eval_every}, {"checkpoint_every", checkpoint_every}};
+  for (const auto& [name, n] : counts)
+    if (n < 0) fail(fn, name, "a count >= 0 (0: none)", std::to_string(n));
+  check_range(fn, "lr", lr, 0, inf, true);
+  check_range(fn, "min_lr_ratio", min_lr_ratio, 0, 1);
+  check_range(fn, "clip", clip, 0, inf);
+  check_range(fn, "val_fraction", val_fraction, 0, 0.5, true, true);
+  check_adamw(fn, adamw);
+}
+
 float learning_rate(const TrainOptions& o, int64_t step) {
   if (step < o.warmup) return o.lr * static_cast<float>(step + 1) / static_cast<float>(o.warmup);
   const double span = std::max<int64_t>(1, o.steps - o.warmup);
@@ -261,6 +357,7 @@ TextCorpus TextCorpus::load(const fs::path& file, double val_fraction, int64_t c
   c.val = tokenizer.encode(std::string_view(bytes).substr(static_cast<size_t>(n - n_val)));
   c.train_bytes = n - n_val;
   c.val_bytes = n_val;
+  c.fingerprint = text_fingerprint(bytes);
   const auto train_tokens = static_cast<int64_t>(c.train.size()), val_tokens = static_cast<int64_t>(c.val.size());
   if (train_tokens < 2 * (context + 1) || val_tokens < context + 1)
     fail(fn, "data",
@@ -306,24 +403,43 @@ double evaluate_bits_per_byte(const Gpt2& model, const std::vector<int32_t>& tok
 
 // ---- the loop --------------------------------------------------------------------------------
 
-double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& requested, bool resume,
-                      const std::function<bool(const TrainProgress&)>& on_step) {
+double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& requested, const TrainStart& how,
+                 const std::function<bool(const TrainProgress&)>& on_step) {
   constexpr std::string_view fn = "train";
   TrainOptions o = requested;
+  if (how.resume && o.steps == 0) o.steps = 1;  // 0: the checkpoint's length (checked below)
+  o.validate();
   const fs::path state_file = out / "train_state.safetensors";
+  if (how.resume && !fs::exists(state_file))
+    fail(fn, "--resume", "a checkpoint in " + out.string(), "no train_state.safetensors");
+  std::error_code ec;
+  if (!how.resume && !how.force)
+    for (const char* name : {"train_state.safetensors", "model.safetensors", "config.json"})
+      if (fs::exists(out / name, ec))
+        fail(fn, "out", "a directory without a checkpoint (--resume continues it, --force replaces it)",
+             message("'", out.string(), "' holding ", name));
+  detail::check_writable(out, fn, "out");  // before the first step, not at the first checkpoint
+  const detail::WriterClaim claim(out, fn, "out");
+  detail::remove_temporaries(out, kCheckpointFiles);  // a killed run's: we hold the directory
   int64_t start = 0;
   History history;
+  std::string recorded_data;  // the checkpoint's text fingerprint ("" before fingerprints were kept)
   Gpt2Config config;
   std::optional<Gpt2> model;
   std::optional<AdamW> adam;
   std::optional<Tokenizer> tokenizer;
-  if (resume) {
-    if (!fs::exists(state_file)) fail(fn, "--resume", "a checkpoint in " + out.string(), "no train_state.safetensors");
+  if (how.resume) {
     const SafeTensors st = SafeTensors::open(state_file.string());
     const auto meta = [&](const char* key) {
       const auto it = st.metadata().find(key);
       if (it == st.metadata().end()) fail(fn, state_file.string(), message("metadata '", key, "'"), "none");
       return it->second;
+    };
+    const auto count = [&](const char* key) {
+      const std::string text = meta(key);
+      if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos)
+        fail(fn, message(state_file.string(), ": metadata '", key, "'"), "a count", "'" + text + "'");
+      return std::stoll(text);
     };
     try {
       o = options_from_json(nlohmann::json::parse(meta("options")));
@@ -333,50 +449,71 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     } catch (const nlohmann::json::exception& e) {
       fail(fn, state_file.string(), "the trainer's JSON metadata", e.what());
     }
-    start = std::stoll(meta("step"));
+    start = count("step");
+    if (history.loss.size() != static_cast<size_t>(start))
+      fail(fn, state_file.string(), message("a loss history of ", start, " steps (its step)"),
+           message(history.loss.size(), " losses"));
     if (requested.steps > 0) {  // a resumed run may be given another length (which moves the schedule)
       if (requested.steps < start)
         fail(fn, "steps", message("at least ", start, " (the checkpoint's step)"), std::to_string(requested.steps));
       o.steps = requested.steps;
     }
-    config = Gpt2Config::load(out / "config.json");
+    try {
+      o.validate();
+    } catch (const Error& e) {
+      fail(fn, state_file.string(), "valid training options", e.what());
+    }
+    if (const auto it = st.metadata().find("data"); it != st.metadata().end()) recorded_data = it->second;
+    // The checkpoint's copy of the vocabulary files (the original may have moved).
+    tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(out));
+    config = model_config(o, *tokenizer);
+    if (fs::exists(out / "config.json")) {  // absent only after a crash mid-way through a new run's first swap
+      const Gpt2Config c = Gpt2Config::load(out / "config.json");
+      if (c.vocab_size != config.vocab_size || c.n_positions != config.n_positions || c.n_embd != config.n_embd ||
+          c.n_layer != config.n_layer || c.n_head != config.n_head || c.mlp_dim() != config.mlp_dim())
+        fail(fn, (out / "config.json").string(),
+             message("the shape of train_state.safetensors (vocab_size ", config.vocab_size, ", n_positions ",
+                     config.n_positions, ", n_embd ", config.n_embd, ", n_layer ", config.n_layer, ", n_head ",
+                     config.n_head, ", MLP width ", config.mlp_dim(), ")"),
+             message("vocab_size ", c.vocab_size, ", n_positions ", c.n_positions, ", n_embd ", c.n_embd, ", n_layer ",
+                     c.n_layer, ", n_head ", c.n_head, ", MLP width ", c.mlp_dim()));
+    }
     model = Gpt2::random(config, 0);
     adam.emplace(model->parameters(), o.adamw);
     const auto params = model->parameters();
+    const auto load = [&](const std::string& name, const std::vector<int64_t>& shape) {
+      const SafeTensorInfo* info = st.find(name);
+      if (info == nullptr) fail(fn, state_file.string(), message("a tensor '", name, "'"), "none");
+      if (info->shape != shape)
+        fail(fn, message(state_file.string(), ": tensor '", name, "'"), "shape " + shape_text(shape) + " (the model's)",
+             shape_text(info->shape));
+      return st.load(name);
+    };
     for (size_t i = 0; i < params.size(); ++i) {
-      *params[i].second = st.load("param." + params[i].first);
-      adam->first_moments()[i] = st.load("adam_m." + params[i].first);
-      adam->second_moments()[i] = st.load("adam_v." + params[i].first);
+      const std::vector<int64_t>& shape = params[i].second->shape();
+      *params[i].second = load("param." + params[i].first, shape);
+      adam->first_moments()[i] = load("adam_m." + params[i].first, shape);
+      adam->second_moments()[i] = load("adam_v." + params[i].first, shape);
     }
-    adam->set_steps(std::stoll(meta("adam_steps")));
+    adam->set_steps(count("adam_steps"));
   } else {
-    if (o.layers <= 0 || o.heads <= 0 || o.embd <= 0 || o.embd % o.heads != 0 || o.context <= 1)
-      fail(fn, "shape", "layers, heads > 0, embd a multiple of heads, context > 1",
-           message(o.layers, " layers, ", o.heads, " heads, embd ", o.embd, ", context ", o.context));
-    if (o.steps <= 0 || o.batch <= 0 || o.accumulate <= 0 || !(o.lr > 0))
-      fail(fn, "options", "steps, batch, accumulate > 0 and lr > 0",
-           message(o.steps, " steps, batch ", o.batch, ", accumulate ", o.accumulate, ", lr ", o.lr));
     tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(o.tokenizer));
-    config.vocab_size = tokenizer->vocab_size();
-    config.n_positions = o.context;
-    config.n_embd = o.embd;
-    config.n_layer = o.layers;
-    config.n_head = o.heads;
-    config.eos_token_id = o.tokenizer.empty() ? -1 : tokenizer->eos_id();
+    config = model_config(o, *tokenizer);
     model = Gpt2::random(config, mix(o.seed));
     adam.emplace(model->parameters(), o.adamw);
   }
-  // A resumed run reads the checkpoint's copy of the vocabulary files (the original may have moved).
-  if (!tokenizer) tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(out));
-  if (tokenizer->vocab_size() != config.vocab_size)
-    fail(fn, "tokenizer", message("a vocabulary of ", config.vocab_size, " (the model's)"),
-         message(tokenizer->vocab_size(), " in ", o.tokenizer.empty() ? std::string("bytes") : out.string()));
   const TextCorpus corpus = TextCorpus::load(data, o.val_fraction, o.context, *tokenizer);
+  if (!recorded_data.empty() && corpus.fingerprint != recorded_data && !how.allow_data_change)
+    fail(fn, "data",
+         message("the text the checkpoint was trained on (", recorded_data,
+                 "; --allow-data-change resumes on other text)"),
+         message("'", data.string(), "' (", corpus.fingerprint, ")"));
   history.bytes_per_token = double(corpus.train_bytes) / double(corpus.train.size());
   const double val_tokens_per_byte = double(corpus.val.size()) / double(corpus.val_bytes);
   const int64_t T = o.context, B = o.batch;
   const int64_t positions = static_cast<int64_t>(corpus.train.size()) - T - 1;
   double last_val = history.val_bpb.empty() ? -1 : history.val_bpb.back().second;
+  int64_t saved_step = how.resume ? start : 0;  // the checkpoint in `out` this run would fall back on
 
   // Validation during training: eval_batches·B windows spread evenly over the held-out text.
   const auto quick_val = [&] {
@@ -415,19 +552,33 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     p.loss = loss;
     p.loss_bits_per_byte = loss / std::log(2.0) / history.bytes_per_token;
     p.grad_norm = clip_gradients(grads, o.clip);
+    if (!std::isfinite(loss) || !std::isfinite(p.grad_norm))
+      fail(fn, message("step ", step + 1), "a finite loss and gradient norm",
+           message("loss ", loss, ", gradient norm ", p.grad_norm, ": ", divergence(out, saved_step)));
     p.lr = learning_rate(o, step);
     adam->step(model->parameters(), grads, static_cast<float>(p.lr));
     history.loss.push_back(loss);
     p.tokens_per_s = double(B * T * o.accumulate) / std::chrono::duration<double>(clock::now() - t0).count();
     const bool last = step + 1 == o.steps;
-    if ((o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last) {
+    const bool evaluate = (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last;
+    if (evaluate) {
       last_val = quick_val();
       history.val_bpb.emplace_back(step + 1, last_val);
       p.val_bits_per_byte = last_val;
     }
     const bool go_on = !on_step || on_step(p);
-    if (!go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))
-      save_checkpoint(out, *model, *adam, o, step + 1, history);
+    if (!go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0)) {
+      // Finite weights can still be a diverged model (lr 1e30 gives weights near 1e30): what is
+      // saved must give a finite loss (this step's validation, or one held-out window).
+      const double check = evaluate ? last_val : windows_bits_per_byte(*model, corpus.val, {0}, T);
+      if (!std::isfinite(check))
+        fail(fn, message("step ", step + 1), "weights that give a finite loss, to save",
+             message("a held-out loss of ", check, ": ", divergence(out, saved_step)));
+      // A new run's first checkpoint replaces whatever the directory held (--force).
+      save_checkpoint(out, *model, *adam, o, step + 1, history, corpus.fingerprint, !how.resume && saved_step == 0,
+                      saved_step);
+      saved_step = step + 1;
+    }
     if (!go_on) break;
   }
   return last_val;

@@ -1,0 +1,118 @@
+// io/checkpoint_dir.cpp — directory locks, the writer's claim and the checkpoint swap (see
+// checkpoint_dir.h).
+#include "io/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace mhsa::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+int lock(int fd, int operation) {
+  int rc;
+  do rc = ::flock(fd, operation);
+  while (rc != 0 && errno == EINTR);
+  return rc;
+}
+
+constexpr const char* kProbe = "write-probe";
+
+}  // namespace
+
+DirLock::DirLock(const fs::path& dir, Mode mode) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ >= 0 && lock(fd_, mode == Mode::shared ? LOCK_SH : LOCK_EX) != 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+DirLock::~DirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+WriterClaim::WriterClaim(const fs::path& dir, std::string_view fn, std::string_view arg) {
+  const fs::path file = dir / "train.lock";
+  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    fail(fn, arg, "a writable directory", message("'", dir.string(), "' (", std::strerror(errno), " opening train.lock)"));
+  if (lock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return;  // a file system without flock: the run goes on unclaimed, as readers do
+    char pid[32] = {};
+    const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    const std::string text = n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string();
+    const std::string holder = text.substr(0, text.find_first_not_of("0123456789"));  // the pid the holder wrote
+    fail(fn, arg, "a directory no other training run is writing",
+         message("'", dir.string(), "' in use by ", holder.empty() ? "another process" : "process " + holder, " (it holds ",
+                 file.string(), ")"));
+  }
+  // Best effort: without the pid, a second writer's message names no process. (A stale pid left
+  // in the file is harmless: only a held lock refuses a writer.)
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  const bool recorded = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) == ssize_t(pid.size());
+  static_cast<void>(recorded);
+}
+
+WriterClaim::~WriterClaim() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+fs::path staged_name(const fs::path& dir, const std::string& name) {
+  return dir / (name + ".tmp." + std::to_string(::getpid()));
+}
+
+void check_writable(const fs::path& dir, std::string_view fn, std::string_view arg) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail(fn, arg, "a writable directory", message("'", dir.string(), "' (", ec.message(), ")"));
+  const fs::path probe = staged_name(dir, kProbe);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const bool written = fd >= 0 && ::write(fd, "\n", 1) == 1;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  if (!written) fail(fn, arg, "a writable directory", message("'", dir.string(), "' (", std::strerror(err), ")"));
+}
+
+void remove_temporaries(const fs::path& dir, const std::vector<std::string>& names) {
+  std::vector<std::string> prefixes{std::string(kProbe) + ".tmp"};
+  for (const std::string& name : names) prefixes.push_back(name + ".tmp");
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string file = e.path().filename().string();
+    for (const std::string& tmp : prefixes)
+      if (file == tmp || file.rfind(tmp + ".", 0) == 0) {
+        fs::remove(e.path(), ec);
+        break;
+      }
+  }
+}
+
+void swap_in(const fs::path& dir, const std::vector<std::string>& obsolete,
+             const std::vector<std::pair<fs::path, std::string>>& staged, std::string_view fn) {
+  const DirLock lock(dir, DirLock::Mode::exclusive);
+  std::error_code ec;
+  for (const std::string& name : obsolete)
+    if (!fs::remove(dir / name, ec) && ec)
+      fail(fn, "out", "a directory whose files can be replaced", message("'", (dir / name).string(), "' (", ec.message(), ")"));
+  for (size_t i = 0; i < staged.size(); ++i)
+    if (std::rename(staged[i].first.c_str(), (dir / staged[i].second).c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      for (size_t j = i; j < staged.size(); ++j) fs::remove(staged[j].first, ec);
+      fail(fn, "out", "a directory whose files can be replaced",
+           message("'", (dir / staged[i].second).string(), "' (", why, ")"));
+    }
+}
+
+}  // namespace mhsa::detail
