@@ -222,7 +222,7 @@ def run_on_a_terminal(*args):
 
 
 def test_generate_echoes_the_prompt_on_a_terminal():
-    args = ["generate", "--prompt", "Once upon a time", "-n", "12"]
+    args = ["generate", "--prompt", "Once upon a time", "-n", "6", "-t", "1"]
     continuation = run(*args).stdout  # a pipe: the continuation only
     assert run(*args, "--echo").stdout == "Once upon a time" + continuation
     assert run_on_a_terminal(*args) == (0, "Once upon a time" + continuation)
