@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "mhsa/attention.h"
 #include "mhsa/error.h"
+#include "options.h"
 
 namespace mhsa::cli {
 namespace {
@@ -20,9 +21,11 @@ struct AttentionArgs {
   bool backward = false;
   uint64_t seed = 0;
   int repeats = 3;
+  int threads = 0;
 };
 
 void run(const AttentionArgs& a) {
+  use_threads(a.threads);
   const int64_t kv_heads = a.kv_heads ? a.kv_heads : a.heads;
   const int64_t kv_tokens = a.kv_tokens ? a.kv_tokens : a.tokens;
   std::mt19937_64 gen(a.seed);
@@ -75,17 +78,18 @@ void run(const AttentionArgs& a) {
 void add_attention_command(CLI::App& app) {
   auto args = std::make_shared<AttentionArgs>();
   CLI::App* cmd = app.add_subcommand("attention", "Run scaled dot-product attention on random inputs and time it");
-  cmd->add_option("-B,--batch", args->batch, "batch size B")->check(CLI::PositiveNumber);
-  cmd->add_option("-H,--heads", args->heads, "query heads Hq")->check(CLI::PositiveNumber);
+  cmd->add_option("-B,--batch", args->batch, "batch size B")->check(integer_at_least(1));
+  cmd->add_option("-H,--heads", args->heads, "query heads Hq")->check(integer_at_least(1));
   cmd->add_option("--kv-heads", args->kv_heads, "key/value heads Hkv (default Hq; fewer = grouped-query)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("-T,--tokens", args->tokens, "query tokens Tq")->check(CLI::PositiveNumber);
-  cmd->add_option("--kv-tokens", args->kv_tokens, "key/value tokens Tk (default Tq)")->check(CLI::PositiveNumber);
-  cmd->add_option("-D,--head-dim", args->head_dim, "head size D")->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1));
+  cmd->add_option("-T,--tokens", args->tokens, "query tokens Tq")->check(integer_at_least(1));
+  cmd->add_option("--kv-tokens", args->kv_tokens, "key/value tokens Tk (default Tq)")->check(integer_at_least(1));
+  cmd->add_option("-D,--head-dim", args->head_dim, "head size D")->check(integer_at_least(1));
   cmd->add_flag("--causal", args->causal, "mask the future (bottom-right aligned)");
   cmd->add_flag("--backward", args->backward, "also run and time the backward (dq, dk, dv)");
-  cmd->add_option("--seed", args->seed, "random seed for the inputs");
-  cmd->add_option("--repeats", args->repeats, "timed runs; the best is reported")->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", args->seed, "random seed for the inputs")->check(seed_value());
+  cmd->add_option("--repeats", args->repeats, "timed runs; the best is reported")->check(integer_in(1, INT32_MAX));
+  add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });
 }
 

@@ -8,9 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,8 @@
 #include "core/cpu.h"
 #include "kernels/dispatch.h"
 #include "mhsa/mhsa.h"
+#include "options.h"
+#include "output.h"
 #include "peak.h"
 
 namespace mhsa::cli {
@@ -27,6 +30,7 @@ struct BenchArgs {
   std::string filter;  // comma-separated substrings: the cases whose name contains one of them run
   std::string json;    // write the results here too
   double min_seconds = 1.0;
+  int threads = 0;
 };
 
 // Seconds per run of a case: the best, which the rates are quoted from, and the median, the
@@ -239,6 +243,9 @@ bool selected(const std::string& name, const std::string& filter) {
 }
 
 void run(const BenchArgs& a) {
+  use_threads(a.threads);
+  std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
+  if (!a.json.empty()) json.emplace(a.json, "--json");
   const int threads = omp_get_max_threads();
   std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
   const double peak = bench::measure_fma_peak_gflops(threads);
@@ -265,12 +272,11 @@ void run(const BenchArgs& a) {
                 100.0 * rate / yardstick);
     if (r.tokens > 0) std::printf("  %.1f tokens/s", r.tokens / r.seconds.best);
     std::printf("\n");
-    std::fflush(stdout);
+    flush_stdout();  // a case takes seconds: fail now rather than after all of them
     results.push_back(r);
   }
-  if (!a.json.empty()) {
-    std::ofstream out(a.json);
-    if (!out) throw Error("bench: --json: expected a writable file, got '" + a.json + "'");
+  if (json) {
+    std::ostringstream out;
     out << "{\"threads\": " << threads << ", \"isa\": \"" << cpu::isa_name(cpu::best_isa())
         << "\", \"fma_peak_gflops\": " << peak << ", \"read_bandwidth_gbs\": " << bandwidth << ", \"cases\": [";
     for (size_t i = 0; i < results.size(); ++i)
@@ -279,6 +285,8 @@ void run(const BenchArgs& a) {
           << ", \"unit\": \"" << results[i].unit << "\""
           << (results[i].tokens > 0 ? ", \"tokens\": " + std::to_string(results[i].tokens) : std::string()) << "}";
     out << "]}\n";
+    json->write(out.str());
+    json->commit();
   }
 }
 
@@ -290,7 +298,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--filter", args->filter, "run only the cases whose name contains this (or one of these, comma-separated)");
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")
-      ->check(CLI::PositiveNumber);
+      ->check(number_above(0));
+  add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });
 }
 

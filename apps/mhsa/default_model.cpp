@@ -29,4 +29,15 @@ std::filesystem::path model_dir(const std::string& given) {
   throw Error("--model: expected a model directory, or the default model in one of: " + places + ", got none");
 }
 
+LoadedModel load_model(const std::filesystem::path& dir) {
+  Gpt2 model = Gpt2::load(dir);
+  const int64_t n_vocab = model.config().vocab_size;
+  Tokenizer tokenizer = Tokenizer::for_model(dir, n_vocab);  // BPE, or bytes
+  if (tokenizer.vocab_size() != n_vocab)
+    throw Error(detail::message("--model: expected a tokenizer of the model's ", n_vocab,
+                                " tokens (vocab_size in config.json), got one of ", tokenizer.vocab_size(),
+                                " tokens (vocab.json) in '", dir.string(), "'"));
+  return {dir, std::move(model), std::move(tokenizer)};
+}
+
 }  // namespace mhsa::cli

@@ -1,8 +1,12 @@
-// apps/mhsa/default_model.h — which model `mhsa generate` and `mhsa explain` run without --model.
+// apps/mhsa/default_model.h — which model `mhsa generate` and `mhsa explain` run without --model,
+// and the model and tokenizer they load, checked to belong together.
 #pragma once
 
 #include <filesystem>
 #include <string>
+
+#include "mhsa/gpt2.h"
+#include "mhsa/tokenizer.h"
 
 namespace mhsa::cli {
 
@@ -11,5 +15,15 @@ namespace mhsa::cli {
 // executable (<prefix>/share/mhsa/models/default) or, for a build tree, in the sources.
 // Throws mhsa::Error listing the places tried when none holds a model.
 std::filesystem::path model_dir(const std::string& given);
+
+// A model directory's GPT-2 and its tokenizer (vocab.json + merges.txt, or bytes for a model of
+// 256 tokens). Throws mhsa::Error when their vocabularies differ in size: a token the model emits
+// would have no text, or a token of the text no embedding, and the run would fail half-way.
+struct LoadedModel {
+  std::filesystem::path dir;
+  Gpt2 model;
+  Tokenizer tokenizer;
+};
+LoadedModel load_model(const std::filesystem::path& dir);
 
 }  // namespace mhsa::cli

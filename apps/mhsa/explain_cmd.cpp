@@ -13,18 +13,16 @@
 //   - exact: the chosen head's float32 probabilities, bit for bit those of the JSON.
 // Max-pooling (not averaging) keeps a single strongly attended token visible when shrunk.
 // Causal matrices are stored as their lower triangles (j ≤ i), row by row.
-#include <omp.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +35,8 @@
 #include "mhsa/explain.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/tokenizer.h"
+#include "options.h"
+#include "output.h"
 
 namespace mhsa::cli {
 namespace {
@@ -62,17 +62,11 @@ struct ExplainArgs {
 
 // ---- text helpers ----------------------------------------------------------------------------
 
-// A token's bytes made printable: invalid UTF-8 becomes U+FFFD, a newline "↵", other control
-// characters their Unicode control pictures (U+2400 + c).
-std::string printable(std::string_view bytes) {
+// A token's bytes as text: invalid UTF-8 becomes U+FFFD; spaces and control characters stay.
+std::string token_text(std::string_view bytes) {
   std::string s;
   for (size_t i = 0; i < bytes.size();) {
     const auto c = static_cast<unsigned char>(bytes[i]);
-    if (c < 0x20 || c == 0x7F) {
-      s += c == '\n' ? "\u21B5" : c == 0x7F ? "\u2421" : std::string{'\xE2', '\x90', static_cast<char>(0x80 + c)};
-      ++i;
-      continue;
-    }
     const size_t len = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3 : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
     bool ok = len > 0 && i + len <= bytes.size();
     for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(bytes[i + k]) & 0xC0) == 0x80;
@@ -83,6 +77,24 @@ std::string printable(std::string_view bytes) {
       s += "\uFFFD";
       ++i;
     }
+  }
+  return s;
+}
+
+// A token's text as a label that shows every character: a space "·", a newline "↵", a tab "→",
+// other control characters their Unicode control pictures (U+2400 + c, U+2421 for DEL). One
+// character for one, so the label lines up with the text character by character (the report
+// dims what was replaced).
+std::string token_label(std::string_view text) {
+  std::string s;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == ' ') s += "\u00B7";
+    else if (c == '\n') s += "\u21B5";
+    else if (c == '\t') s += "\u2192";
+    else if (c < 0x20) s += std::string{'\xE2', '\x90', static_cast<char>(0x80 + c)};
+    else if (c == 0x7F) s += "\u2421";
+    else s += ch;
   }
   return s;
 }
@@ -162,18 +174,16 @@ void append_float(std::string& s, float v) {
 
 // {"tokens": [...], "ids": [...], "attention": [layer][1][H][T][T]}, streamed: the full
 // precision nested lists of a long prompt run to gigabytes, too many for a json object in memory.
-void write_json(const fs::path& file, const std::vector<std::string>& tokens, const Explanation& e) {
-  std::ofstream f(file, std::ios::binary);
-  if (!f) throw Error(message("mhsa explain: --json: expected a writable file, got '", file.string(), "'"));
-  f << "{\"tokens\": " << nlohmann::json(tokens).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-    << ", \"ids\": " << nlohmann::json(e.ids).dump() << ", \"attention\": [";
+void write_json(OutputFile& f, const std::vector<std::string>& tokens, const Explanation& e) {
+  f.write("{\"tokens\": " + nlohmann::json(tokens).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+          ", \"ids\": " + nlohmann::json(e.ids).dump() + ", \"attention\": [");
   std::string row;
   for (size_t l = 0; l < e.attention.size(); ++l) {
     const Tensor& a = e.attention[l];  // [1, H, T, T]
     const int64_t H = a.dim(1), T = a.dim(2);
-    f << (l ? ", [[" : "[[");
+    f.write(l ? ", [[" : "[[");
     for (int64_t h = 0; h < H; ++h) {
-      f << (h ? ", [" : "[");
+      f.write(h ? ", [" : "[");
       for (int64_t i = 0; i < T; ++i) {
         row.assign(i ? ", [" : "[");
         for (int64_t j = 0; j < T; ++j) {
@@ -181,14 +191,14 @@ void write_json(const fs::path& file, const std::vector<std::string>& tokens, co
           append_float(row, a.data()[(h * T + i) * T + j]);
         }
         row += ']';
-        f << row;
+        f.write(row);
       }
-      f << ']';
+      f.write("]");
     }
-    f << "]]";
+    f.write("]]");
   }
-  f << "]}\n";
-  if (!f.flush()) throw Error(message("mhsa explain: --json: expected a writable file, got '", file.string(), "' (write failed)"));
+  f.write("]}\n");
+  f.commit();
 }
 
 // ---- the HTML report -------------------------------------------------------------------------
@@ -241,15 +251,16 @@ std::string script_block(const std::string& id, const std::string& type, const s
   return "<script id=\"" + id + "\" type=\"" + type + "\">" + text + "</script>\n";
 }
 
-std::string report_html(const fs::path& model, const Gpt2Config& c, const std::vector<std::string>& labels,
-                        const Explanation& e) {
+std::string report_html(const fs::path& model, const Gpt2Config& c, const std::vector<std::string>& texts,
+                        const std::vector<std::string>& labels, const Explanation& e) {
   const auto T = static_cast<int64_t>(e.ids.size());
   const int64_t L = c.n_layer, H = c.n_head, layer = e.trace.layer, head = e.trace.head;
   const int64_t thumb = std::min(T, kThumbSize), detail = detail_size(T, L * H);
 
   nlohmann::json meta;
   meta["model"] = model.string();
-  meta["tokens"] = labels;
+  meta["tokens"] = texts;
+  meta["labels"] = labels;
   meta["ids"] = e.ids;
   meta["layers"] = L;
   meta["heads"] = H;
@@ -337,12 +348,12 @@ void print_text(const std::vector<std::string>& labels, const Explanation& e, in
 // ---- the command -----------------------------------------------------------------------------
 
 void run(ExplainArgs a) {
-  if (a.threads > 0) omp_set_num_threads(a.threads);
+  use_threads(a.threads);
   if (a.format == "html" && a.out.empty() && a.json.empty())
     throw Error("mhsa explain: --out: expected a file for the HTML report (or --json FILE, or --format text), got none");
-  const fs::path dir = model_dir(a.model);  // --model, or the embedded default model
-  const Gpt2 model = Gpt2::load(dir);
-  const Tokenizer tok = Tokenizer::for_model(dir, model.config().vocab_size);  // BPE, or bytes
+  const LoadedModel loaded = load_model(model_dir(a.model));  // --model, or the embedded default model
+  const Gpt2& model = loaded.model;
+  const Tokenizer& tok = loaded.tokenizer;
   const Gpt2Config& c = model.config();
   if (a.prompt == "-") a.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   const std::vector<int32_t> ids = tok.encode(a.prompt);
@@ -354,20 +365,23 @@ void run(ExplainArgs a) {
     throw Error(message("mhsa explain: --layer: expected a layer in [0, ", c.n_layer, "), got ", a.layer));
   if (a.head < 0 || a.head >= c.n_head)
     throw Error(message("mhsa explain: --head: expected a head in [0, ", c.n_head, "), got ", a.head));
+  std::optional<OutputFile> json, out;  // opened first: a path that cannot be written fails before the work
+  if (!a.json.empty()) json.emplace(a.json, "--json");
+  if (!a.out.empty()) out.emplace(a.out, "--out");
 
   const Explanation e = explain(model, ids, a.layer, a.head);
-  std::vector<std::string> labels, token_strings;
+  std::vector<std::string> texts, labels, token_strings;
   for (int32_t id : ids) {
-    labels.push_back(printable(tok.token_bytes(id)));
+    texts.push_back(token_text(tok.token_bytes(id)));
+    labels.push_back(token_label(texts.back()));
     token_strings.push_back(tok.token_string(id));
   }
-  if (!a.json.empty()) write_json(a.json, token_strings, e);
+  if (json) write_json(*json, token_strings, e);
   if (a.format == "text") print_text(labels, e, a.layer, a.head);
-  if (!a.out.empty()) {
-    const std::string page = report_html(dir, c, labels, e);
-    std::ofstream f(a.out, std::ios::binary);
-    if (!f || !f.write(page.data(), static_cast<std::streamsize>(page.size())) || !f.flush())
-      throw Error(message("mhsa explain: --out: expected a writable file, got '", a.out, "'"));
+  if (out) {
+    const std::string page = report_html(loaded.dir, c, texts, labels, e);
+    out->write(page);
+    out->commit();
     std::fprintf(stderr, "mhsa explain: wrote %s (%zu tokens, %lld layers x %lld heads, %.1f MB)\n", a.out.c_str(),
                  ids.size(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
                  static_cast<double>(page.size()) / 1e6);
@@ -382,16 +396,16 @@ void add_explain_command(CLI::App& app) {
   cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)")->required();
   cmd->add_option("--model", a->model, "model directory (default: the embedded byte-level model)");
   cmd->add_option("--layer", a->layer, "the layer to walk through step by step (and --format text's)")
-      ->default_val(0);
-  cmd->add_option("--head", a->head, "the head of that layer")->default_val(0);
+      ->default_val(0)
+      ->check(any_integer());
+  cmd->add_option("--head", a->head, "the head of that layer")->default_val(0)->check(any_integer());
   cmd->add_option("--out", a->out, "write the HTML report here (self-contained: open it in any browser)");
   cmd->add_option("--json", a->json,
                   "write {\"tokens\", \"ids\", \"attention\": [layer][1][H][T][T]} here (BertViz head_view layout)");
   cmd->add_option("--format", a->format, "html: the report (--out); text: a heatmap of one head on stdout")
       ->default_val("html")
-      ->check(CLI::IsMember({"html", "text"}));
-  cmd->add_option("-t,--threads", a->threads, "threads (default: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(one_of({"html", "text"}));
+  add_threads_option(cmd, a->threads);
   cmd->callback([a] { run(*a); });
 }
 

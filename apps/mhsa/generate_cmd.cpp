@@ -1,10 +1,13 @@
 // apps/mhsa/generate_cmd.cpp — `mhsa generate`: continue a prompt with a GPT-2 model directory,
-// streaming the text to stdout as it is made (or one JSON object at the end with --json).
+// streaming the text to stdout as it is made (or one JSON object at the end with --json). On a
+// terminal the prompt is printed first, so that the text reads from its start (--no-echo: only
+// the continuation); into a pipe or file only the continuation is (--echo: the prompt too).
 //
 // Streaming holds back only what could still change: the tail of an unfinished UTF-8 character
 // and any tail that may be the start of a --stop string. A stop string ends generation and is
 // not printed; neither is the end-of-text token.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -22,6 +25,8 @@
 #include "mhsa/error.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/tokenizer.h"
+#include "options.h"
+#include "output.h"
 
 namespace mhsa::cli {
 namespace {
@@ -33,6 +38,7 @@ struct GenerateArgs {
   std::vector<std::string> stop;
   bool json = false;
   bool ignore_eos = false;
+  bool echo = false, echo_given = false;  // --echo / --no-echo; default: whether stdout is a terminal
   int threads = 0;
 };
 
@@ -92,10 +98,10 @@ class TextStream {
 };
 
 void run(const GenerateArgs& a) {
-  if (a.threads > 0) omp_set_num_threads(a.threads);
-  const std::filesystem::path dir = model_dir(a.model);
-  const Gpt2 model = Gpt2::load(dir);
-  const Tokenizer tok = Tokenizer::for_model(dir, model.config().vocab_size);  // BPE, or bytes
+  use_threads(a.threads);
+  const LoadedModel loaded = load_model(model_dir(a.model));
+  const Gpt2& model = loaded.model;
+  const Tokenizer& tok = loaded.tokenizer;
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -105,6 +111,15 @@ void run(const GenerateArgs& a) {
     if (eos < 0 && !bytes)
       throw Error("mhsa generate: --prompt: expected some text (this model has no end-of-text token), got none");
     ids.push_back(bytes ? int32_t{'\n'} : eos);
+  }
+  const int64_t context = model.config().n_positions, room = a.options.max_new_tokens > 0 ? 1 : 0;
+  if (static_cast<int64_t>(ids.size()) + room > context)  // else Gpt2::generate would blame max_new_tokens
+    throw Error(detail::message("mhsa generate: --prompt: expected at most ", context - room,
+                                " tokens (the model's context is ", context, " tokens", room ? ", less one for a new token" : "",
+                                "), got ", ids.size(), " tokens"));
+  if (!a.json && (a.echo_given ? a.echo : isatty(fileno(stdout)) == 1)) {
+    write_stdout(prompt);
+    flush_stdout();
   }
   GenerationOptions o = a.options;
   o.stop_at_eos = !a.ignore_eos;
@@ -118,9 +133,8 @@ void run(const GenerateArgs& a) {
         if (step[0] == eos && !a.ignore_eos) return false;
         const bool stop = stream.add(tok.token_bytes(step[0]));
         if (!a.json) {
-          const std::string out = stream.take(stop);
-          std::fwrite(out.data(), 1, out.size(), stdout);
-          std::fflush(stdout);
+          write_stdout(stream.take(stop));
+          flush_stdout();  // stops generating when the text cannot be written
         }
         return !stop;
       },
@@ -138,10 +152,8 @@ void run(const GenerateArgs& a) {
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
-  const std::string rest = stream.take(true);
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::printf("\n");
-  std::fflush(stdout);  // the text first, then the summary, when both go to one terminal or file
+  write_stdout(stream.take(true) + "\n");
+  flush_stdout();  // the text first, then the summary, when both go to one terminal or file
   std::fprintf(stderr, "mhsa generate: %zu prompt tokens at %.1f tokens/s, %zu generated at %.1f tokens/s (%d threads)\n",
                ids.size(), prefill, tokens.size(), decode, omp_get_max_threads());
 }
@@ -157,27 +169,31 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--prompt", a->prompt, "the text to continue ('-' reads stdin; empty starts from end-of-text)");
   cmd->add_option("-n,--max-new-tokens", a->options.max_new_tokens, "tokens to generate at most")
       ->default_val(64)
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   cmd->add_option("--temperature", a->options.temperature, "0 is greedy; higher samples more freely")
       ->default_val(0.0f)
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_at_least(0));
   cmd->add_option("--top-k", a->options.top_k, "sample among the k most likely tokens (0: all)")
       ->default_val(0)
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   cmd->add_option("--top-p", a->options.top_p, "sample among the most likely tokens holding this probability")
       ->default_val(1.0f)
-      ->check(CLI::Range(0.0f, 1.0f));
+      ->check(number_in(0, 1));
   cmd->add_option("--repetition-penalty", a->options.repetition_penalty, "> 1 discourages repeating tokens")
       ->default_val(1.0f)
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--seed", a->options.seed, "the sampler's seed")->default_val(0);
+      ->check(number_above(0));
+  cmd->add_option("--seed", a->options.seed, "the sampler's seed")->default_val(0)->check(seed_value());
   cmd->add_option("--stop", a->stop, "stop when this text appears (repeatable); it is not printed");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after the end-of-text token");
+  CLI::Option* echo = cmd->add_flag("--echo,!--no-echo", a->echo,
+                                    "print the prompt before its continuation (default: when stdout is a terminal)");
   cmd->add_flag("--json", a->json,
                 "print one JSON object: prompt_tokens, prompt_ids, tokens, text, prefill/decode tokens per second");
-  cmd->add_option("-t,--threads", a->threads, "threads (default: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->callback([a] { run(*a); });
+  add_threads_option(cmd, a->threads);
+  cmd->callback([a, echo] {
+    a->echo_given = echo->count() > 0;
+    run(*a);
+  });
 }
 
 }  // namespace mhsa::cli

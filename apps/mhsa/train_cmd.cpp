@@ -3,7 +3,6 @@
 // cleanly on Ctrl-C (the checkpoint of the last finished step is written first). The library
 // checks the options, the directory and the run (mhsa/train.h); this file adds the flags that
 // say what to do with what --out holds (--resume, --force, --allow-data-change).
-#include <omp.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +16,7 @@
 #include "commands.h"
 #include "mhsa/error.h"
 #include "mhsa/train.h"
+#include "options.h"
 
 namespace mhsa::cli {
 namespace {
@@ -43,7 +43,7 @@ std::string duration(double s) {
 }
 
 void run(const TrainArgs& a, bool steps_given) {
-  if (a.threads > 0) omp_set_num_threads(a.threads);
+  use_threads(a.threads);
   TrainOptions options = a.options;
   if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
   std::signal(SIGINT, on_interrupt);
@@ -113,24 +113,24 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o.tokenizer,
                   "a directory with GPT-2's BPE files (vocab.json + merges.txt); default: bytes, vocabulary 256")
       ->check(CLI::ExistingDirectory);
-  cmd->add_option("--layers", o.layers, "transformer blocks")->default_val(o.layers)->check(CLI::PositiveNumber);
-  cmd->add_option("--heads", o.heads, "attention heads")->default_val(o.heads)->check(CLI::PositiveNumber);
-  cmd->add_option("--embd", o.embd, "model width")->default_val(o.embd)->check(CLI::PositiveNumber);
-  cmd->add_option("--context", o.context, "tokens per sequence")->default_val(o.context)->check(CLI::Range(2, 1 << 16));
-  cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(CLI::PositiveNumber);
-  cmd->add_option("--batch", o.batch, "sequences per micro-batch")->default_val(o.batch)->check(CLI::PositiveNumber);
-  cmd->add_option("--accumulate", o.accumulate, "micro-batches per step")->default_val(o.accumulate)->check(CLI::PositiveNumber);
-  cmd->add_option("--lr", o.lr, "peak learning rate")->default_val(o.lr)->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", o.warmup, "warm-up steps")->default_val(o.warmup)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--layers", o.layers, "transformer blocks")->default_val(o.layers)->check(integer_at_least(1));
+  cmd->add_option("--heads", o.heads, "attention heads")->default_val(o.heads)->check(integer_at_least(1));
+  cmd->add_option("--embd", o.embd, "model width")->default_val(o.embd)->check(integer_at_least(1));
+  cmd->add_option("--context", o.context, "tokens per sequence")->default_val(o.context)->check(integer_in(2, 1 << 16));
+  cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(integer_at_least(1));
+  cmd->add_option("--batch", o.batch, "sequences per micro-batch")->default_val(o.batch)->check(integer_at_least(1));
+  cmd->add_option("--accumulate", o.accumulate, "micro-batches per step")->default_val(o.accumulate)->check(integer_at_least(1));
+  cmd->add_option("--lr", o.lr, "peak learning rate")->default_val(o.lr)->check(number_above(0));
+  cmd->add_option("--warmup", o.warmup, "warm-up steps")->default_val(o.warmup)->check(integer_at_least(0));
   cmd->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay")->default_val(o.adamw.weight_decay);
-  cmd->add_option("--clip", o.clip, "gradient-norm clip (0: none)")->default_val(o.clip)->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", o.seed, "initial weights and batches")->default_val(o.seed);
+  cmd->add_option("--clip", o.clip, "gradient-norm clip (0: none)")->default_val(o.clip)->check(number_at_least(0));
+  cmd->add_option("--seed", o.seed, "initial weights and batches")->default_val(o.seed)->check(seed_value());
   cmd->add_option("--val-fraction", o.val_fraction, "held-out share of the text")->default_val(o.val_fraction);
   cmd->add_option("--eval-every", o.eval_every, "validate every N steps")->default_val(o.eval_every);
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every N steps")->default_val(o.checkpoint_every);
   cmd->add_option("--stop-after", a->stop_after, "end this run after N steps with a checkpoint (--resume goes on)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("-t,--threads", a->threads, "threads (default: OMP_NUM_THREADS or all cores)");
+      ->check(integer_at_least(0));
+  add_threads_option(cmd, a->threads);
   cmd->callback([a, cmd] { run(*a, cmd->count("--steps") > 0); });
 }
 

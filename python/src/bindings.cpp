@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <optional>
+#include <string>
 
 #include "arrays.h"
+#include "core/cpu.h"
 #include "mhsa/mhsa.h"
 
 namespace py = pybind11;
@@ -223,6 +225,9 @@ PYBIND11_MODULE(_core, m) {
   using namespace mhsa;
   using namespace mhsa::python;
   m.doc() = "mhsa: multi-head self-attention on the CPU (C++ core)";
+  // OMP_NUM_THREADS=100000 crashes OpenMP at the first parallel region: cap it (for the importing thread) now.
+  if (const std::string warning = cpu::limit_threads(); !warning.empty())
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, ("mhsa: " + warning).c_str(), 1) != 0) throw py::error_already_set();
   static py::exception<Error> error(m, "Error", PyExc_ValueError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {

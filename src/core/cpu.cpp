@@ -1,8 +1,13 @@
 // core/cpu.cpp — CPUID-based ISA choice (see cpu.h).
 #include "core/cpu.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+
+#include "mhsa/error.h"
 
 namespace mhsa::cpu {
 namespace {
@@ -45,6 +50,18 @@ std::string_view isa_name(Isa isa) {
     case Isa::avx2: return "avx2";
     default: return "portable";
   }
+}
+
+int max_threads() { return std::min(1024, 16 * std::max(1, omp_get_num_procs())); }
+
+std::string limit_threads() {
+  const int asked = omp_get_max_threads(), most = max_threads();
+  if (asked <= most) return "";
+  omp_set_num_threads(most);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  return detail::message(env ? "OMP_NUM_THREADS=" + std::string(env).substr(0, 40) : std::to_string(asked) + " threads",
+                         ": more threads than mhsa runs (16 \u00d7 the ", omp_get_num_procs(),
+                         " processors, 1024 at most); using ", most);
 }
 
 }  // namespace mhsa::cpu

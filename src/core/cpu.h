@@ -4,8 +4,12 @@
 // (kernels/isa/*.cpp), and picked here by CPUID. MHSA_ISA=portable|avx2|avx512 in the
 // environment caps the choice (for tests and benchmarks of the slower paths); it never raises it
 // above what the CPU supports. Not a feature-detection library: three levels, nothing else.
+//
+// Also the bound on OpenMP's thread count: libgomp crashes (SIGSEGV) asked for a team of 100000
+// threads and spends minutes starting 20000, so front ends check -t and OMP_NUM_THREADS here.
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -16,5 +20,14 @@ enum class Isa { portable = 0, avx2 = 1, avx512 = 2 };
 Isa best_isa();                  // the ISA the dispatching entry points use
 std::vector<Isa> usable_isas();  // every ISA this CPU and this build can run, lowest first
 std::string_view isa_name(Isa isa);
+
+// The most threads mhsa lets OpenMP run: 16 × the processors this process may use, at most 1024.
+int max_threads();
+
+// When OpenMP would start more than max_threads() threads (OMP_NUM_THREADS=100000), lowers the
+// calling thread's count to max_threads() and returns a warning that says so; else returns "".
+// Front ends (the CLI's main, the Python module's import) call it before the first parallel
+// region. OpenMP keeps the count per thread: a thread started elsewhere keeps the environment's.
+std::string limit_threads();
 
 }  // namespace mhsa::cpu

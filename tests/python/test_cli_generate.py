@@ -98,7 +98,10 @@ def test_bad_requests_are_clear_errors(model_dir, tmp_path):
     r = run("generate", "--model", tmp_path, "--prompt", "Hi", check=False)
     assert r.returncode == 2 and "config.json: expected a readable config.json, got no such file" in r.stderr
     r = run("generate", "--model", d, "--prompt", "Hi", "--top-p", 1.5, check=False)
-    assert r.returncode != 0 and "--top-p" in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("mhsa: error: --top-p: expected a number in [0, 1], got 1.5\n")
+    r = run("generate", "--model", d, "--prompt", " the" * 120, check=False)  # the prompt, not -n, is too long
+    assert r.returncode == 2 and ("--prompt: expected at most 95 tokens (the model's context is 96 tokens, less one "
+                                  "for a new token), got 120 tokens") in r.stderr
 
 
 def test_python_generate_agrees_with_the_cli(model_dir):

@@ -152,6 +152,7 @@ def test_report_holds_the_exact_chosen_head_and_every_head_to_1_255(model_dir, t
     T = len(j["tokens"])
     assert meta["chosen"] == [1, 2] and meta["layers"] == 2 and meta["heads"] == 4 and len(meta["tokens"]) == T
     assert meta["tokens"][1] == " tiger"  # the report shows the text, not GPT-2's byte alphabet
+    assert meta["labels"][1] == "\u00b7tiger"  # and labels where a space is seen
     assert "http://" not in html and "https://" not in html and "<link rel=\"stylesheet\"" not in html
     exact = lower(np.frombuffer(blobs["mhsa-exact"], dtype="<f4"), T)
     json_head = np.array(j["attention"][1][0][2], dtype=np.float32)
@@ -185,7 +186,7 @@ def test_text_format_is_a_heatmap_of_one_head(model_dir):
     lines = out.splitlines()
     assert lines[0].startswith("layer 1, head 3")
     rows = [line for line in lines if "\u2502" in line]
-    assert len(rows) == 15 and rows[1].startswith(" 1  tiger")
+    assert len(rows) == 15 and rows[1].startswith(" 1 \u00b7tiger")  # a space shown as ·
     for i, row in enumerate(rows):  # row i has i + 1 cells: the keys it may see
         cells = row.split("\u2502")[1]
         assert len(cells) == i + 1 and set(cells) <= set("\u00b7\u2591\u2592\u2593\u2588")
@@ -287,6 +288,28 @@ def test_report_works_in_a_browser(model_dir, browser, tmp_path):
     heatmap = page.locator("#detail-canvas").screenshot()
     colours, not_white, _ = picture_stats(heatmap)
     assert colours > 20 and not_white > 0.1, (colours, not_white)  # labels and the masked half are light
+    assert problems == []
+    page.close()
+
+
+def test_report_shows_spaces_newlines_and_tabs(model_dir, browser, tmp_path):
+    d, _ = model_dir
+    run("explain", "--model", d, "--prompt", "Hi there,\n\tfriend  \r\n", "--out", tmp_path / "r.html",
+        "--json", tmp_path / "r.json")
+    meta, _, _ = read_report(tmp_path / "r.html")
+    tokens = json.loads((tmp_path / "r.json").read_text())["tokens"]
+    assert "".join(meta["tokens"]) == "Hi there,\n\tfriend  \r\n"  # the text itself; the JSON keeps GPT-2's
+    assert tokens[1] == "\u0120there" and meta["labels"][1] == "\u00b7there"
+    glyphs = str.maketrans({" ": "\u00b7", "\n": "\u21b5", "\t": "\u2192", "\r": "\u240d"})
+    assert meta["labels"] == [t.translate(glyphs) for t in meta["tokens"]]
+    page, problems, _ = open_report(browser, tmp_path / "r.html")
+    chips = page.locator("#prompt .tok")
+    assert chips.count() == len(meta["tokens"])
+    for i, label in enumerate(meta["labels"]):  # every chip shows its label, the drawn characters dimmed
+        chip = chips.nth(i)
+        assert chip.inner_text() == label
+        drawn = "".join(c for c, t in zip(label, meta["tokens"][i]) if c != t)
+        assert "".join(chip.locator(".ws").all_inner_texts()) == drawn
     assert problems == []
     page.close()
 

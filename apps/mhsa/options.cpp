@@ -1,0 +1,130 @@
+// apps/mhsa/options.cpp — see options.h.
+#include "options.h"
+
+#include <omp.h>
+
+#include <charconv>
+#include <cmath>
+#include <system_error>
+
+#include "core/cpu.h"
+#include "mhsa/error.h"
+
+namespace mhsa::cli {
+namespace {
+
+using detail::message;
+
+// "an integer ≥ 1", "an integer in [0, 32]" or "an integer": the range in words. A bound that is
+// only the type's limit is left out unless the value went past it.
+std::string integer_range(int64_t lo, int64_t hi, bool above_hi) {
+  const bool has_lo = lo != std::numeric_limits<int64_t>::min();
+  const bool has_hi = hi != std::numeric_limits<int64_t>::max() && (hi != INT32_MAX || above_hi);
+  if (has_lo && has_hi) return message("an integer in [", lo, ", ", hi, "]");
+  if (has_lo) return message("an integer \u2265 ", lo);
+  if (has_hi) return message("an integer \u2264 ", hi);
+  return "an integer";
+}
+
+std::string number_text(double v) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// What --help shows after the type: "INT:≥ 1" for "an integer ≥ 1".
+std::string range_only(const std::string& range, std::string_view kind) {
+  return range.size() > kind.size() ? range.substr(kind.size() + 1) : "";
+}
+
+// The whole of `text` as a T in decimal, or nothing.
+template <class T>
+bool parse(const std::string& text, T& value) {
+  const char* end = text.data() + text.size();
+  const auto r = std::from_chars(text.data(), end, value);
+  return r.ec == std::errc() && r.ptr == end;
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) {
+        int64_t v = 0;
+        const bool ok = parse(text, v);
+        if (ok && v >= lo && v <= hi) {
+          text = std::to_string(v);  // CLI11 would read "010" as octal
+          return std::string();
+        }
+        const bool above_hi = !ok || v > hi;
+        return message("expected ", integer_range(lo, hi, above_hi), ", got ", text);
+      },
+      range_only(integer_range(lo, hi, false), "an integer"));
+}
+
+CLI::Validator integer_at_least(int64_t lo) { return integer_in(lo, std::numeric_limits<int64_t>::max()); }
+
+CLI::Validator any_integer() {
+  return integer_in(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+}
+
+CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& text) {
+        uint64_t v = 0;
+        if (!parse(text, v)) return message("expected an integer in [0, 2^64), got ", text);
+        text = std::to_string(v);
+        return std::string();
+      },
+      "in [0, 2^64)");
+}
+
+namespace {
+
+CLI::Validator number_check(double lo, double hi, bool lo_open) {
+  std::string range;
+  if (hi != INFINITY)
+    range = message("a number in ", lo_open ? "(" : "[", number_text(lo), ", ", number_text(hi), "]");
+  else
+    range = message("a number ", lo_open ? ">" : "\u2265", " ", number_text(lo));
+  return CLI::Validator(
+      [lo, hi, lo_open, range](std::string& text) {
+        double v = 0;
+        const bool ok = parse(text, v) && std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+        return ok ? std::string() : message("expected ", range, ", got ", text);
+      },
+      range_only(range, "a number"));
+}
+
+}  // namespace
+
+CLI::Validator number_in(double lo, double hi) { return number_check(lo, hi, false); }
+CLI::Validator number_at_least(double lo) { return number_check(lo, INFINITY, false); }
+CLI::Validator number_above(double lo) { return number_check(lo, INFINITY, true); }
+
+CLI::Validator one_of(std::vector<std::string> words) {
+  std::string list;
+  for (size_t i = 0; i < words.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + words[i];
+  return CLI::Validator(
+      [words, list](std::string& text) {
+        for (const std::string& w : words)
+          if (text == w) return std::string();
+        return message("expected ", list, ", got '", text, "'");
+      },
+      list);
+}
+
+CLI::Option* add_threads_option(CLI::App* cmd, int& threads) {
+  const int most = cpu::max_threads();
+  return cmd
+      ->add_option("-t,--threads", threads,
+                   "threads (0, the default: OMP_NUM_THREADS or all cores)")
+      ->check(integer_in(0, most));
+}
+
+void use_threads(int threads) {
+  if (threads > 0) omp_set_num_threads(threads);
+}
+
+}  // namespace mhsa::cli

@@ -1,0 +1,231 @@
+"""The mhsa command line when things go wrong, run as a user runs it (the embedded default model,
+no weights to download):
+
+- a usage error is one line "mhsa: error: <option>: expected <what>, got <what>", then where to
+  find the options, and exit status 2 (CLI11's own messages printed 309-digit bounds and exited
+  with 105-114);
+- output that cannot be written (/dev/full, a file larger than allowed) is an error, exit status 1,
+  and a report that was there before is left as it was;
+- thread counts that crash OpenMP (-t 100000, OMP_NUM_THREADS=100000) are refused or capped;
+- `mhsa generate` checks its model and tokenizer belong together, and echoes the prompt on a terminal.
+
+Run with MHSA_CLI naming the mhsa binary (default: build/mhsa) and, for the import test,
+PYTHONPATH (or MHSA_PYTHONPATH) naming the build's python directory.
+"""
+
+import json
+import os
+import pty
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
+TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
+DEFAULT_MODEL = ROOT / "models" / "default"  # byte-level: 256 tokens, a context of 512
+MAX_THREADS = min(1024, 16 * len(os.sched_getaffinity(0)))
+COMMANDS = "attention, bench, explain, generate, tokenize or train"
+
+
+def run(*args, env=None, **kwargs):
+    if "stdout" not in kwargs:
+        kwargs.setdefault("capture_output", True)
+    return subprocess.run([str(CLI), *map(str, args)], text=True, timeout=120,
+                          env=None if env is None else {**os.environ, **env}, **kwargs)
+
+
+# ---- usage errors ----------------------------------------------------------------------------------
+
+USAGE_ERRORS = [
+    (["attention", "-T", "0"], "--tokens: expected an integer \u2265 1, got 0"),
+    (["attention", "-T", "abc"], "--tokens: expected an integer \u2265 1, got abc"),
+    (["attention", "-T", "99999999999999999999"], "--tokens: expected an integer \u2265 1, got 99999999999999999999"),
+    (["attention", "--repeats", "3000000000"], "--repeats: expected an integer in [1, 2147483647], got 3000000000"),
+    (["attention", "--seed", "-1"], "--seed: expected an integer in [0, 2^64), got -1"),
+    (["attention", "--bogus"], "unexpected argument: --bogus"),
+    (["generate", "-n", "-1"], "--max-new-tokens: expected an integer \u2265 0, got -1"),
+    (["generate", "--top-p", "1.5"], "--top-p: expected a number in [0, 1], got 1.5"),
+    (["generate", "--temperature", "nan"], "--temperature: expected a number \u2265 0, got nan"),
+    (["generate", "--repetition-penalty", "0"], "--repetition-penalty: expected a number > 0, got 0"),
+    (["generate", "--seed", "-1"], "--seed: expected an integer in [0, 2^64), got -1"),
+    (["explain", "--prompt", "x", "--format", "pdf"], "--format: expected html or text, got 'pdf'"),
+    (["bench", "--min-seconds", "0"], "--min-seconds: expected a number > 0, got 0"),
+    (["train", "--data", "x", "--out", "y", "--context", "1"], "--context: expected an integer in [2, 65536], got 1"),
+    (["tokenize", "--model", TOKENIZER], "TEXT is required"),
+    (["bogus"], f"unknown command 'bogus': expected {COMMANDS}"),
+    ([], f"expected a command ({COMMANDS}), got none"),
+]
+
+
+@pytest.mark.parametrize("args,message", USAGE_ERRORS, ids=[" ".join(map(str, a)) or "(none)" for a, _ in USAGE_ERRORS])
+def test_usage_errors_are_one_clean_line_and_exit_2(args, message):
+    r = run(*args)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2, r.stderr
+    assert lines[0] == "mhsa: error: " + message
+    assert len(lines) == 2 and re.fullmatch(r"Run 'mhsa( \w+)? --help' for the (options|commands)\.", lines[1]), lines
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["attention", "--help"], ["--version"]])
+def test_help_and_version_exit_0(args):
+    r = run(*args)
+    assert r.returncode == 0 and r.stdout and r.stderr == ""
+
+
+def test_a_repeated_option_takes_the_last_value():
+    r = run("attention", "-B", "1", "-H", "1", "-T", "2", "-T", "4", "-D", "8", "--repeats", "1")
+    assert r.returncode == 0 and "q [1, 1, 4, 8]" in r.stdout, r.stderr
+
+
+# ---- threads ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["attention"], ["bench"], ["explain", "--prompt", "x"], ["generate"],
+                                     ["train", "--data", "x", "--out", "y"]])
+@pytest.mark.parametrize("threads", ["100000", "-1"])
+def test_thread_counts_out_of_range_are_refused(command, threads):
+    r = run(*command, "-t", threads)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"mhsa: error: --threads: expected an integer in [0, {MAX_THREADS}], got {threads}\n")
+
+
+def test_omp_num_threads_too_large_is_capped_with_a_warning():
+    r = run("attention", "-B", "1", "-H", "2", "-T", "64", "-D", "16", "--repeats", "1",
+            env={"OMP_NUM_THREADS": "100000"})
+    assert r.returncode == 0, (r.returncode, r.stderr)  # was SIGSEGV in libgomp
+    assert r.stderr.startswith("mhsa: warning: OMP_NUM_THREADS=100000: more threads than mhsa runs "
+                               f"(16 \u00d7 the {len(os.sched_getaffinity(0))} processors, 1024 at most); "
+                               f"using {MAX_THREADS}\n")
+    assert "GFLOP/s" in r.stdout
+
+
+def test_python_import_caps_omp_num_threads():
+    code = ("import warnings, numpy as np\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import mhsa\n"
+            "print([str(x.message) for x in w])\n"
+            "q = np.ones((1, 2, 300, 16), np.float32)\n"
+            "print(mhsa.scaled_dot_product_attention(q, q, q).shape)\n")
+    path = os.pathsep.join(p for p in sys.path if p)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "100000", "PYTHONPATH": path})
+    assert r.returncode == 0, (r.returncode, r.stderr)  # was SIGSEGV in libgomp
+    assert "mhsa: OMP_NUM_THREADS=100000: more threads than mhsa runs" in r.stdout
+    assert r.stdout.endswith("(1, 2, 300, 16)\n")
+
+
+# ---- output that cannot be written ------------------------------------------------------------------
+
+STDOUT_COMMANDS = {
+    "tokenize": ["tokenize", "--model", TOKENIZER, "Hello world"],
+    "tokenize --decode": ["tokenize", "--model", TOKENIZER, "--decode", "15496 995"],
+    "generate": ["generate", "--prompt", "Hello", "-n", "4"],
+    "generate --json": ["generate", "--prompt", "Hello", "-n", "4", "--json"],
+    "explain --format text": ["explain", "--prompt", "Hello there", "--format", "text"],
+    "attention": ["attention", "-B", "1", "-H", "1", "-T", "8", "-D", "8", "--repeats", "1"],
+}
+
+
+@pytest.mark.parametrize("name", list(STDOUT_COMMANDS))
+def test_a_full_standard_output_is_an_error(name):
+    with open("/dev/full", "w") as full:
+        r = run(*STDOUT_COMMANDS[name], stdout=full, stderr=subprocess.PIPE)
+    assert r.returncode == 1, r.stderr
+    assert "mhsa: error: writing standard output: No space left on device\n" in r.stderr
+
+
+@pytest.mark.parametrize("args", [["explain", "--prompt", "Hi", "--out"], ["explain", "--prompt", "Hi", "--json"],
+                                  ["bench", "--filter", "no such case", "--min-seconds", "0.01", "--json"]])
+def test_a_full_output_file_is_an_error(args):
+    r = run(*args, "/dev/full")
+    assert r.returncode == 1, r.stderr
+    assert f"mhsa: error: {args[-1]}: writing '/dev/full': No space left on device\n" in r.stderr
+
+
+def limit_file_size(size):
+    """For preexec_fn: writes past `size` bytes fail with EFBIG (a full disk, without root)."""
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_a_failed_report_leaves_the_previous_one(tmp_path):
+    report = tmp_path / "r.html"
+    report.write_text("the previous report")
+    r = run("explain", "--prompt", "Hello there", "--out", report, preexec_fn=limit_file_size(20_000))
+    assert r.returncode == 1, r.stderr
+    assert f"mhsa: error: --out: writing '{report}': File too large" in r.stderr
+    assert report.read_text() == "the previous report"  # was truncated
+    assert sorted(tmp_path.iterdir()) == [report]  # no temporary file left behind
+
+
+def test_a_report_replaces_the_file_a_link_points_to(tmp_path):
+    real, link = tmp_path / "real.html", tmp_path / "link.html"
+    real.write_text("old")
+    real.chmod(0o640)
+    link.symlink_to(real)
+    r = run("explain", "--prompt", "Hello there", "--out", link)
+    assert r.returncode == 0, r.stderr
+    assert link.is_symlink() and real.read_text().startswith("<!DOCTYPE html>")
+    assert real.stat().st_mode & 0o777 == 0o640
+    assert sorted(tmp_path.iterdir()) == [link, real]
+
+
+# ---- generate ---------------------------------------------------------------------------------------
+
+def test_generate_refuses_a_prompt_longer_than_the_context():
+    r = run("generate", "--prompt", "x" * 600)
+    assert r.returncode == 2
+    assert ("--prompt: expected at most 511 tokens (the model's context is 512 tokens, less one for a new token), "
+            "got 600 tokens") in r.stderr
+    r = run("generate", "--prompt", "x" * 600, "-n", "0")
+    assert "--prompt: expected at most 512 tokens (the model's context is 512 tokens), got 600 tokens" in r.stderr
+
+
+def test_generate_and_explain_refuse_a_tokenizer_of_another_model(tmp_path):
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(DEFAULT_MODEL / f, tmp_path / f)
+    shutil.copy(TOKENIZER / "encoder.json", tmp_path / "vocab.json")
+    shutil.copy(TOKENIZER / "vocab.bpe", tmp_path / "merges.txt")
+    message = (f"mhsa: error: --model: expected a tokenizer of the model's 256 tokens (vocab_size in config.json), "
+               f"got one of 50257 tokens (vocab.json) in '{tmp_path}'\n")
+    for args in (["generate", "--prompt", "Hello"], ["explain", "--prompt", "Hello", "--format", "text"]):
+        r = run(*args, "--model", tmp_path)
+        assert r.returncode == 2 and r.stderr == message, r.stderr
+
+
+def run_on_a_terminal(*args):
+    """stdout on a pseudo-terminal; returns (exit status, what it printed)."""
+    primary, secondary = pty.openpty()
+    r = run(*args, stdout=secondary, stderr=subprocess.PIPE)
+    os.close(secondary)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # EIO: the terminal's other end is closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(primary)
+    return r.returncode, out.decode().replace("\r\n", "\n")
+
+
+def test_generate_echoes_the_prompt_on_a_terminal():
+    args = ["generate", "--prompt", "Once upon a time", "-n", "6", "-t", "1"]
+    continuation = run(*args).stdout  # a pipe: the continuation only
+    assert run(*args, "--echo").stdout == "Once upon a time" + continuation
+    assert run_on_a_terminal(*args) == (0, "Once upon a time" + continuation)
+    assert run_on_a_terminal(*args, "--no-echo") == (0, continuation)
+    timeless = lambda r: {k: v for k, v in json.loads(r.stdout).items() if not k.endswith("_per_s")}
+    assert timeless(run(*args, "--json")) == timeless(run(*args, "--json", "--echo"))  # --json: unchanged
