@@ -16,7 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kGpt2Dir = fs::path(__FILE__).parent_path().parent_path() / "data" / "gpt2-tokenizer";
+const fs::path kGpt2Dir = fs::path(MHSA_TEST_DATA_DIR) / "gpt2-tokenizer";
 
 const Tokenizer& gpt2() {
   static const Tokenizer tok = Tokenizer::load_dir(kGpt2Dir);
