@@ -33,10 +33,9 @@ void append_excerpt(const json& v, std::string& out, size_t cap) {
   }
 }
 
-// s cut after kExcerptChars bytes, at a UTF-8 character boundary, with "…" when anything was cut.
-std::string cut(std::string s) {
-  if (s.size() <= kExcerptChars) return s;
-  size_t n = kExcerptChars;
+// s cut after n bytes, at a UTF-8 character boundary, with "…" when anything was cut.
+std::string cut(std::string s, size_t n = kExcerptChars) {
+  if (s.size() <= n) return s;
   while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
   s.resize(n);
   return s + "…";
@@ -67,10 +66,18 @@ json parse_json(std::string_view text, std::string_view fn, std::string_view arg
   } catch (const TooDeep&) {
     fail(fn, arg, message(what, " nested at most ", kMaxJsonDepth, " levels deep"), "deeper nesting");
   } catch (const json::exception& e) {
-    std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 2, ..."
-    if (const size_t tag = why.find("] "); tag != std::string::npos) why.erase(0, tag + 2);
-    fail(fn, arg, std::string(what), "invalid JSON (" + printable(why) + ")");
+    fail(fn, arg, std::string(what), "invalid JSON (" + parse_error_text(e) + ")");
   }
+}
+
+std::string parse_error_text(const std::exception& e) {
+  std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 2, ...; last read: '...'"
+  if (const size_t tag = why.find("] "); tag != std::string::npos) why.erase(0, tag + 2);
+  // What follows these is a token of the file, of any length.
+  for (const std::string_view token : {"last read: ", "number overflow parsing "})
+    if (const size_t at = why.find(token); at != std::string::npos)
+      why = why.substr(0, at + token.size()) + printable(std::string_view(why).substr(at + token.size()));
+  return cut(why, 4 * kExcerptChars);
 }
 
 std::string json_excerpt(const json& v) {
@@ -81,6 +88,9 @@ std::string json_excerpt(const json& v) {
 
 std::string printable(std::string_view text) { return cut(escaped(text)); }
 
-std::string quote(std::string_view text) { return "'" + printable(text) + "'"; }
+std::string quote(std::string_view text) {
+  std::string out(1, '\'');  // not "'" + printable(text): g++ 12 warns falsely (-Wrestrict) about that
+  return out.append(printable(text)).append(1, '\'');
+}
 
 }  // namespace mhsa::detail

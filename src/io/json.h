@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -26,6 +27,10 @@ constexpr size_t kExcerptChars = 60;
 // short reason) or nesting deeper than kMaxJsonDepth.
 nlohmann::json parse_json(std::string_view text, std::string_view fn, std::string_view arg,
                           std::string_view what = "JSON");
+
+// nlohmann's message for a parse error, without its tag and with the token it quotes (file text
+// of any length) cut.
+std::string parse_error_text(const std::exception& e);
 
 // A value for the "got" part of a message: its type and its JSON text, cut after kExcerptChars
 // with "…" ("an array [1, 2, 3]", "a string \"F64\"", "-1", "null").

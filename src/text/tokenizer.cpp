@@ -254,9 +254,7 @@ class VocabReader : public nlohmann::json_sax<json> {
   bool start_array(std::size_t) override { return value_rejected("an array"); }
   bool end_array() override { return false; }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 2, ..."
-    if (const size_t tag = what.find("] "); tag != std::string::npos) what.erase(0, tag + 2);
-    return reject(file_arg(), "JSON", detail::printable(what));  // "last read: ..." may be a long token
+    return reject(file_arg(), "JSON", detail::parse_error_text(e));
   }
 
  private:

@@ -114,6 +114,7 @@ TEST(InputFiles, LongHeaderValuesAndNamesAreCut) {
       {"{\"" + mega + "\": 1}", "expected an object with dtype"},
       {"{\"__metadata__\": {\"" + mega + "\": " + long_array + "}}", "expected a string, got an array [0, 0"},
       {"{\"t\": \"" + mega, "expected UTF-8 JSON, got invalid JSON"},  // the parser's "last read" is the whole token
+      {"{\"t\": 1" + std::string(1 << 20, '0') + "}", "got invalid JSON (number overflow parsing"},  // and so is this
       {long_array, "expected a JSON object, got an array [0, 0, 0"},
   };
   for (const auto& [header, expected] : cases) {
@@ -138,21 +139,25 @@ TEST(InputFiles, DeepConfigIsRefusedBriefly) {
 }
 
 TEST(InputFiles, ConfigIntegersMustFitTheirType) {
+  Scratch s("ints");
   const std::string base = R"({"vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_head": 2)";
+  const fs::path c = s.dir / "c.json";
   const auto error = [&](const std::string& extra) {
-    return error_of([&] { Gpt2Config::parse(base + ", " + extra + "}", "c.json"); });
+    s.write("c.json", base + ", " + extra + "}");
+    return error_of([&] { Gpt2Config::load(c); });
   };
-  EXPECT_EQ(Gpt2Config::parse(base + R"(, "n_layer": 1, "eos_token_id": 3})").eos_token_id, 3);
-  expect_short_error(error(R"("n_layer": 1, "eos_token_id": 1099511627776)"), "c.json: eos_token_id",
+  s.write("c.json", base + R"(, "n_layer": 1, "eos_token_id": 3})");
+  EXPECT_EQ(Gpt2Config::load(c).eos_token_id, 3);
+  expect_short_error(error(R"("n_layer": 1, "eos_token_id": 1099511627776)"), c.string() + ": eos_token_id",
                      "expected an integer in [-2147483648, 2147483647], got 1099511627776");
-  expect_short_error(error(R"("n_layer": 1, "eos_token_id": -1099511627776)"), "c.json: eos_token_id",
+  expect_short_error(error(R"("n_layer": 1, "eos_token_id": -1099511627776)"), c.string() + ": eos_token_id",
                      "got -1099511627776");
-  expect_short_error(error(R"("n_layer": 18446744073709551615)"), "c.json: n_layer",
+  expect_short_error(error(R"("n_layer": 18446744073709551615)"), c.string() + ": n_layer",
                      "expected an integer in [-9223372036854775808, 9223372036854775807], got 18446744073709551615");
-  expect_short_error(error(R"("n_layer": 1.5)"), "c.json: n_layer", "expected a positive integer, got 1.5");
-  expect_short_error(error(R"("n_layer": 1, "layer_norm_epsilon": 1e300)"), "c.json: layer_norm_epsilon",
+  expect_short_error(error(R"("n_layer": 1.5)"), c.string() + ": n_layer", "expected a positive integer, got 1.5");
+  expect_short_error(error(R"("n_layer": 1, "layer_norm_epsilon": 1e300)"), c.string() + ": layer_norm_epsilon",
                      "expected a finite number > 0, got 1e+300");
-  expect_short_error(error(R"("n_layer": 1, "eos_token_id": "2")"), "c.json: eos_token_id", "got a string \"2\"");
+  expect_short_error(error(R"("n_layer": 1, "eos_token_id": "2")"), c.string() + ": eos_token_id", "got a string \"2\"");
 }
 
 TEST(InputFiles, FifosAreRefusedWithoutBlocking) {
