@@ -138,6 +138,15 @@ TEST(InputFiles, DeepConfigIsRefusedBriefly) {
   expect_short_error(error_of([&] { Gpt2Config::load(config); }), config.string(), "model_type: expected \"gpt2\"");
 }
 
+TEST(InputFiles, DeepOrLongVocabIsRefusedBriefly) {
+  for (const auto& [vocab, expected] : std::vector<std::pair<std::string, std::string>>{
+           {nested(100000), "expected a JSON object of token → id, got an array"},
+           {"{\"a\": " + nested(100000) + "}", "key 'a': expected an integer id, got an array"},
+           {"{\"a\": \"" + std::string(1 << 20, 'z'), "vocab 'v.json': expected JSON, got"},
+           {"{\"a\": 1" + std::string(1 << 20, '0') + ".5}", "vocab 'v.json': expected JSON, got number overflow parsing"}})
+    expect_short_error(error_of([&] { Tokenizer::parse(vocab, "", "v.json"); }), "v.json", expected);
+}
+
 TEST(InputFiles, ConfigIntegersMustFitTheirType) {
   Scratch s("ints");
   const std::string base = R"({"vocab_size": 11, "n_positions": 8, "n_embd": 8, "n_head": 2)";
