@@ -3,8 +3,9 @@
 # Python suite against PyTorch (pytest), builds the Python wheel with `pip` and imports it from a
 # fresh virtual environment, then rebuilds the C++ tests with AddressSanitizer +
 # UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it fuzzes the
-# safetensors reader for 30 seconds and the tokenizer for 20 (tests/fuzz), cross-builds the
-# library for 64-bit ARM (portable kernels only) and runs tests/arm/check.cpp under qemu-aarch64.
+# safetensors reader for 30 seconds, the tokenizer for 20, config.json and the tokenizer's files
+# for 15 each (tests/fuzz), cross-builds the library for 64-bit ARM (portable kernels only) and
+# runs tests/arm/check.cpp under qemu-aarch64.
 # Run scripts/setup.sh --test first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,16 +34,29 @@ assert mhsa.MultiHeadAttention(8, 2)(x).shape == (1, 3, 8); print('wheel ok:', m
 
 step "fuzzing the safetensors reader (libFuzzer + ASan + UBSan, 30 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/safetensors_fuzz.cpp \
-  src/io/safetensors.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_safetensors
+  src/io/safetensors.cpp src/io/file.cpp src/io/json.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_safetensors
 rm -rf build/fuzz_corpus && cp -r tests/fuzz/corpus build/fuzz_corpus
 build/fuzz_safetensors -max_total_time=30 -print_final_stats=1 build/fuzz_corpus 2>&1 | tail -n 3
 
 step "fuzzing the tokenizer: any bytes encode and decode back (libFuzzer + ASan + UBSan, 20 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_fuzz.cpp \
-  src/text/tokenizer.cpp src/text/unicode_data.cpp src/core/error.cpp -o build/fuzz_tokenizer
+  src/text/tokenizer.cpp src/text/unicode_data.cpp src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp src/core/error.cpp -o build/fuzz_tokenizer
 rm -rf build/fuzz_tokenizer_corpus && cp -r tests/fuzz/tokenizer_corpus build/fuzz_tokenizer_corpus
 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer \
   build/fuzz_tokenizer -max_total_time=20 -print_final_stats=1 build/fuzz_tokenizer_corpus 2>&1 | tail -n 3
+
+step "fuzzing config.json reading: Gpt2Config::parse (libFuzzer + ASan + UBSan, 15 s)"
+clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/config_fuzz.cpp \
+  src/model/gpt2_config.cpp src/io/file.cpp src/io/json.cpp src/core/error.cpp -o build/fuzz_config
+rm -rf build/fuzz_config_corpus && cp -r tests/fuzz/config_corpus build/fuzz_config_corpus
+build/fuzz_config -max_total_time=15 -print_final_stats=1 build/fuzz_config_corpus 2>&1 | tail -n 3
+
+step "fuzzing the tokenizer's vocab.json + merges.txt loading: Tokenizer::parse (libFuzzer + ASan + UBSan, 15 s)"
+clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_files_fuzz.cpp \
+  src/text/tokenizer.cpp src/text/unicode_data.cpp src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp src/core/error.cpp \
+  -o build/fuzz_tokenizer_files
+rm -rf build/fuzz_tokenizer_files_corpus && cp -r tests/fuzz/tokenizer_files_corpus build/fuzz_tokenizer_files_corpus
+build/fuzz_tokenizer_files -max_total_time=15 -print_final_stats=1 build/fuzz_tokenizer_files_corpus 2>&1 | tail -n 3
 
 step "ARM (aarch64, portable kernels) under qemu"
 cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \

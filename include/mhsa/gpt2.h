@@ -14,6 +14,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,8 @@ struct Gpt2Config {
   // Reads a Hugging Face config.json; throws mhsa::Error naming the key for a missing or bad
   // value or an unsupported option (another activation, scale_attn_by_inverse_layer_idx, ...).
   static Gpt2Config load(const std::filesystem::path& config_json);
+  // The same from config.json's text; `file` names it in errors.
+  static Gpt2Config parse(std::string_view json_text, const std::string& file = "config.json");
   void validate(std::string_view fn) const;
 };
 

@@ -23,6 +23,9 @@ class Tokenizer {
   // vocab: token → id JSON (vocab.json / encoder.json); merges: one merge per line after the
   // "#version" line (merges.txt / vocab.bpe). Throws mhsa::Error naming the file and the problem.
   static Tokenizer load(const std::filesystem::path& vocab, const std::filesystem::path& merges);
+  // The same from the files' contents; the names stand for the files in errors.
+  static Tokenizer parse(std::string_view vocab_json, std::string_view merges_txt,
+                         const std::string& vocab_name = "vocab.json", const std::string& merges_name = "merges.txt");
   // A directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI).
   static Tokenizer load_dir(const std::filesystem::path& dir);
   // The byte-level tokenizer of models trained by `mhsa train`: 256 tokens, id = byte, no merges

@@ -1,9 +1,7 @@
 // io/safetensors.cpp — safetensors reading (memory-mapped, validated) and atomic writing.
 #include "mhsa/safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,12 +14,16 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/file.h"
+#include "io/json.h"
 
 namespace mhsa {
 namespace {
 
 using detail::fail;
+using detail::json_excerpt;
 using detail::message;
+using detail::quote;
 using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the format's own limit: 100 MB of JSON
@@ -82,63 +84,47 @@ uint16_t f32_to_bf16(float f) {  // round to nearest even; nan stays nan
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
-// Text from a hostile file, safe to print: bytes outside printable ASCII as \xNN.
-std::string printable(std::string_view text) {
-  std::string out;
-  for (const unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  return out;
-}
-
 // A non-negative integer of the header, or a clear error.
 uint64_t header_uint(const json& v, const std::string& fn, const std::string& arg) {
   if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0))
-    fail(fn, arg, "a non-negative integer", v.dump());
+    fail(fn, arg, "a non-negative integer", json_excerpt(v));
   return v.get<uint64_t>();
 }
 
 SafeTensorInfo parse_entry(const std::string& fn, const std::string& name, const json& e, uint64_t data_size) {
-  const std::string arg = "tensor '" + name + "'";
-  if (!e.is_object()) fail(fn, arg, "an object with dtype, shape and data_offsets", e.dump());
+  const std::string arg = "tensor " + quote(name);
+  if (!e.is_object()) fail(fn, arg, "an object with dtype, shape and data_offsets", json_excerpt(e));
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!e.contains(key)) fail(fn, arg, message("a '", key, "' entry"), "none");
   SafeTensorInfo info;
   info.name = name;
   const json& dt = e["dtype"];
-  const std::string dtype = dt.is_string() ? dt.get<std::string>() : dt.dump();
+  const std::string dtype = dt.is_string() ? detail::printable(dt.get<std::string>()) : json_excerpt(dt);
   if (dtype == "F32") info.dtype = DType::f32;
   else if (dtype == "F16") info.dtype = DType::f16;
   else if (dtype == "BF16") info.dtype = DType::bf16;
   else fail(fn, arg + " dtype", "F32, F16 or BF16", dtype);
   const json& shape = e["shape"];
-  if (!shape.is_array() || shape.size() > 8) fail(fn, arg + " shape", "an array of at most 8 sizes", shape.dump());
+  if (!shape.is_array() || shape.size() > 8) fail(fn, arg + " shape", "an array of at most 8 sizes", json_excerpt(shape));
   uint64_t numel = 1;
   for (const json& d : shape) {
     const uint64_t n = header_uint(d, fn, arg + " shape");
     // The element count can never exceed the data's size; checking against it avoids overflow.
-    if (n != 0 && numel > data_size / n) fail(fn, arg + " shape", message("a size within the file's ", data_size, " data bytes"), shape.dump());
+    if (n != 0 && numel > data_size / n) fail(fn, arg + " shape", message("a size within the file's ", data_size, " data bytes"), json_excerpt(shape));
     numel *= n;
     info.shape.push_back(static_cast<int64_t>(n));
   }
   const json& off = e["data_offsets"];
-  if (!off.is_array() || off.size() != 2) fail(fn, arg + " data_offsets", "[begin, end]", off.dump());
+  if (!off.is_array() || off.size() != 2) fail(fn, arg + " data_offsets", "[begin, end]", json_excerpt(off));
   info.begin = header_uint(off[0], fn, arg + " data_offsets");
   info.end = header_uint(off[1], fn, arg + " data_offsets");
   if (info.begin > info.end || info.end > data_size)
-    fail(fn, arg + " data_offsets", message("0 <= begin <= end <= ", data_size, " (the data section's size)"), off.dump());
+    fail(fn, arg + " data_offsets", message("0 <= begin <= end <= ", data_size, " (the data section's size)"), json_excerpt(off));
   const uint64_t bytes = numel * static_cast<uint64_t>(itemsize(info.dtype));
   if (info.end - info.begin != bytes)
     fail(fn, arg + " data_offsets",
-         message(bytes, " bytes for shape ", shape.dump(), " of ", dtype),
-         message(info.end - info.begin, " bytes ", off.dump()));
+         message(bytes, " bytes for shape ", shape.dump(), " of ", dtype),  // shape: at most 8 checked sizes
+         message(info.end - info.begin, " bytes ", off.dump()));           // off: two checked offsets
   return info;
 }
 
@@ -158,24 +144,17 @@ SafeTensors::~SafeTensors() = default;
 
 SafeTensors SafeTensors::open(const std::string& path) {
   const std::string fn = "safetensors";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(fn, "path", "a readable file", message("'", path, "': ", std::strerror(errno)));
-  struct stat st{};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(fn, "path", "a regular file", "'" + path + "'");
-  }
   auto mapping = std::make_unique<Mapping>();
-  mapping->size = static_cast<size_t>(st.st_size);
-  if (mapping->size > 0) {
-    void* p = mmap(nullptr, mapping->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      fail(fn, "path", "a file that can be memory-mapped", message("'", path, "': ", std::strerror(errno)));
+  {
+    const detail::InputFile file(path, fn, "path");
+    mapping->size = static_cast<size_t>(file.size());
+    if (mapping->size > 0) {
+      void* p = mmap(nullptr, mapping->size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+      if (p == MAP_FAILED)
+        fail(fn, "path", "a file that can be memory-mapped", message("'", path, "': ", std::strerror(errno)));
+      mapping->address = p;
     }
-    mapping->address = p;
   }
-  ::close(fd);
   SafeTensors file = parse({static_cast<const uint8_t*>(mapping->address), mapping->size}, path);
   file.mapping_ = std::move(mapping);
   return file;
@@ -189,21 +168,17 @@ SafeTensors SafeTensors::parse(std::span<const uint8_t> bytes, std::string sourc
   if (n > bytes.size() - 8 || n > kMaxHeader)
     fail(fn, "header length", message("at most ", std::min<uint64_t>(bytes.size() - 8, kMaxHeader), " bytes"),
          std::to_string(n));
-  json header;
-  try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
-  } catch (const json::exception& e) {
-    fail(fn, "header", "UTF-8 JSON", printable(e.what()));
-  }
-  if (!header.is_object()) fail(fn, "header", "a JSON object", header.dump().substr(0, 80));
+  const json header = detail::parse_json({reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<size_t>(n)},
+                                         fn, "header", "UTF-8 JSON");
+  if (!header.is_object()) fail(fn, "header", "a JSON object", json_excerpt(header));
   SafeTensors file;
   file.source_ = std::move(source);
   file.data_ = bytes.subspan(8 + n);
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
-      if (!entry.is_object()) fail(fn, "__metadata__", "an object of strings", entry.dump());
+      if (!entry.is_object()) fail(fn, "__metadata__", "an object of strings", json_excerpt(entry));
       for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) fail(fn, "__metadata__ '" + key + "'", "a string", value.dump());
+        if (!value.is_string()) fail(fn, "__metadata__ " + quote(key), "a string", json_excerpt(value));
         file.metadata_[key] = value.get<std::string>();
       }
       continue;
@@ -215,8 +190,8 @@ SafeTensors SafeTensors::parse(std::span<const uint8_t> bytes, std::string sourc
   std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < by_offset.size(); ++i)
     if (by_offset[i]->begin < by_offset[i - 1]->end)
-      fail(fn, "tensor '" + by_offset[i]->name + "' data_offsets",
-           message("bytes apart from tensor '", by_offset[i - 1]->name, "' (which ends at ", by_offset[i - 1]->end, ")"),
+      fail(fn, "tensor " + quote(by_offset[i]->name) + " data_offsets",
+           message("bytes apart from tensor ", quote(by_offset[i - 1]->name), " (which ends at ", by_offset[i - 1]->end, ")"),
            message("a start at ", by_offset[i]->begin));
   return file;
 }
@@ -233,7 +208,7 @@ Tensor SafeTensors::load(std::string_view name) const {
   std::vector<int64_t> dims = info->shape;
   if (dims.empty()) dims = {1};  // a scalar
   if (dims.size() > kMaxDims)
-    fail("safetensors " + source_, "tensor '" + info->name + "' shape", "at most 4 dimensions to load",
+    fail("safetensors " + source_, "tensor " + quote(info->name) + " shape", "at most 4 dimensions to load",
          std::to_string(dims.size()));
   Tensor t(dims);
   const uint8_t* src = data_.data() + info->begin;

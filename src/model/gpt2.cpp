@@ -1,16 +1,14 @@
-// model/gpt2.cpp — GPT-2 (see mhsa/gpt2.h): loading a Hugging Face directory, the forward pass
-// over a KV cache, and generation. Attention is MultiHeadAttention::step; LayerNorm, GELU and the
-// output projection are per-ISA kernels; every matrix product is the library's GEMM.
+// model/gpt2.cpp — GPT-2 (see mhsa/gpt2.h): loading a Hugging Face directory (its config.json in
+// gpt2_config.cpp), the forward pass over a KV cache, and generation. Attention is
+// MultiHeadAttention::step; LayerNorm, GELU and the output projection are per-ISA kernels; every
+// matrix product is the library's GEMM.
 #include "mhsa/gpt2.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <numeric>
 #include <random>
-
-#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
@@ -23,19 +21,6 @@ namespace {
 using detail::fail;
 using detail::message;
 namespace fs = std::filesystem;
-
-// ---- config.json ---------------------------------------------------------------------------
-
-int64_t json_count(const nlohmann::json& j, const std::string& file, const char* key, int64_t fallback) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback < 0) fail("Gpt2Config::load", file, message("a key \"", key, "\""), "none");
-    return fallback;
-  }
-  const auto& v = j[key];
-  if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-    fail("Gpt2Config::load", message(file, ": ", key), "a positive integer", v.dump());
-  return v.get<int64_t>();
-}
 
 void shape_check(const SafeTensors& st, const std::string& file, const std::string& name,
                  const std::vector<int64_t>& want) {
@@ -80,74 +65,6 @@ void add_into(float* x, const float* y, int64_t n) {
 }
 
 }  // namespace
-
-// ---- Gpt2Config ------------------------------------------------------------------------------
-
-void Gpt2Config::validate(std::string_view fn) const {
-  if (vocab_size <= 0 || n_positions <= 0 || n_embd <= 0 || n_layer <= 0 || n_head <= 0 || n_inner < 0)
-    fail(fn, "config", "positive vocab_size, n_positions, n_embd, n_layer, n_head",
-         message(vocab_size, ", ", n_positions, ", ", n_embd, ", ", n_layer, ", ", n_head));
-  if (n_embd % n_head != 0)
-    fail(fn, "config.n_head", message("a divisor of n_embd = ", n_embd), std::to_string(n_head));
-  if (!(layer_norm_epsilon > 0.0f) || !std::isfinite(layer_norm_epsilon))
-    fail(fn, "config.layer_norm_epsilon", "a finite value > 0", std::to_string(layer_norm_epsilon));
-  if (eos_token_id < -1 || eos_token_id >= vocab_size)
-    fail(fn, "config.eos_token_id", message("an id in [0, ", vocab_size, ") or -1 (none)"), std::to_string(eos_token_id));
-}
-
-Gpt2Config Gpt2Config::load(const fs::path& config_json) {
-  constexpr std::string_view fn = "Gpt2Config::load";
-  const std::string file = config_json.string();
-  std::ifstream in(config_json, std::ios::binary);
-  if (!in) fail(fn, file, "a readable config.json", "no such file");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail(fn, file, "a JSON object", message("invalid JSON (", e.what(), ")"));
-  }
-  if (!j.is_object()) fail(fn, file, "a JSON object", j.type_name());
-  const auto text = [&](const char* key, const char* fallback) -> std::string {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_string()) fail(fn, message(file, ": ", key), "a string", j[key].dump());
-    return j[key].get<std::string>();
-  };
-  const auto flag = [&](const char* key, bool fallback) {
-    if (!j.contains(key) || j[key].is_null()) return fallback;
-    if (!j[key].is_boolean()) fail(fn, message(file, ": ", key), "true or false", j[key].dump());
-    return j[key].get<bool>();
-  };
-  if (const std::string type = text("model_type", "gpt2"); type != "gpt2")
-    fail(fn, message(file, ": model_type"), "\"gpt2\"", "\"" + type + "\"");
-  if (const std::string act = text("activation_function", "gelu_new");
-      act != "gelu_new" && act != "gelu_pytorch_tanh")
-    fail(fn, message(file, ": activation_function"), "\"gelu_new\" (GELU, tanh approximation)", "\"" + act + "\"");
-  if (!flag("scale_attn_weights", true))
-    fail(fn, message(file, ": scale_attn_weights"), "true (scores scaled by 1/sqrt(head_dim))", "false");
-  if (flag("scale_attn_by_inverse_layer_idx", false))
-    fail(fn, message(file, ": scale_attn_by_inverse_layer_idx"), "false (not supported)", "true");
-  Gpt2Config c;
-  c.vocab_size = json_count(j, file, "vocab_size", -1);
-  c.n_embd = json_count(j, file, "n_embd", -1);
-  c.n_layer = json_count(j, file, "n_layer", -1);
-  c.n_head = json_count(j, file, "n_head", -1);
-  c.n_positions = j.contains("n_positions") ? json_count(j, file, "n_positions", -1) : json_count(j, file, "n_ctx", -1);
-  c.n_inner = json_count(j, file, "n_inner", 0);
-  if (j.contains("layer_norm_epsilon") && !j["layer_norm_epsilon"].is_null()) {
-    if (!j["layer_norm_epsilon"].is_number())
-      fail(fn, message(file, ": layer_norm_epsilon"), "a number", j["layer_norm_epsilon"].dump());
-    c.layer_norm_epsilon = j["layer_norm_epsilon"].get<float>();
-  }
-  if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
-    if (!j["eos_token_id"].is_number_integer())
-      fail(fn, message(file, ": eos_token_id"), "an integer", j["eos_token_id"].dump());
-    c.eos_token_id = j["eos_token_id"].get<int32_t>();
-  }
-  // Tiny test configs keep GPT-2's 50256 with a smaller vocabulary: no token can end a sequence.
-  if (c.eos_token_id >= c.vocab_size || c.eos_token_id < 0) c.eos_token_id = -1;
-  c.validate(fn);
-  return c;
-}
 
 // ---- Gpt2Cache -------------------------------------------------------------------------------
 

@@ -6,10 +6,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -18,6 +16,8 @@
 
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
+#include "io/file.h"
+#include "io/json.h"
 #include "text/unicode_data.h"
 
 namespace mhsa {
@@ -202,19 +202,6 @@ std::string printable(std::string_view text) {
   return out + (text.size() > 60 ? "'..." : "'");
 }
 
-std::string read_file(const fs::path& path, std::string_view arg) {
-  std::error_code ec;
-  const fs::file_status st = fs::status(path, ec);
-  const auto got = [&](const std::string& why) { return message("'", path.string(), "' (", why, ")"); };
-  if (!fs::exists(st)) fail(kLoad, arg, "a readable file", got("no such file"));
-  if (!fs::is_regular_file(st)) fail(kLoad, arg, "a readable file", got("not a regular file"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(kLoad, arg, "a readable file", got(std::strerror(errno)));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail(kLoad, arg, "a readable file", got("read error"));
-  return text;
-}
-
 struct StringHash {
   using is_transparent = void;  // lookups by string_view, without a temporary std::string
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -260,7 +247,7 @@ class VocabReader : public nlohmann::json_sax<json> {
     entries.push_back({key_, bytes_, static_cast<int64_t>(id)});
     return true;
   }
-  bool number_float(number_float_t, const string_t& text) override { return value_rejected(text); }
+  bool number_float(number_float_t, const string_t& text) override { return value_rejected(detail::printable(text)); }
   bool null() override { return value_rejected("null"); }
   bool boolean(bool b) override { return value_rejected(b ? "true" : "false"); }
   bool string(string_t& s) override { return value_rejected("the string " + printable(s)); }
@@ -268,9 +255,7 @@ class VocabReader : public nlohmann::json_sax<json> {
   bool start_array(std::size_t) override { return value_rejected("an array"); }
   bool end_array() override { return false; }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    std::string what = e.what();  // "[json.exception.parse_error.101] parse error at line 2, ..."
-    if (const size_t tag = what.find("] "); tag != std::string::npos) what.erase(0, tag + 2);
-    return reject(file_arg(), "JSON", what);
+    return reject(file_arg(), "JSON", detail::parse_error_text(e));
   }
 
  private:
@@ -312,18 +297,17 @@ struct Tokenizer::Impl {
     return it == merges.end() ? nullptr : &it->second;
   }
 
-  void read_vocab(const fs::path& path);
-  void read_merges(const fs::path& path);
+  void read_vocab(std::string_view text, const std::string& name);
+  void read_merges(std::string_view text, const std::string& name);
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_ordinary(std::string_view text, std::vector<int32_t>& out) const;
 };
 
-void Tokenizer::Impl::read_vocab(const fs::path& path) {
-  const std::string text = read_file(path, "vocab");
-  VocabReader reader(path.string());
+void Tokenizer::Impl::read_vocab(std::string_view text, const std::string& name) {
+  VocabReader reader(name);
   if (!json::sax_parse(text, &reader)) fail(kLoad, reader.arg, reader.expected, reader.got);
-  const std::string file = "vocab '" + path.string() + "'";
+  const std::string file = "vocab '" + name + "'";
   // Ids must number the tokens 0..n-1: then an id is an index, and every index is a token.
   const auto n = static_cast<int64_t>(reader.entries.size());
   tokens.resize(static_cast<size_t>(n));
@@ -354,9 +338,8 @@ void Tokenizer::Impl::read_vocab(const fs::path& path) {
   eos = it->second;
 }
 
-void Tokenizer::Impl::read_merges(const fs::path& path) {
-  const std::string text = read_file(path, "merges");
-  const std::string file = "merges '" + path.string() + "'";
+void Tokenizer::Impl::read_merges(std::string_view text, const std::string& name) {
+  const std::string file = "merges '" + name + "'";
   merges.reserve(static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1);
   std::string left, right;
   int32_t rank = 0;
@@ -465,9 +448,15 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::load(const fs::path& vocab, const fs::path& merges) {
+  const std::string vocab_json = detail::read_file(vocab, kLoad, "vocab");
+  return parse(vocab_json, detail::read_file(merges, kLoad, "merges"), vocab.string(), merges.string());
+}
+
+Tokenizer Tokenizer::parse(std::string_view vocab_json, std::string_view merges_txt, const std::string& vocab_name,
+                           const std::string& merges_name) {
   auto impl = std::make_unique<Impl>();
-  impl->read_vocab(vocab);
-  impl->read_merges(merges);
+  impl->read_vocab(vocab_json, vocab_name);
+  impl->read_merges(merges_txt, merges_name);
   return Tokenizer(std::move(impl));
 }
 

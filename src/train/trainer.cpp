@@ -20,6 +20,8 @@
 
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
+#include "io/file.h"
+#include "io/json.h"
 #include "kernels/dispatch.h"
 #include "mhsa/safetensors.h"
 #include "mhsa/tokenizer.h"
@@ -345,9 +347,7 @@ float learning_rate(const TrainOptions& o, int64_t step) {
 
 TextCorpus TextCorpus::load(const fs::path& file, double val_fraction, int64_t context, const Tokenizer& tokenizer) {
   constexpr std::string_view fn = "TextCorpus::load";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail(fn, "data", "a readable text file", "'" + file.string() + "'");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = detail::read_file(file, fn, "data");
   if (!(val_fraction > 0 && val_fraction < 0.5))
     fail(fn, "val_fraction", "a fraction in (0, 0.5)", std::to_string(val_fraction));
   const int64_t n = static_cast<int64_t>(bytes.size());
@@ -442,8 +442,8 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
       return std::stoll(text);
     };
     try {
-      o = options_from_json(nlohmann::json::parse(meta("options")));
-      const nlohmann::json h = nlohmann::json::parse(meta("history"));
+      o = options_from_json(detail::parse_json(meta("options"), fn, state_file.string() + ": options"));
+      const nlohmann::json h = detail::parse_json(meta("history"), fn, state_file.string() + ": history");
       history.loss = h.at("loss").get<std::vector<double>>();
       history.val_bpb = h.at("val_bpb").get<std::vector<std::pair<int64_t, double>>>();
     } catch (const nlohmann::json::exception& e) {

@@ -152,7 +152,7 @@ def test_interrupted_runs_leave_a_loadable_checkpoint(text, tmp_path, sig, rng):
 
 def test_bad_requests_are_clear_errors(text, tmp_path):
     r = train("--data", tmp_path / "missing.txt", "--out", tmp_path / "m", check=False)
-    assert r.returncode == 2 and "data: expected a readable text file" in r.stderr
+    assert r.returncode == 2 and "data: expected a readable file" in r.stderr
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("too short")
     r = train("--data", tiny, "--out", tmp_path / "m", "--context", 64, check=False)
