@@ -35,7 +35,9 @@ struct OutputArray {
   py::array_t<float> array;
   TensorView view;
 };
-OutputArray new_array(const std::vector<int64_t>& dims);
+// `what` ("<function>: <argument>") names it when the size overflows (mhsa.Error); NumPy raises
+// MemoryError when it cannot be allocated.
+OutputArray new_array(const std::vector<int64_t>& dims, std::string_view what);
 // Moves the tensor into a NumPy array without copying.
 py::array to_numpy(Tensor&& t);
 // A NumPy view of a tensor owned by `owner` (kept alive by the array).
