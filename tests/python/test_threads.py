@@ -204,11 +204,10 @@ def test_calls_on_different_objects_run_at_once():
         started, done = threading.Event(), {}
         def work(i):
             if i == 0:
-                t0 = time.perf_counter()
+                done["start"] = time.perf_counter()
                 started.set()
                 big(x_big, is_causal=True)
                 done["long"] = time.perf_counter()
-                done["long_s"] = done["long"] - t0
             else:
                 started.wait()
                 time.sleep(0.05)  # let the long call get going
@@ -218,7 +217,9 @@ def test_calls_on_different_objects_run_at_once():
                     big(x_read)  # reads share the layer
                 done["short"] = time.perf_counter()
         hammer(2, work)
-        assert done["short"] < done["long"], done
-        print(f"long call {done['long_s']:.3f} s; the short calls ended {done['long'] - done['short']:.3f} s before it")
+        long_s, short_s = done["long"] - done["start"], done["short"] - done["start"]
+        print(f"long call {long_s:.3f} s; the short calls ended {short_s:.3f} s after it began")
+        # Waiting for the long call would end them after it; the margin absorbs the GIL hand-over.
+        assert short_s < 0.5 * long_s, (short_s, long_s)
     """)
     print(out)
