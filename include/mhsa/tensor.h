@@ -14,6 +14,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -35,11 +36,13 @@ struct View {
   View(T* ptr, std::initializer_list<int64_t> dims) : View(ptr, std::vector<int64_t>(dims)) {}
   View(T* ptr, const std::vector<int64_t>& dims) : data(ptr), ndim(static_cast<int>(dims.size())) {
     if (dims.size() > kMaxDims) throw Error("View: dims: expected at most 4 dimensions, got " + std::to_string(dims.size()));
+    std::copy(dims.begin(), dims.end(), shape.begin());
+    const bool empty = std::find(dims.begin(), dims.end(), 0) != dims.end();  // no element to address
     int64_t step = 1;
     for (int i = ndim - 1; i >= 0; --i) {
-      shape[i] = dims[static_cast<size_t>(i)];
       stride[i] = step;
-      step *= shape[i];
+      if (__builtin_mul_overflow(step, shape[i], &step) && !empty)  // a wrapped stride addresses the wrong memory
+        throw Error("View: dims: expected a shape whose strides fit in int64, got " + shape_string(*this));
     }
   }
   // Explicit strides (in elements).
@@ -120,7 +123,10 @@ struct AlignedAllocator {
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(std::vector<int64_t> dims);  // zero-filled; throws mhsa::Error on bad dims
+  // Zero-filled. Throws mhsa::Error, naming the tensor by `what` ("<function>: <argument>"), for
+  // bad dims, a size beyond the address space (checked, never wrapped) or an allocation the
+  // system refuses (with the bytes asked for).
+  explicit Tensor(std::vector<int64_t> dims, std::string_view what = "Tensor: dims");
 
   float* data() { return storage_.data(); }
   const float* data() const { return storage_.data(); }

@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "core/check.h"
 #include "mhsa/error.h"
 
 namespace mhsa::python {
@@ -87,7 +88,8 @@ std::vector<int64_t> int_vector(py::handle obj, std::string_view fn, std::string
   return {ints.data(), ints.data() + ints.size()};
 }
 
-OutputArray new_array(const std::vector<int64_t>& dims) {
+OutputArray new_array(const std::vector<int64_t>& dims, std::string_view what) {
+  detail::checked_count(what, dims, sizeof(float));
   py::array_t<float> arr(std::vector<py::ssize_t>(dims.begin(), dims.end()));
   return {arr, TensorView(arr.mutable_data(), dims)};
 }

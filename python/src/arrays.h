@@ -10,11 +10,20 @@
 #include <string_view>
 #include <vector>
 
+#include "core/cpu.h"
 #include "mhsa/tensor.h"
 
 namespace mhsa::python {
 
 namespace py = pybind11;
+
+// Releases the GIL while the library runs, and caps the calling thread's OpenMP thread count
+// first: OpenMP keeps that count per thread, and a Python thread other than the one that imported
+// mhsa would otherwise start OMP_NUM_THREADS=100000 threads (the import already warned).
+struct GilReleased {
+  GilReleased() { (void)cpu::limit_threads(); }
+  py::gil_scoped_release release;
+};
 
 // A float32 array held alive together with its view. Arrays whose strides are not a multiple of
 // 4 bytes are copied; any other strides are viewed in place.
@@ -35,7 +44,9 @@ struct OutputArray {
   py::array_t<float> array;
   TensorView view;
 };
-OutputArray new_array(const std::vector<int64_t>& dims);
+// `what` ("<function>: <argument>") names it when the size overflows (mhsa.Error); NumPy raises
+// MemoryError when it cannot be allocated.
+OutputArray new_array(const std::vector<int64_t>& dims, std::string_view what);
 // Moves the tensor into a NumPy array without copying.
 py::array to_numpy(Tensor&& t);
 // A NumPy view of a tensor owned by `owner` (kept alive by the array).

@@ -1,6 +1,7 @@
 // python/src/bind_model.cpp — mhsa.GPT2: a Hugging Face GPT-2 directory, logits and generation.
 // Token ids come in as any integer array (or nested sequence) [B, T] or [T]; logits go out as
-// float32 NumPy arrays. The GIL is released while the model runs.
+// float32 NumPy arrays. The GIL is released while the model runs. A GPT2 is never changed from
+// Python, so threads share it freely; a GPT2Cache is locked while a call extends it (locks.h).
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -11,6 +12,7 @@
 
 #include "arrays.h"
 #include "core/check.h"
+#include "locks.h"
 #include "mhsa/gpt2.h"
 
 namespace py = pybind11;
@@ -50,6 +52,12 @@ Ids token_ids(py::handle obj, std::string_view fn) {
   return ids;
 }
 
+// mhsa.GPT2Cache: a cache and its lock.
+struct Cache {
+  Gpt2Cache cache;
+  ObjectLock lock;
+};
+
 py::dict config_dict(const Gpt2Config& c) {
   return py::dict("vocab_size"_a = c.vocab_size, "n_positions"_a = c.n_positions, "n_embd"_a = c.n_embd,
                   "n_layer"_a = c.n_layer, "n_head"_a = c.n_head, "n_inner"_a = c.mlp_dim(),
@@ -59,18 +67,21 @@ py::dict config_dict(const Gpt2Config& c) {
 }  // namespace
 
 void bind_model(py::module_& m) {
-  py::class_<Gpt2Cache>(m, "GPT2Cache", "Keys and values of every layer for a batch of sequences.")
-      .def_property_readonly("batch", &Gpt2Cache::batch)
-      .def_property_readonly("length", &Gpt2Cache::length)
-      .def_property_readonly("capacity", &Gpt2Cache::capacity)
-      .def("reset", &Gpt2Cache::reset);
+  const auto read_cache = [](int64_t (Gpt2Cache::*get)() const) {
+    return [get](Cache& c) { return locked([&] { return (c.cache.*get)(); }, reading(c.lock)); };
+  };
+  py::class_<Cache>(m, "GPT2Cache", "Keys and values of every layer for a batch of sequences.")
+      .def_property_readonly("batch", read_cache(&Gpt2Cache::batch))
+      .def_property_readonly("length", read_cache(&Gpt2Cache::length))
+      .def_property_readonly("capacity", read_cache(&Gpt2Cache::capacity))
+      .def("reset", [](Cache& c) { locked([&] { c.cache.reset(); }, writing(c.lock)); });
 
   py::class_<Gpt2>(m, "GPT2", R"(GPT-2 on mhsa's attention (float32).
 
 GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors.)")
       .def_static(
           "load", [](const std::filesystem::path& dir) {
-            py::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return Gpt2::load(dir);
           },
           "path"_a, "Loads config.json + model.safetensors from a directory.")
@@ -84,7 +95,7 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
             c.n_layer = n_layer;
             c.n_head = n_head;
             c.eos_token_id = vocab_size > 50256 ? 50256 : -1;
-            py::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return Gpt2::random(c, seed);
           },
           "vocab_size"_a = 50257, "n_positions"_a = 1024, "n_embd"_a = 768, "n_layer"_a = 12, "n_head"_a = 12,
@@ -96,7 +107,7 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
             const Ids ids = token_ids(ids_obj, "GPT2.forward");
             Tensor logits;
             {
-              py::gil_scoped_release unlocked;
+              GilReleased unlocked;
               logits = g.forward(ids.data, ids.B, ids.T);
             }
             py::array out = to_numpy(std::move(logits));
@@ -116,7 +127,7 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
             std::vector<Tensor> grads = g.zero_gradients();
             double loss = 0;
             {
-              py::gil_scoped_release unlocked;
+              GilReleased unlocked;
               loss = g.loss_and_gradients(ids.data, targets.data, ids.B, ids.T, grads);
             }
             py::dict out;
@@ -132,20 +143,23 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
           [](const Gpt2& g, const py::object& ids_obj, const py::object& targets_obj) {
             const Ids ids = token_ids(ids_obj, "GPT2.loss");
             const Ids targets = token_ids(targets_obj, "GPT2.loss");
-            py::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return g.loss(ids.data, targets.data, ids.B, ids.T);
           },
           "ids"_a, "targets"_a, "Mean cross-entropy (nats per token) of predicting targets from ids.")
-      .def("new_cache", &Gpt2::new_cache, "batch"_a, "max_tokens"_a)
+      .def(
+          "new_cache",
+          [](const Gpt2& g, int64_t batch, int64_t max_tokens) {
+            GilReleased unlocked;
+            return Cache{g.new_cache(batch, max_tokens), {}};
+          },
+          "batch"_a, "max_tokens"_a)
       .def(
           "extend",
-          [](const Gpt2& g, Gpt2Cache& cache, const py::object& ids_obj, bool last_only) {
+          [](const Gpt2& g, Cache& cache, const py::object& ids_obj, bool last_only) {
             const Ids ids = token_ids(ids_obj, "GPT2.extend");
-            Tensor logits;
-            {
-              py::gil_scoped_release unlocked;
-              logits = g.extend(cache, ids.data, ids.B, ids.T, last_only);
-            }
+            Tensor logits = locked([&] { return g.extend(cache.cache, ids.data, ids.B, ids.T, last_only); },
+                                   writing(cache.lock));
             return to_numpy(std::move(logits));
           },
           "cache"_a, "ids"_a, "last_only"_a = false,
@@ -165,7 +179,7 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
             o.stop_at_eos = stop_at_eos;
             std::vector<std::vector<int32_t>> out;
             {
-              py::gil_scoped_release unlocked;
+              GilReleased unlocked;
               out = g.generate(ids.data, ids.B, ids.T, o);
             }
             size_t longest = 0;

@@ -63,7 +63,7 @@ std::vector<int32_t> token_ids(const Tokenizer& t, py::handle obj, std::string_v
 
 std::string decode_bytes(const Tokenizer& t, py::handle ids_obj, std::string_view fn) {
   const std::vector<int32_t> ids = token_ids(t, ids_obj, fn);
-  py::gil_scoped_release unlocked;
+  GilReleased unlocked;
   return t.decode(ids);
 }
 
@@ -78,7 +78,7 @@ tokenizer for every text.)")
       .def_static(
           "load",
           [](const std::filesystem::path& dir) {
-            py::gil_scoped_release unlocked;
+            GilReleased unlocked;
             return Tokenizer::load_dir(dir);
           },
           "path"_a, "The tokenizer in a directory (str or os.PathLike): vocab.json + merges.txt or encoder.json + vocab.bpe.")
@@ -89,7 +89,7 @@ tokenizer for every text.)")
             const std::string_view bytes = text_bytes(text, "Tokenizer.encode", owner);
             std::vector<int32_t> ids;
             {
-              py::gil_scoped_release unlocked;
+              GilReleased unlocked;
               ids = t.encode(bytes, allow_special);
             }
             return ids;

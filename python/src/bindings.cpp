@@ -1,7 +1,8 @@
 // python/src/bindings.cpp — the mhsa._core extension: the library's API with PyTorch's names.
 // Arrays are float32 NumPy arrays (or anything NumPy can view, such as CPU torch tensors) with any
 // strides; every mhsa::Error is raised as mhsa.Error, a subclass of ValueError, with the same
-// message. The GIL is released while kernels run. Not a tensor type: results are NumPy arrays.
+// message. The GIL is released while kernels run; objects with mutable state are locked meanwhile
+// (locks.h), so that threads may share them. Not a tensor type: results are NumPy arrays.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -11,6 +12,7 @@
 
 #include "arrays.h"
 #include "core/cpu.h"
+#include "locks.h"
 #include "mhsa/mhsa.h"
 
 namespace py = pybind11;
@@ -49,10 +51,10 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
   const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
   const CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   const auto [B, Hq, Tq] = std::tuple(q.view.shape[0], q.view.shape[1], q.view.shape[2]);
-  OutputArray out = new_array({B, Hq, Tq, v.view.shape[3]});
-  OutputArray lse = new_array({B, Hq, Tq});
+  OutputArray out = new_array({B, Hq, Tq, v.view.shape[3]}, "scaled_dot_product_attention: out [B, Hq, Tq, Dv]");
+  OutputArray lse = new_array({B, Hq, Tq}, "scaled_dot_product_attention: lse [B, Hq, Tq]");
   {
-    py::gil_scoped_release unlocked;
+    GilReleased unlocked;
     scaled_dot_product_attention(q.view, k.view, v.view, out.view, c.options, lse.view);
   }
   if (return_lse) return py::make_tuple(out.array, lse.array);
@@ -74,9 +76,11 @@ py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, con
   const auto shape = [](const ConstTensorView& t) {
     return std::vector<int64_t>{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
   };
-  OutputArray dq = new_array(shape(q.view)), dk = new_array(shape(k.view)), dv = new_array(shape(v.view));
+  OutputArray dq = new_array(shape(q.view), "scaled_dot_product_attention_backward: dq");
+  OutputArray dk = new_array(shape(k.view), "scaled_dot_product_attention_backward: dk");
+  OutputArray dv = new_array(shape(v.view), "scaled_dot_product_attention_backward: dv");
   {
-    py::gil_scoped_release unlocked;
+    GilReleased unlocked;
     scaled_dot_product_attention_backward(dout.view, q.view, k.view, v.view, out.view, lse.view, dq.view, dk.view,
                                           dv.view, c.options);
   }
@@ -89,18 +93,27 @@ py::array probabilities(const py::object& q_obj, const py::object& k_obj, const 
   const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
   const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
   const CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
-  OutputArray probs = new_array({q.view.shape[0], q.view.shape[1], q.view.shape[2], k.view.shape[2]});
-  py::gil_scoped_release unlocked;
+  OutputArray probs = new_array({q.view.shape[0], q.view.shape[1], q.view.shape[2], k.view.shape[2]},
+                                "attention_probabilities: probs [B, Hq, Tq, Tk]");
+  GilReleased unlocked;
   attention_probabilities(q.view, k.view, ConstTensorView{}, probs.view, c.options);
   return probs.array;
 }
 
 // The Python layer: the C++ layer plus what training needs between calls, the tape of the last
-// forward run with requires_grad and the accumulated parameter gradients.
+// forward run with requires_grad and the accumulated parameter gradients. Calls that write the
+// tape, the gradients or the weights hold `lock` exclusively; the others share it.
 struct Layer {
   MultiHeadAttention m;
   std::optional<MhaTape> tape;
   MhaGradients grads;
+  ObjectLock lock;
+};
+
+// mhsa.KVCache: a cache and its lock (a step appends to it; reads share it).
+struct Cache {
+  KVCache cache;
+  ObjectLock lock;
 };
 
 Layer make_mha(int64_t embed_dim, int64_t num_heads, const std::optional<int64_t>& num_kv_heads, bool bias,
@@ -110,7 +123,7 @@ Layer make_mha(int64_t embed_dim, int64_t num_heads, const std::optional<int64_t
                                 num_heads, ", got ", *num_kv_heads));
   MultiHeadAttention m(embed_dim, num_heads, num_kv_heads.value_or(0), bias, seed);
   MhaGradients grads = m.zero_gradients();
-  return Layer{std::move(m), std::nullopt, std::move(grads)};
+  return Layer{std::move(m), std::nullopt, std::move(grads), {}};
 }
 
 py::object mha_call(Layer& layer, const py::object& x_obj, const py::object& memory, bool is_causal,
@@ -127,36 +140,45 @@ py::object mha_call(Layer& layer, const py::object& x_obj, const py::object& mem
   if (need_weights) o.weights = &weights;
   MhaTape tape;
   if (requires_grad) o.tape = &tape;
+  // With requires_grad the call replaces the tape: it writes the layer.
+  const Use use_layer = requires_grad ? writing(layer.lock) : reading(layer.lock);
+  const auto keep_tape = [&] {
+    if (requires_grad) layer.tape = std::move(tape);
+  };
   Tensor y;
   if (memory.is_none()) {
-    py::gil_scoped_release unlocked;
-    y = m.forward(x.view, o);
-  } else if (py::isinstance<KVCache>(memory)) {
+    y = locked([&] {
+      Tensor out = m.forward(x.view, o);
+      keep_tape();
+      return out;
+    }, use_layer);
+  } else if (py::isinstance<Cache>(memory)) {
     if (requires_grad)
       throw Error("MultiHeadAttention: memory: expected an array [B, S, C] with requires_grad=True, got a KVCache");
-    const auto& kv = memory.cast<const KVCache&>();
-    py::gil_scoped_release unlocked;
-    y = m.forward(x.view, kv, o);
+    Cache& kv = memory.cast<Cache&>();
+    y = locked([&] { return m.forward(x.view, kv.cache, o); }, use_layer, reading(kv.lock));
   } else {
     const InputArray mem = float_array(memory, fn, "memory", 3, "[B, S, C]");
-    py::gil_scoped_release unlocked;
-    y = m.forward(x.view, mem.view, o);
+    y = locked([&] {
+      Tensor out = m.forward(x.view, mem.view, o);
+      keep_tape();
+      return out;
+    }, use_layer);
   }
-  if (requires_grad) layer.tape = std::move(tape);
   if (need_weights) return py::make_tuple(to_numpy(std::move(y)), to_numpy(std::move(weights)));
   return to_numpy(std::move(y));
 }
 
 py::object mha_backward(Layer& layer, const py::object& dy_obj) {
-  if (!layer.tape)
-    throw Error("MultiHeadAttention.backward: tape: expected a forward run with requires_grad=True first, got none");
   const InputArray dy = float_array(dy_obj, "MultiHeadAttention.backward", "dy", 3, "[B, T, C]");
-  MhaInputGradients g;
-  {
-    py::gil_scoped_release unlocked;
-    g = layer.m.backward(*layer.tape, dy.view, layer.grads);
-  }
-  if (layer.tape->cross) return py::make_tuple(to_numpy(std::move(g.dx)), to_numpy(std::move(g.dmemory)));
+  bool cross = false;
+  MhaInputGradients g = locked([&] {  // the tape is read and the gradients written under the lock
+    if (!layer.tape)
+      throw Error("MultiHeadAttention.backward: tape: expected a forward run with requires_grad=True first, got none");
+    cross = layer.tape->cross;
+    return layer.m.backward(*layer.tape, dy.view, layer.grads);
+  }, writing(layer.lock));
+  if (cross) return py::make_tuple(to_numpy(std::move(g.dx)), to_numpy(std::move(g.dmemory)));
   return to_numpy(std::move(g.dx));
 }
 
@@ -177,7 +199,7 @@ void def_parameter(py::class_<Layer>& cls, const char* name, const char* doc) {
         MultiHeadAttention& m = layer.m;
         const int ndim = static_cast<int>(m.parameter(name).shape().size());
         const InputArray a = float_array(value, "MultiHeadAttention", name, ndim, ndim == 2 ? "[rows, cols]" : "[n]");
-        m.set_parameter(name, a.view);
+        locked([&] { m.set_parameter(name, a.view); }, writing(layer.lock));
       },
       doc);
 }
@@ -272,18 +294,29 @@ of a group; rows with no visible key get zero gradients.)");
       [](int64_t tokens, int64_t channels) { return to_numpy(sinusoidal_positional_encoding(tokens, channels)); },
       "tokens"_a, "channels"_a, "Sinusoidal positional encoding [tokens, channels] (Vaswani et al.).");
 
-  py::class_<KVCache>(m, "KVCache", "Keys and values of past tokens, for MultiHeadAttention.step.")
-      .def_property_readonly("length", &KVCache::length)
-      .def_property_readonly("capacity", &KVCache::capacity)
-      .def_property_readonly("batch", &KVCache::batch)
+  const auto read_cache = [](const auto& get) {
+    return [get](Cache& c) { return locked([&] { return get(c.cache); }, reading(c.lock)); };
+  };
+  py::class_<Cache>(m, "KVCache", "Keys and values of past tokens, for MultiHeadAttention.step.")
+      .def_property_readonly("length", read_cache([](const KVCache& c) { return c.length(); }))
+      .def_property_readonly("capacity", read_cache([](const KVCache& c) { return c.capacity(); }))
+      .def_property_readonly("batch", read_cache([](const KVCache& c) { return c.batch(); }))
       .def_property_readonly(
-          "keys", [](py::object self) { return view_of(self.cast<const KVCache&>().keys(), self, false); },
+          "keys",
+          [read_cache](py::object self) {
+            return view_of(read_cache([](const KVCache& c) { return c.keys(); })(self.cast<Cache&>()), self, false);
+          },
           "Read-only view [B, Hkv, length, D] of the cached keys.")
       .def_property_readonly(
-          "values", [](py::object self) { return view_of(self.cast<const KVCache&>().values(), self, false); },
+          "values",
+          [read_cache](py::object self) {
+            return view_of(read_cache([](const KVCache& c) { return c.values(); })(self.cast<Cache&>()), self, false);
+          },
           "Read-only view [B, Hkv, length, D] of the cached values.")
-      .def("reset", &KVCache::reset, "Forget every token; the capacity is kept.")
-      .def("__len__", &KVCache::length);
+      .def(
+          "reset", [](Cache& c) { locked([&] { c.cache.reset(); }, writing(c.lock)); },
+          "Forget every token; the capacity is kept.")
+      .def("__len__", read_cache([](const KVCache& c) { return c.length(); }));
 
   py::class_<Layer> mha(m, "MultiHeadAttention", R"(Multi-head attention in the GPT-2 weight layout.
 
@@ -308,30 +341,31 @@ for backward().)")
       .def(
           "zero_grad",
           [](Layer& l) {  // in place: arrays from `grads` stay valid
-            for (Tensor* t : {&l.grads.w_qkv, &l.grads.b_qkv, &l.grads.w_o, &l.grads.b_o})
-              std::fill(t->data(), t->data() + t->numel(), 0.0f);
+            locked([&] {
+              for (Tensor* t : {&l.grads.w_qkv, &l.grads.b_qkv, &l.grads.w_o, &l.grads.b_o})
+                std::fill(t->data(), t->data() + t->numel(), 0.0f);
+            }, writing(l.lock));
           },
           "Sets every parameter gradient to 0.")
       .def(
-          "project_memory", [](const Layer& self, const py::object& memory) {
+          "project_memory", [](Layer& self, const py::object& memory) {
             const InputArray mem = float_array(memory, "MultiHeadAttention.project_memory", "memory", 3, "[B, S, C]");
-            py::gil_scoped_release unlocked;
-            return self.m.project_memory(mem.view);
+            return Cache{locked([&] { return self.m.project_memory(mem.view); }, reading(self.lock)), {}};
           },
           "memory"_a, "Keys and values of an encoder memory [B, S, C], projected once for reuse as `memory=`.")
       .def(
-          "new_cache", [](const Layer& l, int64_t batch, int64_t max_tokens) { return l.m.new_cache(batch, max_tokens); },
+          "new_cache",
+          [](const Layer& l, int64_t batch, int64_t max_tokens) {  // the layer's shape only: no lock
+            GilReleased unlocked;  // a large cache takes a while to clear
+            return Cache{l.m.new_cache(batch, max_tokens), {}};
+          },
           "batch"_a, "max_tokens"_a,
            "An empty KVCache for `batch` sequences of up to `max_tokens` tokens.")
       .def(
           "step",
-          [](const Layer& self, const py::object& x_obj, KVCache& cache) {
+          [](Layer& self, const py::object& x_obj, Cache& cache) {
             const InputArray x = float_array(x_obj, "MultiHeadAttention.step", "x", 3, "[B, T, C]");
-            Tensor y;
-            {
-              py::gil_scoped_release unlocked;
-              y = self.m.step(x.view, cache);
-            }
+            Tensor y = locked([&] { return self.m.step(x.view, cache.cache); }, reading(self.lock), writing(cache.lock));
             return to_numpy(std::move(y));
           },
           "x"_a, "cache"_a, "Appends x [B, T, C] to the cache and attends causally over all of it; returns y [B, T, C].");

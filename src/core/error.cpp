@@ -1,6 +1,8 @@
 // core/error.cpp — validation helpers behind core/check.h.
 #include <algorithm>
 #include <cstdlib>
+#include <iomanip>
+#include <sstream>
 #include <vector>
 
 #include "core/check.h"
@@ -27,6 +29,47 @@ void check_no_self_overlap(std::string_view fn, std::string_view arg, const Tens
            message("shape ", shape_string(v), " with strides ", strides_string(v)));
     span = stride * size;
   }
+}
+
+namespace {
+std::string dims_string(std::span<const int64_t> dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+}  // namespace
+
+std::string bytes_string(long double bytes) {
+  std::ostringstream os;
+  if (bytes > static_cast<long double>(PTRDIFF_MAX)) {
+    os << std::setprecision(3) << static_cast<double>(bytes) << " bytes";
+    return os.str();
+  }
+  os << static_cast<int64_t>(bytes) << " bytes";
+  constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes >= 1024) {
+    int unit = -1;
+    while (bytes >= 1024 && unit < 5) bytes /= 1024, ++unit;
+    os << " (" << std::setprecision(3) << static_cast<double>(bytes) << " " << kUnits[unit] << ")";
+  }
+  return os.str();
+}
+
+int64_t checked_count(std::string_view what, std::span<const int64_t> dims, int64_t elem_bytes) {
+  const int64_t bytes = bytes_of(dims, elem_bytes);
+  if (bytes < 0) {
+    long double exact = static_cast<long double>(elem_bytes);
+    for (int64_t d : dims) exact *= static_cast<long double>(d);
+    throw Error(message(what, ": expected a size that fits in memory (at most ", bytes_string(PTRDIFF_MAX), "), got ",
+                        dims_string(dims), " = ", bytes_string(exact)));
+  }
+  return bytes / elem_bytes;
+}
+
+void out_of_memory(std::string_view what, std::span<const int64_t> dims, int64_t elem_bytes) {
+  const int64_t bytes = bytes_of(dims, elem_bytes);
+  throw Error(message(what, ": expected ", bytes_string(static_cast<long double>(bytes)), " of free memory for ",
+                      dims_string(dims), ", got out of memory"));
 }
 
 }  // namespace mhsa::detail

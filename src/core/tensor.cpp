@@ -21,6 +21,14 @@ namespace mhsa {
 
 namespace detail {
 
+std::size_t physical_memory_bytes() {
+#if defined(__linux__)
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+#endif
+  return std::size_t{1} << 30;
+}
+
 namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kHugeFrom = std::size_t{4} << 20;
@@ -40,14 +48,8 @@ std::align_val_t alignment(std::size_t rounded_bytes) {
 // 128 MiB and 4 GiB (a GPT-2 124M training step at B·T = 1024 frees about 1 GiB of activations
 // and allocates it again in the next step; with 128 MiB the kernel's page clearing was 15% of it).
 std::atomic<std::size_t>& cache_limit() {
-  static std::atomic<std::size_t> bytes = [] {
-    std::size_t physical = std::size_t{1} << 30;
-#if defined(__linux__)
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    if (pages > 0 && page > 0) physical = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
-#endif
-    return std::clamp(physical / 8, std::size_t{128} << 20, std::size_t{4} << 30);
-  }();
+  static std::atomic<std::size_t> bytes =
+      std::clamp(physical_memory_bytes() / 8, std::size_t{128} << 20, std::size_t{4} << 30);
   return bytes;
 }
 std::size_t cache_bytes() { return cache_limit().load(std::memory_order_relaxed); }
@@ -153,15 +155,17 @@ void set_cached_memory_limit(std::size_t bytes) {
 
 std::size_t cached_memory_bytes() { return detail::block_cache().held(); }
 
-Tensor::Tensor(std::vector<int64_t> dims) : shape_(std::move(dims)) {
+Tensor::Tensor(std::vector<int64_t> dims, std::string_view what) : shape_(std::move(dims)) {
   if (shape_.empty() || shape_.size() > kMaxDims)
-    detail::fail("Tensor", "dims", "1 to 4 dimensions", std::to_string(shape_.size()));
-  int64_t n = 1;
-  for (int64_t d : shape_) {
-    if (d < 0) detail::fail("Tensor", "dims", "non-negative sizes", std::to_string(d));
-    n *= d;
+    throw Error(detail::message(what, ": expected 1 to 4 dimensions, got ", shape_.size()));
+  for (int64_t d : shape_)
+    if (d < 0) throw Error(detail::message(what, ": expected non-negative sizes, got ", d));
+  const int64_t n = detail::checked_count(what, shape_, sizeof(float));
+  try {
+    storage_.assign(static_cast<size_t>(n), 0.0f);
+  } catch (const std::bad_alloc&) {
+    detail::out_of_memory(what, shape_, sizeof(float));
   }
-  storage_.assign(static_cast<size_t>(n), 0.0f);
 }
 
 Tensor contiguous(const ConstTensorView& v) {

@@ -176,13 +176,13 @@ Tensor Gpt2::run(std::span<const int32_t> ids, int64_t B, int64_t n, Gpt2Cache* 
          message(cache->layers_.size(), " layers"));
   if (B != cache->batch()) fail(fn, "B", message(cache->batch(), " (the cache's batch)"), std::to_string(B));
   if (n <= 0) fail(fn, "n", "at least one token", std::to_string(n));
-  if (static_cast<int64_t>(ids.size()) != B * n)
-    fail(fn, "ids", message(B * n, " ids (B·n = ", B, "·", n, ")"), std::to_string(ids.size()));
   const int64_t pos0 = cache->length();
-  if (pos0 + n > cache->capacity())
+  if (n > cache->capacity() - pos0)
     fail(fn, "n", message("at most ", cache->capacity() - pos0, " more tokens (cache holds ", pos0, " of ",
                           cache->capacity(), "; the model's context is ", config_.n_positions, ")"),
          std::to_string(n));
+  if (static_cast<int64_t>(ids.size()) != B * n)  // B and n are at most the cache's batch and capacity: no overflow
+    fail(fn, "ids", message(B * n, " ids (B·n = ", B, "·", n, ")"), std::to_string(ids.size()));
   for (int64_t i = 0; i < B * n; ++i)
     if (ids[static_cast<size_t>(i)] < 0 || ids[static_cast<size_t>(i)] >= V)
       fail(fn, message("ids[", i / n, ", ", i % n, "]"), message("a token id in [0, ", V, ")"),
@@ -303,7 +303,7 @@ std::vector<std::vector<int32_t>> Gpt2::generate(std::span<const int32_t> prompt
   constexpr std::string_view fn = "Gpt2::generate";
   if (B <= 0 || T <= 0) fail(fn, "prompts", "a non-empty batch [B, T] of token ids", message("[", B, ", ", T, "]"));
   if (o.max_new_tokens < 0) fail(fn, "max_new_tokens", "a count >= 0", std::to_string(o.max_new_tokens));
-  if (T + o.max_new_tokens > config_.n_positions)
+  if (o.max_new_tokens > config_.n_positions - T)  // not T + max_new_tokens: that could overflow
     fail(fn, "max_new_tokens",
          message("at most ", std::max<int64_t>(0, config_.n_positions - T), " (the context is ", config_.n_positions,
                  " tokens and the prompt has ", T, ")"),
@@ -314,8 +314,8 @@ std::vector<std::vector<int32_t>> Gpt2::generate(std::span<const int32_t> prompt
   if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
   if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
     fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
-  if (static_cast<int64_t>(prompts.size()) != B * T)
-    fail(fn, "prompts", message(B * T, " ids (B·T = ", B, "·", T, ")"), std::to_string(prompts.size()));
+  if (static_cast<int64_t>(prompts.size()) / T != B || static_cast<int64_t>(prompts.size()) % T != 0)  // B·T could overflow
+    fail(fn, "prompts", message(B, "·", T, " ids (B·T)"), std::to_string(prompts.size()));
 
   using clock = std::chrono::steady_clock;
   GenerationStats st;

@@ -3,7 +3,9 @@
 // it with nothing else of the library.
 #include "mhsa/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include <nlohmann/json.hpp>
@@ -42,6 +44,20 @@ void Gpt2Config::validate(std::string_view fn) const {
     fail(fn, "config.n_head", message("a divisor of n_embd = ", n_embd), std::to_string(n_head));
   if (!(layer_norm_epsilon > 0.0f) || !std::isfinite(layer_norm_epsilon))
     fail(fn, "config.layer_norm_epsilon", "a finite value > 0", std::to_string(layer_norm_epsilon));
+  if (vocab_size > INT32_MAX)
+    fail(fn, "config.vocab_size", message("at most ", INT32_MAX, " (token ids are int32)"), std::to_string(vocab_size));
+  // Every weight's size in one sum (long double: exact to 2^64, no wrap-around): a config whose
+  // weights cannot be addressed, or outgrow the machine's memory, fails here, not half-way
+  // through allocating them.
+  const long double C = static_cast<long double>(n_embd), F = n_inner > 0 ? n_inner : 4.0L * C;
+  const long double per_layer = 4 * C + 3 * C * C + 3 * C + C * C + C + C * F + F + F * C + C;
+  const long double weights = 4.0L * ((static_cast<long double>(vocab_size) + n_positions) * C + 2 * C +
+                                      static_cast<long double>(n_layer) * per_layer);  // bytes, float32
+  const long double limit = std::min<long double>(PTRDIFF_MAX, detail::physical_memory_bytes());
+  if (weights > limit)
+    fail(fn, "config", message("weights that fit in memory (at most ", detail::bytes_string(limit), ")"),
+         message(detail::bytes_string(weights), " of weights for vocab_size ", vocab_size, ", n_positions ",
+                 n_positions, ", n_embd ", n_embd, ", n_layer ", n_layer));
   if (eos_token_id < -1 || eos_token_id >= vocab_size)
     fail(fn, "config.eos_token_id", message("an id in [0, ", vocab_size, ") or -1 (none)"), std::to_string(eos_token_id));
 }

@@ -27,12 +27,12 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head
   if (capacity < 0) detail::fail(fn, "capacity", "a count >= 0", std::to_string(capacity));
   if (head_dim <= 0) detail::fail(fn, "head_dim", "a count > 0", std::to_string(head_dim));
   if (v_head_dim <= 0) detail::fail(fn, "v_head_dim", "a count > 0", std::to_string(v_head_dim));
-  k_ = Tensor({batch, kv_heads, capacity, head_dim});
-  v_ = Tensor({batch, kv_heads, capacity, v_head_dim});
+  k_ = Tensor({batch, kv_heads, capacity, head_dim}, "KVCache: keys [B, Hkv, capacity, D]");
+  v_ = Tensor({batch, kv_heads, capacity, v_head_dim}, "KVCache: values [B, Hkv, capacity, Dv]");
 }
 
 void KVCache::check_room(int64_t tokens, const char* what) const {
-  if (length_ + tokens > capacity_)
+  if (tokens > capacity_ - length_)  // not length_ + tokens: that could overflow
     detail::fail("KVCache", what,
                  detail::message("at most ", capacity_ - length_, " new tokens (capacity ", capacity_,
                                  ", holding ", length_, ")"),

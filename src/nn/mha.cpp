@@ -120,9 +120,10 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, int
     fail(fn, "num_heads", message("a count > 0 dividing embed_dim = ", embed_dim), std::to_string(num_heads));
   if (num_kv_heads_ <= 0 || num_heads % num_kv_heads_ != 0)
     fail(fn, "num_kv_heads", message("a count > 0 dividing num_heads = ", num_heads), std::to_string(num_kv_heads));
-  const int64_t C = embed_dim_, N = C + 2 * kv_dim();
-  w_qkv_ = Tensor({C, N});
-  w_o_ = Tensor({C, C});
+  const int64_t C = embed_dim_;
+  w_o_ = Tensor({C, C}, "MultiHeadAttention: w_o [C, C]");  // first: C·C fits, so N below cannot overflow
+  const int64_t N = C + 2 * kv_dim();
+  w_qkv_ = Tensor({C, N}, "MultiHeadAttention: w_qkv [C, C + 2*Ckv]");
   if (bias) {
     b_qkv_ = Tensor({N});
     b_o_ = Tensor({C});

@@ -10,7 +10,7 @@ Tensor sinusoidal_positional_encoding(int64_t tokens, int64_t channels) {
   if (tokens < 0) detail::fail("sinusoidal_positional_encoding", "tokens", "a count >= 0", std::to_string(tokens));
   if (channels <= 0)
     detail::fail("sinusoidal_positional_encoding", "channels", "a count > 0", std::to_string(channels));
-  Tensor pe({tokens, channels});  // [T, C]
+  Tensor pe({tokens, channels}, "sinusoidal_positional_encoding: pe [tokens, channels]");  // [T, C]
   float* out = pe.data();
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t c = 0; c < channels; ++c) {

@@ -120,12 +120,13 @@ double Gpt2::loss(std::span<const int32_t> ids, std::span<const int32_t> targets
 double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
                                 std::vector<Tensor>& grads) const {
   constexpr std::string_view fn = "Gpt2::loss_and_gradients";
-  const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.mlp_dim(), rows = B * T;
+  const int64_t C = config_.n_embd, V = config_.vocab_size, F = config_.mlp_dim();
   const float eps = config_.layer_norm_epsilon;
   const bool backward = !grads.empty();
   if (B <= 0 || T <= 0 || T > config_.n_positions)
     fail(fn, "ids", message("a batch [B, T] with 1 <= T <= n_positions = ", config_.n_positions),
          message("[", B, ", ", T, "]"));
+  const int64_t rows = detail::checked_count(message(fn, ": ids [B, T]"), {B, T}, sizeof(int32_t));
   if (static_cast<int64_t>(ids.size()) != rows || static_cast<int64_t>(targets.size()) != rows)
     fail(fn, "ids, targets", message(rows, " ids each (B·T)"), message(ids.size(), " and ", targets.size()));
   int64_t counted = 0;

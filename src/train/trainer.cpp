@@ -511,6 +511,9 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   history.bytes_per_token = double(corpus.train_bytes) / double(corpus.train.size());
   const double val_tokens_per_byte = double(corpus.val.size()) / double(corpus.val_bytes);
   const int64_t T = o.context, B = o.batch;
+  // A step's ids, B·T·accumulate of them, and the validation windows, eval_batches·B: no wrap-around.
+  detail::checked_count(message(fn, ": batch [batch, context, accumulate]"), {B, T, o.accumulate}, sizeof(int32_t));
+  detail::checked_count(message(fn, ": eval_batches [eval_batches, batch]"), {o.eval_batches, B}, 1);
   const int64_t positions = static_cast<int64_t>(corpus.train.size()) - T - 1;
   double last_val = history.val_bpb.empty() ? -1 : history.val_bpb.back().second;
   int64_t saved_step = how.resume ? start : 0;  // the checkpoint in `out` this run would fall back on

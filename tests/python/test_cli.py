@@ -113,13 +113,17 @@ def test_python_import_caps_omp_num_threads():
             "    import mhsa\n"
             "print([str(x.message) for x in w])\n"
             "q = np.ones((1, 2, 300, 16), np.float32)\n"
-            "print(mhsa.scaled_dot_product_attention(q, q, q).shape)\n")
+            "print(mhsa.scaled_dot_product_attention(q, q, q).shape)\n"
+            # OpenMP keeps the thread count per thread: another Python thread must be capped too.
+            "import threading\n"
+            "t = threading.Thread(target=lambda: print(mhsa.scaled_dot_product_attention(q, q, q).shape))\n"
+            "t.start(); t.join()\n")
     path = os.pathsep.join(p for p in sys.path if p)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "OMP_NUM_THREADS": "100000", "PYTHONPATH": path})
     assert r.returncode == 0, (r.returncode, r.stderr)  # was SIGSEGV in libgomp
     assert "mhsa: OMP_NUM_THREADS=100000: more threads than mhsa runs" in r.stdout
-    assert r.stdout.endswith("(1, 2, 300, 16)\n")
+    assert r.stdout.endswith("(1, 2, 300, 16)\n(1, 2, 300, 16)\n")
 
 
 # ---- output that cannot be written ------------------------------------------------------------------

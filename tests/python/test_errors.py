@@ -192,3 +192,53 @@ def test_projected_memory_from_another_layer_shape(rng):
     memory = mhsa.MultiHeadAttention(12, 3).project_memory(randn(rng, 2, 5, 12))
     with rejects(r"memory: expected 4 kv heads of size 3.*, got 3 kv heads of size 4"):
         mhsa.MultiHeadAttention(12, 4)(randn(rng, 2, 3, 12), memory=memory)
+
+
+# ---- sizes: every product of sizes is checked; allocation failure is an error, not a crash ----
+
+
+def test_cache_too_large_to_address():
+    # Was a cache reporting capacity 2^60 over a 0-byte buffer; the next step() wrote past it.
+    with rejects(r"^KVCache: keys \[B, Hkv, capacity, D\]: expected a size that fits in memory .*, got \[1, 4, 1152921504606846976, 3\] = "):
+        mhsa.MultiHeadAttention(12, 4).new_cache(1, 1 << 60)
+
+
+def test_cache_larger_than_memory():
+    # Addressable (48 PiB) but more than any machine has: an error with the bytes, not a MemoryError abort.
+    with rejects(r"^KVCache: keys .*: expected 54043195528445952 bytes \(48 PiB\) of free memory .*, got out of memory$"):
+        mhsa.MultiHeadAttention(12, 4).new_cache(1 << 20, 1 << 30)
+
+
+def test_cache_sizes_negative_or_beyond_int64():
+    m = mhsa.MultiHeadAttention(12, 4)
+    with rejects(r"KVCache: capacity: expected a count >= 0, got -1$"):
+        m.new_cache(1, -1)
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        m.new_cache(1, 1 << 64)
+
+
+def test_gpt2_vocabulary_beyond_int32_ids():
+    # Was a segfault: wte [2^62, 32] wrapped to an empty tensor.
+    with rejects(r"^Gpt2::random: config\.vocab_size: expected at most 2147483647 \(token ids are int32\), got 4611686018427387904$"):
+        mhsa.GPT2.random(1 << 62, 16, 32, 1, 2)
+
+
+def test_gpt2_weights_beyond_memory():
+    with rejects(r"^Gpt2::random: config: expected weights that fit in memory \(at most .*\), got .* of weights for vocab_size 50"):
+        mhsa.GPT2.random(vocab_size=50, n_positions=16, n_embd=16, n_layer=1 << 50, n_head=2)
+    with rejects(r"^Gpt2::random: config: expected weights that fit in memory"):
+        mhsa.GPT2.random(vocab_size=50, n_positions=16, n_embd=1 << 62, n_layer=1, n_head=2)
+
+
+def test_layer_and_encoding_too_large():
+    with rejects(r"^MultiHeadAttention: w_o \[C, C\]: expected a size that fits in memory"):
+        mhsa.MultiHeadAttention(1 << 62, 1)
+    with rejects(r"^sinusoidal_positional_encoding: pe \[tokens, channels\]: expected a size that fits in memory"):
+        mhsa.sinusoidal_positional_encoding(1 << 40, 1 << 40)
+
+
+def test_output_array_too_large_to_address():
+    q = np.broadcast_to(np.zeros((1, 1, 1, 1), np.float32), (1, 1, 1 << 31, 1))
+    k = np.broadcast_to(np.zeros((1, 1, 1, 1), np.float32), (1, 1, 1 << 33, 1))
+    with rejects(r"^attention_probabilities: probs \[B, Hq, Tq, Tk\]: expected a size that fits in memory .*, got \[1, 1, 2147483648, 8589934592\] = 7.38e\+19 bytes$"):
+        mhsa.attention_probabilities(q, k)
