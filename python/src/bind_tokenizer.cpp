@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string_view>
 
+#include "arrays.h"
 #include "mhsa/error.h"
 #include "mhsa/tokenizer.h"
 
