@@ -185,7 +185,7 @@ TEST(InputFiles, FifosAreRefusedWithoutBlocking) {
   msg = error_within(vocab, [&] { Tokenizer::load(vocab, merges); });
   expect_short_error(msg, vocab.string(), "vocab: expected a regular file, got a FIFO");
   fs::remove(vocab);
-  fs::copy_file(fs::path(__FILE__).parent_path().parent_path() / "data/gpt2-tokenizer/encoder.json", vocab);
+  fs::copy_file(fs::path(MHSA_TEST_DATA_DIR) / "gpt2-tokenizer/encoder.json", vocab);
   msg = error_within(merges, [&] { Tokenizer::load(vocab, merges); });
   expect_short_error(msg, merges.string(), "merges: expected a regular file, got a FIFO");
   // training text
