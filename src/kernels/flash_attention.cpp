@@ -210,19 +210,15 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
       }
       std::fill(s[r] + visible, s[r] + kKeys, kNegInf);
       softmax_row(s[r], kKeys, scale, m[r], l[r], o + r * Dv, Dv);
-      if (!v || visible == 0) continue;
-      // o += P V over this chunk's keys, summed afresh and then added (blocked summation: the
-      // error does not grow with Tk); whole vectors of Dv by the tiles, the rest one by one.
-      const float* vb = v + jb * p.v_stride[2];
-      float* orow = o + r * Dv;
-      const int64_t full = Dv / kLanes * kLanes;
-      for (int64_t d = 0; d < full; d += kCols * kLanes)
-        tile_fn<AccumulateTile>(1, std::min<int64_t>(kCols, (full - d) / kLanes))(
-            s[r], kKeys, vb + d, p.v_stride[2], visible, orow + d, Dv);
-      for (int64_t d = full; d < Dv; ++d) {
-        float acc = 0.0f;
-        for (int64_t jj = 0; jj < visible; ++jj) acc += s[r][jj] * vb[jj * p.v_stride[2] + d];
-        orow[d] += acc;
+      // o += P V key by key, a running sum over the slice's 512 keys at most (the slices are
+      // merged afterwards, so the error does not grow with Tk); Dv vectors are independent chains.
+      for (int64_t jj = 0; jj < visible && v; ++jj) {
+        const float* vj = v + (jb + jj) * p.v_stride[2];
+        const Vec pj = splat(s[r][jj]);
+        float* orow = o + r * Dv;
+        int64_t d = 0;
+        for (; d + kLanes <= Dv; d += kLanes) store(orow + d, fma(pj, load(vj + d), load(orow + d)));
+        for (; d < Dv; ++d) orow[d] += s[r][jj] * vj[d];
       }
     }
   }
