@@ -149,7 +149,7 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
       float scale = p.scale;  // applied to the scores before the mask is added
       if (p.mask) {
         const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + (i0 + r) * p.mask_stride[2];
-        for (int64_t jj = 0; jj < visible; ++jj) s[jj] = s[jj] * scale + mrow[(j0 + jj) * p.mask_stride[3]];
+        for (int64_t jj = 0; jj < visible; ++jj) s[jj] = fused(s[jj], scale, mrow[(j0 + jj) * p.mask_stride[3]]);
         scale = 1.0f;
       }
       if (j0 + kBc > min_end) std::fill(s + visible, s + kBc, kNegInf);
@@ -205,7 +205,7 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
       float scale = p.scale;  // scale and mask applied as in query_block (the backward repeats it)
       if (p.mask) {
         const float* mrow = p.mask + b * p.mask_stride[0] + heads[r] * p.mask_stride[1] + queries[r] * p.mask_stride[2];
-        for (int64_t jj = 0; jj < visible; ++jj) s[r][jj] = s[r][jj] * scale + mrow[(jb + jj) * p.mask_stride[3]];
+        for (int64_t jj = 0; jj < visible; ++jj) s[r][jj] = fused(s[r][jj], scale, mrow[(jb + jj) * p.mask_stride[3]]);
         scale = 1.0f;
       }
       std::fill(s[r] + visible, s[r] + kKeys, kNegInf);

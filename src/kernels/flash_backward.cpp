@@ -125,7 +125,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
         // mask in one fused step with a mask, one product without; the exp in a separate pass.
         if (p.mask) {
           const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];
-          for (int64_t jj = 0; jj < visible; ++jj) s[jj] = s[jj] * p.scale + mrow[(j0 + jj) * p.mask_stride[3]];
+          for (int64_t jj = 0; jj < visible; ++jj) s[jj] = fused(s[jj], p.scale, mrow[(j0 + jj) * p.mask_stride[3]]);
         } else {
           for (int64_t jj = 0; jj < visible; ++jj) s[jj] *= p.scale;
         }

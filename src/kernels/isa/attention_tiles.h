@@ -87,18 +87,22 @@ void accumulate_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, i
 // dot product taken apart from the tiles, like the backward's rowsum(dO ∘ O), matches an element
 // the tiles compute bit for bit (the backward's dS = P (dP − rowsum) is then exactly 0 for a row
 // with one visible key). The tiles' a·b + c is fused where the ISA has an FMA; here it is said
-// explicitly, since GCC left the scalar a * b + acc unfused (measured: off by one rounding).
+// explicitly (fused), since GCC left the scalar a * b + acc unfused (measured: one rounding off).
+// a·b + c in one rounding where the ISA has an FMA: the forward and the backward add the mask to
+// the scaled scores with it, so that both round them the same whatever GCC would contract.
+inline float fused(float a, float b, float c) {
+#if defined(__FMA__) || defined(__aarch64__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;  // no FMA instruction: the tiles multiply and add too
+#endif
+}
+
 inline float tile_dot(const float* a, const float* b, int64_t n) {
   float total = 0.0f;
   for (int64_t d0 = 0; d0 < n; d0 += kChainD) {
     float acc = 0.0f;
-    for (int64_t d = d0; d < std::min(n, d0 + kChainD); ++d) {
-#if defined(__FMA__) || defined(__aarch64__)
-      acc = __builtin_fmaf(a[d], b[d], acc);
-#else
-      acc = a[d] * b[d] + acc;  // no FMA instruction: the tiles multiply and add too
-#endif
-    }
+    for (int64_t d = d0; d < std::min(n, d0 + kChainD); ++d) acc = fused(a[d], b[d], acc);
     total = d0 == 0 ? acc : acc + total;
   }
   return total;
