@@ -1,6 +1,6 @@
 // kernels/attention_backward_ref.cpp — the reference attention backward, written like the
 // equations (σ the scale, P recomputed from the saved lse, never stored whole):
-//   P_ij = exp(s_ij − lse_i)                    s_ij = σ q_i·k_j + mask_ij, visible keys only
+//   P_ij = exp(s_ij − lse_i) / Σ_j exp(s_ij − lse_i)   s_ij = σ q_i·k_j + mask_ij, visible keys only
 //   dV_j = Σ_i P_ij dO_i        dP_ij = dO_i·v_j        D_i = Σ_j P_ij dP_ij
 //   dS_ij = P_ij (dP_ij − D_i)  dQ_i = σ Σ_j dS_ij k_j   dK_j = σ Σ_i dS_ij q_i
 // dK and dV sum over the query heads that share a kv head. Scalar, float64 accumulation; one
@@ -42,7 +42,7 @@ void attention_backward_ref(const AttentionParams& p) {
             const int64_t end = lse == -std::numeric_limits<double>::infinity() ? 0 : key_end(p, b, i);
             const float* qi = row(p.q, p.q_stride, b, h, i);
             const float* doi = row(p.dout, p.dout_stride, b, h, i);
-            double d_i = 0.0;
+            double d_i = 0.0, sum = 0.0;
             for (int64_t j = 0; j < end; ++j) {
               const float* kj = row(p.k, p.k_stride, b, hk, j);
               const float* vj = row(p.v, p.v_stride, b, hk, j);
@@ -54,7 +54,13 @@ void attention_backward_ref(const AttentionParams& p) {
               for (int64_t d = 0; d < p.Dv; ++d) dp += double(doi[d * p.dout_stride[3]]) * vj[d * p.v_stride[3]];
               prob[j] = std::exp(s - lse);
               dprob[j] = dp;
-              d_i += prob[j] * dp;
+              sum += prob[j];
+            }
+            // Normalised by the row's own sum: the float lse's rounding cancels, and a row with one
+            // visible key gets P = 1 and dS = 0 exactly. A NaN score or lse makes the row NaN.
+            for (int64_t j = 0; j < end; ++j) {
+              prob[j] /= sum;
+              d_i += prob[j] * dprob[j];
             }
             std::fill(dq.begin(), dq.end(), 0.0);
             for (int64_t j = 0; j < end; ++j) {

@@ -47,14 +47,15 @@ void attention_forward_ref(const AttentionParams& p) {
         for (int64_t i = 0; i < p.Tq; ++i) {
           const int64_t hk = h / group;
           const int64_t end = key_end(p, b, i);
-          double row_max = kNegInf;
+          double row_max = kNegInf;  // NaN when a score is NaN: then so are out and lse (IEEE)
           for (int64_t j = 0; j < end; ++j) {
             scores[j] = score(p, b, h, hk, i, j);
-            row_max = std::max(row_max, scores[j]);
+            if (!(scores[j] <= row_max)) row_max = scores[j];
           }
           double sum = 0.0;
           std::fill(acc.begin(), acc.end(), 0.0);
-          if (row_max != kNegInf) {
+          const bool masked = row_max == kNegInf;  // every visible score -inf
+          if (!masked) {
             for (int64_t j = 0; j < end; ++j) {
               const double w = std::exp(scores[j] - row_max);
               sum += w;
@@ -67,11 +68,10 @@ void attention_forward_ref(const AttentionParams& p) {
           // A fully masked row (no key, or every score -inf) gives out = 0 and lse = -inf.
           if (p.out) {
             float* oi = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
-            for (int64_t d = 0; d < p.Dv; ++d)
-              oi[d * p.out_stride[3]] = sum > 0.0 ? static_cast<float>(acc[d] / sum) : 0.0f;
+            for (int64_t d = 0; d < p.Dv; ++d) oi[d * p.out_stride[3]] = masked ? 0.0f : static_cast<float>(acc[d] / sum);
           }
-          if (p.lse) lse_at(p, b, h, i) = sum > 0.0 ? static_cast<float>(row_max + std::log(sum))
-                                                    : -std::numeric_limits<float>::infinity();
+          if (p.lse) lse_at(p, b, h, i) = masked ? -std::numeric_limits<float>::infinity()
+                                                 : static_cast<float>(row_max + std::log(sum));
         }
   }
 }
@@ -95,7 +95,7 @@ void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads,
           row[j * ps[3]] = static_cast<float>(e);
           sum += e;
         }
-        const double norm = sum > 0.0 ? 1.0 / sum : 0.0;
+        const double norm = sum == 0.0 ? 0.0 : 1.0 / sum;  // NaN (a NaN row) stays NaN
         for (int64_t j = 0; j < end; ++j) row[j * ps[3]] = static_cast<float>(row[j * ps[3]] * norm);
         for (int64_t j = end; j < p.Tk; ++j) row[j * ps[3]] = 0.0f;
       }

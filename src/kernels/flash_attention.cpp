@@ -7,7 +7,8 @@
 //   S += mask; S = -inf past each row's key_end (only on the blocks a limit cuts)
 //   online softmax: m' = max(m, rowmax S); O, l rescaled by e^(m − m') only when m moves;
 //   P = e^(S − m') (vector exp fused with the row sum); l += Σ P
-//   O += P V  [Br, Dv]               register-blocked again
+//   O += P V  [Br, Dv]               register-blocked again, each block's sum added to O (blocked
+//                                    summation: the error does not grow with Tk)
 // and finally out = O / l, lse = m + log l. Memory is O(Br·Bc + Tk·D) per thread, never Tq×Tk.
 // Blocks of keys wholly past every row's limit are skipped (the causal upper triangle).
 //
@@ -42,8 +43,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // [D, 256] live in L2 (1 MiB), the microkernels stream them from L1.
 constexpr int64_t kBr = 8 * kRows;           // query rows per block
 constexpr int64_t kBc = 4 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
-constexpr int64_t kDecodeQueries = 8;    // decode: at most this many queries ...
-constexpr int64_t kDecodeRows = 32;      // ... and query rows per kv head (Tq · Hq / Hkv)
 constexpr int64_t kSplitKeys = 512;      // keys per split-K slice (fixed: results do not depend on threads)
 
 // One (batch, kv head)'s keys and values, packed for the microkernels.
@@ -83,6 +82,9 @@ struct Scratch {
 // Online-softmax update of one row of scores s[0, n) (n a multiple of kLanes), first multiplied
 // by `scale`: turns them into probabilities and rescales the row's output o[0, dv) when its
 // running max moves. The scale is applied here, not folded into q, to spare q·k a rounding.
+// NaN: the max skips NaN scores, but e^(NaN − m) is NaN, so a NaN score makes l (and the
+// output) NaN; m stays −∞ only while every score so far is −∞ or NaN, and l == 0 only while
+// every score is −∞ (a masked row).
 void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t dv) {
   Vec vmax = splat(kNegInf);
   const Vec sc = splat(scale);
@@ -92,8 +94,14 @@ void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o,
     vmax = max(vmax, x);
   }
   const float m_new = std::max(m, reduce_max(vmax));
-  if (m_new == kNegInf) {  // nothing visible yet: the row contributes nothing
-    for (int64_t j = 0; j < n; j += kLanes) store(s + j, splat(0.0f));
+  if (m_new == kNegInf) {  // every score −∞ (masked) or NaN
+    bool nan = false;
+    for (int64_t j = 0; j < n; ++j) nan |= std::isnan(s[j]);
+    if (nan) {  // the row is NaN: poison l and o, whatever comes later
+      l = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t d = 0; d < dv; ++d) o[d] = l;
+    }
+    for (int64_t j = 0; j < n; j += kLanes) store(s + j, splat(0.0f));  // nothing to add to o
     return;
   }
   if (m_new > m) {
@@ -141,7 +149,7 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
       float scale = p.scale;  // applied to the scores before the mask is added
       if (p.mask) {
         const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + (i0 + r) * p.mask_stride[2];
-        for (int64_t jj = 0; jj < visible; ++jj) s[jj] = s[jj] * scale + mrow[(j0 + jj) * p.mask_stride[3]];
+        for (int64_t jj = 0; jj < visible; ++jj) s[jj] = fused(s[jj], scale, mrow[(j0 + jj) * p.mask_stride[3]]);
         scale = 1.0f;
       }
       if (j0 + kBc > min_end) std::fill(s + visible, s + kBc, kNegInf);
@@ -156,14 +164,15 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
-    const float inv = w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;
+    const bool masked = w.l[r] == 0.0f;  // no visible key (NaN l is a NaN row, not a masked one)
+    const float inv = 1.0f / w.l[r];
     if (p.out) {
       float* out = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
-      for (int64_t d = 0; d < p.Dv; ++d) out[d * p.out_stride[3]] = w.o[r * dv_pad + d] * inv;
+      for (int64_t d = 0; d < p.Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : w.o[r * dv_pad + d] * inv;
     }
     if (p.lse)
       p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-          w.l[r] > 0.0f ? w.m[r] + std::log(w.l[r]) : kNegInf;
+          masked ? kNegInf : w.m[r] + std::log(w.l[r]);
   }
 }
 
@@ -178,7 +187,7 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
   float s[kDecodeRows][kKeys];
   const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
   const float* v = p.v ? p.v + b * p.v_stride[0] + hk * p.v_stride[1] : nullptr;
-  const int64_t D = p.D, Dv = p.out ? p.Dv : 0, full = D / kLanes * kLanes;
+  const int64_t D = p.D, Dv = p.out ? p.Dv : 0;
   const float* q[kDecodeRows];
   int64_t end[kDecodeRows];
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -189,22 +198,20 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
     const int64_t n = std::min(kKeys, j1 - jb);
     for (int64_t jj = 0; jj < n; ++jj) {
       const float* kj = k + (jb + jj) * p.k_stride[2];
-      for (int64_t r = 0; r < n_rows; ++r) {
-        Vec acc = splat(0.0f);
-        for (int64_t d = 0; d < full; d += kLanes) acc = fma(load(q[r] + d), load(kj + d), acc);
-        if (full < D) acc = fma(load_partial(q[r] + full, static_cast<int>(D - full), 0.0f),
-                                load_partial(kj + full, static_cast<int>(D - full), 0.0f), acc);
-        s[r][jj] = reduce_sum(acc) * p.scale;
-      }
+      for (int64_t r = 0; r < n_rows; ++r) s[r][jj] = decode_dot(q[r], kj, D);
     }
     for (int64_t r = 0; r < n_rows; ++r) {
       const int64_t visible = std::clamp<int64_t>(end[r] - jb, 0, n);
+      float scale = p.scale;  // scale and mask applied as in query_block (the backward repeats it)
       if (p.mask) {
         const float* mrow = p.mask + b * p.mask_stride[0] + heads[r] * p.mask_stride[1] + queries[r] * p.mask_stride[2];
-        for (int64_t jj = 0; jj < visible; ++jj) s[r][jj] += mrow[(jb + jj) * p.mask_stride[3]];
+        for (int64_t jj = 0; jj < visible; ++jj) s[r][jj] = fused(s[r][jj], scale, mrow[(jb + jj) * p.mask_stride[3]]);
+        scale = 1.0f;
       }
       std::fill(s[r] + visible, s[r] + kKeys, kNegInf);
-      softmax_row(s[r], kKeys, 1.0f, m[r], l[r], o + r * Dv, Dv);
+      softmax_row(s[r], kKeys, scale, m[r], l[r], o + r * Dv, Dv);
+      // o += P V key by key, a running sum over the slice's 512 keys at most (the slices are
+      // merged afterwards, so the error does not grow with Tk); Dv vectors are independent chains.
       for (int64_t jj = 0; jj < visible && v; ++jj) {
         const float* vj = v + (jb + jj) * p.v_stride[2];
         const Vec pj = splat(s[r][jj]);
@@ -215,11 +222,6 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
       }
     }
   }
-}
-
-bool takes_decode_path(const AttentionParams& p) {
-  const bool unit_rows = p.q_stride[3] == 1 && p.k_stride[3] == 1 && (!p.out || p.v_stride[3] == 1);
-  return unit_rows && p.Tq <= kDecodeQueries && p.Tq * (p.Hq / p.Hkv) <= kDecodeRows;
 }
 
 void attention_decode(const AttentionParams& p) {
@@ -257,20 +259,20 @@ void attention_decode(const AttentionParams& p) {
         float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2] : nullptr;
         float sum = 0.0f;
         for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
-        if (big_m != kNegInf)
-          for (int64_t sp = 0; sp < splits; ++sp) {
-            const float* part = first + sp * stride;
-            const float ms = part[rows * Dv + r];
-            if (ms == kNegInf) continue;
-            const float w = std::exp(ms - big_m);
-            sum += w * part[rows * Dv + rows + r];
-            for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
-          }
-        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] *= inv;
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          const float* part = first + sp * stride;
+          const float ms = part[rows * Dv + r], ls = part[rows * Dv + rows + r];
+          if (ls == 0.0f) continue;  // every key of the slice masked (a NaN slice has l NaN)
+          const float w = std::exp(ms - big_m);  // NaN when the row's scores so far are all NaN
+          sum += w * ls;
+          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
+        }
+        const bool masked = sum == 0.0f;  // no visible key
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : out[d * p.out_stride[3]] * inv;
         if (p.lse)
           p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-              sum > 0.0f ? big_m + std::log(sum) : kNegInf;
+              masked ? kNegInf : big_m + std::log(sum);
       }
 }
 

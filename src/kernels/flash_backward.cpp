@@ -34,6 +34,7 @@ struct Task {
   AlignedFloats kn;            // [key_blocks·kBc, d_pad]: keys as rows
   AlignedFloats s, dp, pt, dst;  // [kBr, kBc] x2, [kBc, kBr] x2
   AlignedFloats dk, dv;          // [kBc, d_pad], [kBc, dv_pad]
+  std::vector<float> out_row;    // [Dv] one row of the forward's output
   Task(const AttentionParams& p)
       : d_pad(round_up(p.D, kLanes)), dv_pad(round_up(p.Dv, kLanes)), rows(p.Hq / p.Hkv * p.Tq),
         key_blocks((p.Tk + kBc - 1) / kBc),
@@ -42,7 +43,7 @@ struct Task {
         end(static_cast<size_t>(rows)), kt(static_cast<size_t>(key_blocks * p.D * kBc)),
         vt(static_cast<size_t>(key_blocks * p.Dv * kBc)), kn(static_cast<size_t>(key_blocks * kBc * d_pad)),
         s(kBr * kBc), dp(kBr * kBc), pt(kBc * kBr), dst(kBc * kBr), dk(static_cast<size_t>(kBc * d_pad)),
-        dv(static_cast<size_t>(kBc * dv_pad)) {}
+        dv(static_cast<size_t>(kBc * dv_pad)), out_row(static_cast<size_t>(p.Dv)) {}
 };
 
 void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
@@ -53,13 +54,11 @@ void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     const float* o = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
     const float* g = p.dout + b * p.dout_stride[0] + h * p.dout_stride[1] + i * p.dout_stride[2];
     for (int64_t d = 0; d < t.d_pad; ++d) t.q[r * t.d_pad + d] = d < p.D ? q[d * p.q_stride[3]] : 0.0f;
-    float di = 0.0f;
-    for (int64_t d = 0; d < t.dv_pad; ++d) {
-      const float gd = d < p.Dv ? g[d * p.dout_stride[3]] : 0.0f;
-      t.dout[r * t.dv_pad + d] = gd;
-      if (d < p.Dv) di += gd * o[d * p.out_stride[3]];
-    }
-    t.di[r] = di;
+    for (int64_t d = 0; d < t.dv_pad; ++d) t.dout[r * t.dv_pad + d] = d < p.Dv ? g[d * p.dout_stride[3]] : 0.0f;
+    for (int64_t d = 0; d < p.Dv; ++d) t.out_row[d] = o[d * p.out_stride[3]];
+    // Summed like the dP tiles sum dO·v: a row that sees one key has O = v exactly, so D = dP
+    // and dS = 0 exactly for it.
+    t.di[r] = tile_dot(t.dout.data() + r * t.dv_pad, t.out_row.data(), p.Dv);
     t.lse[r] = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
     t.end[r] = t.lse[r] == kNegInf ? 0 : key_end(p, b, i);  // a fully masked row has no gradient
   }
@@ -85,7 +84,7 @@ void accumulate(int64_t rows, int64_t cols, const float* a, int64_t lda, const f
                 float* o, int64_t ldo) {
   for (int64_t r = 0; r < rows; r += kRows)
     for (int64_t c = 0; c < cols; c += kCols * kLanes)
-      tile_fn<AccumulateFreshTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (cols - c) / kLanes))(
+      tile_fn<AccumulateTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (cols - c) / kLanes))(
           a + r * lda, lda, m + c, ldm, J, o + r * ldo + c, ldo);
 }
 
@@ -100,6 +99,7 @@ void scores(int64_t rows, const float* a, int64_t lda, const float* bt, int64_t 
 void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
   pack(p, b, hk, t);
   const int64_t group = p.Hq / p.Hkv;
+  const bool decode = takes_decode_path(p);  // the forward's q·k came from decode_dot
   for (int64_t kb = 0; kb < t.key_blocks; ++kb) {
     const int64_t j0 = kb * kBc;
     std::fill(t.dk.begin(), t.dk.end(), 0.0f);
@@ -109,28 +109,32 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
       int64_t max_end = 0;
       for (int64_t r = r0; r < r0 + n; ++r) max_end = std::max(max_end, t.end[r]);
       if (max_end <= j0) continue;  // no row of this block sees these keys (causal, padding)
-      scores(n, t.q.data() + r0 * t.d_pad, t.d_pad, t.kt.data() + kb * p.D * kBc, p.D, t.s.data());
+      if (decode)
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t jj = 0; jj < kBc; ++jj)
+            t.s[r * kBc + jj] = decode_dot(t.q.data() + (r0 + r) * t.d_pad, t.kn.data() + (j0 + jj) * t.d_pad, p.D);
+      else
+        scores(n, t.q.data() + r0 * t.d_pad, t.d_pad, t.kt.data() + kb * p.D * kBc, p.D, t.s.data());
       scores(n, t.dout.data() + r0 * t.dv_pad, t.dv_pad, t.vt.data() + kb * p.Dv * kBc, p.Dv, t.dp.data());
       for (int64_t r = 0; r < n; ++r) {
         const int64_t row = r0 + r, h = hk * group + row / p.Tq, i = row % p.Tq;
         const int64_t visible = std::clamp<int64_t>(t.end[row] - j0, 0, kBc);
         float* s = t.s.data() + r * kBc;
         float* dp = t.dp.data() + r * kBc;
-        const float* mrow =
-            p.mask ? p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] : nullptr;
-        if (mrow)
-          for (int64_t jj = 0; jj < visible; ++jj) s[jj] = s[jj] * p.scale + mrow[(j0 + jj) * p.mask_stride[3]];
+        // The scores exactly as the forward rounded them (its lse came from these): scale and
+        // mask in one fused step with a mask, one product without; the exp in a separate pass.
+        if (p.mask) {
+          const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];
+          for (int64_t jj = 0; jj < visible; ++jj) s[jj] = fused(s[jj], p.scale, mrow[(j0 + jj) * p.mask_stride[3]]);
+        } else {
+          for (int64_t jj = 0; jj < visible; ++jj) s[jj] *= p.scale;
+        }
         std::fill(s + visible, s + kBc, kNegInf);  // exp gives exactly 0 there
-        const Vec scale = splat(mrow ? 1.0f : p.scale), lse = splat(t.lse[row]), di = splat(t.di[row]);
-        const Vec ds_scale = splat(p.scale);
+        const Vec lse = splat(t.lse[row]), di = splat(t.di[row]), ds_scale = splat(p.scale);
         for (int64_t jj = 0; jj < kBc; jj += kLanes) {  // P into the dP buffer's place, dS into s
-          const Vec prob = visible > 0 ? exp(load(s + jj) * scale - lse) : Vec{};
+          const Vec prob = visible > 0 ? exp(load(s + jj) - lse) : Vec{};
           store(s + jj, prob * (load(dp + jj) - di) * ds_scale);
           store(dp + jj, prob);
-        }
-        if (t.end[row] == 1) {  // one visible key: P = 1 and dS = 0 exactly, not up to rounding
-          std::fill(s, s + kBc, 0.0f);
-          dp[0] = j0 == 0 ? 1.0f : 0.0f;
         }
         for (int64_t jj = 0; jj < kBc; ++jj) {  // transposed copies for dV = Pᵀ dO and dK = dSᵀ Q
           t.pt[jj * kBr + r] = dp[jj];

@@ -230,6 +230,33 @@ TEST(Attention, FullyMaskedRowsGiveZeroAndMinusInfinity) {
   for (int64_t i = 0; i < probs.numel(); ++i) EXPECT_FALSE(std::isnan(probs.data()[i]));
 }
 
+// NaN in q makes that row NaN (out and lse); NaN in a key makes NaN exactly the rows that see it
+// (causal: the later ones); no NaN row is reported as a masked one. Every kernel, on the split-K
+// decode shape and on the blocked one.
+TEST(Attention, NanPropagatesOnEveryKernel) {
+  auto gen = test_rng();
+  for (const auto& [Tq, Tk] : {std::pair<int64_t, int64_t>{4, 600}, {70, 300}}) {
+    const int64_t H = 2, D = 40, row = Tq / 2, key = Tk - Tq + row;  // rows >= row see key
+    Tensor q = random_tensor(gen, {1, H, Tq, D}), k = random_tensor(gen, {1, H, Tk, D});
+    const Tensor v = random_tensor(gen, {1, H, Tk, D});
+    q.data()[(1 * Tq + row) * D + 3] = NAN;  // head 1, row `row`
+    k.data()[(0 * Tk + key) * D + 5] = NAN;  // head 0, key `key`
+    AttentionOptions opt;
+    opt.causal = true;
+    for (const auto& isa : kernels_here()) {
+      SCOPED_TRACE(kernel_name(isa) + " Tq=" + std::to_string(Tq));
+      AttentionResult r{Tensor({1, H, Tq, D}), Tensor({1, H, Tq})};
+      detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), r.out.view(), opt, r.lse.view());
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < Tq; ++i) {
+          const bool nan = h == 1 ? i == row : i >= row;
+          EXPECT_EQ(std::isnan(r.lse.data()[h * Tq + i]), nan) << h << "," << i;
+          for (int64_t d = 0; d < D; ++d) ASSERT_EQ(std::isnan(r.out.data()[(h * Tq + i) * D + d]), nan) << h << "," << i;
+        }
+    }
+  }
+}
+
 TEST(Attention, ProbabilitiesForChosenHeadsMatchTheOracle) {
   auto gen = test_rng();
   const int64_t B = 2, Hq = 6, Hkv = 3, Tq = 11, Tk = 19, D = 40;

@@ -132,6 +132,58 @@ TEST(Backward, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
+// A row that sees one key (a mask leaving one key at a random position, or kv_lengths = 1) has
+// P = 1 and dS = 0 exactly: dq = dk = 0 bit for bit, on every kernel and both forward paths.
+// A NaN lse (a NaN q row) gives NaN gradients, not zeros.
+TEST(Backward, OneVisibleKeyGivesExactlyZeroAndNanGivesNan) {
+  auto gen = test_rng();
+  for (const auto& [Tq, Tk] : {std::pair<int64_t, int64_t>{4, 50}, {70, 300}}) {
+    const int64_t H = 3, D = 40;
+    Tensor q = random_tensor(gen, {1, H, Tq, D});
+    const Tensor k = random_tensor(gen, {1, H, Tk, D}), v = random_tensor(gen, {1, H, Tk, D});
+    const Tensor dout = random_tensor(gen, {1, H, Tq, D});
+    Tensor mask({1, H, Tq, Tk});
+    for (int64_t r = 0; r < H * Tq; ++r) {
+      const int64_t keep = std::uniform_int_distribution<int64_t>(0, Tk - 1)(gen);
+      for (int64_t j = 0; j < Tk; ++j) mask.data()[r * Tk + j] = j == keep ? 0.0f : -INFINITY;
+    }
+    const std::vector<int64_t> one = {1};
+    AttentionOptions by_mask, by_length;
+    by_mask.attn_mask = mask.view();
+    by_length.kv_lengths = one;
+    std::vector<std::optional<cpu::Isa>> kernels = {std::nullopt};
+    for (cpu::Isa isa : cpu::usable_isas()) kernels.emplace_back(isa);
+    for (const auto& isa : kernels)
+      for (const AttentionOptions* opt : {&by_mask, &by_length}) {
+        SCOPED_TRACE((isa ? std::string(cpu::isa_name(*isa)) : std::string("reference")) + " Tq=" + std::to_string(Tq) +
+                     (opt == &by_mask ? " mask" : " kv_lengths"));
+        AttentionResult f{Tensor({1, H, Tq, D}), Tensor({1, H, Tq})};
+        detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), f.out.view(), *opt, f.lse.view());
+        AttentionGrads g{Tensor({1, H, Tq, D}), Tensor({1, H, Tk, D}), Tensor({1, H, Tk, D})};
+        detail::scaled_dot_product_attention_backward_on(isa, dout.view(), q.view(), k.view(), v.view(), f.out.view(),
+                                                         f.lse.view(), g.dq.view(), g.dk.view(), g.dv.view(), *opt);
+        for (int64_t i = 0; i < g.dq.numel(); ++i) ASSERT_EQ(g.dq.data()[i], 0.0f) << "dq " << i;
+        for (int64_t i = 0; i < g.dk.numel(); ++i) ASSERT_EQ(g.dk.data()[i], 0.0f) << "dk " << i;
+      }
+    q.data()[(1 * Tq + 2) * D + 7] = NAN;  // head 1, row 2
+    AttentionOptions causal;
+    causal.causal = true;
+    for (const auto& isa : kernels) {
+      SCOPED_TRACE((isa ? std::string(cpu::isa_name(*isa)) : std::string("reference")) + " NaN Tq=" + std::to_string(Tq));
+      AttentionResult f{Tensor({1, H, Tq, D}), Tensor({1, H, Tq})};
+      detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), f.out.view(), causal, f.lse.view());
+      ASSERT_TRUE(std::isnan(f.lse.data()[Tq + 2]));
+      AttentionGrads g{Tensor({1, H, Tq, D}), Tensor({1, H, Tk, D}), Tensor({1, H, Tk, D})};
+      detail::scaled_dot_product_attention_backward_on(isa, dout.view(), q.view(), k.view(), v.view(), f.out.view(),
+                                                       f.lse.view(), g.dq.view(), g.dk.view(), g.dv.view(), causal);
+      for (int64_t d = 0; d < D; ++d) EXPECT_TRUE(std::isnan(g.dq.data()[(Tq + 2) * D + d]));
+      EXPECT_TRUE(std::isnan(g.dk.data()[Tk * D])) << "key 0 of head 1";
+      EXPECT_TRUE(std::isnan(g.dv.data()[Tk * D])) << "key 0 of head 1";
+      EXPECT_FALSE(std::isnan(g.dq.data()[(Tq + 3) * D])) << "another row";
+    }
+  }
+}
+
 TEST(Backward, RejectsMismatchedShapes) {
   const Tensor q({1, 2, 3, 4}), k({1, 2, 5, 4}), v({1, 2, 5, 4}), out({1, 2, 3, 4}), lse({1, 2, 3}), dout({1, 2, 3, 5});
   expect_error([&] { scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view()); },

@@ -267,3 +267,19 @@ def test_empty_sequence(rng):
     cache = m.new_cache(B, 4)
     assert m.step(randn(rng, B, 0, C), cache).shape == (B, 0, C)
     assert cache.length == 0
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["self", "cross"])
+def test_nan_token_gives_nan_not_the_bias(rng, cross):
+    """A NaN in one token's embedding gives NaN where torch.nn.MultiheadAttention does: in
+    cross-attention only that token's output (its query is NaN; it used to come out as b_o, the
+    row taken for a fully masked one); in causal self-attention that token and the later ones."""
+    C, H, T = 40, 5, 9
+    m = make_layer(rng, C, H)
+    x = randn(rng, 1, T, C)
+    x[0, 4, 7] = np.nan
+    memory = randn(rng, 1, 13, C) if cross else None
+    y = m(x, memory=memory, is_causal=not cross)
+    (ref, _), _ = torch_results(m, True, x, memory, causal=not cross)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ref.numpy()))
+    assert np.isnan(y[0, 4]).all()

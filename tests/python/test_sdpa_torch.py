@@ -236,3 +236,76 @@ def test_torch_tensor_inputs(rng):
                                                          attn_mask=torch.from_numpy(mask), **options)
     assert np.array_equal(got_out, want_out) and np.array_equal(got_lse, want_lse)
     run_case(q, k, v, mask=mask, causal=True, kv_lengths=[Tk, 9])
+
+
+NAN_CASES = {  # B, H, Tq, Tk, D: a decode-shaped case (split-K path) and a blocked one
+    "decode": (1, 2, 4, 600, 40),
+    "blocked": (1, 2, 70, 300, 64),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", NAN_CASES.values(), ids=NAN_CASES.keys())
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_nan_propagates_like_torch(rng, where, shape, causal):
+    """A NaN in q makes its row NaN (out and lse); a NaN in a key or value makes NaN every row
+    that sees that key (the value's column only), as PyTorch's math path does; no NaN row is passed
+    off as a masked one (0 / -inf). Rows that do not see a NaN key (causal) stay exact."""
+    B, H, Tq, Tk, D = shape
+    q, k, v = randn(rng, B, H, Tq, D), randn(rng, B, H, Tk, D), randn(rng, B, H, Tk, D)
+    row, key = Tq // 2, Tk - Tq + Tq // 2  # with causal, rows >= row see key
+    {"q": q, "k": k, "v": v}[where][0, 1, row if where == "q" else key, 3] = np.nan
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, is_causal=causal, return_lse=True)
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        want = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal and Tq == Tk).numpy()
+    if causal and Tq != Tk:  # torch's is_causal is top-left: use the bottom-right bias instead
+        bias = key_bias(visible_keys(B, Tq, Tk, True), torch.float32)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            want = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=bias).numpy()
+    sees = np.zeros((B, H, Tq), bool)
+    if where == "q":
+        sees[0, 1, row] = True
+    else:
+        sees[0, 1] = np.arange(Tq) >= row if causal else True
+    np.testing.assert_array_equal(np.isnan(out)[sees], np.isnan(want)[sees])  # element by element
+    assert np.isnan(out[sees]).any(-1).all()
+    if where != "v":  # a NaN value past a row's causal limit may reach it (as 0 * NaN; unspecified)
+        np.testing.assert_array_equal(np.isnan(out).any(-1), sees)
+    np.testing.assert_array_equal(np.isnan(lse), sees if where != "v" else np.zeros_like(sees))
+    if where == "k":  # rows that never see the NaN key are as if it were any number
+        k[0, 1, key, 3] = 0
+        clean, _, _ = torch_attention(*(torch.from_numpy(a).double() for a in (q, k, v)), 1 / math.sqrt(D),
+                                      key_bias(visible_keys(B, Tq, Tk, causal)))
+        np.testing.assert_allclose(out[~sees], clean.numpy()[~sees], rtol=0, atol=1e-5)
+
+
+def test_nan_past_kv_lengths_is_never_read(rng):
+    """A cache may hold anything past its valid length: NaN there changes nothing."""
+    B, H, Tq, Tk, D = 2, 2, 70, 300, 40
+    q, k, v = randn(rng, B, H, Tq, D), randn(rng, B, H, Tk, D), randn(rng, B, H, Tk, D)
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, kv_lengths=[Tk, 200], return_lse=True)
+    k[1, :, 200:], v[1, :, 200:] = np.nan, np.nan
+    out2, lse2 = mhsa.scaled_dot_product_attention(q, k, v, kv_lengths=[Tk, 200], return_lse=True)
+    np.testing.assert_array_equal(out, out2)
+    np.testing.assert_array_equal(lse, lse2)
+
+
+@pytest.mark.parametrize("Tq", [1, 8, 16, 64])
+@pytest.mark.parametrize("Tk", [1025, 4096, 8192])
+def test_long_nearly_uniform_rows(rng, Tk, Tq):
+    """Small q and k make every row nearly uniform over thousands of keys: the softmax sum and the
+    output are sums of Tk similar terms, whose rounding must not grow with Tk (blocked sums).
+    Tq 1 and 8 take the split-K decode path, 16 and 64 the blocked one."""
+    B, H, D = 1, 2, 64
+    q, k = 0.05 * randn(rng, B, H, Tq, D), 0.05 * randn(rng, B, H, Tk, D)
+    v = randn(rng, B, H, Tk, D)
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, return_lse=True)
+    s = 1 / math.sqrt(D)
+    q64, k64, v64 = (torch.from_numpy(a).double() for a in (q, k, v))
+    ref_out, ref_lse, _ = torch_attention(q64, k64, v64, s)
+    torch_out = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)))
+    check_against_torch(out, torch_out, ref_out)
+    math_out, torch_lse, _ = torch_attention(*(torch.from_numpy(a) for a in (q, k, v)), s)
+    check_against_torch(out, math_out, ref_out)
+    check_against_torch(lse, torch_lse, ref_lse)

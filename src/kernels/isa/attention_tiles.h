@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/attention_params.h"
 #include "kernels/isa/simd.h"
 #include "mhsa/tensor.h"
 
@@ -54,16 +55,16 @@ void scores_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int6
   }
 }
 
-// O[R, C·kLanes] += P[R, J] · V[J, C·kLanes]. kFresh: the J-term sums start from 0 and are added
-// to O at the end (blocked summation: each call is a chain of its own, so gradients summed over
-// thousands of rows round like PyTorch's); otherwise they continue from O.
-template <int R, int C, bool kFresh = false>
+// O[R, C·kLanes] += P[R, J] · V[J, C·kLanes]. The J-term sums start from 0 and are added to O
+// at the end (blocked summation: each call is a chain of its own, so outputs and gradients summed
+// over thousands of keys or rows round like PyTorch's instead of one running sum's error).
+template <int R, int C>
 void accumulate_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
   Vec acc[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = kFresh ? Vec{} : load(o + r * ldo + c * kLanes);
+    for (int c = 0; c < C; ++c) acc[r][c] = Vec{};
   for (int64_t j = 0; j < J; ++j) {
     Vec vv[C];
 #pragma GCC unroll 8
@@ -78,8 +79,54 @@ void accumulate_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, i
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
-      store(o + r * ldo + c * kLanes, kFresh ? acc[r][c] + load(o + r * ldo + c * kLanes) : acc[r][c]);
+    for (int c = 0; c < C; ++c) store(o + r * ldo + c * kLanes, acc[r][c] + load(o + r * ldo + c * kLanes));
+}
+
+// The sum of a[d]·b[d] over d < n in exactly the order and rounding of one element of
+// scores_tile (one fused chain per kChainD terms, each chain added onto the ones before), so that a
+// dot product taken apart from the tiles, like the backward's rowsum(dO ∘ O), matches an element
+// the tiles compute bit for bit (the backward's dS = P (dP − rowsum) is then exactly 0 for a row
+// with one visible key). The tiles' a·b + c is fused where the ISA has an FMA; here it is said
+// explicitly (fused), since GCC left the scalar a * b + acc unfused (measured: one rounding off).
+// a·b + c in one rounding where the ISA has an FMA: the forward and the backward add the mask to
+// the scaled scores with it, so that both round them the same whatever GCC would contract.
+inline float fused(float a, float b, float c) {
+#if defined(__FMA__) || defined(__aarch64__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return a * b + c;  // no FMA instruction: the tiles multiply and add too
+#endif
+}
+
+inline float tile_dot(const float* a, const float* b, int64_t n) {
+  float total = 0.0f;
+  for (int64_t d0 = 0; d0 < n; d0 += kChainD) {
+    float acc = 0.0f;
+    for (int64_t d = d0; d < std::min(n, d0 + kChainD); ++d) acc = fused(a[d], b[d], acc);
+    total = d0 == 0 ? acc : acc + total;
+  }
+  return total;
+}
+
+// The forward's split-K decode path (flash_attention.cpp) takes few queries against many keys:
+// Tq <= kDecodeQueries and at most kDecodeRows query rows per kv head, rows of unit stride.
+constexpr int64_t kDecodeQueries = 8;
+constexpr int64_t kDecodeRows = 32;
+inline bool takes_decode_path(const AttentionParams& p) {
+  const bool unit_rows = p.q_stride[3] == 1 && p.k_stride[3] == 1 && (!p.out || p.v_stride[3] == 1);
+  return unit_rows && p.Tq <= kDecodeQueries && p.Tq * (p.Hq / p.Hkv) <= kDecodeRows;
+}
+
+// The decode path's q·k (few query rows, keys read in place): kLanes products at a time, the
+// lanes summed by reduce_sum at the end. The backward calls it on the shapes the forward took
+// the decode path for, so that it recomputes the forward's scores bit for bit.
+inline float decode_dot(const float* a, const float* b, int64_t n) {
+  const int64_t full = n / kLanes * kLanes;
+  Vec acc = splat(0.0f);
+  for (int64_t d = 0; d < full; d += kLanes) acc = fma(load(a + d), load(b + d), acc);
+  if (full < n) acc = fma(load_partial(a + full, static_cast<int>(n - full), 0.0f),
+                          load_partial(b + full, static_cast<int>(n - full), 0.0f), acc);
+  return reduce_sum(acc);
 }
 
 template <int R, int C>
@@ -92,12 +139,6 @@ template <int R, int C>
 struct AccumulateTile {
   static void run(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
     accumulate_tile<R, C>(p, ldp, v, ldv, J, o, ldo);
-  }
-};
-template <int R, int C>
-struct AccumulateFreshTile {
-  static void run(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t J, float* o, int64_t ldo) {
-    accumulate_tile<R, C, true>(p, ldp, v, ldv, J, o, ldo);
   }
 };
 

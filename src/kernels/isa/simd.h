@@ -54,7 +54,9 @@ inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
 // Square root of every lane (the hardware instruction; the vector extensions have none).
 inline Vec sqrt(Vec x) {
 #if defined(__AVX512F__)
-  return (Vec)_mm512_sqrt_ps((__m512)x);
+  // _mm512_sqrt_ps passes _mm512_undefined_ps() as the merge source, which GCC 12 reports as
+  // -Wmaybe-uninitialized; merging into x itself under an all-ones mask is the same vsqrtps.
+  return (Vec)_mm512_mask_sqrt_ps((__m512)x, static_cast<__mmask16>(-1), (__m512)x);
 #elif defined(__AVX2__)
   return (Vec)_mm256_sqrt_ps((__m256)x);
 #elif defined(__SSE2__)
@@ -105,12 +107,13 @@ inline float reduce_max(Vec v) {
 // e^x for every lane: range reduction x = n·ln2 + r with |r| <= ln2/2, a degree-7 polynomial for
 // e^r, and 2^n built in the exponent bits. A few ulp on [-87.3, 88]; inputs below -87.3
 // (including -inf) give exactly 0, the value a masked score must contribute; inputs above 88
-// saturate at e^88 (softmax only ever asks for x <= 0).
+// saturate at e^88 (softmax only ever asks for x <= 0); NaN gives NaN (IEEE: a NaN score must
+// reach the output, not be clamped into a weight of ~0).
 inline Vec exp(Vec x) {
   const Vec hi = splat(88.0f);
   const Vec lo = splat(-87.33f);
   const IVec underflow = x < lo;
-  x = min(max(x, lo), hi);
+  x = min(hi, max(lo, x));  // max(a, b) and min(a, b) return b when a lane compares unordered
   // Round to nearest: floor(x·log2e + 0.5).
   Vec t = x * 1.44269504088896341f + 0.5f;
   IVec ti = __builtin_convertvector(t, IVec);  // truncates toward zero
