@@ -163,12 +163,19 @@ struct History {
 // validation points.
 std::string loss_curve_svg(const History& h) {
   const double W = 640, H = 360, L = 56, R = 16, T = 20, Bm = 40;
-  double hi = 0, lo = 1e9;
+  double hi = -INFINITY, lo = INFINITY;
   const auto bpb = [&](double nats) { return nats / std::log(2.0) / h.bytes_per_token; };
-  for (double l : h.loss) hi = std::max(hi, bpb(l)), lo = std::min(lo, bpb(l));
-  for (const auto& [s, v] : h.val_bpb) hi = std::max(hi, v), lo = std::min(lo, v);
-  if (h.loss.empty()) hi = 1, lo = 0;
-  lo = std::max(0.0, std::floor(lo * 2) / 2), hi = std::ceil(hi * 2) / 2 + 1e-9;
+  const auto extend = [&](double v) {
+    if (std::isfinite(v)) hi = std::max(hi, v), lo = std::min(lo, v);
+  };
+  for (double l : h.loss) extend(bpb(l));
+  for (const auto& [s, v] : h.val_bpb) extend(v);
+  if (lo > hi) hi = 1, lo = 0;
+  // Gridlines every 0.5, 1, 2, 5, 10, 20, ... bits per byte: at most 10 of them, whatever the
+  // range (a run that diverged to 1e8 bits per byte had asked for 2·10^8 lines at a fixed 0.5).
+  double tick = 0.5;
+  for (int i = 0; (hi - lo) / tick > 10 && std::isfinite(tick); ++i) tick *= i % 3 == 2 ? 2.5 : 2.0;
+  lo = std::max(0.0, std::floor(lo / tick) * tick), hi = std::ceil(hi / tick) * tick + 1e-9 * tick;
   const double n = std::max<double>(1, static_cast<double>(h.loss.size()) - 1);
   const auto X = [&](double step) { return L + (W - L - R) * step / n; };
   const auto Y = [&](double bpb) { return T + (H - T - Bm) * (1 - (bpb - lo) / (hi - lo)); };
@@ -177,9 +184,11 @@ std::string loss_curve_svg(const History& h) {
   s.precision(1);
   s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' "
     << "font-size='11'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  for (double v = lo; v <= hi + 1e-9; v += 0.5)
+  for (int i = 0; i <= 12 && lo + i * tick <= hi; ++i) {
+    const double v = lo + i * tick;
     s << "<line x1='" << L << "' x2='" << W - R << "' y1='" << Y(v) << "' y2='" << Y(v)
       << "' stroke='#ddd'/><text x='" << L - 6 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << v << "</text>\n";
+  }
   s << "<text x='" << (W + L) / 2 << "' y='" << H - 8 << "' text-anchor='middle'>step (0–" << h.loss.size()
     << ")</text>\n<text x='14' y='" << (H - Bm) / 2 << "' transform='rotate(-90 14 " << (H - Bm) / 2
     << ")' text-anchor='middle'>bits per byte</text>\n<polyline fill='none' stroke='#3b6fd6' stroke-width='1.2' points='";
@@ -558,6 +567,12 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     if (!std::isfinite(loss) || !std::isfinite(p.grad_norm))
       fail(fn, message("step ", step + 1), "a finite loss and gradient norm",
            message("loss ", loss, ", gradient norm ", p.grad_norm, ": ", divergence(out, saved_step)));
+    // A loss ten times that of guessing uniformly (ln V nats) is no training run any more: one that
+    // diverged can stay finite for many steps (1e15 bits per byte) and would save its garbage.
+    const double uniform = std::log(static_cast<double>(model->config().vocab_size));
+    if (loss > 10.0 * uniform)
+      fail(fn, message("step ", step + 1), message("a loss below 10x that of a uniform guess (", 10.0 * uniform, " nats)"),
+           message("loss ", loss, ": ", divergence(out, saved_step)));
     p.lr = learning_rate(o, step);
     adam->step(model->parameters(), grads, static_cast<float>(p.lr));
     history.loss.push_back(loss);

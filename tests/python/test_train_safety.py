@@ -68,7 +68,10 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(text, tmp_path
     out = tmp_path / "m"
     r = train("--data", text, "--out", out, *TINY, "--steps", 20, "--lr", 100, "--checkpoint-every", 1)
     assert r.returncode == 2 and "done" not in r.stdout, (r.returncode, r.stdout)
-    assert "expected a finite loss and gradient norm" in r.stderr and "the run diverged" in r.stderr, r.stderr
+    # Stopped by an exploding loss (10x a uniform guess) or, had it got there first, a non-finite one.
+    assert ("expected a finite loss and gradient norm" in r.stderr
+            or "expected a loss below 10x that of a uniform guess" in r.stderr), r.stderr
+    assert "the run diverged" in r.stderr, r.stderr
     step, tensors = state(out)
     assert 1 <= step < 20 and f"the checkpoint of step {step} in '{out}' is kept" in r.stderr
     assert all(np.isfinite(t).all() for t in tensors.values())
@@ -83,12 +86,12 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(text, tmp_path
 
 
 @pytest.mark.parametrize("option,value,says", [
-    ("--lr", "nan", "lr: expected a finite number > 0, got nan"),
+    ("--lr", "nan", "--lr: expected a number > 0, got nan"),  # the CLI's check (the library's is the same rule)
     ("--lr", "inf", "--lr"),  # CLI11's range check refuses inf first
     ("--lr", "-1", "lr"),
     ("--weight-decay", "nan", "weight_decay: expected a finite number >= 0, got nan"),
     ("--weight-decay", "-0.1", "weight_decay: expected a finite number >= 0, got -0.1"),
-    ("--clip", "nan", "clip: expected a finite number >= 0, got nan"),
+    ("--clip", "nan", "--clip: expected a number \u2265 0, got nan"),
     ("--clip", "inf", "--clip"),
     ("--eval-every", "-1", "eval_every: expected a count >= 0 (0: none), got -1"),
     ("--checkpoint-every", "-5", "checkpoint_every: expected a count >= 0 (0: none), got -5"),
