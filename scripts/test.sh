@@ -15,16 +15,16 @@ start=$(date +%s)
 # Prints a step's name with the time since the start, so a long silent step is never a mystery.
 step() { local t=$(( $(date +%s) - start )); printf '\n== [%d:%02d] %s\n' $((t / 60)) $((t % 60)) "$*"; }
 
-step "build (Release, into build/; a fresh build takes ~5 min on 2 cores)"
+step "build (Release, into build/; a fresh build takes ~3 min on 2 cores)"
 scripts/build.sh
 
 step "C++ tests"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
-step "Python tests against PyTorch, transformers, tokenizers, tiktoken and Chromium (~8 min on 2 cores)"
+step "Python tests against PyTorch, transformers, tokenizers, tiktoken and Chromium (~2 min on 2 cores)"
 PYTHONPATH="$PWD/build/python" OMP_NUM_THREADS="$jobs" MHSA_REQUIRE_BROWSER=1 "$python" -m pytest -q tests/python
 
-step "pip wheel . (compiles the module again, ~3 min on 2 cores) and install it into a fresh virtual environment"
+step "pip wheel . (compiles the module again, ~2 min on 2 cores) and install it into a fresh virtual environment"
 rm -rf build/venv build/wheel
 "$python" -m pip wheel --quiet --no-deps --wheel-dir build/wheel .
 "$python" -m venv --system-site-packages build/venv
@@ -65,7 +65,7 @@ cmake --build build-arm
 aarch64-linux-gnu-g++ -std=c++20 -O2 -fopenmp -Iinclude tests/arm/check.cpp build-arm/libmhsa.a -o build-arm/check
 qemu-aarch64 -L /usr/aarch64-linux-gnu build-arm/check
 
-step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (build ~6 min on 2 cores)"
+step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (build and run ~9 min on 2 cores)"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMHSA_SANITIZE=ON -DMHSA_BUILD_PYTHON=OFF >/dev/null
 cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
