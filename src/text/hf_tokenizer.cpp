@@ -85,6 +85,14 @@ const json& get_array(const json& obj, std::string_view key, const Where& w) {
   return v;
 }
 std::string type_of(const json& obj, const Where& w) { return get_string(obj, "type", w); }
+// A token id from the file: below `limit` (the file's count of tokens plus 65,536 for holes, and
+// kMaxId at most), so that a small file cannot make a huge table.
+int32_t read_id(const json& v, const std::string& where, int64_t limit) {
+  const auto id = detail::json_integer<uint32_t>(v, kFn, where);
+  if (id >= limit) fail(kFn, where, message("an id below ", limit), std::to_string(id));
+  return static_cast<int32_t>(id);
+}
+
 [[noreturn]] void unsupported(const Where& w, std::string_view what, const std::string& type, std::string_view supported) {
   fail(kFn, w.path, message(what, " of a supported type (", supported, ")"), message("'", detail::printable(type), "'"));
 }
@@ -531,12 +539,14 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
   // Vocabulary: ids unique and below kMaxId; holes allowed (tokenizers allows them).
   const json& vocab = member(m, "vocab", mw);
   if (!vocab.is_object()) fail(kFn, (mw / "vocab").path, "an object of token → id", detail::json_excerpt(vocab));
+  const json* added_list = optional_member(root, "added_tokens");
+  const int64_t id_limit = std::min<int64_t>(
+      kMaxId, static_cast<int64_t>(vocab.size() + (added_list && added_list->is_array() ? added_list->size() : 0)) + 65536);
   StrMap<int32_t> spelled;  // the file's spelling → id, for the merges
   spelled.reserve(vocab.size());
   for (const auto& [token, idv] : vocab.items()) {
     const std::string where = (mw / "vocab").path + " " + detail::quote(token);
-    const int32_t id = detail::json_integer<int32_t>(idv, kFn, where);
-    if (id >= kMaxId) fail(kFn, where, message("an id below ", kMaxId), std::to_string(id));
+    const int32_t id = read_id(idv, where, id_limit);
     if (static_cast<size_t>(id) >= tokens_.size()) tokens_.resize(static_cast<size_t>(id) + 1), kinds_.resize(tokens_.size());
     if (kinds_[static_cast<size_t>(id)] != Kind::none)
       fail(kFn, where, "a unique id", message(id, ", the id of ", detail::quote(tokens_[static_cast<size_t>(id)]), " too"));
@@ -595,11 +605,10 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
     for (size_t i = 0; i < list->size(); ++i) {
       const json& t = (*list)[i];
       const Where w = aw[i];
-      AddedToken a{get_string(t, "content", w), detail::json_integer<int32_t>(member(t, "id", w), kFn, (w / "id").path),
+      AddedToken a{get_string(t, "content", w), read_id(member(t, "id", w), (w / "id").path, id_limit),
                    get_bool(t, "special", w, false), get_bool(t, "lstrip", w, false), get_bool(t, "rstrip", w, false),
                    get_bool(t, "normalized", w, false), get_bool(t, "single_word", w, false)};
       if (a.content.empty()) fail(kFn, (w / "content").path, "a non-empty token", "\"\"");
-      if (a.id >= kMaxId) fail(kFn, (w / "id").path, message("an id below ", kMaxId), std::to_string(a.id));
       const auto id = static_cast<size_t>(a.id);
       if (id >= tokens_.size()) tokens_.resize(id + 1), kinds_.resize(tokens_.size());
       if (kinds_[id] == Kind::added || kinds_[id] == Kind::special)
@@ -650,7 +659,7 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
       const json& entry = member(specials, name, w / "special_tokens");
       const json& ids = get_array(entry, "ids", w / "special_tokens" / name);
       for (size_t k = 0; k < ids.size(); ++k) {
-        const auto id = detail::json_integer<int32_t>(ids[k], kFn, ((w / "special_tokens" / name / "ids")[k]).path);
+        const int32_t id = read_id(ids[k], ((w / "special_tokens" / name / "ids")[k]).path, kMaxId);
         if (id >= vocab_size() || kinds_[static_cast<size_t>(id)] == Kind::none)
           fail(kFn, ((w / "special_tokens" / name / "ids")[k]).path, message("an id of a token (below ", vocab_size(), ")"), std::to_string(id));
         (seen_a ? suffix_ : prefix_).push_back(id);
@@ -676,7 +685,8 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
         chat_template = t->get<std::string>();
       } else if (t->is_array()) {  // [{"name": "default", "template": ...}, ...]
         for (const json& e : *t)
-          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+          if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
+              e["template"].is_string())
             chat_template = e["template"].get<std::string>();
       }
     }
@@ -684,7 +694,7 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
   if (!generation_json.empty()) {
     const json gen = detail::parse_json(generation_json, kFn, message("'", dir, "/generation_config.json'"));
     const auto add_eos = [&](const json& v, const std::string& where) {
-      const auto id = detail::json_integer<int32_t>(v, kFn, where);
+      const int32_t id = read_id(v, where, kMaxId);
       if (id >= vocab_size()) fail(kFn, where, message("an id below ", vocab_size()), std::to_string(id));
       if (std::find(eos_ids.begin(), eos_ids.end(), id) == eos_ids.end()) eos_ids.push_back(id);
     };
@@ -695,7 +705,7 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
         add_eos(*e, "generation_config.json eos_token_id");
     }
     if (const json* b = gen.is_object() ? optional_member(gen, "bos_token_id") : nullptr; b && !bos_id) {
-      const auto id = detail::json_integer<int32_t>(*b, kFn, "generation_config.json bos_token_id");
+      const int32_t id = read_id(*b, "generation_config.json bos_token_id", kMaxId);
       if (id < vocab_size()) bos_id = id;
     }
   }
