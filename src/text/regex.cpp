@@ -506,7 +506,7 @@ class Matcher {
 std::vector<std::pair<size_t, size_t>> Regex::find_all(std::span<const Unit> units) const {
   std::vector<std::pair<size_t, size_t>> out;
   // Enough for every pattern of real files many times over; a pathological one stops early.
-  Matcher m(*this, units, 100'000'000 + 2'000 * static_cast<uint64_t>(units.size()));
+  Matcher m(*this, units, 1'000'000 + 1'000 * static_cast<uint64_t>(units.size()));
   size_t last_end = SIZE_MAX;
   for (size_t s = 0; s <= units.size();) {
     size_t end = 0;

@@ -231,11 +231,27 @@ def test_corpus_encodes_as_tokenizers(families, corpus, name):
                         f"{hf.encode(bad[0], add_special_tokens=add).ids} vs {ours.encode(bad[0], add_special_tokens=add)}"
 
 
+# tokenizers' NFC/NFKC tables are older than Unicode 16 (its unicode-normalization-alignments
+# crate: about Unicode 12, with older combining classes); mhsa's are Unicode 16's.
+NORMALIZING = {"qwen2": "NFC", "o200k": "NFKC"}
+
+
+def same_normalization(hf, ours, texts, form):
+    """The texts that tokenizers' normalizer and mhsa's (seen through a byte-level round trip)
+    normalize alike."""
+    hf_norm = getattr(normalizers, form)()
+    return [t for t in texts if hf_norm.normalize_str(t) == ours.decode(ours.encode(t, add_special_tokens=False))]
+
+
 @pytest.mark.parametrize("name", FAMILY_NAMES)
 def test_random_strings_encode_and_decode_as_tokenizers(families, rng, name):
     hf, ours = families[name]
     cps = assigned_code_points()
     texts = [random_text(rng, cps) for _ in range(150)]
+    if name in NORMALIZING:  # strings with characters newer than tokenizers' normalisation tables
+        same = same_normalization(hf, ours, texts, NORMALIZING[name])
+        assert len(texts) - len(same) <= 15, f"{name}: {len(texts) - len(same)} of {len(texts)} normalize differently"
+        texts = same
     bad = differences(hf, ours, texts, True)
     assert not bad, f"{name}: {len(bad)} differ, first {bad[0]!r}"
     for enc in hf.encode_batch(texts):
@@ -270,11 +286,9 @@ def test_every_code_point_encodes_as_tokenizers(families, rng, name):
     stride = CODE_POINT_STRIDE.get(name, 16)
     cps = assigned_code_points()[1][int(rng.integers(stride))::stride]
     texts = ["".join(f"{chr(c)} " for c in cps[i:i + 4096]) for i in range(0, len(cps), 4096)]
-    norm = {"qwen2": "NFC", "o200k": "NFKC"}.get(name)
-    if norm:
-        hf_norm = getattr(normalizers, norm)()
-        same = [t for t in texts if hf_norm.normalize_str(t) == ours.decode(ours.encode(t, add_special_tokens=False))]
-        assert len(texts) - len(same) <= 12 // stride + 2, f"{name}: {norm} differs in {len(texts) - len(same)} blocks"
+    if name in NORMALIZING:
+        same = same_normalization(hf, ours, texts, NORMALIZING[name])
+        assert len(texts) - len(same) <= 12 // stride + 2, f"{name}: normalization differs in {len(texts) - len(same)} blocks"
         texts = same
     bad = [t for t, e in zip(texts, hf.encode_batch_fast(texts, add_special_tokens=False))
            if ours.encode(t, add_special_tokens=False) != e.ids]
