@@ -558,6 +558,9 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
   }
   byte_ids_.fill(-1);
   fallback_ids_.fill(-1);
+  ascii_ids_.fill(-1);
+  for (int c = 0; c < 128 && !byte_level_; ++c)
+    if (const auto it = spelled.find(std::string(1, static_cast<char>(c))); it != spelled.end()) ascii_ids_[static_cast<size_t>(c)] = it->second;
   for (int b = 0; b < 256; ++b) {
     std::string ch;
     append_utf8(ch, kByteChar[static_cast<size_t>(b)]);
@@ -846,6 +849,12 @@ void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& o
         append_utf8(ch, kByteChar[b]);
         unknown(ch);
       }
+      ++i;
+      continue;
+    }
+    const auto c = static_cast<unsigned char>(piece[i]);
+    if (c < 0x80 && ascii_ids_[c] >= 0) {  // most of most text, without a hash lookup
+      known(ascii_ids_[c]);
       ++i;
       continue;
     }

@@ -6,6 +6,7 @@
 // BOS/EOS tokens and the chat template. Private to the library: mhsa::Tokenizer is the API.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -84,6 +85,7 @@ class HfTokenizer {
   std::optional<int32_t> unk_;
   std::array<int32_t, 256> byte_ids_{};   // byte-level: the token of each byte's character; -1: none
   std::array<int32_t, 256> fallback_ids_{};  // <0xNN>; -1: none
+  std::array<int32_t, 128> ascii_ids_{};     // not byte-level: the token of each ASCII character; -1: none
   // pipeline
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
