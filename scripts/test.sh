@@ -4,7 +4,7 @@
 # fresh virtual environment, then rebuilds the C++ tests with AddressSanitizer +
 # UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it fuzzes the
 # safetensors reader for 30 seconds, the tokenizer for 20, config.json and the tokenizer's files
-# for 15 each (tests/fuzz), cross-builds the library for 64-bit ARM (portable kernels only) and
+# for 15 each, and tokenizer.json files for 15 (tests/fuzz), cross-builds the library for 64-bit ARM (portable kernels only) and
 # runs tests/arm/check.cpp under qemu-aarch64.
 # Run scripts/setup.sh --test first.
 set -euo pipefail
@@ -38,9 +38,11 @@ clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc te
 rm -rf build/fuzz_corpus && cp -r tests/fuzz/corpus build/fuzz_corpus
 build/fuzz_safetensors -max_total_time=30 -print_final_stats=1 build/fuzz_corpus 2>&1 | tail -n 3
 
+TOKENIZER_SOURCES="src/text/tokenizer.cpp src/text/hf_tokenizer.cpp src/text/bpe.cpp src/text/regex.cpp src/text/unicode.cpp
+  src/text/unicode_data.cpp src/text/unicode_props.cpp src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp src/core/error.cpp"
 step "fuzzing the tokenizer: any bytes encode and decode back (libFuzzer + ASan + UBSan, 20 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_fuzz.cpp \
-  src/text/tokenizer.cpp src/text/unicode_data.cpp src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp src/core/error.cpp -o build/fuzz_tokenizer
+  $TOKENIZER_SOURCES -o build/fuzz_tokenizer
 rm -rf build/fuzz_tokenizer_corpus && cp -r tests/fuzz/tokenizer_corpus build/fuzz_tokenizer_corpus
 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer \
   build/fuzz_tokenizer -max_total_time=20 -print_final_stats=1 build/fuzz_tokenizer_corpus 2>&1 | tail -n 3
@@ -54,10 +56,16 @@ build/fuzz_config -max_total_time=15 -print_final_stats=1 build/fuzz_config_corp
 
 step "fuzzing the tokenizer's vocab.json + merges.txt loading: Tokenizer::parse (libFuzzer + ASan + UBSan, 15 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_files_fuzz.cpp \
-  src/text/tokenizer.cpp src/text/unicode_data.cpp src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp src/core/error.cpp \
+  $TOKENIZER_SOURCES \
   -o build/fuzz_tokenizer_files
 rm -rf build/fuzz_tokenizer_files_corpus && cp -r tests/fuzz/tokenizer_files_corpus build/fuzz_tokenizer_files_corpus
 build/fuzz_tokenizer_files -max_total_time=15 -print_final_stats=1 build/fuzz_tokenizer_files_corpus 2>&1 | tail -n 3
+
+step "fuzzing tokenizer.json loading and encoding: Tokenizer::parse_json (libFuzzer + ASan + UBSan, 15 s)"
+clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_json_fuzz.cpp \
+  $TOKENIZER_SOURCES -o build/fuzz_tokenizer_json
+rm -rf build/fuzz_tokenizer_json_corpus && cp -r tests/fuzz/tokenizer_json_corpus build/fuzz_tokenizer_json_corpus
+build/fuzz_tokenizer_json -max_total_time=15 -print_final_stats=1 build/fuzz_tokenizer_json_corpus 2>&1 | tail -n 3
 
 step "ARM (aarch64, portable kernels) under qemu"
 cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \

@@ -1,10 +1,13 @@
-// mhsa/tokenizer.h — GPT-2's byte-level BPE tokenizer (vocab.json + merges.txt, or OpenAI's
-// identical encoder.json + vocab.bpe), with GPT-2's exact pre-tokenisation: its ids equal
-// tiktoken's "gpt2" and Hugging Face's GPT-2 tokenizer's for any text. Loading validates both
-// files (malformed JSON, bad or duplicate ids, merges of unknown tokens) and throws mhsa::Error
-// naming the file, key or line. A loaded tokenizer is immutable apart from an internal,
-// locked cache: encode may run on many threads at once. Not a general tokenizer library: one
-// special token (<|endoftext|>), no normalisation, no added tokens, no offsets.
+// mhsa/tokenizer.h — the tokenizers of today's models: Hugging Face `tokenizer.json` (BPE,
+// byte-level as GPT-2/Llama 3/Qwen2 or SentencePiece-style as Llama 2/Mistral/Gemma, with its
+// normalizers, pre-tokenizers, added tokens, post-processor and decoders; ids and text equal
+// to the `tokenizers` library's), and GPT-2's vocab.json + merges.txt (or OpenAI's identical
+// encoder.json + vocab.bpe; ids equal to tiktoken's "gpt2"). Loading validates the files and
+// throws mhsa::Error naming the file, key or line, and names any tokenizer.json component that is
+// not supported (WordPiece, Unigram, an unknown normalizer, ...) rather than tokenising
+// differently. A loaded tokenizer is immutable apart from an internal, locked cache: encode may
+// run on many threads at once. Not a general tokenizer library: no offsets, no batching, no
+// training.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +17,22 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace mhsa {
+
+namespace text {
+class HfTokenizer;
+}
+
+struct EncodeOptions {
+  // Add the post-processor's special tokens (tokenizer.json's TemplateProcessing: BOS, ...).
+  bool add_special_tokens = false;
+  // Special tokens written in the text become their ids; otherwise their text is ordinary text.
+  // (Added tokens that are not special always match, as in Hugging Face tokenizers.)
+  bool allow_special = false;
+};
 
 class Tokenizer {
  public:
@@ -26,8 +42,14 @@ class Tokenizer {
   // The same from the files' contents; the names stand for the files in errors.
   static Tokenizer parse(std::string_view vocab_json, std::string_view merges_txt,
                          const std::string& vocab_name = "vocab.json", const std::string& merges_name = "merges.txt");
-  // A directory with vocab.json + merges.txt (Hugging Face) or encoder.json + vocab.bpe (OpenAI).
+  // A directory with tokenizer.json (with tokenizer_config.json and generation_config.json when
+  // present: BOS/EOS, chat template), else vocab.json + merges.txt (Hugging Face GPT-2) or
+  // encoder.json + vocab.bpe (OpenAI).
   static Tokenizer load_dir(const std::filesystem::path& dir);
+  // tokenizer.json's text (and tokenizer_config.json's, generation_config.json's, or empty);
+  // `dir` stands for their directory in errors.
+  static Tokenizer parse_json(std::string_view tokenizer_json, std::string_view config_json = {},
+                              std::string_view generation_json = {}, const std::string& dir = ".");
   // The byte-level tokenizer of models trained by `mhsa train`: 256 tokens, id = byte, no merges
   // and no special token.
   static Tokenizer bytes();
@@ -39,20 +61,35 @@ class Tokenizer {
   // allow_special, the literal text of a special token ("<|endoftext|>") becomes its id;
   // otherwise it is ordinary text.
   std::vector<int32_t> encode(std::string_view text, bool allow_special = false) const;
+  // Hugging Face's encode(text, add_special_tokens) is encode(text, {add_special_tokens, true}).
+  std::vector<int32_t> encode(std::string_view text, const EncodeOptions& options) const;
   // The pre-tokens of `text`: the pieces GPT-2's regex cuts it into before BPE (each is encoded
   // on its own). Views into `text`; together they are all of it.
   static std::vector<std::string_view> pretokenize(std::string_view text);
-  // ids → the bytes they stand for (possibly invalid UTF-8 at a cut). Throws for an id out of range.
-  std::string decode(std::span<const int32_t> ids) const;
-  // The bytes of one token; throws for an id out of range.
-  std::string_view token_bytes(int32_t id) const;
-  // The token as the vocab file spells it, in GPT-2's printable byte alphabet ("Ġworld" for
-  // " world"): always valid UTF-8, unlike token_bytes, so fit for printing and JSON.
+  // ids → text. GPT-2's files: the exact bytes (possibly invalid UTF-8 at a cut); tokenizer.json:
+  // the decoder chain's text, equal to Hugging Face's decode (valid UTF-8). skip_special_tokens
+  // leaves out special tokens. Throws for an id out of range.
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+  // The bytes one token adds in the middle of a text; throws for an id out of range.
+  std::string token_bytes(int32_t id) const;
+  // The token as the vocab file spells it (GPT-2's printable byte alphabet, "Ġworld" for
+  // " world"; "▁world" in SentencePiece style): valid UTF-8 unless the file's own spelling is
+  // not, so fit for printing and JSON.
   std::string token_string(int32_t id) const;
-  // The id of the token with exactly these bytes, if the vocab has one.
+  // The id of the token with exactly these bytes (GPT-2's files) or this spelling
+  // (tokenizer.json: added tokens first, then the vocab as the file writes it), if any.
   std::optional<int32_t> token_id(std::string_view bytes) const;
-  int32_t vocab_size() const;
-  int32_t eos_id() const;  // <|endoftext|>
+  int32_t vocab_size() const;  // one more than the largest id
+  int32_t eos_id() const;      // the first of eos_ids(), -1 if none
+  std::vector<int32_t> eos_ids() const;  // <|endoftext|>; tokenizer.json: the configs' EOS tokens
+  std::optional<int32_t> bos_id() const;
+  bool is_special(int32_t id) const;
+  std::vector<std::pair<std::string, int32_t>> special_tokens() const;
+  // tokenizer_config.json's chat_template, bos_token and eos_token ("" when absent).
+  std::string chat_template() const;
+  std::string bos_token() const;
+  std::string eos_token() const;
+  bool is_tokenizer_json() const;
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

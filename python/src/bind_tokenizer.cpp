@@ -1,12 +1,14 @@
-// python/src/bind_tokenizer.cpp — mhsa.Tokenizer: GPT-2's byte-level BPE, with tiktoken's
-// conventions: encode takes str or bytes, decode gives str (invalid UTF-8 as U+FFFD) and
-// decode_bytes the exact bytes. The GIL is released while text is encoded. Not a Hugging Face
-// `tokenizers` look-alike: no offsets, no batching, no padding.
+// python/src/bind_tokenizer.cpp — mhsa.Tokenizer: tokenizer.json (Hugging Face's names:
+// encode(text, add_special_tokens), decode(ids, skip_special_tokens), eos_token_ids, ...) and
+// GPT-2's vocab.json + merges.txt; encode takes str or bytes, decode gives str (invalid UTF-8 as
+// U+FFFD) and decode_bytes the bytes. The GIL is released while text is encoded. Not a Hugging
+// Face `tokenizers` look-alike: no offsets, no batching, no padding.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
 #include <filesystem>
+#include <optional>
 #include <string_view>
 
 #include "arrays.h"
@@ -62,58 +64,70 @@ std::vector<int32_t> token_ids(const Tokenizer& t, py::handle obj, std::string_v
   return ids;
 }
 
-std::string decode_bytes(const Tokenizer& t, py::handle ids_obj, std::string_view fn) {
+std::string decode_bytes(const Tokenizer& t, py::handle ids_obj, std::string_view fn, bool skip_special) {
   const std::vector<int32_t> ids = token_ids(t, ids_obj, fn);
   GilReleased unlocked;
-  return t.decode(ids);
+  return t.decode(ids, skip_special);
 }
 
 }  // namespace
 
 void bind_tokenizer(py::module_& m) {
-  py::class_<Tokenizer>(m, "Tokenizer", R"(GPT-2's byte-level BPE tokenizer.
+  py::class_<Tokenizer>(m, "Tokenizer", R"(A model's tokenizer: Hugging Face tokenizer.json, or GPT-2's files.
 
-Tokenizer.load(dir) reads vocab.json + merges.txt (a Hugging Face GPT-2 directory) or OpenAI's
-encoder.json + vocab.bpe. Its ids equal tiktoken's "gpt2" encoding and Hugging Face's GPT-2
-tokenizer for every text.)")
+Tokenizer.load(dir) reads tokenizer.json (with tokenizer_config.json and generation_config.json
+when present) and encodes and decodes exactly as the `tokenizers` library does; without it,
+vocab.json + merges.txt (a Hugging Face GPT-2 directory) or OpenAI's encoder.json + vocab.bpe,
+whose ids equal tiktoken's "gpt2" encoding for every text.)")
       .def_static(
           "load",
           [](const std::filesystem::path& dir) {
             GilReleased unlocked;
             return Tokenizer::load_dir(dir);
           },
-          "path"_a, "The tokenizer in a directory (str or os.PathLike): vocab.json + merges.txt or encoder.json + vocab.bpe.")
+          "path"_a,
+          "The tokenizer in a directory (str or os.PathLike): tokenizer.json, else vocab.json + merges.txt or "
+          "encoder.json + vocab.bpe.")
       .def(
           "encode",
-          [](const Tokenizer& t, py::handle text, bool allow_special) {
+          [](const Tokenizer& t, py::handle text, bool add_special_tokens, std::optional<bool> allow_special) {
             py::object owner;
             const std::string_view bytes = text_bytes(text, "Tokenizer.encode", owner);
             std::vector<int32_t> ids;
             {
               GilReleased unlocked;
-              ids = t.encode(bytes, allow_special);
+              ids = t.encode(bytes, EncodeOptions{add_special_tokens, allow_special.value_or(t.is_tokenizer_json())});
             }
             return ids;
           },
-          "text"_a, "allow_special"_a = false,
-          R"(Token ids of a str (as UTF-8) or of any bytes, invalid UTF-8 included. With allow_special,
-"<|endoftext|>" in the text becomes eos_id; otherwise it is ordinary text.)")
+          "text"_a, "add_special_tokens"_a = true, "allow_special"_a = py::none(),
+          R"(Token ids of a str (as UTF-8) or of any bytes, invalid UTF-8 included.
+
+add_special_tokens: add the post-processor's tokens (tokenizer.json's template, e.g. BOS).
+allow_special: special tokens written in the text become their ids; otherwise their text is
+ordinary text. By default as the file's reference does: True for tokenizer.json (Hugging Face
+tokenizers), False for GPT-2's files (tiktoken's encode_ordinary).)")
       .def(
           "decode",
-          [](const Tokenizer& t, py::handle ids) {
-            const std::string bytes = decode_bytes(t, ids, "Tokenizer.decode");
+          [](const Tokenizer& t, py::handle ids, bool skip_special_tokens) {
+            const std::string bytes = decode_bytes(t, ids, "Tokenizer.decode", skip_special_tokens);
             PyObject* text = PyUnicode_DecodeUTF8(bytes.data(), static_cast<Py_ssize_t>(bytes.size()), "replace");
             if (!text) throw py::error_already_set();
             return py::reinterpret_steal<py::str>(text);
           },
-          "ids"_a, "The text of token ids; bytes that are not valid UTF-8 (a cut character) become U+FFFD.")
+          "ids"_a, "skip_special_tokens"_a = false,
+          "The text of token ids (tokenizer.json: as Hugging Face decodes it); bytes that are not valid UTF-8 (a cut "
+          "character) become U+FFFD.")
       .def(
           "decode_bytes",
-          [](const Tokenizer& t, py::handle ids) { return py::bytes(decode_bytes(t, ids, "Tokenizer.decode_bytes")); },
-          "ids"_a, "The exact bytes of token ids.")
+          [](const Tokenizer& t, py::handle ids, bool skip_special_tokens) {
+            return py::bytes(decode_bytes(t, ids, "Tokenizer.decode_bytes", skip_special_tokens));
+          },
+          "ids"_a, "skip_special_tokens"_a = false,
+          "The bytes of token ids: GPT-2's files exactly; tokenizer.json the text decode gives, as UTF-8.")
       .def(
-          "token_bytes", [](const Tokenizer& t, int32_t id) { return py::bytes(std::string(t.token_bytes(id))); },
-          "id"_a, "The bytes of one token.")
+          "token_bytes", [](const Tokenizer& t, int32_t id) { return py::bytes(t.token_bytes(id)); },
+          "id"_a, "The bytes one token adds in the middle of a text.")
       .def_static(
           "pretokenize",
           [](py::handle text) {
@@ -141,7 +155,25 @@ tokenizer for every text.)")
           },
           "token"_a, "The id of a token given as bytes (or str, as UTF-8), or None when the vocab has no such token.")
       .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
-      .def_property_readonly("eos_id", &Tokenizer::eos_id, "The id of <|endoftext|>.")
+      .def_property_readonly("eos_id", &Tokenizer::eos_id, "The first of eos_token_ids (-1 if none).")
+      .def_property_readonly("eos_token_ids", &Tokenizer::eos_ids,
+                             "The ids that end a generation: <|endoftext|>; tokenizer.json: tokenizer_config.json's "
+                             "eos_token and generation_config.json's eos_token_id.")
+      .def_property_readonly("bos_token_id", &Tokenizer::bos_id,
+                             "tokenizer_config.json's bos_token (else generation_config.json's, else the template's "
+                             "first token), or None.")
+      .def_property_readonly("bos_token", &Tokenizer::bos_token, "tokenizer_config.json's bos_token ('' if none).")
+      .def_property_readonly("eos_token", &Tokenizer::eos_token, "tokenizer_config.json's eos_token ('' if none).")
+      .def_property_readonly("chat_template", &Tokenizer::chat_template,
+                             "tokenizer_config.json's chat_template (Jinja source; '' if none).")
+      .def_property_readonly(
+          "special_tokens", [](const Tokenizer& t) {
+            py::dict d;
+            for (const auto& [text, id] : t.special_tokens()) d[py::str(text)] = id;
+            return d;
+          },
+          "Every special token: its text → its id.")
+      .def("is_special", &Tokenizer::is_special, "id"_a, "Whether the id is a special token's.")
       .def("__len__", &Tokenizer::vocab_size)
       .def("__repr__", [](const Tokenizer& t) {
         return detail::message("mhsa.Tokenizer(vocab_size=", t.vocab_size(), ", eos_id=", t.eos_id(), ")");

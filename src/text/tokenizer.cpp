@@ -1,7 +1,7 @@
-// text/tokenizer.cpp — GPT-2's byte-level BPE: loading and validating the vocab and merges, the
-// pre-tokeniser (a hand-written scanner for GPT-2's regex), the merge loop and decoding. Its
-// results equal tiktoken's and Hugging Face tokenizers' for GPT-2 (tests/python). Not a general
-// tokenizer framework: one regex, one special token, no normalisation.
+// text/tokenizer.cpp — mhsa::Tokenizer: GPT-2's byte-level BPE (loading and validating the vocab
+// and merges, the pre-tokeniser, a hand-written scanner for GPT-2's regex, encoding and decoding;
+// equal to tiktoken's and Hugging Face tokenizers' for GPT-2, tests/python), and the front of
+// tokenizer.json files, whose work hf_tokenizer.cpp does.
 #include "mhsa/tokenizer.h"
 
 #include <algorithm>
@@ -18,17 +18,57 @@
 #include "io/checkpoint_dir.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "text/bpe.h"
+#include "text/hf_tokenizer.h"
 #include "text/unicode_data.h"
 
 namespace mhsa {
 namespace text {
 namespace {
 
-struct Utf8 {
-  char32_t cp;
-  int len;     // bytes consumed: 1 for an invalid byte
-  bool valid;
+CharClass lookup(char32_t cp) {
+  const auto ranges = class_ranges();
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
+                             [](char32_t c, const CodePointRange& r) { return c < r.first; });
+  if (it == ranges.begin() || cp > (--it)->last) return CharClass::other;
+  return it->cls;
+}
+
+// ASCII, nearly all of most text, without the binary search; constexpr, so ready for any static
+// initialiser's use. tests/cpp/test_tokenizer.cpp checks it against the generated ranges.
+constexpr std::array<CharClass, 128> kAsciiClass = [] {
+  std::array<CharClass, 128> table{};
+  for (char32_t cp = 0; cp < 128; ++cp) {
+    if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) table[cp] = CharClass::letter;
+    else if (cp >= '0' && cp <= '9') table[cp] = CharClass::number;
+    else if (cp == ' ' || (cp >= '\t' && cp <= '\r')) table[cp] = CharClass::space;
+    else table[cp] = CharClass::other;
+  }
+  return table;
+}();
+
+struct ClassedChar {
+  CharClass cls;
+  int len;
 };
+
+ClassedChar unit_at(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return {kAsciiClass[c], 1};
+  const Utf8 d = decode_utf8(s, i);
+  return {d.valid ? char_class(d.cp) : CharClass::other, d.len};
+}
+
+size_t run_end(std::string_view s, size_t i, CharClass cls) {
+  while (i < s.size()) {
+    const ClassedChar u = unit_at(s, i);
+    if (u.cls != cls) break;
+    i += static_cast<size_t>(u.len);
+  }
+  return i;
+}
+
+}  // namespace
 
 // Strict UTF-8, as Python decodes it: no overlong forms, no surrogates, nothing past U+10FFFF.
 // A byte that does not start a well-formed sequence is invalid on its own; the next byte starts
@@ -62,50 +102,6 @@ Utf8 decode_utf8(std::string_view s, size_t i) {
   return {cp, len, true};
 }
 
-CharClass lookup(char32_t cp) {
-  const auto ranges = class_ranges();
-  auto it = std::upper_bound(ranges.begin(), ranges.end(), cp,
-                             [](char32_t c, const CodePointRange& r) { return c < r.first; });
-  if (it == ranges.begin() || cp > (--it)->last) return CharClass::other;
-  return it->cls;
-}
-
-// ASCII, nearly all of most text, without the binary search; constexpr, so ready for any static
-// initialiser's use. tests/cpp/test_tokenizer.cpp checks it against the generated ranges.
-constexpr std::array<CharClass, 128> kAsciiClass = [] {
-  std::array<CharClass, 128> table{};
-  for (char32_t cp = 0; cp < 128; ++cp) {
-    if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z')) table[cp] = CharClass::letter;
-    else if (cp >= '0' && cp <= '9') table[cp] = CharClass::number;
-    else if (cp == ' ' || (cp >= '\t' && cp <= '\r')) table[cp] = CharClass::space;
-    else table[cp] = CharClass::other;
-  }
-  return table;
-}();
-
-struct Unit {
-  CharClass cls;
-  int len;
-};
-
-Unit unit_at(std::string_view s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return {kAsciiClass[c], 1};
-  const Utf8 d = decode_utf8(s, i);
-  return {d.valid ? char_class(d.cp) : CharClass::other, d.len};
-}
-
-size_t run_end(std::string_view s, size_t i, CharClass cls) {
-  while (i < s.size()) {
-    const Unit u = unit_at(s, i);
-    if (u.cls != cls) break;
-    i += static_cast<size_t>(u.len);
-  }
-  return i;
-}
-
-}  // namespace
-
 CharClass char_class(char32_t cp) { return cp < 128 ? kAsciiClass[cp] : lookup(cp); }
 
 size_t pretoken_end(std::string_view s, size_t begin) {
@@ -115,12 +111,12 @@ size_t pretoken_end(std::string_view s, size_t begin) {
   // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: the class of the character after an optional
   // U+0020 picks the alternative, and the run of that class is the match.
   const size_t start = s[begin] == ' ' && begin + 1 < s.size() ? begin + 1 : begin;
-  const Unit first = unit_at(s, start);
+  const ClassedChar first = unit_at(s, start);
   if (first.cls != CharClass::space) return run_end(s, start + static_cast<size_t>(first.len), first.cls);
   // Whitespace from `begin`. Before a non-space, `\s+(?!\S)` backs off one character so that
   // the last one can lead the next pre-token (" world"); a lone space there is `\s+`'s.
   size_t end = begin, last = begin, count = 0;
-  for (Unit u; end < s.size() && (u = unit_at(s, end)).cls == CharClass::space; ++count) {
+  for (ClassedChar u; end < s.size() && (u = unit_at(s, end)).cls == CharClass::space; ++count) {
     last = end;
     end += static_cast<size_t>(u.len);
   }
@@ -170,16 +166,6 @@ bool from_byte_level(std::string_view text, std::string& bytes) {
     i += static_cast<size_t>(d.len);
   }
   return true;
-}
-
-// A character of the byte alphabet (below U+0800: one or two bytes) as UTF-8.
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 // Text from a file, quoted and safe to print: valid UTF-8 as is, control characters and invalid
@@ -278,24 +264,14 @@ class VocabReader : public nlohmann::json_sax<json> {
 }  // namespace
 
 struct Tokenizer::Impl {
-  struct Merge {
-    int32_t rank, id;  // rank: the line's place among the merges (lower merges first)
-  };
   std::vector<std::string> tokens;              // id → bytes
   StringMap<int32_t> ids;                       // bytes → id
   std::array<int32_t, 256> byte_ids{};          // the single-byte tokens BPE starts from
-  std::unordered_map<uint64_t, Merge> merges;   // left id << 32 | right id → the merge
+  text::BpeMerges merges;
   int32_t eos = -1;                             // <|endoftext|>
+  std::unique_ptr<text::HfTokenizer> hf;       // tokenizer.json; the rest is unused then
   mutable std::mutex cache_mutex;               // encode is const and may run on many threads
   mutable StringMap<std::vector<int32_t>> cache;  // pre-token → its ids
-
-  static uint64_t pair_key(int32_t left, int32_t right) {
-    return static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32 | static_cast<uint32_t>(right);
-  }
-  const Merge* find_merge(int32_t left, int32_t right) const {
-    const auto it = merges.find(pair_key(left, right));
-    return it == merges.end() ? nullptr : &it->second;
-  }
 
   void read_vocab(std::string_view text, const std::string& name);
   void read_merges(std::string_view text, const std::string& name);
@@ -328,7 +304,7 @@ void Tokenizer::Impl::read_vocab(std::string_view text, const std::string& name)
     const auto it = ids.find(std::string(1, static_cast<char>(b)));
     if (it == ids.end()) {
       std::string key;
-      append_utf8(key, kByteChar[static_cast<size_t>(b)]);
+      text::append_utf8(key, kByteChar[static_cast<size_t>(b)]);
       fail(kLoad, file, "a token for every byte", message("none for byte ", b, " ('", key, "')"));
     }
     byte_ids[static_cast<size_t>(b)] = it->second;
@@ -365,57 +341,16 @@ void Tokenizer::Impl::read_merges(std::string_view text, const std::string& name
     if (m == ids.end())
       fail(kLoad, arg, "a merge whose result is in the vocab",
            message(printable(left_text), " + ", printable(right_text), ", which it does not have"));
-    if (!merges.emplace(pair_key(l->second, r->second), Merge{rank, m->second}).second)
+    if (!merges.add(l->second, r->second, {rank, m->second}))
       fail(kLoad, arg, "each merge once", printable(line) + " again");
     ++rank;
   }
 }
 
-// Byte-pair merging of one pre-token: repeatedly merge the adjacent pair with the lowest rank,
-// the leftmost of equals, until no pair has a merge. Symbols form a linked list over the
-// piece's byte positions (a merge keeps the left one's position) and candidate pairs sit in a
-// heap; a candidate whose pair has changed since it was pushed is skipped when it surfaces.
-// O(n log n), so a megabyte with no spaces is one pre-token and still quick.
 void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  const auto n = static_cast<int32_t>(piece.size());
-  struct Symbol {
-    int32_t id, prev, next;  // id -1: merged into its left neighbour; prev/next -1: none
-  };
-  std::vector<Symbol> sym(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i)
-    sym[i] = {byte_ids[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1};
-  // A candidate is rank << 32 | left position, so the smallest is the lowest rank, leftmost.
-  // Ranks name pairs uniquely: a candidate is current iff its position still starts a pair
-  // with that rank.
-  const auto candidate = [&](int32_t pos) -> std::optional<uint64_t> {
-    const int32_t next = sym[pos].next;
-    if (next < 0) return std::nullopt;
-    const Merge* m = find_merge(sym[pos].id, sym[next].id);
-    if (!m) return std::nullopt;
-    return static_cast<uint64_t>(m->rank) << 32 | static_cast<uint32_t>(pos);
-  };
-  std::vector<uint64_t> initial;
-  for (int32_t i = 0; i + 1 < n; ++i)
-    if (const auto c = candidate(i)) initial.push_back(*c);
-  std::priority_queue heap(std::greater<>{}, std::move(initial));  // heapified in O(n)
-  while (!heap.empty()) {
-    const uint64_t c = heap.top();
-    heap.pop();
-    const auto pos = static_cast<int32_t>(c & 0xFFFFFFFFu), rank = static_cast<int32_t>(c >> 32);
-    Symbol& s = sym[pos];
-    if (s.id < 0 || s.next < 0) continue;  // stale
-    const Merge* m = find_merge(s.id, sym[s.next].id);
-    if (!m || m->rank != rank) continue;   // stale
-    Symbol& gone = sym[s.next];
-    s.id = m->id;
-    s.next = gone.next;
-    if (s.next >= 0) sym[s.next].prev = pos;
-    gone.id = -1;
-    if (s.prev >= 0)
-      if (const auto left = candidate(s.prev)) heap.push(*left);
-    if (const auto right = candidate(pos)) heap.push(*right);
-  }
-  for (int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+  std::vector<int32_t> symbols(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) symbols[i] = byte_ids[static_cast<unsigned char>(piece[i])];
+  text::bpe_merge(symbols, merges, out);
 }
 
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
@@ -465,11 +400,30 @@ Tokenizer Tokenizer::load_dir(const fs::path& dir) {
   if (!fs::is_directory(dir, ec))
     fail("Tokenizer::load_dir", "dir", "a directory", message("'", dir.string(), "' (", fs::exists(dir, ec) ? "not a directory" : "no such directory", ")"));
   const detail::DirLock lock(dir, detail::DirLock::Mode::shared);  // one checkpoint's files (io/checkpoint_dir.h)
+  if (fs::exists(dir / "tokenizer.json", ec)) {
+    const auto read_bounded = [&](const fs::path& p, uint64_t limit) -> std::string {
+      if (!fs::exists(p, ec)) return {};
+      detail::InputFile f(p, kLoad, p.filename().string());
+      if (f.size() > limit)
+        fail(kLoad, p.string(), message("a file of at most ", limit >> 20, " MiB"), message(f.size(), " bytes"));
+      return f.read_all();
+    };
+    const std::string tj = read_bounded(dir / "tokenizer.json", uint64_t{512} << 20);
+    return parse_json(tj, read_bounded(dir / "tokenizer_config.json", uint64_t{64} << 20),
+                      read_bounded(dir / "generation_config.json", uint64_t{1} << 20), dir.string());
+  }
   // Prefer Hugging Face's names; a half pair is loaded anyway so the error names the missing file.
   if (fs::exists(dir / "vocab.json", ec)) return load(dir / "vocab.json", dir / "merges.txt");
   if (fs::exists(dir / "encoder.json", ec)) return load(dir / "encoder.json", dir / "vocab.bpe");
-  fail("Tokenizer::load_dir", "dir", "a directory with vocab.json + merges.txt or encoder.json + vocab.bpe",
-       message("'", dir.string(), "' (neither vocab.json nor encoder.json)"));
+  fail("Tokenizer::load_dir", "dir", "a directory with tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe",
+       message("'", dir.string(), "' (none of tokenizer.json, vocab.json, encoder.json)"));
+}
+
+Tokenizer Tokenizer::parse_json(std::string_view tokenizer_json, std::string_view config_json,
+                                std::string_view generation_json, const std::string& dir) {
+  auto impl = std::make_unique<Impl>();
+  impl->hf = std::make_unique<text::HfTokenizer>(tokenizer_json, config_json, generation_json, dir);
+  return Tokenizer(std::move(impl));
 }
 
 Tokenizer Tokenizer::bytes() {
@@ -484,13 +438,20 @@ Tokenizer Tokenizer::bytes() {
 
 Tokenizer Tokenizer::for_model(const fs::path& dir, int64_t vocab_size) {
   std::error_code ec;
-  if (fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "encoder.json", ec)) return load_dir(dir);
+  if (fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "encoder.json", ec))
+    return load_dir(dir);
   if (vocab_size == 256) return bytes();
   fail("Tokenizer::for_model", "dir", "vocab.json and merges.txt (or a byte-level model of 256 tokens)",
        message("neither in '", dir.string(), "' for a vocabulary of ", vocab_size));
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  return encode(text, EncodeOptions{false, allow_special});
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOptions& options) const {
+  if (impl_->hf) return impl_->hf->encode(text, options.add_special_tokens, options.allow_special);
+  const bool allow_special = options.allow_special;  // GPT-2's files have no post-processor
   // Positions inside a pre-token are int32_t; a 2 GiB text is far beyond GPT-2's use anyway.
   if (text.size() > static_cast<size_t>(INT32_MAX))
     fail("Tokenizer::encode", "text", "at most 2^31 - 1 bytes", message(text.size(), " bytes"));
@@ -507,7 +468,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool allow_special
   return out;
 }
 
-std::string Tokenizer::decode(std::span<const int32_t> ids) const {
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  if (impl_->hf) return impl_->hf->decode(ids, skip_special_tokens);
   const auto n = static_cast<int32_t>(impl_->tokens.size());
   size_t bytes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -517,11 +479,13 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   }
   std::string out;
   out.reserve(bytes);
-  for (const int32_t id : ids) out += impl_->tokens[static_cast<size_t>(id)];
+  for (const int32_t id : ids)
+    if (!(skip_special_tokens && id == impl_->eos)) out += impl_->tokens[static_cast<size_t>(id)];
   return out;
 }
 
-std::string_view Tokenizer::token_bytes(int32_t id) const {
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (impl_->hf) return impl_->hf->token_bytes(id);
   if (id < 0 || id >= vocab_size())
     fail("Tokenizer::token_bytes", "id", message("an id in [0, ", vocab_size(), ")"), std::to_string(id));
   return impl_->tokens[static_cast<size_t>(id)];
@@ -538,18 +502,51 @@ std::vector<std::string_view> Tokenizer::pretokenize(std::string_view text) {
 }
 
 std::string Tokenizer::token_string(int32_t id) const {
+  if (impl_->hf) return impl_->hf->token_string(id);
   std::string out;
-  for (const char c : token_bytes(id)) append_utf8(out, kByteChar[static_cast<unsigned char>(c)]);
+  for (const char c : token_bytes(id)) text::append_utf8(out, kByteChar[static_cast<unsigned char>(c)]);
   return out;
 }
 
 std::optional<int32_t> Tokenizer::token_id(std::string_view bytes) const {
+  if (impl_->hf) return impl_->hf->token_id(bytes);
   const auto it = impl_->ids.find(bytes);
   if (it == impl_->ids.end()) return std::nullopt;
   return it->second;
 }
 
-int32_t Tokenizer::vocab_size() const { return static_cast<int32_t>(impl_->tokens.size()); }
-int32_t Tokenizer::eos_id() const { return impl_->eos; }
+int32_t Tokenizer::vocab_size() const {
+  return impl_->hf ? impl_->hf->vocab_size() : static_cast<int32_t>(impl_->tokens.size());
+}
+int32_t Tokenizer::eos_id() const {
+  if (!impl_->hf) return impl_->eos;
+  return impl_->hf->eos_ids.empty() ? -1 : impl_->hf->eos_ids[0];
+}
+std::vector<int32_t> Tokenizer::eos_ids() const {
+  if (impl_->hf) return impl_->hf->eos_ids;
+  if (impl_->eos < 0) return {};
+  return {impl_->eos};
+}
+std::optional<int32_t> Tokenizer::bos_id() const {
+  if (impl_->hf) return impl_->hf->bos_id;
+  if (impl_->eos < 0) return std::nullopt;
+  return impl_->eos;  // GPT-2's BOS is <|endoftext|> too
+}
+bool Tokenizer::is_special(int32_t id) const { return impl_->hf ? impl_->hf->is_special(id) : id >= 0 && id == impl_->eos; }
+std::vector<std::pair<std::string, int32_t>> Tokenizer::special_tokens() const {
+  if (impl_->hf) return impl_->hf->special_tokens;
+  if (impl_->eos < 0) return {};
+  return {{std::string(kEndOfText), impl_->eos}};
+}
+std::string Tokenizer::chat_template() const { return impl_->hf ? impl_->hf->chat_template : std::string(); }
+std::string Tokenizer::bos_token() const {
+  if (impl_->hf) return impl_->hf->bos_token;
+  return impl_->eos < 0 ? std::string() : std::string(kEndOfText);
+}
+std::string Tokenizer::eos_token() const {
+  if (impl_->hf) return impl_->hf->eos_token;
+  return impl_->eos < 0 ? std::string() : std::string(kEndOfText);
+}
+bool Tokenizer::is_tokenizer_json() const { return impl_->hf != nullptr; }
 
 }  // namespace mhsa

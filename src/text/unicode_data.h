@@ -1,7 +1,9 @@
-// text/unicode_data.h — what GPT-2's pre-tokenisation needs to know about Unicode: the class of
-// each code point (generated tables, unicode_data.cpp) and the pre-tokeniser built on them
-// (tokenizer.cpp). Private to the library; tests include it to check the splitting directly.
-// Not a Unicode library: three classes, no normalisation, no case mapping, no ICU.
+// text/unicode_data.h — what the tokenizers need to know about Unicode: GPT-2's three classes of
+// each code point (unicode_data.cpp) and the pre-tokeniser built on them (tokenizer.cpp); general
+// categories, simple case folds and normalisation data for tokenizer.json's regexes and
+// normalizers (unicode_props.cpp, used by regex.cpp and normalize.cpp). All tables are generated
+// by scripts/gen_unicode_data.py. Private to the library; tests include it to check the splitting
+// directly. Not a Unicode library: no full case mapping, no scripts, no ICU.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +27,53 @@ std::span<const CodePointRange> class_ranges();
 extern const char* const kUnicodeVersion;
 
 CharClass char_class(char32_t cp);
+
+struct Utf8 {
+  char32_t cp;
+  int len;     // bytes consumed: 1 for an invalid byte
+  bool valid;
+};
+// The character at byte i < s.size(): strict UTF-8, as Python decodes it (no overlong forms, no
+// surrogates, nothing past U+10FFFF). A byte that does not start a well-formed sequence is
+// invalid on its own; the next byte starts afresh.
+Utf8 decode_utf8(std::string_view s, size_t i);
+void append_utf8(std::string& out, char32_t cp);  // any code point below 0x110000
+
+// Unicode general categories; Cn (unassigned) for every code point the tables do not list.
+enum class Category : uint8_t {
+  Lu, Ll, Lt, Lm, Lo, Mn, Mc, Me, Nd, Nl, No, Pc, Pd, Ps, Pe, Pi, Pf, Po, Sm, Sc, Sk, So, Zs, Zl, Zp,
+  Cc, Cf, Cs, Co, Cn
+};
+struct CategoryRange {
+  char32_t first, last;
+  Category cat;
+};
+struct CodePointPair {
+  char32_t from, to;
+};
+struct CombiningRange {
+  char32_t first, last;
+  uint8_t ccc;  // canonical combining class, never 0 here
+};
+struct Decomposition {
+  char32_t cp;
+  uint16_t offset, length;  // into decomposition_pool(): the full (recursive) decomposition
+  bool compat;              // NFKD's only (an entry for NFD, if any, comes first)
+};
+struct Composition {
+  char32_t first, second, composite;  // sorted by (first, second)
+};
+std::span<const CategoryRange> category_ranges();
+std::span<const CodePointPair> case_folds();  // sorted by from
+std::span<const CombiningRange> combining_ranges();
+std::span<const Decomposition> decompositions();  // sorted by cp
+std::span<const char32_t> decomposition_pool();
+std::span<const Composition> compositions();
+
+Category category(char32_t cp);
+bool is_white_space(char32_t cp);  // the White_Space property (Rust's char::is_whitespace, regex \s)
+char32_t simple_fold(char32_t cp);  // the code point's one-character case fold, or itself
+uint8_t combining_class(char32_t cp);
 
 // The end of the pre-token that starts at byte `begin` < text.size(): the match of
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+

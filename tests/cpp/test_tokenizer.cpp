@@ -315,7 +315,7 @@ TEST(Tokenizer, LoadDirAcceptsBothNamings) {
   expect_error([&] { Tokenizer::load_dir(v.dir); }, {"Tokenizer::load: merges: expected a readable file", "merges.txt': No such file"});
   fs::remove(v.dir / "vocab.json");
   expect_error([&] { Tokenizer::load_dir(v.dir); },
-               {"Tokenizer::load_dir: dir: expected a directory with vocab.json + merges.txt or encoder.json + vocab.bpe"});
+               {"Tokenizer::load_dir: dir: expected a directory with tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe"});
   expect_error([&] { Tokenizer::load_dir(v.dir / "absent"); }, {"expected a directory", "(no such directory)"});
 }
 

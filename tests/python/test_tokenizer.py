@@ -256,7 +256,7 @@ def test_concurrent_encodes_agree(ours, corpus):
 def test_errors(tmp_path, ours):
     with pytest.raises(mhsa.Error, match="no such directory"):
         mhsa.Tokenizer.load(tmp_path / "absent")
-    with pytest.raises(mhsa.Error, match="neither vocab.json nor encoder.json"):
+    with pytest.raises(mhsa.Error, match=r"none of tokenizer.json, vocab.json, encoder.json"):
         mhsa.Tokenizer.load(tmp_path)
     (tmp_path / "vocab.json").write_text('{"a": 0,')
     (tmp_path / "merges.txt").write_text("#version: 0.2\n")

@@ -1,0 +1,984 @@
+// text/hf_tokenizer.cpp — tokenizer.json: reading and validating it (every component named in an
+// error when it is not supported), and the pipeline of tokenizers' Tokenizer.encode: added tokens
+// split off (raw ones, then normalized ones after the normalizer), pre-tokenizers, the BPE model
+// (byte-level or with byte fallback), the post-processor's template; and decode through the
+// decoder chain. Each step mirrors the tokenizers crate's semantics, including its edge cases
+// (Metaspace's prepend schemes, ByteFallback's one U+FFFD per invalid byte, lstrip/rstrip).
+#include "text/hf_tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <functional>
+
+#include "core/check.h"
+#include "io/json.h"
+#include "text/unicode_data.h"
+
+namespace mhsa::text {
+
+using detail::fail;
+using detail::message;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kFn = "Tokenizer::load";
+constexpr int32_t kMaxId = 1 << 24;  // 16M tokens: far beyond any vocabulary in use
+
+// GPT-2's printable byte alphabet (as tokenizer.cpp): byte → character, and back.
+constexpr std::array<char32_t, 256> kByteChar = [] {
+  std::array<char32_t, 256> map{};
+  char32_t next = 256;
+  for (char32_t b = 0; b < 256; ++b) map[b] = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174 ? b : next++;
+  return map;
+}();
+int char_byte(char32_t cp) {
+  if (cp < 256) return kByteChar[cp] == cp ? static_cast<int>(cp) : -1;
+  for (int b = 0; b < 256; ++b)
+    if (kByteChar[static_cast<size_t>(b)] == cp) return b;
+  return -1;
+}
+// The bytes a byte-level spelling stands for; nullopt if a character is outside the alphabet.
+std::optional<std::string> from_byte_level(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const Utf8 d = decode_utf8(s, i);
+    const int b = d.valid ? char_byte(d.cp) : -1;
+    if (b < 0) return std::nullopt;
+    out += static_cast<char>(b);
+    i += static_cast<size_t>(d.len);
+  }
+  return out;
+}
+
+struct Where {  // a place in a file, for messages: "tokenizer.json pre_tokenizer.pretokenizers[1]"
+  std::string path;
+  Where operator/(std::string_view key) const { return {path + "." + std::string(key)}; }
+  Where operator[](size_t i) const { return {message(path, "[", i, "]")}; }
+};
+
+const json& member(const json& obj, std::string_view key, const Where& w) {
+  if (!obj.is_object()) fail(kFn, w.path, "an object", detail::json_excerpt(obj));
+  const auto it = obj.find(key);
+  if (it == obj.end()) fail(kFn, (w / key).path, "a value", "none");
+  return *it;
+}
+const json* optional_member(const json& obj, std::string_view key) {
+  const auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+std::string get_string(const json& obj, std::string_view key, const Where& w) {
+  const json& v = member(obj, key, w);
+  if (!v.is_string()) fail(kFn, (w / key).path, "a string", detail::json_excerpt(v));
+  return v.get<std::string>();
+}
+bool get_bool(const json& obj, std::string_view key, const Where& w, bool fallback) {
+  const json* v = optional_member(obj, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) fail(kFn, (w / key).path, "true or false", detail::json_excerpt(*v));
+  return v->get<bool>();
+}
+const json& get_array(const json& obj, std::string_view key, const Where& w) {
+  const json& v = member(obj, key, w);
+  if (!v.is_array()) fail(kFn, (w / key).path, "an array", detail::json_excerpt(v));
+  return v;
+}
+std::string type_of(const json& obj, const Where& w) { return get_string(obj, "type", w); }
+// A token id from the file: below `limit` (the file's count of tokens plus 65,536 for holes, and
+// kMaxId at most), so that a small file cannot make a huge table.
+int32_t read_id(const json& v, const std::string& where, int64_t limit) {
+  const auto id = detail::json_integer<uint32_t>(v, kFn, where);
+  if (id >= limit) fail(kFn, where, message("an id below ", limit), std::to_string(id));
+  return static_cast<int32_t>(id);
+}
+
+[[noreturn]] void unsupported(const Where& w, std::string_view what, const std::string& type, std::string_view supported) {
+  fail(kFn, w.path, message(what, " of a supported type (", supported, ")"), message("'", detail::printable(type), "'"));
+}
+
+// A {"String": s} or {"Regex": r} pattern.
+struct Pattern {
+  std::string literal;
+  std::unique_ptr<Regex> regex;
+  // Matches of the pattern in `s`, as byte ranges, in order.
+  std::vector<std::pair<size_t, size_t>> find(std::string_view s) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    if (!regex) {
+      for (size_t at = s.find(literal); at != std::string_view::npos; at = s.find(literal, at + literal.size()))
+        out.emplace_back(at, at + literal.size());
+      return out;
+    }
+    const std::vector<Unit> units = decode_units(s);
+    const auto offset = [&](size_t u) { return u < units.size() ? units[u].offset : s.size(); };
+    for (const auto& [b, e] : regex->find_all(units)) out.emplace_back(offset(b), offset(e));
+    return out;
+  }
+};
+Pattern read_pattern(const json& obj, const Where& w) {
+  const json& p = member(obj, "pattern", w);
+  Pattern out;
+  if (p.is_object() && p.size() == 1 && p.contains("String") && p["String"].is_string()) {
+    out.literal = p["String"].get<std::string>();
+    if (out.literal.empty()) fail(kFn, (w / "pattern").path, "a non-empty string", "\"\"");
+  } else if (p.is_object() && p.size() == 1 && p.contains("Regex") && p["Regex"].is_string()) {
+    out.regex = std::make_unique<Regex>(p["Regex"].get<std::string>(), kFn, (w / "pattern.Regex").path);
+  } else {
+    fail(kFn, (w / "pattern").path, "{\"String\": ...} or {\"Regex\": ...}", detail::json_excerpt(p));
+  }
+  return out;
+}
+
+// Cuts `s` at the matches the way tokenizers' split(pattern, behavior) does; empty pieces go.
+void split_by(const std::string& s, const std::vector<std::pair<size_t, size_t>>& matches, HfTokenizer::Behavior b,
+              bool invert, bool origin, std::vector<HfTokenizer::Piece>& out) {
+  struct Part {
+    size_t begin, end;
+    bool match;
+  };
+  std::vector<Part> parts;
+  if (s.empty()) return;
+  size_t prev = 0;
+  for (const auto& [mb, me] : matches) {
+    if (prev < mb) parts.push_back({prev, mb, false});
+    parts.push_back({mb, me, true});
+    prev = me;
+  }
+  if (prev < s.size()) parts.push_back({prev, s.size(), false});
+  if (invert)
+    for (Part& p : parts) p.match = !p.match;
+  std::vector<Part> kept;
+  bool previous = false;
+  using B = HfTokenizer::Behavior;
+  switch (b) {
+    case B::removed:
+      for (const Part& p : parts)
+        if (!p.match) kept.push_back(p);
+      break;
+    case B::isolated: kept = parts; break;
+    case B::merged_with_previous:
+      for (const Part& p : parts) {
+        if (p.match && !previous && !kept.empty()) kept.back().end = p.end;
+        else kept.push_back(p);
+        previous = p.match;
+      }
+      break;
+    case B::merged_with_next:
+      for (size_t i = parts.size(); i-- > 0;) {
+        const Part& p = parts[i];
+        if (p.match && !previous && !kept.empty()) kept.back().begin = p.begin;
+        else kept.push_back(p);
+        previous = p.match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    case B::contiguous:
+      for (const Part& p : parts) {
+        if (p.match == previous && !kept.empty()) kept.back().end = p.end;
+        else kept.push_back(p);
+        previous = p.match;
+      }
+      break;
+  }
+  for (const Part& p : kept)
+    if (p.end > p.begin) out.push_back({s.substr(p.begin, p.end - p.begin), origin && p.begin == 0});
+}
+
+std::string replace_all(std::string_view s, const Pattern& p, std::string_view content) {
+  std::string out;
+  size_t prev = 0;
+  for (const auto& [b, e] : p.find(s)) {
+    out.append(s.substr(prev, b - prev));
+    out.append(content);
+    prev = e;
+  }
+  out.append(s.substr(prev));
+  return out;
+}
+
+std::string single_char(const json& obj, std::string_view key, const Where& w) {
+  const std::string s = get_string(obj, key, w);
+  if (s.empty() || static_cast<size_t>(decode_utf8(s, 0).len) != s.size() || !decode_utf8(s, 0).valid)
+    fail(kFn, (w / key).path, "one character", detail::quote(s));
+  return s;
+}
+
+}  // namespace
+
+// ---- components -------------------------------------------------------------------------------
+
+struct HfTokenizer::Normalizer {
+  enum class Type { sequence, prepend, replace, unicode } type;
+  std::vector<Normalizer> parts;
+  std::string text;  // prepend: what; replace: the content
+  Pattern pattern;
+  NormalForm form = NormalForm::nfc;
+
+  static Normalizer read(const json& j, const Where& w) {
+    const std::string t = type_of(j, w);
+    Normalizer n{Type::sequence, {}, {}, {}, NormalForm::nfc};
+    if (t == "Sequence") {
+      const json& list = get_array(j, "normalizers", w);
+      for (size_t i = 0; i < list.size(); ++i) n.parts.push_back(read(list[i], (w / "normalizers")[i]));
+    } else if (t == "Prepend") {
+      n.type = Type::prepend, n.text = get_string(j, "prepend", w);
+    } else if (t == "Replace") {
+      n.type = Type::replace, n.pattern = read_pattern(j, w), n.text = get_string(j, "content", w);
+    } else if (t == "NFC" || t == "NFD" || t == "NFKC" || t == "NFKD") {
+      n.type = Type::unicode;
+      n.form = t == "NFC" ? NormalForm::nfc : t == "NFD" ? NormalForm::nfd : t == "NFKC" ? NormalForm::nfkc : NormalForm::nfkd;
+    } else {
+      unsupported(w, "a normalizer", t, "Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD");
+    }
+    return n;
+  }
+  std::string apply(std::string s) const {
+    switch (type) {
+      case Type::sequence:
+        for (const Normalizer& p : parts) s = p.apply(std::move(s));
+        return s;
+      case Type::prepend: return s.empty() ? s : text + s;
+      case Type::replace: return replace_all(s, pattern, text);
+      default: return normalize(s, form);
+    }
+  }
+};
+
+struct HfTokenizer::PreTokenizer {
+  enum class Type { sequence, split, byte_level, metaspace } type;
+  std::vector<PreTokenizer> parts;
+  Pattern pattern;
+  Behavior behavior = Behavior::isolated;
+  bool invert = false, add_prefix_space = false, use_regex = true, split = true;
+  std::string replacement;
+  enum class Prepend { always, first, never } prepend = Prepend::always;
+
+  static PreTokenizer read(const json& j, const Where& w) {
+    const std::string t = type_of(j, w);
+    PreTokenizer p{Type::sequence};
+    if (t == "Sequence") {
+      const json& list = get_array(j, "pretokenizers", w);
+      for (size_t i = 0; i < list.size(); ++i) {
+        p.parts.push_back(read(list[i], (w / "pretokenizers")[i]));
+        if (i + 1 < list.size() && p.parts.back().ends_byte_level())
+          fail(kFn, (w / "pretokenizers")[i].path, "ByteLevel as the last pre-tokenizer", "one after it");
+      }
+    } else if (t == "Split") {
+      p.type = Type::split;
+      p.pattern = read_pattern(j, w);
+      p.invert = get_bool(j, "invert", w, false);
+      const std::string b = get_string(j, "behavior", w);
+      if (b == "Removed") p.behavior = Behavior::removed;
+      else if (b == "Isolated") p.behavior = Behavior::isolated;
+      else if (b == "MergedWithPrevious") p.behavior = Behavior::merged_with_previous;
+      else if (b == "MergedWithNext") p.behavior = Behavior::merged_with_next;
+      else if (b == "Contiguous") p.behavior = Behavior::contiguous;
+      else unsupported(w / "behavior", "a split behavior", b, "Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
+    } else if (t == "ByteLevel") {
+      p.type = Type::byte_level;
+      p.add_prefix_space = get_bool(j, "add_prefix_space", w, true);
+      p.use_regex = get_bool(j, "use_regex", w, true);
+    } else if (t == "Metaspace") {
+      p.type = Type::metaspace;
+      p.replacement = single_char(j, "replacement", w);
+      p.split = get_bool(j, "split", w, true);
+      if (const json* s = optional_member(j, "prepend_scheme")) {
+        const std::string v = s->is_string() ? s->get<std::string>() : "";
+        if (v == "always") p.prepend = Prepend::always;
+        else if (v == "first") p.prepend = Prepend::first;
+        else if (v == "never") p.prepend = Prepend::never;
+        else fail(kFn, (w / "prepend_scheme").path, "\"always\", \"first\" or \"never\"", detail::json_excerpt(*s));
+      } else {
+        p.prepend = get_bool(j, "add_prefix_space", w, true) ? Prepend::always : Prepend::never;
+      }
+    } else {
+      unsupported(w, "a pre-tokenizer", t, "Sequence, Split, ByteLevel, Metaspace");
+    }
+    return p;
+  }
+  bool ends_byte_level() const {
+    if (type == Type::byte_level) return true;
+    return type == Type::sequence && !parts.empty() && parts.back().ends_byte_level();
+  }
+  void apply(std::vector<Piece>& pieces) const {
+    std::vector<Piece> out;
+    switch (type) {
+      case Type::sequence:
+        for (const PreTokenizer& p : parts) p.apply(pieces);
+        return;
+      case Type::split:
+        for (Piece& p : pieces) split_by(p.text, pattern.find(p.text), behavior, invert, p.origin, out);
+        break;
+      case Type::byte_level:
+        for (Piece& p : pieces) {
+          if (add_prefix_space && !p.text.starts_with(' ')) p.text.insert(0, 1, ' ');
+          if (!use_regex) {
+            out.push_back(std::move(p));
+            continue;
+          }
+          for (size_t pos = 0; pos < p.text.size();) {
+            const size_t end = pretoken_end(p.text, pos);
+            out.push_back({p.text.substr(pos, end - pos), p.origin && pos == 0});
+            pos = end;
+          }
+        }
+        break;
+      case Type::metaspace:
+        for (Piece& p : pieces) {
+          Pattern space;
+          space.literal = " ";
+          std::string s = replace_all(p.text, space, replacement);
+          if (!s.starts_with(replacement) && (prepend == Prepend::always || (prepend == Prepend::first && p.origin)))
+            s.insert(0, replacement);
+          if (!split) {
+            if (!s.empty()) out.push_back({std::move(s), p.origin});
+            continue;
+          }
+          Pattern rep;
+          rep.literal = replacement;
+          split_by(s, rep.find(s), Behavior::merged_with_next, false, p.origin, out);
+        }
+        break;
+    }
+    pieces = std::move(out);
+  }
+};
+
+struct HfTokenizer::Decoder {
+  enum class Type { sequence, byte_level, metaspace, replace, byte_fallback, fuse, strip } type;
+  std::vector<Decoder> parts;
+  std::string from, to;  // replace; metaspace: from = the replacement
+  bool strip_first = true;  // metaspace: prepend_scheme != never
+  char32_t content = 0;     // strip
+  size_t start = 0, stop = 0;
+
+  static Decoder read(const json& j, const Where& w) {
+    const std::string t = type_of(j, w);
+    Decoder d{Type::sequence};
+    if (t == "Sequence") {
+      const json& list = get_array(j, "decoders", w);
+      for (size_t i = 0; i < list.size(); ++i) d.parts.push_back(read(list[i], (w / "decoders")[i]));
+    } else if (t == "ByteLevel") {
+      d.type = Type::byte_level;
+    } else if (t == "Metaspace") {
+      d.type = Type::metaspace;
+      d.from = single_char(j, "replacement", w);
+      if (const json* s = optional_member(j, "prepend_scheme")) d.strip_first = !(s->is_string() && s->get<std::string>() == "never");
+      else d.strip_first = get_bool(j, "add_prefix_space", w, true);
+    } else if (t == "Replace") {
+      d.type = Type::replace;
+      Pattern p = read_pattern(j, w);
+      if (p.regex) fail(kFn, (w / "pattern").path, "a {\"String\": ...} pattern (a decoder's Regex is not supported)", "a Regex");
+      d.from = p.literal, d.to = get_string(j, "content", w);
+    } else if (t == "ByteFallback") {
+      d.type = Type::byte_fallback;
+    } else if (t == "Fuse") {
+      d.type = Type::fuse;
+    } else if (t == "Strip") {
+      d.type = Type::strip;
+      d.content = decode_utf8(single_char(j, "content", w), 0).cp;
+      d.start = detail::json_integer<uint32_t>(member(j, "start", w), kFn, (w / "start").path);
+      d.stop = detail::json_integer<uint32_t>(member(j, "stop", w), kFn, (w / "stop").path);
+    } else {
+      unsupported(w, "a decoder", t, "Sequence, ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip");
+    }
+    return d;
+  }
+
+  // exact: the bytes themselves, without the U+FFFD that tokenizers puts for invalid UTF-8.
+  void apply(std::vector<std::string>& tokens, bool exact, bool first_is_start) const {
+    switch (type) {
+      case Type::sequence:
+        for (const Decoder& d : parts) d.apply(tokens, exact, first_is_start);
+        return;
+      case Type::byte_level: {
+        std::string bytes;
+        for (const std::string& t : tokens) {
+          const auto b = from_byte_level(t);
+          bytes += b ? *b : t;
+        }
+        tokens.assign(1, exact ? bytes : lossy_utf8(bytes));
+        return;
+      }
+      case Type::metaspace:
+        for (size_t i = 0; i < tokens.size(); ++i) {
+          std::string out;
+          const std::string& t = tokens[i];
+          for (size_t at = 0; at < t.size();) {
+            if (t.compare(at, from.size(), from) == 0) {
+              if (!(i == 0 && first_is_start && strip_first)) out += ' ';
+              at += from.size();
+            } else {
+              out += t[at++];
+            }
+          }
+          tokens[i] = std::move(out);
+        }
+        return;
+      case Type::replace: {
+        Pattern p;
+        p.literal = from;
+        for (std::string& t : tokens) t = replace_all(t, p, to);
+        return;
+      }
+      case Type::byte_fallback: {
+        std::vector<std::string> out;
+        std::string pending;
+        size_t count = 0;
+        const auto flush = [&] {
+          if (count == 0) return;
+          if (exact || decode_valid(pending)) out.push_back(pending);
+          else for (size_t k = 0; k < count; ++k) out.push_back("\xEF\xBF\xBD");
+          pending.clear();
+          count = 0;
+        };
+        for (std::string& t : tokens) {
+          if (const auto b = byte_token(t)) {
+            pending += static_cast<char>(*b);
+            ++count;
+          } else {
+            flush();
+            out.push_back(std::move(t));
+          }
+        }
+        flush();
+        tokens = std::move(out);
+        return;
+      }
+      case Type::fuse: {
+        std::string all;
+        for (const std::string& t : tokens) all += t;
+        tokens.assign(1, std::move(all));
+        return;
+      }
+      case Type::strip:
+        for (std::string& t : tokens) {
+          size_t b = 0, e = t.size();
+          std::string c;
+          append_utf8(c, content);
+          for (size_t k = 0; k < start && first_is_start && t.compare(b, c.size(), c) == 0 && b < e; ++k) b += c.size();
+          for (size_t k = 0; k < stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0; ++k) e -= c.size();
+          t = t.substr(b, e - b);
+        }
+        return;
+    }
+  }
+  bool uses_replacement(std::string_view rep) const {
+    if (type == Type::sequence) return std::any_of(parts.begin(), parts.end(), [&](const Decoder& d) { return d.uses_replacement(rep); });
+    return (type == Type::metaspace || type == Type::replace) && from == rep;
+  }
+  static bool decode_valid(std::string_view s) {
+    for (size_t i = 0; i < s.size();) {
+      const Utf8 d = decode_utf8(s, i);
+      if (!d.valid) return false;
+      i += static_cast<size_t>(d.len);
+    }
+    return true;
+  }
+  // "<0xNN>" as tokenizers reads it (Rust's u8::from_str_radix, so "<0x+F>" is 15 too).
+  static std::optional<uint8_t> byte_token(std::string_view t) {
+    if (t.size() != 6 || !t.starts_with("<0x") || t[5] != '>') return std::nullopt;
+    const auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
+    const int hi = digit(t[3]), lo = digit(t[4]);
+    if (t[3] == '+' && lo >= 0) return static_cast<uint8_t>(lo);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    return static_cast<uint8_t>(hi * 16 + lo);
+  }
+};
+
+// ---- loading ----------------------------------------------------------------------------------
+
+namespace {
+
+// tokenizer_config.json's "bos_token"/"eos_token": a string or an AddedToken object.
+std::string config_token(const json& config, std::string_view key) {
+  const json* v = optional_member(config, key);
+  if (!v) return {};
+  if (v->is_string()) return v->get<std::string>();
+  if (v->is_object() && v->contains("content") && (*v)["content"].is_string()) return (*v)["content"].get<std::string>();
+  fail(kFn, message("tokenizer_config.json ", key), "a string or {\"content\": ...}", detail::json_excerpt(*v));
+}
+
+}  // namespace
+
+HfTokenizer::~HfTokenizer() = default;
+
+HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view config_json, std::string_view generation_json,
+                         const std::string& dir) {
+  const json root = detail::parse_json(tokenizer_json, kFn, message("'", dir, "/tokenizer.json'"));
+  const Where file{"tokenizer.json"};
+  if (!root.is_object()) fail(kFn, file.path, "a JSON object", detail::json_excerpt(root));
+  for (const char* key : {"truncation", "padding"})
+    if (optional_member(root, key))
+      fail(kFn, (file / key).path, "null (truncation and padding are not supported)", detail::json_excerpt(root[key]));
+
+  // The model.
+  const Where mw = file / "model";
+  const json& m = member(root, "model", file);
+  if (!m.is_object()) fail(kFn, mw.path, "an object", detail::json_excerpt(m));
+  const std::string mtype = m.contains("type") ? type_of(m, mw) : "BPE";
+  if (mtype != "BPE") unsupported(mw, "a model", mtype, "BPE");
+  if (const json* d = optional_member(m, "dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
+    fail(kFn, (mw / "dropout").path, "null (BPE dropout is not supported)", detail::json_excerpt(*d));
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (const json* v = optional_member(m, key); v && !(v->is_string() && v->get<std::string>().empty()))
+      fail(kFn, (mw / key).path, "null (not supported)", detail::json_excerpt(*v));
+  byte_fallback_ = get_bool(m, "byte_fallback", mw, false);
+  fuse_unk_ = get_bool(m, "fuse_unk", mw, false);
+  ignore_merges_ = get_bool(m, "ignore_merges", mw, false);
+
+  if (const json* n = optional_member(root, "normalizer"))
+    normalizer_ = std::make_unique<Normalizer>(Normalizer::read(*n, file / "normalizer"));
+  if (const json* p = optional_member(root, "pre_tokenizer")) {
+    pre_tokenizer_ = std::make_unique<PreTokenizer>(PreTokenizer::read(*p, file / "pre_tokenizer"));
+    byte_level_ = pre_tokenizer_->ends_byte_level();
+  }
+  if (const json* d = optional_member(root, "decoder"))
+    decoder_ = std::make_unique<Decoder>(Decoder::read(*d, file / "decoder"));
+
+  // Vocabulary: ids unique and below kMaxId; holes allowed (tokenizers allows them).
+  const json& vocab = member(m, "vocab", mw);
+  if (!vocab.is_object()) fail(kFn, (mw / "vocab").path, "an object of token → id", detail::json_excerpt(vocab));
+  const json* added_list = optional_member(root, "added_tokens");
+  const int64_t id_limit = std::min<int64_t>(
+      kMaxId, static_cast<int64_t>(vocab.size() + (added_list && added_list->is_array() ? added_list->size() : 0)) + 65536);
+  StrMap<int32_t> spelled;  // the file's spelling → id, for the merges
+  spelled.reserve(vocab.size());
+  for (const auto& [token, idv] : vocab.items()) {
+    const std::string where = (mw / "vocab").path + " " + detail::quote(token);
+    const int32_t id = read_id(idv, where, id_limit);
+    if (static_cast<size_t>(id) >= tokens_.size()) tokens_.resize(static_cast<size_t>(id) + 1), kinds_.resize(tokens_.size());
+    if (kinds_[static_cast<size_t>(id)] != Kind::none)
+      fail(kFn, where, "a unique id", message(id, ", the id of ", detail::quote(tokens_[static_cast<size_t>(id)]), " too"));
+    tokens_[static_cast<size_t>(id)] = token;
+    kinds_[static_cast<size_t>(id)] = Kind::model;
+    spelled.emplace(token, id);
+    if (!byte_level_) model_ids_.emplace(token, id);
+    else if (const auto bytes = from_byte_level(token)) model_ids_.emplace(*bytes, id);
+  }
+  byte_ids_.fill(-1);
+  fallback_ids_.fill(-1);
+  ascii_ids_.fill(-1);
+  for (int c = 0; c < 128 && !byte_level_; ++c)
+    if (const auto it = spelled.find(std::string(1, static_cast<char>(c))); it != spelled.end()) ascii_ids_[static_cast<size_t>(c)] = it->second;
+  for (int b = 0; b < 256; ++b) {
+    std::string ch;
+    append_utf8(ch, kByteChar[static_cast<size_t>(b)]);
+    if (const auto it = spelled.find(ch); it != spelled.end()) byte_ids_[static_cast<size_t>(b)] = it->second;
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    const std::string fb = std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">";
+    if (const auto it = spelled.find(fb); it != spelled.end()) fallback_ids_[static_cast<size_t>(b)] = it->second;
+  }
+  if (const json* u = optional_member(m, "unk_token")) {
+    if (!u->is_string()) fail(kFn, (mw / "unk_token").path, "a string", detail::json_excerpt(*u));
+    const auto it = spelled.find(u->get<std::string>());
+    if (it == spelled.end()) fail(kFn, (mw / "unk_token").path, "a token of the vocab", detail::json_excerpt(*u));
+    unk_ = it->second;
+  }
+
+  // Merges: "a b" or ["a", "b"]; both parts and their concatenation in the vocab.
+  const json& merges = get_array(m, "merges", mw);
+  merges_.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const std::string where = (mw / "merges")[i].path;
+    const json& e = merges[i];
+    std::string a, b;
+    if (e.is_string()) {
+      const std::string s = e.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        fail(kFn, where, "\"a b\": two tokens separated by one space", detail::json_excerpt(e));
+      a = s.substr(0, sp), b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>(), b = e[1].get<std::string>();
+    } else {
+      fail(kFn, where, "\"a b\" or [\"a\", \"b\"]", detail::json_excerpt(e));
+    }
+    const auto l = spelled.find(a), r = spelled.find(b), c = spelled.find(a + b);
+    if (l == spelled.end() || r == spelled.end() || c == spelled.end())
+      fail(kFn, where, "a merge of two tokens of the vocab into a third", message(detail::json_excerpt(e), " (", l == spelled.end() ? detail::quote(a) : r == spelled.end() ? detail::quote(b) : detail::quote(a + b), " is not in the vocab)"));
+    if (!merges_.add(l->second, r->second, {static_cast<int32_t>(i), c->second}))
+      fail(kFn, where, "each merge once", detail::json_excerpt(e) + " again");
+  }
+
+  // Added tokens: matched before the model; an id may be the model's own for the same token.
+  if (const json* list = optional_member(root, "added_tokens")) {
+    const Where aw = file / "added_tokens";
+    if (!list->is_array()) fail(kFn, aw.path, "an array", detail::json_excerpt(*list));
+    for (size_t i = 0; i < list->size(); ++i) {
+      const json& t = (*list)[i];
+      const Where w = aw[i];
+      AddedToken a{get_string(t, "content", w), read_id(member(t, "id", w), (w / "id").path, id_limit),
+                   get_bool(t, "special", w, false), get_bool(t, "lstrip", w, false), get_bool(t, "rstrip", w, false),
+                   get_bool(t, "normalized", w, false), get_bool(t, "single_word", w, false)};
+      if (a.content.empty()) fail(kFn, (w / "content").path, "a non-empty token", "\"\"");
+      const auto id = static_cast<size_t>(a.id);
+      if (id >= tokens_.size()) tokens_.resize(id + 1), kinds_.resize(tokens_.size());
+      if (kinds_[id] == Kind::added || kinds_[id] == Kind::special)
+        fail(kFn, (w / "id").path, "a unique id", message(a.id, ", the id of ", detail::quote(tokens_[id]), " too"));
+      if (!content_ids_.emplace(a.content, a.id).second)
+        fail(kFn, (w / "content").path, "each added token once", detail::quote(a.content) + " again");
+      tokens_[id] = a.content;
+      kinds_[id] = a.special ? Kind::special : Kind::added;
+      if (a.special) special_tokens.emplace_back(a.content, a.id);
+      added_.push_back(std::move(a));
+    }
+  }
+  for (const auto& [token, id] : spelled) content_ids_.emplace(token, id);  // added tokens first
+  for (int n = 0; n < 2; ++n) added_by_byte_[n].resize(256);
+  for (size_t i = 0; i < added_.size(); ++i)
+    added_by_byte_[added_[i].normalized && normalizer_ ? 1 : 0][static_cast<unsigned char>(added_[i].content[0])].push_back(static_cast<int32_t>(i));
+  for (auto& table : added_by_byte_)
+    for (auto& list : table)
+      std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) { return added_[static_cast<size_t>(x)].content.size() > added_[static_cast<size_t>(y)].content.size(); });
+
+  // The post-processor: the special tokens a single sequence gets.
+  std::optional<int32_t> template_bos;
+  const std::function<void(const json&, const Where&)> read_processor = [&](const json& p, const Where& w) {
+    const std::string t = type_of(p, w);
+    if (t == "ByteLevel") return;
+    if (t == "Sequence") {
+      const json& list = get_array(p, "processors", w);
+      for (size_t i = 0; i < list.size(); ++i) read_processor(list[i], (w / "processors")[i]);
+      return;
+    }
+    if (t != "TemplateProcessing") unsupported(w, "a post-processor", t, "TemplateProcessing, ByteLevel, Sequence");
+    if (!prefix_.empty() || !suffix_.empty()) fail(kFn, w.path, "one TemplateProcessing", "a second");
+    const json& single = get_array(p, "single", w);
+    const json& specials = member(p, "special_tokens", w);
+    bool seen_a = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const Where iw = (w / "single")[i];
+      const json& item = single[i];
+      if (item.is_object() && item.contains("Sequence")) {
+        const std::string seq = get_string(item["Sequence"], "id", iw / "Sequence");
+        if (seq != "A" || seen_a) fail(kFn, iw.path, "the sequence A, once", detail::json_excerpt(item));
+        seen_a = true;
+        continue;
+      }
+      if (!item.is_object() || !item.contains("SpecialToken"))
+        fail(kFn, iw.path, "{\"Sequence\": ...} or {\"SpecialToken\": ...}", detail::json_excerpt(item));
+      const std::string name = get_string(item["SpecialToken"], "id", iw / "SpecialToken");
+      const json& entry = member(specials, name, w / "special_tokens");
+      const json& ids = get_array(entry, "ids", w / "special_tokens" / name);
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const int32_t id = read_id(ids[k], ((w / "special_tokens" / name / "ids")[k]).path, kMaxId);
+        if (id >= vocab_size() || kinds_[static_cast<size_t>(id)] == Kind::none)
+          fail(kFn, ((w / "special_tokens" / name / "ids")[k]).path, message("an id of a token (below ", vocab_size(), ")"), std::to_string(id));
+        (seen_a ? suffix_ : prefix_).push_back(id);
+        if (!seen_a && i == 0 && k == 0) template_bos = id;
+      }
+    }
+    if (!seen_a) fail(kFn, (w / "single").path, "a template with the sequence A", "none");
+  };
+  if (const json* p = optional_member(root, "post_processor")) read_processor(*p, file / "post_processor");
+
+  // BOS/EOS and the chat template from tokenizer_config.json and generation_config.json.
+  const auto id_of = [&](const std::string& t) -> std::optional<int32_t> { return token_id(t); };
+  if (!config_json.empty()) {
+    const json config = detail::parse_json(config_json, kFn, message("'", dir, "/tokenizer_config.json'"));
+    if (!config.is_object()) fail(kFn, "tokenizer_config.json", "a JSON object", detail::json_excerpt(config));
+    bos_token = config_token(config, "bos_token");
+    eos_token = config_token(config, "eos_token");
+    if (!bos_token.empty()) bos_id = id_of(bos_token);
+    if (!eos_token.empty())
+      if (const auto e = id_of(eos_token)) eos_ids.push_back(*e);
+    if (const json* t = optional_member(config, "chat_template")) {
+      if (t->is_string()) {
+        chat_template = t->get<std::string>();
+      } else if (t->is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (const json& e : *t)
+          if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
+              e["template"].is_string())
+            chat_template = e["template"].get<std::string>();
+      }
+    }
+  }
+  if (!generation_json.empty()) {
+    const json gen = detail::parse_json(generation_json, kFn, message("'", dir, "/generation_config.json'"));
+    const auto add_eos = [&](const json& v, const std::string& where) {
+      const int32_t id = read_id(v, where, kMaxId);
+      if (id >= vocab_size()) fail(kFn, where, message("an id below ", vocab_size()), std::to_string(id));
+      if (std::find(eos_ids.begin(), eos_ids.end(), id) == eos_ids.end()) eos_ids.push_back(id);
+    };
+    if (const json* e = gen.is_object() ? optional_member(gen, "eos_token_id") : nullptr) {
+      if (e->is_array())
+        for (size_t i = 0; i < e->size(); ++i) add_eos((*e)[i], message("generation_config.json eos_token_id[", i, "]"));
+      else
+        add_eos(*e, "generation_config.json eos_token_id");
+    }
+    if (const json* b = gen.is_object() ? optional_member(gen, "bos_token_id") : nullptr; b && !bos_id) {
+      const int32_t id = read_id(*b, "generation_config.json bos_token_id", kMaxId);
+      if (id < vocab_size()) bos_id = id;
+    }
+  }
+  if (!bos_id) bos_id = template_bos;
+}
+
+// ---- encoding ---------------------------------------------------------------------------------
+
+namespace {
+
+// Rust's \w, which tokenizers' single_word check uses: letters, marks, decimal digits, letter
+// numbers, connector punctuation and the joiners.
+bool is_word_char(const Utf8& d) {
+  if (!d.valid) return false;
+  const Category c = category(d.cp);
+  return c <= Category::Me || c == Category::Nd || c == Category::Nl || c == Category::Pc || d.cp == 0x200C || d.cp == 0x200D;
+}
+// The last character of s[0, end).
+Utf8 last_char(std::string_view s, size_t end) {
+  size_t b = end - 1;
+  while (b > 0 && end - b < 4 && (static_cast<unsigned char>(s[b]) & 0xC0) == 0x80) --b;
+  const Utf8 d = decode_utf8(s, b);
+  if (b + static_cast<size_t>(d.len) == end) return d;
+  return decode_utf8(s, end - 1);
+}
+
+// Constexpr-free cache bounds, as tokenizer.cpp's.
+constexpr size_t kCacheEntries = size_t{1} << 16;
+constexpr size_t kCachedPieceBytes = 64;
+
+}  // namespace
+
+// tokenizers' leftmost-longest matching of added tokens, with single_word, lstrip and rstrip.
+void HfTokenizer::split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const {
+  const auto& table = added_by_byte_[normalized ? 1 : 0];
+  size_t start_offset = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const AddedToken* hit = nullptr;
+    for (const int32_t i : table[static_cast<unsigned char>(text[pos])]) {
+      const AddedToken& a = added_[static_cast<size_t>(i)];
+      if (text.compare(pos, a.content.size(), a.content) != 0 || (a.special && !allow_special)) continue;
+      hit = &a;
+      break;
+    }
+    if (!hit) {
+      ++pos;
+      continue;
+    }
+    size_t start = pos, stop = pos + hit->content.size();
+    pos = stop;
+    if (hit->single_word) {
+      const bool before = start == 0 || !is_word_char(last_char(text, start));
+      const bool after = stop == text.size() || !is_word_char(decode_utf8(text, stop));
+      if (!before || !after) continue;  // the match is used up all the same, as tokenizers' find_iter does
+    }
+    if (hit->lstrip) {
+      size_t s = start;
+      while (s > 0) {
+        const Utf8 d = last_char(text, s);
+        if (!d.valid || !is_white_space(d.cp)) break;
+        s -= static_cast<size_t>(d.len);
+      }
+      start = std::max(s, start_offset);
+    }
+    if (hit->rstrip)
+      while (stop < text.size()) {
+        const Utf8 d = decode_utf8(text, stop);
+        if (!d.valid || !is_white_space(d.cp)) break;
+        stop += static_cast<size_t>(d.len);
+      }
+    if (start_offset < start) out.push_back({start_offset, start, -1});
+    out.push_back({start, stop, hit->id});
+    start_offset = stop;
+  }
+  if (start_offset < text.size()) out.push_back({start_offset, text.size(), -1});
+}
+
+void HfTokenizer::pre_tokenize(Piece piece, std::vector<Piece>& out) const {
+  out.clear();
+  out.push_back(std::move(piece));
+  if (pre_tokenizer_) pre_tokenizer_->apply(out);
+}
+
+void HfTokenizer::model(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.empty()) return;
+  if (piece.size() > kCachedPieceBytes) return model_uncached(piece, out);
+  {
+    std::lock_guard lock(cache_mutex_);
+    if (const auto it = cache_.find(piece); it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t first = out.size();
+  model_uncached(piece, out);
+  std::lock_guard lock(cache_mutex_);
+  if (cache_.size() >= kCacheEntries) cache_.clear();
+  cache_.emplace(piece, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+}
+
+// tokenizers' BPE::tokenize: the whole piece when ignore_merges finds it in the vocab; else one
+// symbol per character (byte-level: per byte), unknown ones by byte fallback, the unknown token
+// (fused) or nothing, then the merges.
+void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& out) const {
+  if (ignore_merges_)
+    if (const auto it = model_ids_.find(piece); it != model_ids_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  std::vector<int32_t> symbols;
+  symbols.reserve(piece.size());
+  bool pending_unk = false;
+  const auto unknown = [&](std::string_view ch) {
+    if (byte_fallback_) {
+      bool all = true;
+      for (const char c : ch) all = all && fallback_ids_[static_cast<unsigned char>(c)] >= 0;
+      if (all) {
+        for (const char c : ch) symbols.push_back(fallback_ids_[static_cast<unsigned char>(c)]);
+        return;
+      }
+    }
+    if (!unk_) return;
+    if (pending_unk && !fuse_unk_) symbols.push_back(*unk_);
+    pending_unk = true;
+  };
+  const auto known = [&](int32_t id) {
+    if (pending_unk) symbols.push_back(*unk_);
+    pending_unk = false;
+    symbols.push_back(id);
+  };
+  for (size_t i = 0; i < piece.size();) {
+    if (byte_level_) {
+      const auto b = static_cast<unsigned char>(piece[i]);
+      if (byte_ids_[b] >= 0) {
+        known(byte_ids_[b]);
+      } else {
+        std::string ch;
+        append_utf8(ch, kByteChar[b]);
+        unknown(ch);
+      }
+      ++i;
+      continue;
+    }
+    const auto c = static_cast<unsigned char>(piece[i]);
+    if (c < 0x80 && ascii_ids_[c] >= 0) {  // most of most text, without a hash lookup
+      known(ascii_ids_[c]);
+      ++i;
+      continue;
+    }
+    const Utf8 d = decode_utf8(piece, i);
+    const std::string_view ch = piece.substr(i, static_cast<size_t>(d.len));
+    if (const auto it = model_ids_.find(ch); it != model_ids_.end()) known(it->second);
+    else unknown(ch);
+    i += static_cast<size_t>(d.len);
+  }
+  if (pending_unk) symbols.push_back(*unk_);
+  bpe_merge(symbols, merges_, out);
+}
+
+std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens, bool allow_special) const {
+  if (text.size() > static_cast<size_t>(INT32_MAX))
+    fail("Tokenizer::encode", "text", "at most 2^31 - 1 bytes", message(text.size(), " bytes"));
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 4 + prefix_.size() + suffix_.size() + 1);
+  if (add_special_tokens) ids = prefix_;
+  std::vector<Span> raw, inner;
+  std::vector<Piece> pieces;
+  split_added(text, false, allow_special, raw);
+  for (const Span& s : raw) {
+    if (s.token >= 0) {
+      ids.push_back(s.token);
+      continue;
+    }
+    std::string section(text.substr(s.begin, s.end - s.begin));
+    if (normalizer_) section = normalizer_->apply(std::move(section));
+    inner.clear();
+    split_added(section, true, allow_special, inner);
+    for (const Span& t : inner) {
+      if (t.token >= 0) {
+        ids.push_back(t.token);
+        continue;
+      }
+      pre_tokenize({section.substr(t.begin, t.end - t.begin), s.begin == 0 && t.begin == 0}, pieces);
+      for (const Piece& p : pieces) model(p.text, ids);
+    }
+  }
+  if (add_special_tokens) ids.insert(ids.end(), suffix_.begin(), suffix_.end());
+  return ids;
+}
+
+// ---- decoding ---------------------------------------------------------------------------------
+
+std::vector<std::string> HfTokenizer::decode_tokens(std::vector<std::string> tokens, bool exact) const {
+  if (decoder_) {
+    decoder_->apply(tokens, exact, !exact);
+    return tokens;
+  }
+  std::string joined;  // tokenizers joins the tokens with spaces when there is no decoder
+  for (size_t i = 0; i < tokens.size(); ++i) joined += (i ? " " : "") + tokens[i];
+  return {joined};
+}
+
+std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size())
+      fail("Tokenizer::decode", message("ids[", i, "]"), message("an id in [0, ", vocab_size(), ")"), std::to_string(ids[i]));
+    const auto id = static_cast<size_t>(ids[i]);
+    if (kinds_[id] == Kind::none || (skip_special && kinds_[id] == Kind::special)) continue;
+    tokens.push_back(tokens_[id]);
+  }
+  std::string out;
+  for (const std::string& t : decode_tokens(std::move(tokens), false)) out += t;
+  return out;
+}
+
+std::string HfTokenizer::token_bytes(int32_t id) const {
+  if (!has_token(id))
+    fail("Tokenizer::token_bytes", "id", message("the id of a token in [0, ", vocab_size(), ")"), std::to_string(id));
+  std::string out;
+  for (const std::string& t : decode_tokens({tokens_[static_cast<size_t>(id)]}, true)) out += t;
+  return out;
+}
+
+const std::string& HfTokenizer::token_string(int32_t id) const {
+  if (!has_token(id))
+    fail("Tokenizer::token_string", "id", message("the id of a token in [0, ", vocab_size(), ")"), std::to_string(id));
+  return tokens_[static_cast<size_t>(id)];
+}
+
+std::optional<int32_t> HfTokenizer::token_id(std::string_view content) const {
+  const auto it = content_ids_.find(content);
+  if (it == content_ids_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool HfTokenizer::has_token(int32_t id) const { return id >= 0 && id < vocab_size() && kinds_[static_cast<size_t>(id)] != Kind::none; }
+bool HfTokenizer::is_special(int32_t id) const { return has_token(id) && kinds_[static_cast<size_t>(id)] == Kind::special; }
+
+std::string lossy_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    const Utf8 d = decode_utf8(s, i);
+    if (d.valid) {
+      out.append(s.substr(i, static_cast<size_t>(d.len)));
+      i += static_cast<size_t>(d.len);
+      continue;
+    }
+    // The maximal subpart: a lead byte and the continuation bytes that could still follow it.
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = 1;
+    const int need = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 1;
+    for (int k = 1; k < need && i + static_cast<size_t>(k) < s.size(); ++k) {
+      const auto t = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      unsigned char lo = 0x80, hi = 0xBF;
+      if (k == 1) {
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+      }
+      if (t < lo || t > hi) break;
+      len = static_cast<size_t>(k) + 1;
+    }
+    out += "\xEF\xBF\xBD";
+    i += len;
+  }
+  return out;
+}
+
+}  // namespace mhsa::text

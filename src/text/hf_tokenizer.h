@@ -1,0 +1,113 @@
+// text/hf_tokenizer.h — Hugging Face `tokenizer.json` (the `tokenizers` library's format): a BPE
+// model, byte-level (GPT-2, Llama 3, Qwen2) or SentencePiece-style (Llama 2, Mistral, Gemma), with
+// its normalizer, pre-tokenizer, added tokens, post-processor and decoder, encoding and decoding
+// exactly as `tokenizers` does. Components outside the supported set (see docs) are refused by
+// name at load, never approximated. tokenizer_config.json and generation_config.json add the
+// BOS/EOS tokens and the chat template. Private to the library: mhsa::Tokenizer is the API.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "text/bpe.h"
+#include "text/normalize.h"
+#include "text/regex.h"
+
+namespace mhsa::text {
+
+struct StrHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <class T>
+using StrMap = std::unordered_map<std::string, T, StrHash, std::equal_to<>>;
+
+class HfTokenizer {
+ public:
+  // The files' contents (config and generation may be empty: absent); `dir` names them in errors.
+  HfTokenizer(std::string_view tokenizer_json, std::string_view config_json, std::string_view generation_json,
+              const std::string& dir);
+  ~HfTokenizer();
+
+  // As tokenizers' Tokenizer.encode(text, add_special_tokens): added tokens are matched first
+  // (special ones only with allow_special; otherwise their text is ordinary text).
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens, bool allow_special) const;
+  // As tokenizers' decode: valid UTF-8. Ids must be in [0, vocab_size()); ids no token has are skipped.
+  std::string decode(std::span<const int32_t> ids, bool skip_special) const;
+  // The bytes the token adds in the middle of a text (its exact bytes, before any U+FFFD).
+  std::string token_bytes(int32_t id) const;
+  const std::string& token_string(int32_t id) const;  // as the file writes it
+  std::optional<int32_t> token_id(std::string_view content) const;
+  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  bool is_special(int32_t id) const;
+  bool has_token(int32_t id) const;
+
+  std::optional<int32_t> bos_id;
+  std::vector<int32_t> eos_ids;
+  std::string bos_token, eos_token, chat_template;
+  std::vector<std::pair<std::string, int32_t>> special_tokens;  // every added token with special: true
+
+  enum class Behavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+  struct Normalizer;
+  struct PreTokenizer;
+  struct Decoder;
+  struct Piece {
+    std::string text;
+    bool origin;  // starts where the original text starts (Metaspace's prepend_scheme "first")
+  };
+
+ private:
+  struct AddedToken {
+    std::string content;
+    int32_t id;
+    bool special, lstrip, rstrip, normalized, single_word;
+  };
+  enum class Kind : uint8_t { none, model, added, special };
+
+  // tokens
+  std::vector<std::string> tokens_;  // id → the file's spelling ("" for an id no token has)
+  std::vector<Kind> kinds_;
+  StrMap<int32_t> model_ids_;        // model token → id; byte-level: keyed by the bytes it stands for
+  StrMap<int32_t> content_ids_;      // the file's spelling (added tokens first) → id
+  std::vector<AddedToken> added_;
+  std::vector<std::vector<int32_t>> added_by_byte_[2];  // [normalized][first byte] → added_ indices, longest first
+  // model
+  BpeMerges merges_;
+  bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
+  std::optional<int32_t> unk_;
+  std::array<int32_t, 256> byte_ids_{};   // byte-level: the token of each byte's character; -1: none
+  std::array<int32_t, 256> fallback_ids_{};  // <0xNN>; -1: none
+  std::array<int32_t, 128> ascii_ids_{};     // not byte-level: the token of each ASCII character; -1: none
+  // pipeline
+  std::unique_ptr<Normalizer> normalizer_;
+  std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  std::unique_ptr<Decoder> decoder_;
+  std::vector<int32_t> prefix_, suffix_;  // the post-processor's tokens around a single sequence
+
+  mutable std::mutex cache_mutex_;
+  mutable StrMap<std::vector<int32_t>> cache_;
+
+  struct Span {
+    size_t begin, end;
+    int32_t token;  // -1: text
+  };
+  void split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const;
+  void pre_tokenize(Piece piece, std::vector<Piece>& out) const;
+  void model(std::string_view piece, std::vector<int32_t>& out) const;
+  void model_uncached(std::string_view piece, std::vector<int32_t>& out) const;
+  std::vector<std::string> decode_tokens(std::vector<std::string> tokens, bool exact) const;
+};
+
+// Rust's String::from_utf8_lossy: each maximal invalid subpart becomes one U+FFFD (as Python's
+// bytes.decode("utf-8", "replace")).
+std::string lossy_utf8(std::string_view bytes);
+
+}  // namespace mhsa::text

@@ -1,0 +1,76 @@
+// text/regex.h — the regular expressions of tokenizer.json (the `Split` pre-tokenizer, `Replace`
+// normalizers), matched as Hugging Face tokenizers' Oniguruma matches them: leftmost-first
+// backtracking over Unicode code points. The subset is what GPT-2's, Llama 3's, Qwen2's and
+// their relatives' patterns use: literals, `.`, classes `[...]`/`[^...]` with ranges, `\s \S \d
+// \D`, `\p{..}`/`\P{..}` of general categories (L, Lu, ..., N, P, S, M, Z, C and their long
+// names), groups `(...)` `(?:...)` `(?i:...)` `(?i)`, lookahead `(?=...)` `(?!...)`, the
+// quantifiers `? * + {n} {n,} {n,m}` greedy or lazy, and alternation. Anything else (anchors,
+// lookbehind, backreferences, `\w`, scripts, possessive quantifiers, other flags) is refused at
+// compile time with an mhsa::Error naming the construct. Matching is bounded: a pattern that
+// backtracks past a step budget is an error, never a hang. Not a general regex library.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "text/unicode_data.h"
+
+namespace mhsa::text {
+
+// One character of the text: a code point with its properties, or a byte that is not valid
+// UTF-8 (cp = 0x110000 + the byte, category Cn, not white space).
+struct Unit {
+  char32_t cp;
+  uint32_t offset;  // of its first byte in the text
+  Category cat;
+  bool space;
+};
+// The characters of `text`; text.size() < 2^32.
+std::vector<Unit> decode_units(std::string_view text);
+
+class Regex {
+ public:
+  // Throws mhsa::Error "<fn>: <arg>: expected a regex of the supported subset, got ..." naming
+  // the construct and its place.
+  Regex(std::string_view pattern, std::string_view fn, std::string_view arg);
+
+  // Every match in `units`, in order, as [begin, end) indices (empty ones included, as cut
+  // points; none right after the previous match). Throws mhsa::Error when the backtracking
+  // exceeds its budget.
+  std::vector<std::pair<size_t, size_t>> find_all(std::span<const Unit> units) const;
+
+  struct Item {
+    enum class Kind : uint8_t { categories, space, range } kind;
+    bool negated;
+    uint32_t categories;  // a bit per Category
+    char32_t first, last;
+  };
+  struct Set {
+    std::vector<Item> items;
+    bool negated = false;
+    uint64_t ascii[2] = {0, 0};  // the answer for code points below 128
+  };
+  enum class Op : uint8_t { set, seq, alt, repeat, look_ahead, negative_look_ahead };
+  struct Node {
+    Op op;
+    int set = -1;           // Op::set
+    std::vector<int> kids;  // seq, alt: the parts; repeat, look-aheads: one
+    int min = 1, max = 1;   // repeat; max -1: unbounded
+    bool greedy = true;
+  };
+
+ private:
+  friend class Matcher;
+  std::vector<Node> nodes_;
+  std::vector<Set> sets_;
+  int root_ = -1;
+  friend class RegexParser;
+};
+
+}  // namespace mhsa::text
