@@ -43,6 +43,23 @@ float row_centered_sq_sum(const float* x, int64_t n, float mean) {
   return reduce_sum(acc);
 }
 
+// Σ term(x[i]) over a row in float64: float vector sums over stretches of 64 elements, the
+// stretches added in double. `fill` is a value with term(fill) = 0 for the lanes past n.
+template <class Term>
+double row_sum_f64(const float* x, int64_t n, float fill, Term&& term) {
+  constexpr int64_t kStretch = 64;
+  double sum = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += kStretch) {
+    const int64_t end = std::min(n, c0 + kStretch);
+    Vec acc = splat(0.0f);
+    int64_t i = c0;
+    for (; i + kLanes <= end; i += kLanes) acc += term(load(x + i));
+    if (i < end) acc += term(load_partial(x + i, static_cast<int>(end - i), fill));
+    sum += reduce_sum(acc);
+  }
+  return sum;
+}
+
 // Applies f(i, n) to the column stretches [i, i + n) of a row: full vectors, then one partial.
 template <class F>
 void for_each_vector(int64_t n, F&& f) {
@@ -106,7 +123,8 @@ void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const floa
   }
 }
 
-// Statistics as layer_norm computes them (the same roundings), then per row
+// Row statistics summed in float64 over float stretches (a float mean of a row far from 0 would
+// shift every x̂ of the row alike, and that error does not average out in dgamma), then per row
 // dx += rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)); the parameter gradients by column_sums.
 void layer_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, float eps,
                          const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dgamma, float* dbeta) {
@@ -115,8 +133,9 @@ void layer_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, c
 #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
   for (int64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * ldx, *dyr = dy + r * lddy;
-    const float m = row_sum(xr, C) / static_cast<float>(C);
-    const float rs = 1.0f / std::sqrt(row_centered_sq_sum(xr, C, m) / static_cast<float>(C) + eps);
+    const float m = static_cast<float>(row_sum_f64(xr, C, 0.0f, [](Vec v) { return v; }) / static_cast<double>(C));
+    const double var = row_sum_f64(xr, C, m, [&](Vec v) { return (v - splat(m)) * (v - splat(m)); });
+    const float rs = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
     mean[static_cast<size_t>(r)] = m;
     rstd[static_cast<size_t>(r)] = rs;
     Vec sa = splat(0.0f), sb = splat(0.0f);
@@ -215,21 +234,22 @@ void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz) {
 namespace {
 
 // act(g) and act'(g) of the gated MLPs: SiLU g·σ(g), σ(g)·(1 + g·(1 − σ(g))); GELU-tanh g·σ(2u),
-// σ(2u) + g·σ(2u)(1 − σ(2u))·2u' with u = √(2/π)(g + 0.044715 g³).
+// σ(2u) + g·σ(2u)(1 − σ(2u))·2u' with u = √(2/π)(g + 0.044715 g³). With σ(z) = 1 / (1 + e),
+// e = e^(−z), 1 − σ(z) is taken as e·σ(z): 1 − σ would cancel where σ is near 1.
 struct GluAct {
   Vec value, slope;
 };
 template <GluKind kKind>
 GluAct glu_act(Vec g) {
   if constexpr (kKind == GluKind::swiglu) {
-    const Vec s = splat(1.0f) / (splat(1.0f) + exp(-g));
-    return {g * s, s * fma(g, splat(1.0f) - s, splat(1.0f))};
+    const Vec e = exp(-g), s = splat(1.0f) / (splat(1.0f) + e);
+    return {g * s, s * fma(g, e * s, splat(1.0f))};
   } else {
     constexpr float k = 0.7978845608028654f;
     const Vec u = splat(k) * fma(g * g, splat(0.044715f), splat(1.0f)) * g;
-    const Vec s = splat(1.0f) / (splat(1.0f) + exp(splat(-2.0f) * u));
+    const Vec e = exp(splat(-2.0f) * u), s = splat(1.0f) / (splat(1.0f) + e);
     const Vec du = splat(2.0f * k) * fma(g * g, splat(3.0f * 0.044715f), splat(1.0f));
-    return {g * s, fma(g * s * (splat(1.0f) - s), du, s)};
+    return {g * s, fma((e * s) * s * g, du, s)};  // e·s first: e alone reaches e^88
   }
 }
 
