@@ -75,21 +75,30 @@ void store_n(float* p, Vec v, int n) {
     store_partial(p, v, n);
 }
 
-// sums[c] += Σ_r term(r, c) for c < C, each column summed in float64 in row order. Threads take
-// whole column stretches, so the result does not depend on how many there are.
-template <class Term>
-void column_sums(int64_t rows, int64_t C, Term&& term, float* sums) {
-  constexpr int64_t kColumns = 64;
-  const int64_t stretches = (C + kColumns - 1) / kColumns;
-#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t s = 0; s < stretches; ++s) {
-    const int64_t c0 = s * kColumns, n = std::min(kColumns, C - c0);
-    double acc[kColumns] = {};
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < n; ++c) acc[c] += term(r, c0 + c);
-    for (int64_t c = 0; c < n; ++c) sums[c0 + c] += static_cast<float>(acc[c]);
+// Sums across rows in a fixed order whatever the thread count: rows go in blocks of kBlockRows,
+// each block adds its rows' terms in row order into its own float64 partial sums (one thread per
+// block, in the same pass that computes the rows), and the blocks' partials are then added in block
+// order. Reading rows in place keeps the pass sequential (threads owning columns instead would walk
+// every row once per column stretch, a page per row).
+constexpr int64_t kBlockRows = 32;
+
+struct BlockPartials {
+  int64_t C, per_block;  // per_block: the number of sums (e.g. dgamma and dbeta) × C
+  std::vector<double> sums;
+  BlockPartials(int64_t rows, int64_t C, int64_t count)
+      : C(C), per_block(count * C), sums(static_cast<size_t>((rows + kBlockRows - 1) / kBlockRows * count * C)) {}
+  double* block(int64_t b, int64_t which) { return sums.data() + b * per_block + which * C; }
+  // out[c] += Σ_blocks sum `which` of the block, in block order (out may be null).
+  void add_to(int64_t which, float* out) const {
+    if (!out) return;
+    std::vector<double> total(static_cast<size_t>(C), 0.0);
+    for (size_t b = 0; b < sums.size() / static_cast<size_t>(per_block); ++b) {
+      const double* p = sums.data() + b * static_cast<size_t>(per_block) + which * C;
+      for (int64_t c = 0; c < C; ++c) total[static_cast<size_t>(c)] += p[c];
+    }
+    for (int64_t c = 0; c < C; ++c) out[c] += static_cast<float>(total[static_cast<size_t>(c)]);
   }
-}
+};
 
 // tanh(u): an odd series to u⁹ below |u| = 0.25 (where 1 − e^(−2|u|) would cancel), and
 // (1 − e)/(1 + e) with e = e^(−2|u|) above it; ±1 at the tails.
@@ -125,38 +134,41 @@ void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const floa
 
 // Row statistics summed in float64 over float stretches (a float mean of a row far from 0 would
 // shift every x̂ of the row alike, and that error does not average out in dgamma), then per row
-// dx += rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)); the parameter gradients by column_sums.
+// dx += rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)), and dgamma, dbeta through BlockPartials.
 void layer_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, float eps,
                          const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dgamma, float* dbeta) {
-  std::vector<float> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  const bool params = dgamma || dbeta;
+  BlockPartials partials(params ? rows : 0, C, 2);  // Σ dy·x̂, Σ dy
   const float inv_c = 1.0f / static_cast<float>(C);
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
 #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * ldx, *dyr = dy + r * lddy;
-    const float m = static_cast<float>(row_sum_f64(xr, C, 0.0f, [](Vec v) { return v; }) / static_cast<double>(C));
-    const double var = row_sum_f64(xr, C, m, [&](Vec v) { return (v - splat(m)) * (v - splat(m)); });
-    const float rs = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
-    mean[static_cast<size_t>(r)] = m;
-    rstd[static_cast<size_t>(r)] = rs;
-    Vec sa = splat(0.0f), sb = splat(0.0f);
-    for_each_vector(C, [&](int64_t c, int n) {
-      const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
-      sa += g;
-      sb = fma(g, xhat, sb);  // lanes past n hold 0 in g
-    });
-    const Vec a = splat(reduce_sum(sa) * inv_c), b = splat(reduce_sum(sb) * inv_c);
-    float* dxr = dx + r * lddx;
-    for_each_vector(C, [&](int64_t c, int n) {
-      const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
-      store_n(dxr + c, load_n(dxr + c, n) + splat(rs) * (g - a - xhat * b), n);
-    });
-  }
-  if (dgamma)
-    column_sums(rows, C, [&](int64_t r, int64_t c) {
-      const size_t i = static_cast<size_t>(r);
-      return double(dy[r * lddy + c]) * double((x[r * ldx + c] - mean[i]) * rstd[i]);
-    }, dgamma);
-  if (dbeta) column_sums(rows, C, [&](int64_t r, int64_t c) { return double(dy[r * lddy + c]); }, dbeta);
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t r = blk * kBlockRows; r < std::min(rows, (blk + 1) * kBlockRows); ++r) {
+      const float *xr = x + r * ldx, *dyr = dy + r * lddy;
+      const float m = static_cast<float>(row_sum_f64(xr, C, 0.0f, [](Vec v) { return v; }) / static_cast<double>(C));
+      const double var = row_sum_f64(xr, C, m, [&](Vec v) { return (v - splat(m)) * (v - splat(m)); });
+      const float rs = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
+      Vec sa = splat(0.0f), sb = splat(0.0f);
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
+        sa += g;
+        sb = fma(g, xhat, sb);  // lanes past n hold 0 in g
+      });
+      const Vec a = splat(reduce_sum(sa) * inv_c), b = splat(reduce_sum(sb) * inv_c);
+      float* dxr = dx + r * lddx;
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
+        store_n(dxr + c, load_n(dxr + c, n) + splat(rs) * (g - a - xhat * b), n);
+      });
+      if (!params) continue;
+      double *pg = partials.block(blk, 0), *pb = partials.block(blk, 1);
+      for (int64_t c = 0; c < C; ++c) {
+        pg[c] += double(dyr[c]) * double((xr[c] - m) * rs);
+        pb[c] += dyr[c];
+      }
+    }
+  partials.add_to(0, dgamma);
+  partials.add_to(1, dbeta);
 }
 
 void rms_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset, float eps, float* y,
@@ -172,30 +184,31 @@ void rms_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float*
   }
 }
 
-// dx = rstd·dx̂ − x·rstd³·mean(dx̂·x) with dx̂ = dy·(w + offset); dw by column_sums.
+// dx = rstd·dx̂ − x·rstd³·mean(dx̂·x) with dx̂ = dy·(w + offset); dw through BlockPartials.
 void rms_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset, float eps,
                        const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dw) {
-  std::vector<float> rstd(static_cast<size_t>(rows));
+  BlockPartials partials(dw ? rows : 0, C, 1);  // Σ dy·x̂
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
 #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * ldx, *dyr = dy + r * lddy;
-    const float rs = 1.0f / std::sqrt(row_centered_sq_sum(xr, C, 0.0f) / static_cast<float>(C) + eps);
-    rstd[static_cast<size_t>(r)] = rs;
-    Vec acc = splat(0.0f);
-    for_each_vector(C, [&](int64_t c, int n) {
-      acc = fma(load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset)), load_n(xr + c, n), acc);
-    });
-    const Vec k = splat(rs * rs * rs * (reduce_sum(acc) / static_cast<float>(C))), vrs = splat(rs);
-    float* dxr = dx + r * lddx;
-    for_each_vector(C, [&](int64_t c, int n) {
-      const Vec g = load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset));
-      store_n(dxr + c, load_n(dxr + c, n) + (vrs * g - load_n(xr + c, n) * k), n);
-    });
-  }
-  if (dw)
-    column_sums(rows, C, [&](int64_t r, int64_t c) {
-      return double(dy[r * lddy + c]) * double(x[r * ldx + c] * rstd[static_cast<size_t>(r)]);
-    }, dw);
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t r = blk * kBlockRows; r < std::min(rows, (blk + 1) * kBlockRows); ++r) {
+      const float *xr = x + r * ldx, *dyr = dy + r * lddy;
+      const float rs = 1.0f / std::sqrt(row_centered_sq_sum(xr, C, 0.0f) / static_cast<float>(C) + eps);
+      Vec acc = splat(0.0f);
+      for_each_vector(C, [&](int64_t c, int n) {
+        acc = fma(load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset)), load_n(xr + c, n), acc);
+      });
+      const Vec k = splat(rs * rs * rs * (reduce_sum(acc) / static_cast<float>(C))), vrs = splat(rs);
+      float* dxr = dx + r * lddx;
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset));
+        store_n(dxr + c, load_n(dxr + c, n) + (vrs * g - load_n(xr + c, n) * k), n);
+      });
+      if (!dw) continue;
+      double* pw = partials.block(blk, 0);
+      for (int64_t c = 0; c < C; ++c) pw[c] += double(dyr[c]) * double(xr[c] * rs);
+    }
+  partials.add_to(0, dw);
 }
 
 // 0.5·x·(1 + tanh(u)) = x / (1 + e^(−2u)): one exp and one division, exact at both tails.
