@@ -1,12 +1,17 @@
-// kernels/elementwise.cpp — LayerNorm and GELU, compiled once per ISA (see elementwise.h for
-// the definitions and the float64 twins). Both are memory-bound row passes; the point is only
-// to keep them off the critical path: vector exp instead of libm tanh (GELU runs on 4·C values
-// per token, and std::tanh alone would cost as much as a quarter of a prefill).
+// kernels/elementwise.cpp — the row kernels (norms and their backward passes, GELU, the gated
+// MLP activations, soft-capping, rotary embedding, the cross-entropy head, AdamW), compiled once
+// per ISA (see elementwise.h for the definitions and the float64 twins). All are memory-bound row
+// passes; the point is only to keep them off the critical path: vector exp instead of libm tanh
+// (GELU runs on 4·C values per token, and std::tanh alone would cost as much as a quarter of a
+// prefill). Sums across rows (the norms' weight gradients) run in float64 in row order, split
+// across threads by column, so they do not depend on the thread count.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "kernels/elementwise.h"
 #include "kernels/isa/simd.h"
 
 namespace mhsa::kernels::MHSA_ISA {
@@ -38,6 +43,77 @@ float row_centered_sq_sum(const float* x, int64_t n, float mean) {
   return reduce_sum(acc);
 }
 
+// Σ term(x[i]) over a row in float64: float vector sums over stretches of 64 elements, the
+// stretches added in double. `fill` is a value with term(fill) = 0 for the lanes past n.
+template <class Term>
+double row_sum_f64(const float* x, int64_t n, float fill, Term&& term) {
+  constexpr int64_t kStretch = 64;
+  double sum = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += kStretch) {
+    const int64_t end = std::min(n, c0 + kStretch);
+    Vec acc = splat(0.0f);
+    int64_t i = c0;
+    for (; i + kLanes <= end; i += kLanes) acc += term(load(x + i));
+    if (i < end) acc += term(load_partial(x + i, static_cast<int>(end - i), fill));
+    sum += reduce_sum(acc);
+  }
+  return sum;
+}
+
+// Applies f(i, n) to the column stretches [i, i + n) of a row: full vectors, then one partial.
+template <class F>
+void for_each_vector(int64_t n, F&& f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) f(i, kLanes);
+  if (i < n) f(i, static_cast<int>(n - i));
+}
+Vec load_n(const float* p, int n) { return n == kLanes ? load(p) : load_partial(p, n, 0.0f); }
+void store_n(float* p, Vec v, int n) {
+  if (n == kLanes)
+    store(p, v);
+  else
+    store_partial(p, v, n);
+}
+
+// Sums across rows in a fixed order whatever the thread count: rows go in blocks of kBlockRows,
+// each block adds its rows' terms in row order into its own float64 partial sums (one thread per
+// block, in the same pass that computes the rows), and the blocks' partials are then added in block
+// order. Reading rows in place keeps the pass sequential (threads owning columns instead would walk
+// every row once per column stretch, a page per row).
+constexpr int64_t kBlockRows = 32;
+
+struct BlockPartials {
+  int64_t C, per_block;  // per_block: the number of sums (e.g. dgamma and dbeta) × C
+  std::vector<double> sums;
+  BlockPartials(int64_t rows, int64_t C, int64_t count)
+      : C(C), per_block(count * C), sums(static_cast<size_t>((rows + kBlockRows - 1) / kBlockRows * count * C)) {}
+  double* block(int64_t b, int64_t which) { return sums.data() + b * per_block + which * C; }
+  // out[c] += Σ_blocks sum `which` of the block, in block order (out may be null).
+  void add_to(int64_t which, float* out) const {
+    if (!out) return;
+    std::vector<double> total(static_cast<size_t>(C), 0.0);
+    for (size_t b = 0; b < sums.size() / static_cast<size_t>(per_block); ++b) {
+      const double* p = sums.data() + b * static_cast<size_t>(per_block) + which * C;
+      for (int64_t c = 0; c < C; ++c) total[static_cast<size_t>(c)] += p[c];
+    }
+    for (int64_t c = 0; c < C; ++c) out[c] += static_cast<float>(total[static_cast<size_t>(c)]);
+  }
+};
+
+// tanh(u): an odd series to u⁹ below |u| = 0.25 (where 1 − e^(−2|u|) would cancel), and
+// (1 − e)/(1 + e) with e = e^(−2|u|) above it; ±1 at the tails.
+Vec tanh(Vec u) {
+  const Vec a = max(u, -u), e = exp(splat(-2.0f) * a);
+  const Vec big = (splat(1.0f) - e) / (splat(1.0f) + e);
+  const Vec u2 = u * u;
+  Vec p = splat(62.0f / 2835.0f);
+  p = fma(p, u2, splat(-17.0f / 315.0f));
+  p = fma(p, u2, splat(2.0f / 15.0f));
+  p = fma(p, u2, splat(-1.0f / 3.0f));
+  p = fma(p, u2, splat(1.0f)) * u;
+  return a < splat(0.25f) ? p : (u < splat(0.0f) ? -big : big);
+}
+
 }  // namespace
 
 void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta,
@@ -54,6 +130,85 @@ void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const floa
       store(yr + c, fma((load(xr + c) - m) * rstd, load(gamma + c), load(beta + c)));
     for (; c < C; ++c) yr[c] = (xr[c] - mean) * rstd[0] * gamma[c] + beta[c];
   }
+}
+
+// Row statistics summed in float64 over float stretches (a float mean of a row far from 0 would
+// shift every x̂ of the row alike, and that error does not average out in dgamma), then per row
+// dx += rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)), and dgamma, dbeta through BlockPartials.
+void layer_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, float eps,
+                         const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dgamma, float* dbeta) {
+  const bool params = dgamma || dbeta;
+  BlockPartials partials(params ? rows : 0, C, 2);  // Σ dy·x̂, Σ dy
+  const float inv_c = 1.0f / static_cast<float>(C);
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t r = blk * kBlockRows; r < std::min(rows, (blk + 1) * kBlockRows); ++r) {
+      const float *xr = x + r * ldx, *dyr = dy + r * lddy;
+      const float m = static_cast<float>(row_sum_f64(xr, C, 0.0f, [](Vec v) { return v; }) / static_cast<double>(C));
+      const double var = row_sum_f64(xr, C, m, [&](Vec v) { return (v - splat(m)) * (v - splat(m)); });
+      const float rs = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
+      Vec sa = splat(0.0f), sb = splat(0.0f);
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
+        sa += g;
+        sb = fma(g, xhat, sb);  // lanes past n hold 0 in g
+      });
+      const Vec a = splat(reduce_sum(sa) * inv_c), b = splat(reduce_sum(sb) * inv_c);
+      float* dxr = dx + r * lddx;
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
+        store_n(dxr + c, load_n(dxr + c, n) + splat(rs) * (g - a - xhat * b), n);
+      });
+      if (!params) continue;
+      double *pg = partials.block(blk, 0), *pb = partials.block(blk, 1);
+      for (int64_t c = 0; c < C; ++c) {
+        pg[c] += double(dyr[c]) * double((xr[c] - m) * rs);
+        pb[c] += dyr[c];
+      }
+    }
+  partials.add_to(0, dgamma);
+  partials.add_to(1, dbeta);
+}
+
+void rms_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset, float eps, float* y,
+              int64_t ldy) {
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* yr = y + r * ldy;
+    const Vec rs = splat(1.0f / std::sqrt(row_centered_sq_sum(xr, C, 0.0f) / static_cast<float>(C) + eps));
+    for_each_vector(C, [&](int64_t c, int n) {
+      store_n(yr + c, load_n(xr + c, n) * rs * (load_n(w + c, n) + splat(offset)), n);
+    });
+  }
+}
+
+// dx = rstd·dx̂ − x·rstd³·mean(dx̂·x) with dx̂ = dy·(w + offset); dw through BlockPartials.
+void rms_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset, float eps,
+                       const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dw) {
+  BlockPartials partials(dw ? rows : 0, C, 1);  // Σ dy·x̂
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t r = blk * kBlockRows; r < std::min(rows, (blk + 1) * kBlockRows); ++r) {
+      const float *xr = x + r * ldx, *dyr = dy + r * lddy;
+      const float rs = 1.0f / std::sqrt(row_centered_sq_sum(xr, C, 0.0f) / static_cast<float>(C) + eps);
+      Vec acc = splat(0.0f);
+      for_each_vector(C, [&](int64_t c, int n) {
+        acc = fma(load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset)), load_n(xr + c, n), acc);
+      });
+      const Vec k = splat(rs * rs * rs * (reduce_sum(acc) / static_cast<float>(C))), vrs = splat(rs);
+      float* dxr = dx + r * lddx;
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset));
+        store_n(dxr + c, load_n(dxr + c, n) + (vrs * g - load_n(xr + c, n) * k), n);
+      });
+      if (!dw) continue;
+      double* pw = partials.block(blk, 0);
+      for (int64_t c = 0; c < C; ++c) pw[c] += double(dyr[c]) * double(xr[c] * rs);
+    }
+  partials.add_to(0, dw);
 }
 
 // 0.5·x·(1 + tanh(u)) = x / (1 + e^(−2u)): one exp and one division, exact at both tails.
@@ -86,6 +241,121 @@ void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz) {
   if (full < n) {
     const int rest = static_cast<int>(n - full);
     store_partial(dz + full, grad(load_partial(z + full, rest, 0.0f), load_partial(du + full, rest, 0.0f)), rest);
+  }
+}
+
+namespace {
+
+// act(g) and act'(g) of the gated MLPs: SiLU g·σ(g), σ(g)·(1 + g·(1 − σ(g))); GELU-tanh g·σ(2u),
+// σ(2u) + g·σ(2u)(1 − σ(2u))·2u' with u = √(2/π)(g + 0.044715 g³). With σ(z) = 1 / (1 + e),
+// e = e^(−z), 1 − σ(z) is taken as e·σ(z): 1 − σ would cancel where σ is near 1.
+struct GluAct {
+  Vec value, slope;
+};
+template <GluKind kKind>
+GluAct glu_act(Vec g) {
+  if constexpr (kKind == GluKind::swiglu) {
+    const Vec e = exp(-g), s = splat(1.0f) / (splat(1.0f) + e);
+    return {g * s, s * fma(g, e * s, splat(1.0f))};
+  } else {
+    constexpr float k = 0.7978845608028654f;
+    const Vec u = splat(k) * fma(g * g, splat(0.044715f), splat(1.0f)) * g;
+    const Vec e = exp(splat(-2.0f) * u), s = splat(1.0f) / (splat(1.0f) + e);
+    const Vec du = splat(2.0f * k) * fma(g * g, splat(3.0f * 0.044715f), splat(1.0f));
+    return {g * s, fma((e * s) * s * g, du, s)};  // e·s first: e alone reaches e^88
+  }
+}
+
+template <GluKind kKind>
+void glu_rows(int64_t rows, int64_t F, const float* gate, int64_t ldg, const float* up, int64_t ldu, float* out,
+              int64_t ldo) {
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * F))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *g = gate + r * ldg, *u = up + r * ldu;
+    float* o = out + r * ldo;
+    for_each_vector(F, [&](int64_t c, int n) {
+      store_n(o + c, glu_act<kKind>(load_n(g + c, n)).value * load_n(u + c, n), n);
+    });
+  }
+}
+
+template <GluKind kKind>
+void glu_backward_rows(int64_t rows, int64_t F, const float* gate, int64_t ldg, const float* up, int64_t ldu,
+                       const float* dout, int64_t lddo, float* dgate, int64_t lddg, float* dup, int64_t lddu) {
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * F))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *g = gate + r * ldg, *u = up + r * ldu, *d = dout + r * lddo;
+    float *dg = dgate + r * lddg, *du = dup + r * lddu;
+    for_each_vector(F, [&](int64_t c, int n) {
+      const GluAct a = glu_act<kKind>(load_n(g + c, n));
+      const Vec dv = load_n(d + c, n), uv = load_n(u + c, n);
+      store_n(dg + c, dv * uv * a.slope, n);
+      store_n(du + c, dv * a.value, n);
+    });
+  }
+}
+
+}  // namespace
+
+void glu(GluKind kind, int64_t rows, int64_t F, const float* gate, int64_t ldg, const float* up, int64_t ldu,
+         float* out, int64_t ldo) {
+  if (kind == GluKind::swiglu)
+    glu_rows<GluKind::swiglu>(rows, F, gate, ldg, up, ldu, out, ldo);
+  else
+    glu_rows<GluKind::geglu>(rows, F, gate, ldg, up, ldu, out, ldo);
+}
+
+void glu_backward(GluKind kind, int64_t rows, int64_t F, const float* gate, int64_t ldg, const float* up, int64_t ldu,
+                  const float* dout, int64_t lddo, float* dgate, int64_t lddg, float* dup, int64_t lddu) {
+  if (kind == GluKind::swiglu)
+    glu_backward_rows<GluKind::swiglu>(rows, F, gate, ldg, up, ldu, dout, lddo, dgate, lddg, dup, lddu);
+  else
+    glu_backward_rows<GluKind::geglu>(rows, F, gate, ldg, up, ldu, dout, lddo, dgate, lddg, dup, lddu);
+}
+
+void softcap(int64_t rows, int64_t n, const float* x, int64_t ldx, float cap, float* y, int64_t ldy) {
+  const Vec c = splat(cap), inv = splat(1.0f / cap);
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * n))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* yr = y + r * ldy;
+    for_each_vector(n, [&](int64_t i, int k) { store_n(yr + i, c * tanh(load_n(xr + i, k) * inv), k); });
+  }
+}
+
+// 1 − tanh²(u) = 4e / (1 + e)² with e = e^(−2|u|): no cancellation near |tanh| = 1.
+void softcap_backward(int64_t rows, int64_t n, const float* x, int64_t ldx, float cap, float* dy, int64_t lddy) {
+  const Vec inv = splat(1.0f / cap);
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * n))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* dr = dy + r * lddy;
+    for_each_vector(n, [&](int64_t i, int k) {
+      const Vec u = load_n(xr + i, k) * inv, e = exp(splat(-2.0f) * max(u, -u)), d = splat(1.0f) + e;
+      store_n(dr + i, load_n(dr + i, k) * (splat(4.0f) * e / (d * d)), k);
+    });
+  }
+}
+
+// Each head of row r: (x1, x2) ← (x1·cos − x2·sin, x2·cos + x1·sin) over the first rotary_dim
+// dimensions, cos and sin from the table's row positions[r] (sin negated for the backward).
+void rope(int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dim, float* x, int64_t ldx,
+          const int64_t* positions, const float* table, bool backward) {
+  const int64_t half = rotary_dim / 2;
+  const Vec sign = splat(backward ? -1.0f : 1.0f);
+#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * heads * rotary_dim))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* cs = table + positions[r] * rotary_dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x1 = x + r * ldx + h * head_dim;
+      float* x2 = x1 + half;
+      for_each_vector(half, [&](int64_t i, int n) {
+        const Vec a = load_n(x1 + i, n), b = load_n(x2 + i, n);
+        const Vec c = load_n(cs + i, n), s = load_n(cs + half + i, n) * sign;
+        store_n(x1 + i, a * c - b * s, n);
+        store_n(x2 + i, b * c + a * s, n);
+      });
+    }
   }
 }
 
