@@ -1,8 +1,9 @@
-// apps/mhsa/train_cmd.cpp — `mhsa train`: trains a GPT (bytes or GPT-2 BPE) on a text file with a progress
-// bar (step, loss, validation bits per byte, tokens/s, ETA), checkpoints into --out, and stops
-// cleanly on Ctrl-C (the checkpoint of the last finished step is written first). The library
-// checks the options, the directory and the run (mhsa/train.h); this file adds the flags that
-// say what to do with what --out holds (--resume, --force, --allow-data-change).
+// apps/mhsa/train_cmd.cpp — `mhsa train`: trains a GPT-2 or Llama-family model (bytes or GPT-2 BPE)
+// on a text file with a progress bar (step, loss, validation bits per byte, tokens/s, ETA),
+// checkpoints into --out (with train_log.jsonl), and stops cleanly on Ctrl-C (the checkpoint of
+// the last finished step is written first). The library checks the options, the directory and
+// the run (mhsa/train.h); this file adds the flags that say what to do with what --out holds
+// (--resume, --force, --allow-data-change).
 #include <unistd.h>
 
 #include <atomic>
@@ -30,6 +31,7 @@ struct TrainArgs {
   TrainStart start;
   int threads = 0;
   int64_t stop_after = 0;  // end this run (with a checkpoint) after this many steps of it
+  bool untied_head = false;
 };
 
 std::string duration(double s) {
@@ -45,6 +47,7 @@ std::string duration(double s) {
 void run(const TrainArgs& a, bool steps_given) {
   use_threads(a.threads);
   TrainOptions options = a.options;
+  options.tied_head = !a.untied_head;
   if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
@@ -100,10 +103,12 @@ void run(const TrainArgs& a, bool steps_given) {
 void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   TrainOptions& o = a->options;
-  CLI::App* cmd = app.add_subcommand("train", "Train a GPT on a text file, byte-level or with GPT-2's BPE (checkpoints resume bit for bit)");
+  CLI::App* cmd = app.add_subcommand(
+      "train", "Train a GPT-2 or Llama-family model on a text file, byte-level or with GPT-2's BPE (checkpoints "
+               "resume bit for bit)");
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later option overrides
   cmd->add_option("--data", a->data, "the training text (its last --val-fraction is held out)")->required();
-  cmd->add_option("--out", a->out, "checkpoint directory (a GPT-2 model directory mhsa generate can run)")->required();
+  cmd->add_option("--out", a->out, "checkpoint directory (a Hugging Face model directory of the --arch)")->required();
   cmd->add_flag("--resume", a->start.resume, "continue from --out's checkpoint (its options; --steps may extend it)");
   cmd->add_flag("--force", a->start.force, "start a new run even where --out holds a checkpoint (it is replaced)")
       ->excludes("--resume");
@@ -113,10 +118,19 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o.tokenizer,
                   "a directory with GPT-2's BPE files (vocab.json + merges.txt); default: bytes, vocabulary 256")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--arch", o.arch, "gpt2, or llama (RoPE, RMSNorm, SwiGLU, grouped-query heads)")
+      ->default_val(o.arch)
+      ->check(CLI::IsMember({"gpt2", "llama"}));
   cmd->add_option("--layers", o.layers, "transformer blocks")->default_val(o.layers)->check(integer_at_least(1));
   cmd->add_option("--heads", o.heads, "attention heads")->default_val(o.heads)->check(integer_at_least(1));
   cmd->add_option("--embd", o.embd, "model width")->default_val(o.embd)->check(integer_at_least(1));
   cmd->add_option("--context", o.context, "tokens per sequence")->default_val(o.context)->check(integer_in(2, 1 << 16));
+  cmd->add_option("--kv-heads", o.kv_heads, "llama: key/value heads, dividing --heads (default: --heads)")
+      ->check(integer_at_least(1));
+  cmd->add_option("--mlp", o.mlp, "llama: MLP width (default: 8·embd/3 rounded up to a multiple of 8)")
+      ->check(integer_at_least(1));
+  cmd->add_option("--rope-theta", o.rope_theta, "llama: RoPE base")->default_val(o.rope_theta)->check(number_above(0));
+  cmd->add_flag("--untied-head", a->untied_head, "llama: an output matrix of its own (default: the token embedding)");
   cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(integer_at_least(1));
   cmd->add_option("--batch", o.batch, "sequences per micro-batch")->default_val(o.batch)->check(integer_at_least(1));
   cmd->add_option("--accumulate", o.accumulate, "micro-batches per step")->default_val(o.accumulate)->check(integer_at_least(1));

@@ -7,6 +7,8 @@
 #include "mhsa/gpt2.h"
 #include "mhsa/kv_cache.h"
 #include "mhsa/mha.h"
+#include "mhsa/model.h"
+#include "mhsa/model_config.h"
 #include "mhsa/positional.h"
 #include "mhsa/safetensors.h"
 #include "mhsa/tensor.h"

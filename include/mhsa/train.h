@@ -1,10 +1,10 @@
-// mhsa/train.h — training a GPT-2-shaped model with the library's own gradients: AdamW, gradient
-// clipping, a warm-up + cosine learning-rate schedule, text data (bytes or GPT-2 BPE), and
-// checkpoints that resume bit for bit.
+// mhsa/train.h — training a GPT-2 or Llama-shaped model from scratch with the library's own
+// gradients: AdamW, gradient clipping, a warm-up + cosine learning-rate schedule, text data (bytes
+// or GPT-2 BPE), and checkpoints that resume bit for bit.
 //
-// A checkpoint directory holds config.json and model.safetensors (a Hugging Face GPT-2
-// directory: `mhsa generate --model DIR` runs it; vocabulary 256 means byte-level text, and a BPE
-// model carries its vocabulary files), and
+// A checkpoint directory holds config.json and model.safetensors (a Hugging Face GPT-2 or Llama
+// directory: `mhsa generate --model DIR` and transformers run it; vocabulary 256 means byte-level
+// text, and a BPE model carries its vocabulary files), and
 // train_state.safetensors: the weights, AdamW's moments and the trainer's state (step, options,
 // loss history, a fingerprint of the text) in one file. A checkpoint's files are written aside
 // and swapped in together while readers wait (see src/io/checkpoint_dir.h), so a crash or Ctrl-C
@@ -12,7 +12,7 @@
 // run at a time holds the directory (train.lock). Beside the checkpoint, train_log.jsonl records
 // every step (loss, learning rate, gradient norm, tokens/s) and validation as one JSON object a
 // line. A run that diverges (a loss or gradient that is not finite) stops with an error and never
-// saves its weights. Not a general training framework: GPT-2's architecture, one machine.
+// saves its weights. Not a general training framework: two architectures, one machine.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +61,14 @@ double clip_gradients(std::vector<Tensor>& grads, double max_norm);
 struct TrainOptions {
   // Model shape (a new model; a resumed one keeps its own).
   int64_t layers = 4, heads = 4, embd = 128, context = 128;
+  // The architecture: "gpt2" (learned positions, LayerNorm, GELU MLP of 4·embd, tied head) or
+  // "llama" (rotary positions, RMSNorm, SwiGLU MLP, grouped-query heads; Hugging Face's
+  // LlamaForCausalLM). The options after it are Llama's; GPT-2 keeps their defaults.
+  std::string arch = "gpt2";
+  int64_t kv_heads = 0;        // key/value heads, dividing heads (0: as many as heads)
+  int64_t mlp = 0;             // the MLP's width (0: 8·embd/3 rounded up to a multiple of 8)
+  double rope_theta = 10000;   // RoPE's base
+  bool tied_head = true;       // the output matrix is the token embedding
   // Optimisation.
   int64_t steps = 1000, batch = 16, accumulate = 1;  // sequences per step = batch × accumulate
   float lr = 1e-3f, min_lr_ratio = 0.1f;             // cosine from lr down to lr × min_lr_ratio
@@ -78,8 +86,13 @@ struct TrainOptions {
 
   // Throws mhsa::Error naming the first option out of range: sizes and counts that must be
   // positive (or >= 0: warmup, eval_every, checkpoint_every), rates that must be finite and in
-  // range (lr > 0, clip >= 0, min_lr_ratio in [0, 1], val_fraction in (0, 0.5), AdamW's).
+  // range (lr > 0, clip >= 0, min_lr_ratio in [0, 1], val_fraction in (0, 0.5), AdamW's), an
+  // unknown arch, Llama's options given for GPT-2, kv_heads not dividing heads, an odd head
+  // width for RoPE, rope_theta not finite and > 0.
   void validate() const;
+  // kv_heads and mlp with their defaults applied.
+  int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t mlp_width() const;
 };
 
 // The learning rate at a step (0-based): linear warm-up, then cosine decay to lr × min_lr_ratio.

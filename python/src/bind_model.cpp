@@ -22,6 +22,9 @@ namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace mhsa::python {
+
+py::dict full_config_dict(const ModelConfig& c);  // bind_weights.cpp
+
 namespace {
 
 // Token ids [B, T] (a 1-D input is one sequence), checked to be integers and copied to int32.
@@ -69,6 +72,10 @@ py::dict config_dict(const Gpt2Config& c) {
 
 
 int32_t pad_token(const Gpt2& g) { return g.config().eos_token_id; }
+int32_t pad_token(const Model& g) {
+  return g.config().eos_token_ids.empty() ? 0 : g.config().eos_token_ids[0];
+}
+
 // The methods GPT2 and Model share: forward, loss_and_grad, loss, new_cache, extend, generate.
 template <class M>
 void bind_decoder(py::class_<M>& cls, const std::string& name) {
@@ -215,6 +222,29 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
       .def_property_readonly("config", [](const Gpt2& g) { return config_dict(g.config()); });
   bind_decoder(gpt2, "GPT2");
 
+  py::class_<Model> model(m, "Model", R"(A decoder-only language model of any family mhsa knows (float32): GPT-2, Llama, Mistral,
+Qwen2, Qwen3, Gemma 2.
+
+Model.load(dir) reads a Hugging Face directory: config.json and model.safetensors (or its shards).)");
+  model
+      .def_static(
+          "load", [](const std::filesystem::path& dir) {
+            GilReleased unlocked;
+            return Model::load(dir);
+          },
+          "path"_a, "Loads config.json + the safetensors weights from a directory.")
+      .def_property_readonly("config", [](const Model& g) { return full_config_dict(g.config()); },
+                             "Every ModelConfig field, by its C++ name (as mhsa.read_model_config gives them).")
+      .def_property_readonly("family", [](const Model& g) { return std::string(family_name(g.family())); })
+      .def_property_readonly(
+          "parameter_names",
+          [](const Model& g) {
+            std::vector<std::string> names;
+            for (const auto& [n, t] : g.parameters()) names.push_back(n);
+            return names;
+          },
+          "Every parameter's Hugging Face name, in the order of loss_and_grad's gradients.");
+  bind_decoder(model, "Model");
 }
 
 }  // namespace mhsa::python

@@ -25,7 +25,9 @@ const char* kind_name(RopeScalingKind k) {
   return k == RopeScalingKind::none ? "none" : k == RopeScalingKind::linear ? "linear" : "llama3";
 }
 
-// Every field of a ModelConfig, by its C++ name.
+}  // namespace
+
+// Every field of a ModelConfig, by its C++ name (also mhsa.Model.config, bind_model.cpp).
 py::dict full_config_dict(const ModelConfig& c) {
   const RopeScaling& s = c.rope_scaling;
   py::dict rope("kind"_a = kind_name(s.kind), "factor"_a = s.factor, "low_freq_factor"_a = s.low_freq_factor,
@@ -54,7 +56,6 @@ py::dict full_config_dict(const ModelConfig& c) {
   return d;
 }
 
-}  // namespace
 
 void bind_weights(py::module_& m) {
   m.def(

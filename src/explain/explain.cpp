@@ -143,8 +143,16 @@ HeadTrace trace_head(const Gpt2& model, std::span<const int32_t> ids, int64_t la
   return trace(ModelAccess::stack(model), "n_positions", ids, layer, head);
 }
 
+HeadTrace trace_head(const Model& model, std::span<const int32_t> ids, int64_t layer, int64_t head) {
+  return trace(ModelAccess::stack(model), "max_positions", ids, layer, head);
+}
+
 Explanation explain(const Gpt2& model, std::span<const int32_t> ids, int64_t layer, int64_t head) {
   return explain_stack(ModelAccess::stack(model), "n_positions", ids, layer, head);
+}
+
+Explanation explain(const Model& model, std::span<const int32_t> ids, int64_t layer, int64_t head) {
+  return explain_stack(ModelAccess::stack(model), "max_positions", ids, layer, head);
 }
 
 }  // namespace mhsa

@@ -43,6 +43,23 @@ float row_centered_sq_sum(const float* x, int64_t n, float mean) {
   return reduce_sum(acc);
 }
 
+// Σ term(x[i]) over a row in float64: float vector sums over stretches of 64 elements, the
+// stretches added in double. `fill` is a value with term(fill) = 0 for the lanes past n.
+template <class Term>
+double row_sum_f64(const float* x, int64_t n, float fill, Term&& term) {
+  constexpr int64_t kStretch = 64;
+  double sum = 0;
+  for (int64_t c0 = 0; c0 < n; c0 += kStretch) {
+    const int64_t end = std::min(n, c0 + kStretch);
+    Vec acc = splat(0.0f);
+    int64_t i = c0;
+    for (; i + kLanes <= end; i += kLanes) acc += term(load(x + i));
+    if (i < end) acc += term(load_partial(x + i, static_cast<int>(end - i), fill));
+    sum += reduce_sum(acc);
+  }
+  return sum;
+}
+
 // Applies f(i, n) to the column stretches [i, i + n) of a row: full vectors, then one partial.
 template <class F>
 void for_each_vector(int64_t n, F&& f) {
@@ -58,21 +75,30 @@ void store_n(float* p, Vec v, int n) {
     store_partial(p, v, n);
 }
 
-// sums[c] += Σ_r term(r, c) for c < C, each column summed in float64 in row order. Threads take
-// whole column stretches, so the result does not depend on how many there are.
-template <class Term>
-void column_sums(int64_t rows, int64_t C, Term&& term, float* sums) {
-  constexpr int64_t kColumns = 64;
-  const int64_t stretches = (C + kColumns - 1) / kColumns;
-#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t s = 0; s < stretches; ++s) {
-    const int64_t c0 = s * kColumns, n = std::min(kColumns, C - c0);
-    double acc[kColumns] = {};
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < n; ++c) acc[c] += term(r, c0 + c);
-    for (int64_t c = 0; c < n; ++c) sums[c0 + c] += static_cast<float>(acc[c]);
+// Sums across rows in a fixed order whatever the thread count: rows go in blocks of kBlockRows,
+// each block adds its rows' terms in row order into its own float64 partial sums (one thread per
+// block, in the same pass that computes the rows), and the blocks' partials are then added in block
+// order. Reading rows in place keeps the pass sequential (threads owning columns instead would walk
+// every row once per column stretch, a page per row).
+constexpr int64_t kBlockRows = 32;
+
+struct BlockPartials {
+  int64_t C, per_block;  // per_block: the number of sums (e.g. dgamma and dbeta) × C
+  std::vector<double> sums;
+  BlockPartials(int64_t rows, int64_t C, int64_t count)
+      : C(C), per_block(count * C), sums(static_cast<size_t>((rows + kBlockRows - 1) / kBlockRows * count * C)) {}
+  double* block(int64_t b, int64_t which) { return sums.data() + b * per_block + which * C; }
+  // out[c] += Σ_blocks sum `which` of the block, in block order (out may be null).
+  void add_to(int64_t which, float* out) const {
+    if (!out) return;
+    std::vector<double> total(static_cast<size_t>(C), 0.0);
+    for (size_t b = 0; b < sums.size() / static_cast<size_t>(per_block); ++b) {
+      const double* p = sums.data() + b * static_cast<size_t>(per_block) + which * C;
+      for (int64_t c = 0; c < C; ++c) total[static_cast<size_t>(c)] += p[c];
+    }
+    for (int64_t c = 0; c < C; ++c) out[c] += static_cast<float>(total[static_cast<size_t>(c)]);
   }
-}
+};
 
 // tanh(u): an odd series to u⁹ below |u| = 0.25 (where 1 − e^(−2|u|) would cancel), and
 // (1 − e)/(1 + e) with e = e^(−2|u|) above it; ±1 at the tails.
@@ -106,38 +132,43 @@ void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const floa
   }
 }
 
-// Statistics as layer_norm computes them (the same roundings), then per row
-// dx += rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)); the parameter gradients by column_sums.
+// Row statistics summed in float64 over float stretches (a float mean of a row far from 0 would
+// shift every x̂ of the row alike, and that error does not average out in dgamma), then per row
+// dx += rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)), and dgamma, dbeta through BlockPartials.
 void layer_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, float eps,
                          const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dgamma, float* dbeta) {
-  std::vector<float> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+  const bool params = dgamma || dbeta;
+  BlockPartials partials(params ? rows : 0, C, 2);  // Σ dy·x̂, Σ dy
   const float inv_c = 1.0f / static_cast<float>(C);
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
 #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * ldx, *dyr = dy + r * lddy;
-    const float m = row_sum(xr, C) / static_cast<float>(C);
-    const float rs = 1.0f / std::sqrt(row_centered_sq_sum(xr, C, m) / static_cast<float>(C) + eps);
-    mean[static_cast<size_t>(r)] = m;
-    rstd[static_cast<size_t>(r)] = rs;
-    Vec sa = splat(0.0f), sb = splat(0.0f);
-    for_each_vector(C, [&](int64_t c, int n) {
-      const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
-      sa += g;
-      sb = fma(g, xhat, sb);  // lanes past n hold 0 in g
-    });
-    const Vec a = splat(reduce_sum(sa) * inv_c), b = splat(reduce_sum(sb) * inv_c);
-    float* dxr = dx + r * lddx;
-    for_each_vector(C, [&](int64_t c, int n) {
-      const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
-      store_n(dxr + c, load_n(dxr + c, n) + splat(rs) * (g - a - xhat * b), n);
-    });
-  }
-  if (dgamma)
-    column_sums(rows, C, [&](int64_t r, int64_t c) {
-      const size_t i = static_cast<size_t>(r);
-      return double(dy[r * lddy + c]) * double((x[r * ldx + c] - mean[i]) * rstd[i]);
-    }, dgamma);
-  if (dbeta) column_sums(rows, C, [&](int64_t r, int64_t c) { return double(dy[r * lddy + c]); }, dbeta);
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t r = blk * kBlockRows; r < std::min(rows, (blk + 1) * kBlockRows); ++r) {
+      const float *xr = x + r * ldx, *dyr = dy + r * lddy;
+      const float m = static_cast<float>(row_sum_f64(xr, C, 0.0f, [](Vec v) { return v; }) / static_cast<double>(C));
+      const double var = row_sum_f64(xr, C, m, [&](Vec v) { return (v - splat(m)) * (v - splat(m)); });
+      const float rs = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
+      Vec sa = splat(0.0f), sb = splat(0.0f);
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
+        sa += g;
+        sb = fma(g, xhat, sb);  // lanes past n hold 0 in g
+      });
+      const Vec a = splat(reduce_sum(sa) * inv_c), b = splat(reduce_sum(sb) * inv_c);
+      float* dxr = dx + r * lddx;
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * load_n(gamma + c, n), xhat = (load_n(xr + c, n) - splat(m)) * splat(rs);
+        store_n(dxr + c, load_n(dxr + c, n) + splat(rs) * (g - a - xhat * b), n);
+      });
+      if (!params) continue;
+      double *pg = partials.block(blk, 0), *pb = partials.block(blk, 1);
+      for (int64_t c = 0; c < C; ++c) {
+        pg[c] += double(dyr[c]) * double((xr[c] - m) * rs);
+        pb[c] += dyr[c];
+      }
+    }
+  partials.add_to(0, dgamma);
+  partials.add_to(1, dbeta);
 }
 
 void rms_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset, float eps, float* y,
@@ -153,30 +184,31 @@ void rms_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float*
   }
 }
 
-// dx = rstd·dx̂ − x·rstd³·mean(dx̂·x) with dx̂ = dy·(w + offset); dw by column_sums.
+// dx = rstd·dx̂ − x·rstd³·mean(dx̂·x) with dx̂ = dy·(w + offset); dw through BlockPartials.
 void rms_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset, float eps,
                        const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dw) {
-  std::vector<float> rstd(static_cast<size_t>(rows));
+  BlockPartials partials(dw ? rows : 0, C, 1);  // Σ dy·x̂
+  const int64_t blocks = (rows + kBlockRows - 1) / kBlockRows;
 #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *xr = x + r * ldx, *dyr = dy + r * lddy;
-    const float rs = 1.0f / std::sqrt(row_centered_sq_sum(xr, C, 0.0f) / static_cast<float>(C) + eps);
-    rstd[static_cast<size_t>(r)] = rs;
-    Vec acc = splat(0.0f);
-    for_each_vector(C, [&](int64_t c, int n) {
-      acc = fma(load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset)), load_n(xr + c, n), acc);
-    });
-    const Vec k = splat(rs * rs * rs * (reduce_sum(acc) / static_cast<float>(C))), vrs = splat(rs);
-    float* dxr = dx + r * lddx;
-    for_each_vector(C, [&](int64_t c, int n) {
-      const Vec g = load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset));
-      store_n(dxr + c, load_n(dxr + c, n) + (vrs * g - load_n(xr + c, n) * k), n);
-    });
-  }
-  if (dw)
-    column_sums(rows, C, [&](int64_t r, int64_t c) {
-      return double(dy[r * lddy + c]) * double(x[r * ldx + c] * rstd[static_cast<size_t>(r)]);
-    }, dw);
+  for (int64_t blk = 0; blk < blocks; ++blk)
+    for (int64_t r = blk * kBlockRows; r < std::min(rows, (blk + 1) * kBlockRows); ++r) {
+      const float *xr = x + r * ldx, *dyr = dy + r * lddy;
+      const float rs = 1.0f / std::sqrt(row_centered_sq_sum(xr, C, 0.0f) / static_cast<float>(C) + eps);
+      Vec acc = splat(0.0f);
+      for_each_vector(C, [&](int64_t c, int n) {
+        acc = fma(load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset)), load_n(xr + c, n), acc);
+      });
+      const Vec k = splat(rs * rs * rs * (reduce_sum(acc) / static_cast<float>(C))), vrs = splat(rs);
+      float* dxr = dx + r * lddx;
+      for_each_vector(C, [&](int64_t c, int n) {
+        const Vec g = load_n(dyr + c, n) * (load_n(w + c, n) + splat(offset));
+        store_n(dxr + c, load_n(dxr + c, n) + (vrs * g - load_n(xr + c, n) * k), n);
+      });
+      if (!dw) continue;
+      double* pw = partials.block(blk, 0);
+      for (int64_t c = 0; c < C; ++c) pw[c] += double(dyr[c]) * double(xr[c] * rs);
+    }
+  partials.add_to(0, dw);
 }
 
 // 0.5·x·(1 + tanh(u)) = x / (1 + e^(−2u)): one exp and one division, exact at both tails.
@@ -215,21 +247,22 @@ void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz) {
 namespace {
 
 // act(g) and act'(g) of the gated MLPs: SiLU g·σ(g), σ(g)·(1 + g·(1 − σ(g))); GELU-tanh g·σ(2u),
-// σ(2u) + g·σ(2u)(1 − σ(2u))·2u' with u = √(2/π)(g + 0.044715 g³).
+// σ(2u) + g·σ(2u)(1 − σ(2u))·2u' with u = √(2/π)(g + 0.044715 g³). With σ(z) = 1 / (1 + e),
+// e = e^(−z), 1 − σ(z) is taken as e·σ(z): 1 − σ would cancel where σ is near 1.
 struct GluAct {
   Vec value, slope;
 };
 template <GluKind kKind>
 GluAct glu_act(Vec g) {
   if constexpr (kKind == GluKind::swiglu) {
-    const Vec s = splat(1.0f) / (splat(1.0f) + exp(-g));
-    return {g * s, s * fma(g, splat(1.0f) - s, splat(1.0f))};
+    const Vec e = exp(-g), s = splat(1.0f) / (splat(1.0f) + e);
+    return {g * s, s * fma(g, e * s, splat(1.0f))};
   } else {
     constexpr float k = 0.7978845608028654f;
     const Vec u = splat(k) * fma(g * g, splat(0.044715f), splat(1.0f)) * g;
-    const Vec s = splat(1.0f) / (splat(1.0f) + exp(splat(-2.0f) * u));
+    const Vec e = exp(splat(-2.0f) * u), s = splat(1.0f) / (splat(1.0f) + e);
     const Vec du = splat(2.0f * k) * fma(g * g, splat(3.0f * 0.044715f), splat(1.0f));
-    return {g * s, fma(g * s * (splat(1.0f) - s), du, s)};
+    return {g * s, fma((e * s) * s * g, du, s)};  // e·s first: e alone reaches e^88
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/check.h"
+#include "io/json.h"
 
 namespace mhsa {
 
@@ -35,6 +36,22 @@ void TrainOptions::validate() const {
       {"warmup", warmup}, {"eval_every", eval_every}, {"checkpoint_every", checkpoint_every}};
   for (const auto& [name, n] : counts)
     if (n < 0) fail(fn, name, "a count >= 0 (0: none)", std::to_string(n));
+  if (arch != "gpt2" && arch != "llama") fail(fn, "arch", "gpt2 or llama", detail::json_excerpt(nlohmann::json(arch)));
+  if (arch == "gpt2") {
+    const TrainOptions d;
+    if (kv_heads != d.kv_heads || mlp != d.mlp || rope_theta != d.rope_theta || tied_head != d.tied_head)
+      fail(fn, "arch", "llama for the options kv_heads, mlp, rope_theta and tied_head (GPT-2 has none of them)",
+           message("gpt2 with kv_heads ", kv_heads, ", mlp ", mlp, ", rope_theta ", rope_theta, ", tied_head ",
+                   tied_head ? "true" : "false"));
+  } else {
+    if (kv_heads < 0 || heads % kv_head_count() != 0)
+      fail(fn, "kv_heads", message("a count dividing heads (", heads, "), or 0 for as many"), std::to_string(kv_heads));
+    if (mlp < 0) fail(fn, "mlp", "a width >= 0 (0: 8·embd/3)", std::to_string(mlp));
+    if ((embd / heads) % 2 != 0)
+      fail(fn, "shape", "an even head width embd / heads (RoPE rotates pairs)",
+           message("embd ", embd, " / ", heads, " heads = ", embd / heads));
+    check_range(fn, "rope_theta", rope_theta, 0, inf, true);
+  }
   check_range(fn, "lr", lr, 0, inf, true);
   check_range(fn, "min_lr_ratio", min_lr_ratio, 0, 1);
   check_range(fn, "clip", clip, 0, inf);
@@ -42,8 +59,10 @@ void TrainOptions::validate() const {
   adamw.validate(fn);
 }
 
+int64_t TrainOptions::mlp_width() const { return mlp > 0 ? mlp : (8 * embd / 3 + 7) / 8 * 8; }
+
 nlohmann::json detail::options_json(const TrainOptions& o) {
-  return {{"layers", o.layers},         {"heads", o.heads},
+  nlohmann::json j = {{"layers", o.layers},         {"heads", o.heads},
           {"embd", o.embd},             {"context", o.context},
           {"steps", o.steps},           {"batch", o.batch},
           {"accumulate", o.accumulate}, {"lr", o.lr},
@@ -54,6 +73,13 @@ nlohmann::json detail::options_json(const TrainOptions& o) {
           {"val_fraction", o.val_fraction}, {"eval_every", o.eval_every},
           {"eval_batches", o.eval_batches}, {"checkpoint_every", o.checkpoint_every},
           {"tokenizer", o.tokenizer}};
+  if (o.arch != "gpt2")  // a GPT-2 run's checkpoint stays as it was before there were others
+    j.update({{"arch", o.arch},
+              {"kv_heads", o.kv_heads},
+              {"mlp", o.mlp},
+              {"rope_theta", o.rope_theta},
+              {"tied_head", o.tied_head}});
+  return j;
 }
 
 TrainOptions detail::options_from_json(const nlohmann::json& j) {
@@ -79,6 +105,11 @@ TrainOptions detail::options_from_json(const nlohmann::json& j) {
   o.eval_batches = j.at("eval_batches");
   o.checkpoint_every = j.at("checkpoint_every");
   o.tokenizer = j.value("tokenizer", "");  // absent in checkpoints from before BPE: bytes
+  o.arch = j.value("arch", o.arch);        // absent: GPT-2 (and Llama's options at their defaults)
+  o.kv_heads = j.value("kv_heads", o.kv_heads);
+  o.mlp = j.value("mlp", o.mlp);
+  o.rope_theta = j.value("rope_theta", o.rope_theta);
+  o.tied_head = j.value("tied_head", o.tied_head);
   return o;
 }
 

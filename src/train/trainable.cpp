@@ -1,11 +1,15 @@
 // train/trainable.cpp — the model families the trainer builds (see train/trainable.h): GPT-2
-// (mhsa::Gpt2, written as Hugging Face's GPT2LMHeadModel directory).
+// (mhsa::Gpt2, written as Hugging Face's GPT2LMHeadModel directory) and Llama (mhsa::Model,
+// written as a LlamaForCausalLM directory).
 #include "train/trainable.h"
 
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "io/file.h"
+#include "io/json.h"
 #include "mhsa/gpt2.h"
+#include "mhsa/model.h"
 
 namespace mhsa::detail {
 namespace {
@@ -60,9 +64,107 @@ class TrainableGpt2 final : public TrainableModel {
   Gpt2 model_;
 };
 
+// The Llama a run's options describe: Hugging Face's LlamaConfig with rope_scaling none, no
+// biases, RMSNorm eps 1e-5, every layer global.
+ModelConfig llama_config(const TrainOptions& o, const Tokenizer& tokenizer) {
+  ModelConfig c;
+  c.family = Family::llama;
+  c.architecture = "LlamaForCausalLM";
+  c.vocab_size = tokenizer.vocab_size();
+  c.hidden_size = o.embd;
+  c.num_layers = o.layers;
+  c.num_heads = o.heads;
+  c.num_kv_heads = o.kv_head_count();
+  c.head_dim = o.embd / o.heads;
+  c.intermediate_size = o.mlp_width();
+  c.max_positions = o.context;
+  c.norm = NormKind::rms_norm;
+  c.norm_eps = 1e-5;
+  c.positions = PositionKind::rotary;
+  c.rope_theta = o.rope_theta;
+  c.rotary_dim = c.head_dim;
+  c.mlp = MlpKind::swiglu;
+  c.qkv_bias = c.o_bias = c.mlp_bias = false;
+  c.window_left.assign(static_cast<size_t>(o.layers), -1);
+  c.tie_word_embeddings = o.tied_head;
+  if (!o.tokenizer.empty()) {  // GPT-2's BPE: its one special token begins and ends texts
+    c.bos_token_id = tokenizer.eos_id();
+    c.eos_token_ids = {tokenizer.eos_id()};
+  }
+  return c;
+}
+
+// config.json as transformers' LlamaConfig reads it (rope_theta in the classic form every version
+// reads), with mhsa's tokenizer key as GPT-2's directories have it.
+nlohmann::json llama_config_json(const ModelConfig& c) {
+  const auto token = [](int32_t id) { return id >= 0 ? nlohmann::json(id) : nlohmann::json(); };
+  return {{"model_type", "llama"},
+          {"architectures", {"LlamaForCausalLM"}},
+          {"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size},
+          {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_layers},
+          {"num_attention_heads", c.num_heads},
+          {"num_key_value_heads", c.num_kv_heads},
+          {"head_dim", c.head_dim},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", c.max_positions},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_theta", c.rope_theta},
+          {"rope_scaling", nullptr},
+          {"attention_bias", false},
+          {"attention_dropout", 0.0},
+          {"mlp_bias", false},
+          {"tie_word_embeddings", c.tie_word_embeddings},
+          {"initializer_range", 0.02},
+          {"pretraining_tp", 1},
+          {"use_cache", true},
+          {"bos_token_id", token(c.bos_token_id)},
+          {"eos_token_id", token(c.eos_token_ids.empty() ? -1 : c.eos_token_ids[0])},
+          {"mhsa_tokenizer", c.vocab_size == 256 ? "bytes" : "gpt2"}};
+}
+
+class TrainableLlama final : public TrainableModel {
+ public:
+  explicit TrainableLlama(Model model) : model_(std::move(model)) {}
+
+  std::vector<std::pair<std::string, Tensor*>> parameters() override { return model_.parameters(); }
+  std::vector<Tensor> zero_gradients() const override { return model_.zero_gradients(); }
+  double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
+                            std::vector<Tensor>& grads) const override {
+    return model_.loss_and_gradients(ids, targets, B, T, grads);
+  }
+  double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const override {
+    return model_.loss(ids, targets, B, T);
+  }
+
+  std::string config_json() const override { return llama_config_json(model_.config()).dump(2) + "\n"; }
+
+  // The keys that decide the weights' shapes and meaning, compared with what this model writes.
+  void check_config(const std::filesystem::path& file, std::string_view fn) const override {
+    const nlohmann::json mine = llama_config_json(model_.config());
+    const nlohmann::json theirs = parse_json(read_file(file, fn, "config.json"), fn, file.string());
+    std::string want, got;
+    bool same = theirs.is_object();
+    for (const char* key : {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                            "rope_theta", "tie_word_embeddings"}) {
+      const nlohmann::json value = theirs.is_object() ? theirs.value(key, nlohmann::json()) : nlohmann::json();
+      same = same && value == mine[key];
+      want += message(want.empty() ? "" : ", ", key, " ", mine[key].dump());
+      got += message(got.empty() ? "" : ", ", key, " ", json_excerpt(value));
+    }
+    if (!same) fail(fn, file.string(), "the shape of train_state.safetensors (" + want + ")", got);
+  }
+
+ private:
+  Model model_;
+};
+
 }  // namespace
 
 std::unique_ptr<TrainableModel> new_trainable_model(const TrainOptions& o, const Tokenizer& tokenizer, uint64_t seed) {
+  if (o.arch == "llama") return std::make_unique<TrainableLlama>(Model::random(llama_config(o, tokenizer), seed));
   Gpt2Config c;
   c.vocab_size = tokenizer.vocab_size();
   c.n_positions = o.context;

@@ -1,13 +1,18 @@
 // tests/cpp/test_elementwise_families.cpp — the model families' row kernels (RMSNorm forward and
 // backward, LayerNorm backward, SwiGLU/GeGLU forward and backward, logit soft-capping, rotary
 // embedding and its tables): every usable ISA's fast kernel against its float64 twin on odd
-// sizes, padded rows and in-place calls, and bitwise the same for 1, 2 and 3 threads. The
-// comparisons with PyTorch and transformers are in tests/python/test_kernels_torch.py.
+// sizes, padded rows and in-place calls, and bitwise the same for 1, 2 and 3 threads.
+// KernelsFromFile.Run is the C++ half of tests/python/test_kernels_torch.py, which compares these
+// kernels with PyTorch and transformers: it runs every kernel on the inputs that test wrote and
+// writes the results back (skipped unless MHSA_KERNEL_CASES names its file).
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <functional>
 #include <random>
 #include <string>
@@ -278,6 +283,85 @@ TEST(ElementwiseFamilies, RopeTables) {
   const auto scaled = kernels::rope_inv_freq(64, 500000.0, llama3);
   EXPECT_EQ(plain.front(), scaled.front());
   EXPECT_FLOAT_EQ(plain.back() / 32.0f, scaled.back());
+}
+
+// Inputs (safetensors, float32) at $MHSA_KERNEL_CASES, scalars in its metadata; results to
+// $MHSA_KERNEL_RESULTS as "<isa>.<output>" for every usable ISA, plus the rotary tables.
+TEST(KernelsFromFile, Run) {
+  const char* cases = std::getenv("MHSA_KERNEL_CASES");
+  const char* results = std::getenv("MHSA_KERNEL_RESULTS");
+  if (!cases || !results) GTEST_SKIP() << "run by tests/python/test_kernels_torch.py";
+  const SafeTensors in = SafeTensors::open(cases);
+  const auto scalar = [&](const std::string& key) { return std::stod(in.metadata().at(key)); };
+  std::map<std::string, Tensor> out;
+  const auto zeros_like = [](const Tensor& t) {
+    Tensor z(t.shape());
+    std::fill(z.data(), z.data() + z.numel(), 0.0f);
+    return z;
+  };
+
+  const Tensor rx = in.load("rms.x"), rw = in.load("rms.w"), rdy = in.load("rms.dy");
+  const Tensor lx = in.load("ln.x"), lg = in.load("ln.g"), ldy = in.load("ln.dy");
+  const Tensor gate = in.load("glu.gate"), up = in.load("glu.up"), gdo = in.load("glu.dout");
+  const Tensor sx = in.load("softcap.x"), sdy = in.load("softcap.dy");
+  const Tensor qx = in.load("rope.x"), qdy = in.load("rope.dy"), qpos = in.load("rope.pos");
+  const int64_t R = rx.dim(0), C = rx.dim(1), F = gate.dim(1), rows = qx.dim(0), heads = qx.dim(1), D = qx.dim(2);
+
+  RopeScaling scaling;
+  const std::string kind = in.metadata().at("rope.scaling");
+  scaling.kind = kind == "linear" ? RopeScalingKind::linear : kind == "llama3" ? RopeScalingKind::llama3
+                                                                              : RopeScalingKind::none;
+  scaling.factor = scalar("rope.factor");
+  scaling.low_freq_factor = scalar("rope.low_freq_factor");
+  scaling.high_freq_factor = scalar("rope.high_freq_factor");
+  scaling.original_max_position_embeddings = static_cast<int64_t>(scalar("rope.original_max_position_embeddings"));
+  const int64_t rotary_dim = static_cast<int64_t>(scalar("rope.rotary_dim"));
+  const auto inv_freq = kernels::rope_inv_freq(rotary_dim, scalar("rope.theta"), scaling);
+  std::vector<int64_t> pos(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) pos[static_cast<size_t>(r)] = static_cast<int64_t>(qpos.data()[r]);
+  const int64_t positions = *std::max_element(pos.begin(), pos.end()) + 1;
+  Tensor table({positions, rotary_dim}), freq({rotary_dim / 2});
+  kernels::rope_table(inv_freq, 0, positions, table.data());
+  std::copy(inv_freq.begin(), inv_freq.end(), freq.data());
+  out["rope.inv_freq"] = freq;
+  out["rope.table"] = table;
+
+  for (cpu::Isa isa : cpu::usable_isas()) {
+    const KernelTable& k = kernels::kernels_for(isa);
+    const std::string p = std::string(cpu::isa_name(isa)) + ".";
+    Tensor y = zeros_like(rx), dx = zeros_like(rx), dw = zeros_like(rw);
+    k.rms_norm(R, C, rx.data(), C, rw.data(), float(scalar("rms.offset")), float(scalar("rms.eps")), y.data(), C);
+    k.rms_norm_backward(R, C, rx.data(), C, rw.data(), float(scalar("rms.offset")), float(scalar("rms.eps")),
+                        rdy.data(), C, dx.data(), C, dw.data());
+    out[p + "rms.y"] = y, out[p + "rms.dx"] = dx, out[p + "rms.dw"] = dw;
+
+    Tensor ldx = zeros_like(lx), ldg = zeros_like(lg), ldb = zeros_like(lg);
+    k.layer_norm_backward(lx.dim(0), lx.dim(1), lx.data(), lx.dim(1), lg.data(), float(scalar("ln.eps")), ldy.data(),
+                          lx.dim(1), ldx.data(), lx.dim(1), ldg.data(), ldb.data());
+    out[p + "ln.dx"] = ldx, out[p + "ln.dg"] = ldg, out[p + "ln.db"] = ldb;
+
+    for (GluKind g : {GluKind::swiglu, GluKind::geglu}) {
+      const std::string name = p + (g == GluKind::swiglu ? "swiglu." : "geglu.");
+      Tensor o = zeros_like(gate), dg = zeros_like(gate), du = zeros_like(gate);
+      k.glu(g, gate.dim(0), F, gate.data(), F, up.data(), F, o.data(), F);
+      k.glu_backward(g, gate.dim(0), F, gate.data(), F, up.data(), F, gdo.data(), F, dg.data(), F, du.data(), F);
+      out[name + "out"] = o, out[name + "dgate"] = dg, out[name + "dup"] = du;
+    }
+
+    const float cap = float(scalar("softcap.cap"));
+    Tensor sy = zeros_like(sx), sdx = sdy;
+    k.softcap(sx.dim(0), sx.dim(1), sx.data(), sx.dim(1), cap, sy.data(), sx.dim(1));
+    k.softcap_backward(sx.dim(0), sx.dim(1), sx.data(), sx.dim(1), cap, sdx.data(), sx.dim(1));
+    out[p + "softcap.y"] = sy, out[p + "softcap.dx"] = sdx;
+
+    Tensor qy = qx, qdx = qdy;
+    k.rope(rows, heads, D, rotary_dim, qy.data(), heads * D, pos.data(), table.data(), false);
+    k.rope(rows, heads, D, rotary_dim, qdx.data(), heads * D, pos.data(), table.data(), true);
+    out[p + "rope.y"] = qy, out[p + "rope.dx"] = qdx;
+  }
+  std::vector<std::pair<std::string, ConstTensorView>> views;
+  for (const auto& [name, t] : out) views.emplace_back(name, t.view());
+  save_safetensors(results, views);
 }
 
 }  // namespace

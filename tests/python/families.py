@@ -9,6 +9,7 @@ import math
 
 import torch
 import transformers
+from transformers.initialization import no_init_weights
 
 # Each case: the config class, its arguments, and the causal-LM class. Sizes are odd where the
 # family allows it; every case has grouped heads. eos_token_id None: generation never stops early.
@@ -70,17 +71,27 @@ REAL = {
 
 
 def build(config_class, kwargs, model_class, seed):
-    """A float32 model with eager attention and random weights; norms and biases moved off their
-    initial values so that a misplaced one shows."""
+    """A float32 model with eager attention and random weights: uniform, with a standard deviation
+    of 1.5/sqrt(fan-in), large enough that attention is far from uniform and the soft-caps bite
+    (transformers' own 0.02 leaves every score near 0); norms and biases off their neutral values,
+    so that a misplaced one shows. Filled without transformers' initialisation (seconds saved on a
+    real vocabulary)."""
     cfg = config_class(**{"eos_token_id": None, **kwargs})
     cfg._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = model_class(cfg).float().eval()
+    with no_init_weights():
+        model = model_class(cfg)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
-                p.add_(torch.randn_like(p) * 0.2)
-    return model
+            if "norm" in name:
+                p.copy_(1 + 0.4 * (torch.rand(p.shape, generator=gen) - 0.5))
+            elif name.endswith(".bias"):
+                p.copy_(0.4 * (torch.rand(p.shape, generator=gen) - 0.5))
+            else:
+                half_width = 1.5 * math.sqrt(3 / p.shape[-1])
+                p.uniform_(-half_width, half_width, generator=gen)
+    model.tie_weights()
+    return model.float().eval()
 
 
 def window_lefts(model):

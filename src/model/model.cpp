@@ -1,0 +1,279 @@
+// model/model.cpp — mhsa::Model (see mhsa/model.h): each family's parameters (Hugging Face names,
+// shapes, layouts and the part each plays in the block) from its ModelConfig, loading them from a
+// directory (config.json by ModelConfig::load, the weights by ShardedSafeTensors), random
+// weights, and the shared decoder (model/decoder.h) over the result.
+#include <algorithm>
+
+#include "core/check.h"
+#include "io/checkpoint_dir.h"
+#include "mhsa/safetensors.h"
+#include "model/access.h"
+#include "model/decoder.h"
+
+namespace mhsa {
+
+using detail::fail;
+using detail::message;
+namespace fs = std::filesystem;
+
+struct Model::Layout {
+  std::vector<nn::LayerRefs> layers;
+  int embed = -1, pos = -1, final_norm_w = -1, final_norm_b = -1, head = -1;
+  nn::Rope rope;
+};
+
+namespace {
+
+enum class Init { weight, zero, one };
+
+struct Spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  Init init;
+};
+
+// The parameters of a family and the part each plays: GPT-2's names (Conv1D weights [in, out]),
+// or the Llama-style names every other family shares (nn.Linear weights [out, in]).
+std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L) {
+  std::vector<Spec> specs;
+  const int64_t C = c.hidden_size, V = c.vocab_size, D = c.head_dim, F = c.intermediate_size;
+  const int64_t Nq = c.num_heads * D, Nkv = c.num_kv_heads * D;
+  const auto add = [&](std::string name, std::vector<int64_t> shape, Init init) {
+    specs.push_back({std::move(name), std::move(shape), init});
+    return static_cast<int>(specs.size() - 1);
+  };
+  const bool gpt2 = c.family == Family::gpt2;
+  const nn::Layout layout = gpt2 ? nn::Layout::in_out : nn::Layout::out_in;
+  const auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    nn::LinearRef r;
+    r.layout = layout;
+    r.w = add(name + ".weight", gpt2 ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in}, Init::weight);
+    if (bias) r.b = add(name + ".bias", {out}, Init::zero);
+    return r;
+  };
+  const Init gain = c.norm_weight_offset != 0 ? Init::zero : Init::one;  // (offset + w) = 1 at identity
+  const auto norm = [&](const std::string& name, int64_t width, int* w, int* b) {
+    *w = add(name + ".weight", {width}, gain);
+    if (b && c.norm == NormKind::layer_norm) *b = add(name + ".bias", {width}, Init::zero);
+  };
+  L.layers.assign(static_cast<size_t>(c.num_layers), nn::LayerRefs());
+  if (gpt2) {
+    L.embed = add("wte.weight", {V, C}, Init::weight);
+    L.pos = add("wpe.weight", {c.max_positions, C}, Init::weight);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      nn::LayerRefs& r = L.layers[static_cast<size_t>(l)];
+      const std::string h = message("h.", l, ".");
+      norm(h + "ln_1", C, &r.norm1_w, &r.norm1_b);
+      r.qkv = linear(h + "attn.c_attn", C, Nq + 2 * Nkv, true);
+      r.o = linear(h + "attn.c_proj", Nq, C, true);
+      norm(h + "ln_2", C, &r.norm2_w, &r.norm2_b);
+      r.fc = linear(h + "mlp.c_fc", C, F, true);
+      r.proj = linear(h + "mlp.c_proj", F, C, true);
+    }
+    norm("ln_f", C, &L.final_norm_w, &L.final_norm_b);
+  } else {
+    L.embed = add("model.embed_tokens.weight", {V, C}, Init::weight);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      nn::LayerRefs& r = L.layers[static_cast<size_t>(l)];
+      const std::string h = message("model.layers.", l, ".");
+      norm(h + "input_layernorm", C, &r.norm1_w, &r.norm1_b);
+      r.q = linear(h + "self_attn.q_proj", C, Nq, c.qkv_bias);
+      r.k = linear(h + "self_attn.k_proj", C, Nkv, c.qkv_bias);
+      r.v = linear(h + "self_attn.v_proj", C, Nkv, c.qkv_bias);
+      if (c.qk_norm) {
+        r.q_norm = add(h + "self_attn.q_norm.weight", {D}, gain);
+        r.k_norm = add(h + "self_attn.k_norm.weight", {D}, gain);
+      }
+      r.o = linear(h + "self_attn.o_proj", Nq, C, c.o_bias);
+      if (c.sandwich_norms) {
+        norm(h + "post_attention_layernorm", C, &r.post_norm1_w, nullptr);
+        norm(h + "pre_feedforward_layernorm", C, &r.norm2_w, &r.norm2_b);
+      } else {
+        norm(h + "post_attention_layernorm", C, &r.norm2_w, &r.norm2_b);
+      }
+      if (c.mlp == MlpKind::gelu) {
+        r.fc = linear(h + "mlp.fc", C, F, c.mlp_bias);
+        r.proj = linear(h + "mlp.proj", F, C, c.mlp_bias);
+      } else {
+        r.gate = linear(h + "mlp.gate_proj", C, F, c.mlp_bias);
+        r.up = linear(h + "mlp.up_proj", C, F, c.mlp_bias);
+        r.down = linear(h + "mlp.down_proj", F, C, c.mlp_bias);
+      }
+      if (c.sandwich_norms) norm(h + "post_feedforward_layernorm", C, &r.post_norm2_w, nullptr);
+    }
+    norm("model.norm", C, &L.final_norm_w, &L.final_norm_b);
+  }
+  if (untied_head) L.head = add("lm_head.weight", {V, C}, Init::weight);
+  if (c.positions == PositionKind::rotary) L.rope = nn::make_rope(c);
+  return specs;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+}  // namespace
+
+Model::Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+Model Model::load(const fs::path& dir) {
+  constexpr std::string_view fn = "Model::load";
+  if (!fs::is_directory(dir))
+    fail(fn, "dir", "a model directory (config.json, model.safetensors)", "'" + dir.string() + "'");
+  Model m;
+  const ShardedSafeTensors st = [&] {  // config.json and the weights of one checkpoint, while a trainer may swap them
+    const detail::DirLock lock(dir, detail::DirLock::Mode::shared);
+    m.config_ = ModelConfig::load(dir / "config.json");
+    return ShardedSafeTensors::open_dir(dir);
+  }();
+  const ModelConfig& c = m.config_;
+  // GPT-2 files may prefix "transformer."; the others' names are saved whole.
+  const std::string prefix =
+      c.family == Family::gpt2 && st.find("transformer.wte.weight") != nullptr ? "transformer." : "";
+  const std::string source = dir.string();
+  const auto get = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    const SafeTensorInfo* info = st.find(prefix + name);
+    if (info == nullptr) fail(fn, source, message("a tensor '", prefix + name, "'"), "none");
+    if (info->shape != shape)
+      fail(fn, message(source, ": tensor '", prefix + name, "'"), "shape " + shape_text(shape), shape_text(info->shape));
+    return st.load(prefix + name);
+  };
+  bool untied = !c.tie_word_embeddings;
+  Tensor head;
+  if (c.family == Family::gpt2 && st.find("lm_head.weight") != nullptr) {
+    // GPT-2 checkpoints often save the tied head explicitly: it is untied only if it differs.
+    head = get("lm_head.weight", {c.vocab_size, c.hidden_size});
+    const Tensor wte = get("wte.weight", {c.vocab_size, c.hidden_size});
+    untied = !std::equal(head.data(), head.data() + head.numel(), wte.data());
+  }
+  auto layout = std::make_unique<Layout>();
+  const std::vector<Spec> specs = plan(c, untied, *layout);
+  m.params_.reserve(specs.size());
+  for (const Spec& s : specs)
+    m.params_.emplace_back(s.name, s.name == "lm_head.weight" && head.defined() ? std::move(head) : get(s.name, s.shape));
+  m.layout_ = std::move(layout);
+  return m;
+}
+
+Model Model::random(const ModelConfig& config, uint64_t seed) {
+  config.validate("Model::random");
+  Model m;
+  m.config_ = config;
+  auto layout = std::make_unique<Layout>();
+  const std::vector<Spec> specs = plan(config, !config.tie_word_embeddings, *layout);
+  uint64_t state = seed;
+  for (const Spec& s : specs) {
+    Tensor t = s.init == Init::weight ? detail::random_tensor(s.shape, 0.02f, state) : Tensor(s.shape);
+    if (s.init == Init::one) std::fill(t.data(), t.data() + t.numel(), 1.0f);
+    m.params_.emplace_back(s.name, std::move(t));
+  }
+  m.layout_ = std::move(layout);
+  return m;
+}
+
+nn::Stack ModelAccess::stack(const Model& m) {
+  const Model::Layout& L = *m.layout_;
+  nn::Stack s;
+  s.config = &m.config_;
+  for (const auto& [name, t] : m.params_) s.params.push_back(&t);
+  s.embed = L.embed;
+  s.pos = L.pos;
+  s.layers = L.layers;
+  s.final_norm_w = L.final_norm_w;
+  s.final_norm_b = L.final_norm_b;
+  s.head = L.head;
+  s.rope = L.rope;
+  return s;
+}
+
+// ---- parameters ------------------------------------------------------------------------------
+
+std::vector<std::pair<std::string, const Tensor*>> Model::parameters() const {
+  std::vector<std::pair<std::string, const Tensor*>> p;
+  for (const auto& [name, t] : params_) p.emplace_back(name, &t);
+  return p;
+}
+
+std::vector<std::pair<std::string, Tensor*>> Model::parameters() {
+  std::vector<std::pair<std::string, Tensor*>> p;
+  for (auto& [name, t] : params_) p.emplace_back(name, &t);
+  return p;
+}
+
+const Tensor* Model::parameter(std::string_view name) const {
+  for (const auto& [n, t] : params_)
+    if (n == name) return &t;
+  return nullptr;
+}
+
+std::vector<Tensor> Model::zero_gradients() const {
+  std::vector<Tensor> g;
+  for (const auto& [name, t] : params_) g.emplace_back(t.shape());
+  return g;
+}
+
+// ---- running it ------------------------------------------------------------------------------
+
+namespace {
+
+template <class F>
+auto with_decoder(const Model& m, bool names, F&& f) {
+  const nn::Stack s = ModelAccess::stack(m);
+  std::vector<std::string> n;
+  if (names)
+    for (auto& [name, t] : m.parameters()) n.push_back(std::move(name));
+  const detail::Decoder d{s, "Model", "max_positions", m.config().eos_token_ids, n};
+  return f(d);
+}
+
+}  // namespace
+
+ModelCache Model::new_cache(int64_t batch, int64_t max_tokens) const {
+  ModelCache cache;
+  ModelAccess::layers(cache) =
+      with_decoder(*this, false, [&](const detail::Decoder& d) { return detail::new_caches(d, batch, max_tokens); });
+  return cache;
+}
+
+Tensor Model::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention) const {
+  return with_decoder(*this, false, [&](const detail::Decoder& d) { return detail::forward(d, ids, B, T, attention); });
+}
+
+Tensor Model::extend(ModelCache& cache, std::span<const int32_t> ids, int64_t B, int64_t n, bool last_only) const {
+  return with_decoder(*this, false, [&](const detail::Decoder& d) {
+    return detail::extend(d, ModelAccess::layers(cache), ids, B, n, last_only);
+  });
+}
+
+std::vector<std::vector<int32_t>> Model::generate(std::span<const int32_t> prompts, int64_t B, int64_t T,
+                                                  const GenerationOptions& o, const TokenCallback& on_token,
+                                                  GenerationStats* stats) const {
+  return with_decoder(*this, false, [&](const detail::Decoder& d) {
+    return detail::generate(d, prompts, B, T, o, on_token, stats);
+  });
+}
+
+int32_t Model::sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
+                      uint64_t& rng_state) {
+  return detail::sample(logits, history, o, rng_state);
+}
+
+double Model::loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
+                                 std::vector<Tensor>& grads) const {
+  return with_decoder(*this, true, [&](const detail::Decoder& d) {
+    return detail::loss_and_gradients(d, ids, targets, B, T, &grads);
+  });
+}
+
+double Model::loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const {
+  return with_decoder(*this, false, [&](const detail::Decoder& d) {
+    return detail::loss_and_gradients(d, ids, targets, B, T, nullptr);
+  });
+}
+
+}  // namespace mhsa

@@ -1,0 +1,136 @@
+"""mhsa.Model against transformers' *ForCausalLM on tiny random models written by save_pretrained.
+
+Each family's logits equal transformers' (float32, eager attention) within 1e-4 relative L2;
+decoding through the cache equals recomputing; greedy generation gives transformers' tokens; the
+loss and every parameter's gradient equal PyTorch float64 autograd within 1e-5 relative L2.
+(The broad per-family comparison, real shapes and sharded files are in test_families.py.)
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import mhsa
+
+transformers = pytest.importorskip("transformers")
+
+
+def rel(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def tiny(family, rng, **over):
+    """A tiny config of the family (odd sizes, grouped heads) and its transformers classes."""
+    common = dict(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  rms_norm_eps=1e-6, rope_theta=float(rng.choice([10000.0, 500000.0])),
+                  tie_word_embeddings=bool(rng.integers(2)), bos_token_id=1, eos_token_id=2)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(**common, attention_bias=bool(rng.integers(2)))
+        return cfg, transformers.LlamaForCausalLM
+    if family == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        return cfg, transformers.Qwen2ForCausalLM
+    if family == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=16)
+        return cfg, transformers.Qwen3ForCausalLM
+    if family == "mistral":
+        cfg = transformers.MistralConfig(**common, sliding_window=int(rng.integers(3, 9)))
+        return cfg, transformers.MistralForCausalLM
+    if family == "gemma2":
+        common.update(head_dim=16, query_pre_attn_scalar=16, attn_logit_softcapping=float(rng.uniform(5, 30)),
+                      final_logit_softcapping=float(rng.uniform(5, 30)), sliding_window=int(rng.integers(3, 9)),
+                      hidden_activation="gelu_pytorch_tanh")
+        cfg = transformers.Gemma2Config(**common)
+        return cfg, transformers.Gemma2ForCausalLM
+    raise ValueError(family)
+
+
+def save_tiny(family, rng, tmp_path, **over):
+    cfg, cls = tiny(family, rng, **over)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = cls(cfg).float().eval()
+    with torch.no_grad():  # norms and biases away from their initial 1 and 0, so that they count
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    return model
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_and_cache_match_transformers(family, rng, tmp_path):
+    hf = save_tiny(family, rng, tmp_path)
+    m = mhsa.Model.load(tmp_path)
+    assert m.family == family
+    assert m.config["num_layers"] == 2
+    B, T = 2, int(rng.integers(11, 24))
+    ids = rng.integers(0, 97, size=(B, T))
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    got = m.forward(ids)
+    assert got.shape == (B, T, 97)
+    assert rel(got, want) <= 1e-4
+
+    # The cache: a prefill, then chunks and single tokens, equal recomputing every row.
+    cache = m.new_cache(B, T)
+    cut = int(rng.integers(1, T - 3))
+    parts = [m.extend(cache, ids[:, :cut])]
+    parts.append(m.extend(cache, ids[:, cut:cut + 2]))
+    for t in range(cut + 2, T):
+        parts.append(m.extend(cache, ids[:, t:t + 1]))
+    assert rel(np.concatenate(parts, axis=1), got) <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_generation_matches_transformers(family, rng, tmp_path):
+    hf = save_tiny(family, rng, tmp_path)
+    m = mhsa.Model.load(tmp_path)
+    prompt = rng.integers(3, 97, size=(1, 7))
+    out = m.generate(prompt, max_new_tokens=10, stop_at_eos=False)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor(prompt), max_new_tokens=10, min_new_tokens=10, do_sample=False,
+                           pad_token_id=0).numpy()
+    assert out.shape == want.shape
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
+def test_gradients_match_float64_autograd(family, rng, tmp_path):
+    hf = save_tiny(family, rng, tmp_path)
+    m = mhsa.Model.load(tmp_path)
+    B, T = 2, int(rng.integers(9, 17))
+    ids = rng.integers(0, 97, size=(B, T))
+    targets = rng.integers(-1, 97, size=(B, T))
+    loss, grads = m.loss_and_grad(ids, targets)
+
+    ref = hf.double()
+    ref.zero_grad()
+    logits = ref(torch.tensor(ids)).logits
+    want = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), torch.tensor(targets).reshape(-1),
+                                             ignore_index=-1)
+    want.backward()
+    assert abs(loss - want.item()) <= 1e-5 * abs(want.item())
+    named = dict(ref.named_parameters())
+    assert set(grads) == set(m.parameter_names)
+    for name, g in grads.items():
+        p = named[name]
+        assert g.shape == tuple(p.shape), name
+        assert rel(g, p.grad.numpy()) <= 1e-5, name
+
+
+def test_errors_name_the_model(rng, tmp_path):
+    save_tiny("llama", rng, tmp_path)
+    m = mhsa.Model.load(tmp_path)
+    with pytest.raises(mhsa.Error, match=r"Model::extend: ids\[0, 1\]: expected a token id in \[0, 97\), got 97"):
+        m.forward([[1, 97]])
+    with pytest.raises(mhsa.Error, match=r"Model::new_cache: max_tokens: expected a count in \[1, 64\]"):
+        m.new_cache(1, 65)
+    with pytest.raises(mhsa.Error, match=r"Model.load|Model::load"):
+        mhsa.Model.load(tmp_path / "nope")
