@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
-"""GPT-2 124M (fp32, random weights) through mhsa and llama.cpp in one run: prompt processing of
-512 tokens (pp512) and decoding of 128 (tg128), as llama-bench defines them.
+"""A model with random fp32 weights through mhsa and llama.cpp in one run: prompt processing of
+512 tokens (pp512) and decoding of 128 (tg128), as llama-bench defines them. GPT-2 124M by default
+(mhsa's built-in random GPT-2 against a converted random GPT2LMHeadModel); with --arch smollm2 or
+--model-dir DIR, the same Hugging Face directory for both engines: mhsa loads DIR, llama.cpp runs
+the F32 GGUF that its own convert_hf_to_gguf.py makes of DIR (--arch smollm2 writes a random
+SmolLM2-135M-shaped LlamaForCausalLM there first, bench/random_hf_model.py).
 
 Decode speed on these shared hosts is bimodal (memory bandwidth has swung between 38 and 76 GB/s
 within minutes), so a ratio of two numbers taken minutes apart, or of one engine's best against
@@ -12,7 +16,9 @@ the other's mean, says more about the moment than about the engines. This script
 - prints every round's ratio, and summarises with the median of the paired ratios and their
   range (min–max).
 
-Usage: python3 bench/compare_llama_cpp.py [--rounds 6] [--threads 2]
+Usage: python3 bench/compare_llama_cpp.py [--rounds 6] [--threads 2] [--arch gpt2|smollm2 | --model-dir DIR]
+With a model directory, mhsa runs `mhsa bench --model DIR --filter pp512,tg128` and reads the cases
+whose names end in _pp512 and _tg128.
 The first run builds llama.cpp from PyPI's llama-cpp-python sdist (several minutes); later runs
 reuse it (see bench/llama_cpp_peer.sh).
 """
@@ -30,20 +36,31 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = (("pp", "gpt2_124M_pp512", "pp512"), ("tg", "gpt2_124M_tg128", "tg128"))
 
 
-def mhsa_run(cli, threads):
+def mhsa_run(cli, threads, model_dir):
     """tokens/s of each test: tokens / the median of mhsa bench's timed runs (3 or more, 2 s at least)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        subprocess.run([str(cli), "bench", "--filter", ",".join(name for _, name, _ in TESTS), "--min-seconds", "2",
-                        "--json", f.name], check=True, env=env, stdout=sys.stderr)
+        if model_dir:
+            select = ["--model", str(model_dir), "--filter", ",".join(label for _, _, label in TESTS)]
+        else:
+            select = ["--filter", ",".join(name for _, name, _ in TESTS)]
+        subprocess.run([str(cli), "bench", *select, "--min-seconds", "2", "--json", f.name], check=True, env=env,
+                       stdout=sys.stderr)
         data = json.load(open(f.name))
-    cases = {c["name"]: c for c in data["cases"]}
-    return data, {key: cases[name]["tokens"] / cases[name]["median_seconds"] for key, name, _ in TESTS}
+    rates = {}
+    for key, name, label in TESTS:
+        case = [c for c in data["cases"] if (c["name"].endswith("_" + label) if model_dir else c["name"] == name)]
+        if len(case) != 1:
+            raise SystemExit(f"mhsa bench gave {len(case)} cases for {label}: {[c['name'] for c in data['cases']]}")
+        rates[key] = case[0]["tokens"] / case[0]["median_seconds"]
+    return data, rates
 
 
-def peer_run(threads, reps):
+def peer_run(threads, reps, model_dir):
     """tokens/s of each test: the median of llama-bench's per-repetition samples."""
     env = dict(os.environ, MHSA_PEER_THREADS=str(threads), MHSA_PEER_REPS=str(reps))
+    if model_dir:
+        env["MHSA_PEER_HF_DIR"] = str(model_dir)
     out = subprocess.run(["bash", str(ROOT / "bench" / "llama_cpp_peer.sh")], check=True, env=env,
                          capture_output=True, text=True)
     j = json.loads([l for l in out.stdout.splitlines() if l.strip().startswith("{")][-1])
@@ -60,9 +77,27 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5, help="llama-bench repetitions per round")
     ap.add_argument("--cli", default=str(ROOT / "build" / "mhsa"))
+    ap.add_argument("--arch", choices=("gpt2", "smollm2"), default="gpt2",
+                    help="the random model (default gpt2: mhsa's built-in GPT-2 124M)")
+    ap.add_argument("--model-dir", type=Path, help="a Hugging Face model directory for both engines")
+    ap.add_argument("--only-peer", action="store_true", help="run llama.cpp alone (no ratios)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds: expected >= 1, got {args.rounds}")
+    model_dir = args.model_dir
+    if model_dir is None and args.arch != "gpt2":
+        model_dir = Path(os.environ.get("MHSA_PEER_DIR", ROOT / "build" / "peer")) / f"{args.arch}-random-hf"
+        if not (model_dir / "config.json").exists():
+            subprocess.run([sys.executable, str(ROOT / "bench" / "random_hf_model.py"), "--arch", args.arch,
+                            str(model_dir)], check=True)
+    name = model_dir.name if model_dir else "GPT-2 124M"
+    if args.only_peer:
+        for r in range(args.rounds):
+            j, rates = peer_run(args.threads, args.reps, model_dir)
+            print(f"round {r + 1}: llama.cpp " + "  ".join(f"{label} {rates[key]:.1f} tokens/s" for key, _, label in TESTS)
+                  + f" ({j.get('model', '?')}; {j.get('llama_cpp_version', '?')}; cpu busy before "
+                    f"{j.get('cpu_busy_pct_before', '?')}%)")
+        return
     rounds, info = [], {}
     for r in range(args.rounds):
         order = ("mhsa", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "mhsa")
@@ -70,15 +105,15 @@ def main():
         for engine in order:
             print(f"round {r + 1}/{args.rounds}: {engine}", file=sys.stderr, flush=True)
             if engine == "mhsa":
-                info["mhsa"], rates["mhsa"] = mhsa_run(args.cli, args.threads)
+                info["mhsa"], rates["mhsa"] = mhsa_run(args.cli, args.threads, model_dir)
             else:
-                info["llama.cpp"], rates["llama.cpp"] = peer_run(args.threads, args.reps)
+                info["llama.cpp"], rates["llama.cpp"] = peer_run(args.threads, args.reps, model_dir)
         rounds.append(rates)
         print("  " + "  ".join(f"{label} {rates['mhsa'][key]:.1f} vs {rates['llama.cpp'][key]:.1f} tokens/s "
                                f"({rates['mhsa'][key] / rates['llama.cpp'][key]:.2f}x)" for key, _, label in TESTS),
               file=sys.stderr, flush=True)
     peak, bw = info["mhsa"]["fma_peak_gflops"], info["mhsa"]["read_bandwidth_gbs"]
-    print(f"GPT-2 124M fp32, {args.threads} threads, {args.rounds} paired rounds (alternating order), "
+    print(f"{name} fp32, {args.threads} threads, {args.rounds} paired rounds (alternating order), "
           f"median of each engine's repetitions per round; llama.cpp {info['llama.cpp'].get('llama_cpp_version', '?')}; "
           f"last measured peak {peak:.1f} GFLOP/s, read bandwidth {bw:.1f} GB/s")
     print(f"{'round':>5} " + " ".join(f"{label + ' mhsa':>11} {'llama.cpp':>10} {'ratio':>6}" for _, _, label in TESTS))

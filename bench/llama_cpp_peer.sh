@@ -2,8 +2,10 @@
 # bench/llama_cpp_peer.sh -- measure the peer engine, llama.cpp, on this machine.
 #
 # What: builds llama.cpp's `llama-bench` (CPU only, Release, -march=native via
-# GGML_NATIVE) and runs it on a GPT-2 124M model with RANDOM weights stored as
-# an F32 GGUF, then prints one JSON line to stdout:
+# GGML_NATIVE) and runs it on a model with RANDOM weights stored as an F32 GGUF
+# (GPT-2 124M by default; SmolLM2-135M's shape with MHSA_PEER_ARCH=smollm2; or
+# any Hugging Face directory given as MHSA_PEER_HF_DIR), then prints one JSON
+# line to stdout:
 #   {"llama_cpp_version": ..., "pp512_tokens_per_s": ..., "tg128_tokens_per_s": ...,
 #    "threads": N, ...stddev/samples...}
 # Progress messages and llama-bench's markdown table go to stderr.
@@ -18,11 +20,13 @@
 #      below; the matching llama.cpp commit is taken from that release's
 #      CHANGELOG ("update llama.cpp to ggml-org/llama.cpp@<commit>").
 #   2. cmake builds only the llama-bench target (-j2 by default).
-#   3. transformers builds GPT2LMHeadModel(GPT2Config()) with a fixed seed and
-#      saves it as safetensors, with the GPT-2 tokenizer files from
-#      tests/data/gpt2-tokenizer (encoder.json = vocab.json, vocab.bpe =
-#      merges.txt); the vendored convert_hf_to_gguf.py (with the vendored
-#      gguf-py on PYTHONPATH, nothing pip-installed) writes the F32 GGUF.
+#   3. bench/random_hf_model.py writes the model directory with transformers'
+#      save_pretrained (seed 0; GPT2LMHeadModel(GPT2Config()) with the GPT-2
+#      tokenizer files, or SmolLM2-135M's LlamaForCausalLM shape with a
+#      stand-in tokenizer of its vocabulary size), unless MHSA_PEER_HF_DIR names
+#      one; the vendored convert_hf_to_gguf.py (with the vendored gguf-py on
+#      PYTHONPATH) writes the F32 GGUF. The directory is kept: mhsa reads the
+#      same one (bench/compare_llama_cpp.py).
 #   4. llama-bench -p 512 -n 128 -o json, summarised with python3.
 #
 # Every step is cached under $MHSA_PEER_DIR (default: <repo>/build/peer) and
@@ -33,9 +37,13 @@
 #   MHSA_PEER_THREADS  llama-bench threads (default 2)
 #   MHSA_PEER_REPS     llama-bench repetitions (default 5)
 #   MHSA_PEER_JOBS     build parallelism (default 2)
+#   MHSA_PEER_ARCH     gpt2 (default) or smollm2: the random model to write
+#   MHSA_PEER_HF_DIR   a Hugging Face model directory to convert instead
 #
 # Needs: python3 with pip, torch, transformers, safetensors, numpy, pyyaml,
-# tqdm, requests; cmake >= 3.14; a C/C++17 compiler; tar; sha256sum.
+# tqdm, requests (and sentencepiece for Llama-family models: the converter
+# imports it before looking for a tokenizer.model); cmake >= 3.14; a C/C++17
+# compiler; tar; sha256sum.
 set -euo pipefail
 
 # ---- pinned peer version ----------------------------------------------------
@@ -54,8 +62,9 @@ SDIST="llama_cpp_python-${LCP_VERSION}.tar.gz"
 SRC_DIR="$PEER_DIR/llama.cpp-$LLAMA_COMMIT"
 BUILD_DIR="$PEER_DIR/build-llama-$LLAMA_COMMIT"
 BENCH_BIN="$BUILD_DIR/bin/llama-bench"
-HF_DIR="$PEER_DIR/gpt2-random-hf"
-GGUF="$PEER_DIR/gpt2-124m-random-f32.gguf"
+ARCH="${MHSA_PEER_ARCH:-gpt2}"
+HF_DIR="$(realpath -m "${MHSA_PEER_HF_DIR:-$PEER_DIR/$ARCH-random-hf}")"
+GGUF="$PEER_DIR/$(basename "$HF_DIR")-f32.gguf"
 
 log() { printf '[llama_cpp_peer] %s\n' "$*" >&2; }
 
@@ -116,44 +125,20 @@ if [[ -n "${t0:-}" ]]; then
     log "built llama-bench in $(( $(date +%s) - t0 )) s"
 fi
 
-# ---- 3. random-weight GPT-2 124M as F32 GGUF --------------------------------
-if [[ ! -f "$GGUF" ]]; then
-    TOK_DIR=""
-    for d in "$REPO_DIR/tests/data/gpt2-tokenizer" "$REPO_DIR/../shared/data/gpt2-tokenizer"; do
-        if [[ -f "$d/encoder.json" && -f "$d/vocab.bpe" ]]; then TOK_DIR="$d"; break; fi
-    done
-    [[ -n "$TOK_DIR" ]] || { log "no GPT-2 tokenizer (encoder.json, vocab.bpe) found"; exit 1; }
-
-    log "writing random GPT-2 124M (seed 0) to $HF_DIR"
-    rm -rf "$HF_DIR"
-    python3 - "$HF_DIR" "$TOK_DIR" >&2 <<'PY'
-import json, os, shutil, sys
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
-
-out, tok = sys.argv[1], sys.argv[2]
-torch.manual_seed(0)
-model = GPT2LMHeadModel(GPT2Config()).to(torch.float32).eval()
-model.save_pretrained(out, safe_serialization=True)
-# transformers >= 5 no longer writes GPT-2's legacy "n_ctx" key, which the
-# converter's GPT-2 path still reads; it equals n_positions (1024).
-cfg_path = os.path.join(out, "config.json")
-cfg = json.load(open(cfg_path))
-cfg.setdefault("n_ctx", cfg["n_positions"])
-json.dump(cfg, open(cfg_path, "w"), indent=2)
-shutil.copyfile(os.path.join(tok, "encoder.json"), os.path.join(out, "vocab.json"))
-shutil.copyfile(os.path.join(tok, "vocab.bpe"), os.path.join(out, "merges.txt"))
-n = sum(p.numel() for p in model.parameters())
-print(f"GPT-2 random model: {n/1e6:.1f}M parameters", file=sys.stderr)
-PY
-
-    log "converting to F32 GGUF with the vendored convert_hf_to_gguf.py"
+# ---- 3. the model directory and its F32 GGUF --------------------------------
+if [[ ! -f "$HF_DIR/config.json" ]]; then
+    [[ -z "${MHSA_PEER_HF_DIR:-}" ]] || { log "MHSA_PEER_HF_DIR=$HF_DIR has no config.json"; exit 1; }
+    log "writing a random $ARCH model (seed 0) to $HF_DIR"
+    python3 "$SCRIPT_DIR/random_hf_model.py" --arch "$ARCH" "$HF_DIR.tmp" >&2
+    mv "$HF_DIR.tmp" "$HF_DIR"
+fi
+if [[ ! -f "$GGUF" || "$GGUF" -ot "$HF_DIR/config.json" ]]; then
+    log "converting $HF_DIR to F32 GGUF with the vendored convert_hf_to_gguf.py"
     PYTHONPATH="$SRC_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" \
         python3 "$SRC_DIR/convert_hf_to_gguf.py" "$HF_DIR" \
         --outtype f32 --outfile "$GGUF.tmp" >"$PEER_DIR/convert.log" 2>&1 \
         || { log "conversion failed, see $PEER_DIR/convert.log"; tail -30 "$PEER_DIR/convert.log" >&2; exit 1; }
     mv "$GGUF.tmp" "$GGUF"
-    rm -rf "$HF_DIR"   # ~500 MB, only needed for the conversion
 else
     log "model cached: $GGUF"
 fi
@@ -177,10 +162,10 @@ RESULT_JSON="$PEER_DIR/llama-bench-result.json"
 "$BENCH_BIN" -m "$GGUF" -t "$THREADS" -p 512 -n 128 -r "$REPS" \
     -o json -oe md >"$RESULT_JSON"
 
-python3 - "$RESULT_JSON" "$LCP_VERSION" "$LLAMA_COMMIT" "$THREADS" "$BUSY" <<'PY'
+python3 - "$RESULT_JSON" "$LCP_VERSION" "$LLAMA_COMMIT" "$THREADS" "$BUSY" "$HF_DIR" "$GGUF" <<'PY'
 import json, sys
 path, lcp, commit, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-busy = int(sys.argv[5])
+busy, hf_dir, gguf = int(sys.argv[5]), sys.argv[6], sys.argv[7]
 rows = json.load(open(path))
 def pick(n_prompt, n_gen):
     for r in rows:
@@ -202,5 +187,7 @@ print(json.dumps({
     "model": f"{pp.get('model_type', '?')} random weights, {pp.get('model_size', 0)/2**20:.0f} MiB",
     "cpu": pp.get("cpu_info", ""),
     "cpu_busy_pct_before": busy,
+    "hf_dir": hf_dir,
+    "gguf": gguf,
 }))
 PY

@@ -3,8 +3,8 @@
 // per ISA (see elementwise.h for the definitions and the float64 twins). All are memory-bound row
 // passes; the point is only to keep them off the critical path: vector exp instead of libm tanh
 // (GELU runs on 4·C values per token, and std::tanh alone would cost as much as a quarter of a
-// prefill). Sums across rows (the norms' weight gradients) run in float64 in row order, split
-// across threads by column, so they do not depend on the thread count.
+// prefill). Sums across rows (the norms' weight gradients) run in float64 in a fixed order (blocks
+// of rows, see BlockPartials), so they do not depend on the thread count.
 #include <omp.h>
 
 #include <algorithm>
