@@ -39,6 +39,9 @@ using Kwargs = std::vector<std::pair<std::string, Value>>;
 struct List {
   std::vector<Value> items;
   bool tuple = false;
+  // What Python would hold instead of a list: "dict_keys"/"dict_values"/"dict_items" (printed
+  // so), or "generator" (select, map, reverse...: always true, no length, not printable).
+  const char* view = nullptr;
   int depth = 1;
 };
 
@@ -148,6 +151,9 @@ struct Evaluator {
 };
 
 bool truthy(const Value& v);
+inline bool is_generator(const Value& v) { return v.list && v.list->view && v.list->view[0] == 'g'; }
+// `list` as one of Python's views or a generator (List::view).
+Value as_view(Value list, const char* view);
 std::string to_str(const Node& at, const Value& v);  // Python str(); undefined is ""
 std::string repr(const Node& at, const Value& v);    // Python repr()
 std::string type_name(const Value& v);              // Python's type name: 'str', 'dict', ...

@@ -306,8 +306,17 @@ bool call_test(Evaluator& ev, const Node& at, const std::string& name, const Val
     return cased;
   }
   if (name == "odd" || name == "even" || name == "divisibleby") {
-    const int64_t x = want_int(at, v, "to test");
-    const int64_t d = name == "divisibleby" ? want_int(at, args[0], "divisor") : 2;
+    const Value& dv = name == "divisibleby" ? args[0] : Value::integer(2);
+    if (!v.is_num() || !dv.is_num()) fail_at(at, "expected numbers for test '" + name + "', got " + excerpt(v));
+    if (v.kind == Kind::Float || dv.kind == Kind::Float) {
+      const double x = v.kind == Kind::Float ? v.f : static_cast<double>(v.kind == Kind::Bool ? v.b : v.i);
+      const double d = dv.kind == Kind::Float ? dv.f : static_cast<double>(dv.kind == Kind::Bool ? dv.b : dv.i);
+      if (d == 0) fail_at(at, "expected a nonzero divisor, got 0");
+      double r = std::fmod(x, d);
+      if (r != 0 && ((r < 0) != (d < 0))) r += d;
+      return name == "odd" ? r == 1 : r == 0;
+    }
+    const int64_t x = want_int(at, v, "to test"), d = want_int(at, dv, "divisor");
     if (d == 0) fail_at(at, "expected a nonzero divisor, got 0");
     const int64_t r = d == -1 ? 0 : ((x % d) + d) % d;
     return name == "odd" ? r == 1 : r == 0;
@@ -372,7 +381,7 @@ Value call_method(Evaluator& ev, const Node& at, const Func& f, Args args, Kwarg
       else out.push_back(make_list(at, {Value::str(k), v}, true));
     }
     ev.charge(at, out.size());
-    return make_list(at, std::move(out));
+    return as_view(make_list(at, std::move(out)), name == "keys" ? "dict_keys" : name == "values" ? "dict_values" : "dict_items");
   }
   const std::string& s = self.s;
   ev.charge(at, s.size() / 16);
@@ -451,7 +460,7 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
   if (name == "length" || name == "count") {
     params(at, fn, args, kwargs, {});
     if (v.kind == Kind::Str) return Value::integer(static_cast<int64_t>(code_points(v.s).size()));
-    if (v.list) return Value::integer(static_cast<int64_t>(v.list->items.size()));
+    if (v.list && !is_generator(v)) return Value::integer(static_cast<int64_t>(v.list->items.size()));
     if (v.dict && !v.dict->is_namespace) return Value::integer(static_cast<int64_t>(v.dict->items.size()));
     if (v.undef()) return Value::integer(0);
     fail_at(at, "expected something with a length, got " + excerpt(v));
@@ -567,7 +576,7 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
     }
     std::vector<Value> items = iterate(at, v);
     std::reverse(items.begin(), items.end());
-    return make_list(at, std::move(items));
+    return as_view(make_list(at, std::move(items)), "generator");
   }
   if (name == "join") {
     Params p = params(at, fn, args, kwargs, {"d", "attribute"});
@@ -604,7 +613,7 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
     if (width.kind == Kind::Str) ind = width.s;
     else ind.assign(static_cast<size_t>(std::clamp<int64_t>(want_int(at, width, "width"), 0, 1000)), ' ');
     const bool first = truthy(p.get(1, Value::boolean(false))), blank = truthy(p.get(2, Value::boolean(false)));
-    const std::vector<std::string> lines = splitlines(str_of(v) + "\n");
+    const std::vector<std::string> lines = splitlines(want_str(at, v, "to indent") + "\n");
     std::string out;
     for (size_t k = 0; k < lines.size(); ++k) {
       if (k) out += '\n';
@@ -632,7 +641,7 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
       const bool pass = test.empty() ? truthy(y) : call_test(ev, at, test, y, test_args);
       if (pass == keep) out.push_back(x);
     }
-    return make_list(at, std::move(out));
+    return as_view(make_list(at, std::move(out)), "generator");
   }
   if (name == "map") {
     std::vector<Value> out;
@@ -648,7 +657,7 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
         Value y = attribute_path(ev, at, x, to_str(at, *attr));
         out.push_back(y.undef() && !dflt.undef() ? dflt : y);
       }
-      return make_list(at, std::move(out));
+      return as_view(make_list(at, std::move(out)), "generator");
     }
     if (args.empty()) fail_at(at, "expected a filter name or attribute= for filter 'map', got neither");
     const std::string filter = want_str(at, args[0], "filter name");
@@ -657,7 +666,7 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
       ev.charge(at, 1);
       out.push_back(call_filter(ev, at, filter, x, Args(args.begin() + 1, args.end()), kwargs));
     }
-    return make_list(at, std::move(out));
+    return as_view(make_list(at, std::move(out)), "generator");
   }
   if (name == "sum") {
     Params p = params(at, fn, args, kwargs, {"attribute", "start"});

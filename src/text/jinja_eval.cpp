@@ -235,7 +235,7 @@ Value Evaluator::eval_item(const Node& n, const Value& obj, const Value& key) {
     }
     return Value::undefined(detail::message("'", type_name(obj), " object' has no attribute ", repr(n, key)));
   }
-  if ((obj.list || obj.kind == Kind::Str) && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
+  if (((obj.list && !obj.list->view) || obj.kind == Kind::Str) && (key.kind == Kind::Int || key.kind == Kind::Bool)) {
     const int64_t k = key.kind == Kind::Bool ? key.b : key.i;
     if (obj.list) {
       const auto size = static_cast<int64_t>(obj.list->items.size());
@@ -265,7 +265,7 @@ Value Evaluator::eval_slice(const Node& n) {
     for (size_t i : slice_indices(n, static_cast<int64_t>(cps.size()), parts[0], parts[1], parts[2])) s += cps[i];
     return Value::str(std::move(s));
   }
-  if (!obj.list) fail_at(n, detail::message("expected a string, list or tuple to slice, got ", excerpt(obj)));
+  if (!obj.list || is_generator(obj)) return Value::undefined("'" + type_name(obj) + " object' has no slice");  // as jinja2's getitem
   std::vector<Value> items;
   for (size_t i : slice_indices(n, static_cast<int64_t>(obj.list->items.size()), parts[0], parts[1], parts[2]))
     items.push_back(obj.list->items[i]);

@@ -378,12 +378,13 @@ class Parser {
     NodePtr block = node(N::Block, cur());
     for (;;) {
       const Token& tok = cur();
+      const auto want = [&] {
+        std::string w;
+        for (const auto& e : ends) w += (w.empty() ? "'{% " : " or '{% ") + e + " %}'";
+        return w.empty() ? std::string("a statement") : w;
+      };
       if (tok.type == T::End) {
-        if (!ends.empty()) {
-          std::string want;
-          for (const auto& e : ends) want += (want.empty() ? "'{% " : " or '{% ") + e + " %}'";
-          error(want);
-        }
+        if (!ends.empty()) error(want());
         return block;
       }
       if (tok.type == T::Text) {
@@ -404,6 +405,8 @@ class Parser {
           end = name;
           return block;
         }
+        if (name.rfind("end", 0) == 0 || name == "else" || name == "elif")
+          lexer_.error(t_[i_ - 1].pos, want(), "'{% " + name.substr(0, 40) + " %}'");
         block->kids.push_back(parse_statement(name, tok));
       }
     }

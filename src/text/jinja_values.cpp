@@ -53,6 +53,13 @@ Value make_dict(const Node& at, std::vector<std::pair<std::string, Value>> items
   return v;
 }
 
+Value as_view(Value list, const char* view) {
+  auto l = std::make_shared<List>(*list.list);
+  l->view = view;
+  list.list = std::move(l);
+  return list;
+}
+
 Value from_json(const nlohmann::ordered_json& j) {
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null: return Value::none();
@@ -100,7 +107,7 @@ bool truthy(const Value& v) {
     case Kind::Int: return v.i != 0;
     case Kind::Float: return v.f != 0;
     case Kind::Str: return !v.s.empty();
-    case Kind::List: return !v.list->items.empty();
+    case Kind::List: return is_generator(v) || !v.list->items.empty();
     case Kind::Dict: return v.dict->is_namespace || !v.dict->items.empty();
     case Kind::Func: return true;
   }
@@ -115,7 +122,7 @@ std::string type_name(const Value& v) {
     case Kind::Int: return "int";
     case Kind::Float: return "float";
     case Kind::Str: return "str";
-    case Kind::List: return v.list->tuple ? "tuple" : "list";
+    case Kind::List: return v.list->view ? v.list->view : v.list->tuple ? "tuple" : "list";
     case Kind::Dict: return v.dict->is_namespace ? "Namespace" : "dict";
     case Kind::Func: return v.fn->macro ? "Macro" : "function";
   }
@@ -239,6 +246,7 @@ void json_value(const Node& at, std::string& out, const Value& v, const std::str
       return;
     case Kind::Str: json_str(out, v.s, ensure_ascii); return;
     case Kind::List: {
+      if (is_generator(v) || v.list->view) break;
       if (v.list->items.empty()) {
         out += "[]";
         return;
@@ -311,14 +319,15 @@ std::string repr(const Node& at, const Value& v) {
     case Kind::Undefined: return "Undefined";
     case Kind::Str: return repr_str(v.s);
     case Kind::List: {
-      std::string out(1, v.list->tuple ? '(' : '[');
+      if (is_generator(v)) fail_at(at, "expected a value to print, got a generator (add '| list')");
+      std::string out = v.list->view ? std::string(v.list->view) + "([" : std::string(1, v.list->tuple ? '(' : '[');
       for (size_t k = 0; k < v.list->items.size(); ++k) {
         if (k) out += ", ";
         out += repr(at, v.list->items[k]);
         check_size(at, out.size());
       }
       if (v.list->tuple && v.list->items.size() == 1) out += ',';
-      return out + (v.list->tuple ? ')' : ']');
+      return out + (v.list->view ? "])" : v.list->tuple ? ")" : "]");
     }
     case Kind::Dict: {
       std::string out = v.dict->is_namespace ? "<Namespace {" : "{";
@@ -363,6 +372,7 @@ bool equal(const Value& a, const Value& b) {
     case Kind::None: return true;
     case Kind::Str: return a.s == b.s;
     case Kind::List: {
+      if (is_generator(a) || is_generator(b)) return a.list == b.list;
       if (a.list->tuple != b.list->tuple || a.list->items.size() != b.list->items.size()) return false;
       for (size_t k = 0; k < a.list->items.size(); ++k)
         if (!equal(a.list->items[k], b.list->items[k])) return false;
