@@ -411,7 +411,17 @@ Value call_method(Evaluator& ev, const Node& at, const Func& f, Args args, Kwarg
     return Value::boolean(false);
   }
   if (name == "upper" || name == "lower") return params(at, fn, args, kwargs, {}), Value::str(ascii_case(s, name == "upper"));
-  if (name == "title") return params(at, fn, args, kwargs, {}), Value::str(title(s));
+  if (name == "title") {  // Python's str.title: a letter after a non-letter starts a word
+    params(at, fn, args, kwargs, {});
+    std::string out = s;
+    bool prev_letter = false;
+    for (char& c : out) {
+      const bool letter = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+      if (letter) c = ascii_case(std::string(1, c), !prev_letter)[0];
+      prev_letter = letter;
+    }
+    return Value::str(std::move(out));
+  }
   if (name == "capitalize") return params(at, fn, args, kwargs, {}), Value::str(capitalize(s));
   if (name == "replace") {
     Params p = params(at, fn, args, kwargs, {"old", "new", "count"});
