@@ -188,9 +188,23 @@ std::string repr_str(const std::string& s) {
     else if (c == '\r') out += "\\r";
     else if (c == '\t') out += "\\t";
     else if (c < 0x20 || c == 0x7f) out += "\\x", out += hex[c >> 4], out += hex[c & 15];
-    else if (c == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) < 0xa0) {  // U+0080..U+009F
-      const auto d = static_cast<unsigned char>(s[++i]);
+    else if (c == 0xc2 && i + 1 < s.size() &&
+             (static_cast<unsigned char>(s[i + 1]) <= 0xa0 || static_cast<unsigned char>(s[i + 1]) == 0xad)) {
+      const auto d = static_cast<unsigned char>(s[++i]);  // U+0080..U+00A0, U+00AD: not printable
       out += "\\x", out += hex[d >> 4], out += hex[d & 15];
+    } else if ((c >> 4) == 14 && i + 2 < s.size()) {
+      const uint32_t cp = (c & 15u) << 12 | (static_cast<unsigned char>(s[i + 1]) & 63u) << 6 |
+                          (static_cast<unsigned char>(s[i + 2]) & 63u);
+      // The separators and format characters of the Basic Multilingual Plane that Python escapes.
+      if (cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200f) || (cp >= 0x2028 && cp <= 0x202f) ||
+          (cp >= 0x205f && cp <= 0x2064) || (cp >= 0x2066 && cp <= 0x206f) || cp == 0x3000 || cp == 0xfeff ||
+          (cp >= 0xfff9 && cp <= 0xfffb)) {
+        out += "\\u";
+        for (int sh = 12; sh >= 0; sh -= 4) out += hex[(cp >> sh) & 15];
+      } else {
+        out.append(s, i, 3);
+      }
+      i += 2;
     } else out += static_cast<char>(c);
   }
   return out + q;

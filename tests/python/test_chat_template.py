@@ -135,9 +135,10 @@ VALUES = ["1", "0", "-3", "2.5", "0.1", "1e20", "'abc'", "' a B '", "''", "'\u00
 BINOPS = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">=", "and", "or", "in", "not in", "**"]
 FILTERS = ["trim", "length", "upper", "lower", "title", "capitalize", "default('z')", "d(1, true)", "tojson",
            "tojson(indent=2)", "string", "int", "float", "join(',')", "join", "first", "last", "list",
-           "replace('a', 'Q')", "select('odd')", "reject('none')", "selectattr('role', 'equalto', 'user')",
-           "map(attribute='role')", "map('upper')", "indent(2)", "indent(3, true)", "round", "round(1)", "abs",
-           "reverse", "safe", "sum", "count", "e"]
+           "replace('a', 'Q')", "indent(2)", "indent(3, true)", "round", "round(1)", "abs", "sum", "count"]
+# Lazy in jinja2 (generators): applied to lists, then consumed.
+SEQ_FILTERS = ["select('odd')", "reject('none')", "selectattr('role', 'equalto', 'user')", "rejectattr('role')",
+               "map(attribute='role')", "map('string')", "map('upper')", "reverse", "select"]
 TESTS = ["defined", "undefined", "none", "string", "mapping", "iterable", "sequence", "number", "integer", "float",
          "boolean", "true", "false", "odd", "even", "divisibleby(3)", "in([1, 'abc'])", "eq(1)", "lower", "upper"]
 METHODS = ["strip()", "lstrip()", "rstrip('c')", "split(',')", "split()", "startswith('a')", "endswith(('c', 'x'))",
@@ -150,7 +151,7 @@ SUBSCRIPTS = ["0", "-1", "1:", "::-1", ":2", "'k'", "5"]
 
 def expr(rng, depth=0):
     r = rng.random()
-    if depth > 3 or r < 0.3:
+    if depth > 2 or r < 0.35:
         return rng.choice(VALUES)
     if r < 0.45:
         return f"({expr(rng, depth + 1)} {rng.choice(BINOPS)} {expr(rng, depth + 1)})"
@@ -160,6 +161,8 @@ def expr(rng, depth=0):
         return f"({expr(rng, depth + 1)} is {rng.choice(['', 'not '])}{rng.choice(TESTS)})"
     if r < 0.78:
         return f"{rng.choice(VALUES)}.{rng.choice(METHODS)}"
+    if r < 0.81:
+        return f"({rng.choice(['xs', 'msgs', '[1, none, 2]', 'd.values()'])} | {rng.choice(SEQ_FILTERS)} | list)"
     if r < 0.84:
         return f"{rng.choice(SEQUENCES)}[{rng.choice(SUBSCRIPTS)}]"
     if r < 0.9:
@@ -212,7 +215,7 @@ def reference(source):
 
 def test_random_templates_match_jinja2(seeded):
     agreed = failed_both = 0
-    for _ in range(400):
+    for _ in range(200):
         source = "{% set ns = namespace(v=0) %}" + block(seeded)
         ref = reference(source)
         try:
@@ -224,8 +227,8 @@ def test_random_templates_match_jinja2(seeded):
             continue
         if not isinstance(ref, tuple) and (" object at 0x" in ref.lower() or "<function" in ref):
             continue  # Python printed a generator or a function: mhsa refuses to print those
-        if isinstance(ours, tuple) and ("generator" in ours[1] or "expected something iterable" in ours[1]):
-            continue  # jinja2's select/map are lazy: on a non-iterable they fail only if consumed; mhsa at once
+        if isinstance(ours, tuple) and "support '%'" in ours[1] and "got a str" in ours[1]:
+            continue  # Python's '%' string formatting: refused by mhsa
         assert ours == ref, f"template: {source!r}"
         agreed += 1
-    assert agreed >= 100, (agreed, failed_both)
+    assert agreed >= 40, (agreed, failed_both)
