@@ -520,6 +520,7 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
     Params p = params(at, fn, args, kwargs, {"default", "base"});
     const Value dflt = p.get(0, Value::integer(0));
     if (want_int(at, p.get(1, Value::integer(10)), "base") != 10) fail_at(at, "expected base 10 for filter 'int', got another");
+    if (v.undef()) fail_at(at, v.s);  // int(Undefined) raises
     if (v.kind == Kind::Int) return v;
     if (v.kind == Kind::Bool) return Value::integer(v.b);
     double d = 0;
@@ -527,11 +528,14 @@ Value call_filter(Evaluator& ev, const Node& at, const std::string& name, const 
     if (v.kind == Kind::Str && parse_int(v.s, i)) return Value::integer(i);
     if (v.kind == Kind::Float) d = v.f;
     else if (v.kind != Kind::Str || !parse_float(v.s, d)) return dflt;
-    if (!std::isfinite(d) || std::fabs(d) >= 9.2e18) return dflt;
+    if (!std::isfinite(d)) return dflt;
+    if (std::fabs(d) >= 9223372036854775808.0)
+      fail_at(at, "expected results within 64-bit integers, got " + float_repr(d) + " in filter 'int'");
     return Value::integer(static_cast<int64_t>(d));
   }
   if (name == "float") {
     Params p = params(at, fn, args, kwargs, {"default"});
+    if (v.undef()) fail_at(at, v.s);  // float(Undefined) raises
     if (v.is_num()) return Value::number(v.kind == Kind::Float ? v.f : v.kind == Kind::Bool ? v.b : static_cast<double>(v.i));
     double d = 0;
     if (v.kind == Kind::Str && parse_float(v.s, d)) return Value::number(d);

@@ -509,6 +509,9 @@ Evaluator::Flow Evaluator::exec_for(const Node& n) {
   }
   const std::shared_ptr<Scope> outer = scope;
   const auto length = static_cast<int64_t>(items.size());
+  // jinja2 runs `else` unless some iteration reached the end of the body: one that ended in
+  // `break` or `continue` does not count.
+  bool completed = false;
   try {
     for (int64_t k = 0; k < length; ++k) {
       charge(n, 1);
@@ -536,13 +539,14 @@ Evaluator::Flow Evaluator::exec_for(const Node& n) {
       scope = s;
       const Flow f = exec(*n.kids[1]);
       scope = outer;
+      completed = completed || f == Flow::Normal;
       if (f == Flow::Break) break;
     }
   } catch (...) {
     scope = outer;
     throw;
   }
-  if (length == 0 && n.kids[3]) return exec(*n.kids[3]);
+  if (!completed && n.kids[3]) return exec(*n.kids[3]);
   return Flow::Normal;
 }
 

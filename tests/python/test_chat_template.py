@@ -229,6 +229,8 @@ def test_random_templates_match_jinja2(seeded):
             continue  # Python printed a generator or a function: mhsa refuses to print those
         if isinstance(ours, tuple) and "support '%'" in ours[1] and "got a str" in ours[1]:
             continue  # Python's '%' string formatting: refused by mhsa
+        if isinstance(ours, tuple) and "64-bit integers" in ours[1]:
+            continue  # Python's integers have no bound; mhsa's are 64-bit
         assert ours == ref, f"template: {source!r}"
         agreed += 1
     assert agreed >= 40, (agreed, failed_both)
