@@ -27,7 +27,7 @@ constexpr int kMaxCallDepth = 50;            // macro calls inside macro calls
 constexpr size_t kMaxStringBytes = 64 << 20;  // any one string, the output included
 constexpr size_t kMaxItems = 1 << 20;         // any one list or dict
 constexpr int64_t kMaxRange = 100000;        // range(), as jinja2's sandbox
-constexpr int64_t kWorkBudget = 200'000'000;  // nodes evaluated + bytes and items built / 16
+constexpr int64_t kWorkBudget = 10'000'000;   // nodes evaluated + bytes and items built / 16
 
 // ---- values ---------------------------------------------------------------------------------
 struct Value;

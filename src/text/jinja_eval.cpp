@@ -184,7 +184,11 @@ bool contains(const Node& at, const Value& needle, const Value& hay) {
       if (equal(x, needle)) return true;
     return false;
   }
-  if (hay.dict) return needle.kind == Kind::Str && hay.dict->find(needle.s) != nullptr;
+  if (hay.dict) {
+    if ((needle.list && !needle.list->tuple) || needle.dict)
+      fail_at(at, "expected a hashable value on the left of 'in' a mapping, got " + excerpt(needle));
+    return needle.kind == Kind::Str && hay.dict->find(needle.s) != nullptr;
+  }
   if (hay.undef()) return false;
   fail_at(at, detail::message("expected a string, list or mapping on the right of 'in', got ", excerpt(hay)));
 }
@@ -514,7 +518,7 @@ Evaluator::Flow Evaluator::exec_for(const Node& n) {
   bool completed = false;
   try {
     for (int64_t k = 0; k < length; ++k) {
-      charge(n, 1);
+      charge(n, 8);  // an iteration builds a scope and a loop object
       auto s = std::make_shared<Scope>();
       s->parent = outer;
       bind(*s, items[static_cast<size_t>(k)]);
