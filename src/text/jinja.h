@@ -1,7 +1,8 @@
 // text/jinja.h — an interpreter for the subset of Jinja that chat templates use, with the
 // environment transformers renders them in (trim_blocks, lstrip_blocks, loop controls, the
 // `raise_exception` and `strftime_now` globals, its `tojson`, an immutable sandbox). Shared by the
-// parser (jinja_parse.cpp), the evaluator (jinja_eval.cpp) and the builtins (jinja_builtins.cpp).
+// lexer and parser (jinja_lex.cpp, jinja_parse.cpp), the evaluator (jinja_eval.cpp), the values
+// (jinja_values.cpp) and the builtins (jinja_builtins.cpp).
 // Not a general template engine: no inheritance, includes, imports, autoescaping or `call` blocks;
 // integers are 64-bit (overflow is an error) and case mappings are ASCII only.
 //
