@@ -54,6 +54,13 @@ clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc te
 rm -rf build/fuzz_config_corpus && cp -r tests/fuzz/config_corpus build/fuzz_config_corpus
 build/fuzz_config -max_total_time=15 -print_final_stats=1 build/fuzz_config_corpus 2>&1 | tail -n 3
 
+step "fuzzing chat templates: ChatTemplate parse + render (libFuzzer + ASan + UBSan, 15 s)"
+clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/jinja_fuzz.cpp \
+  src/text/chat_template.cpp src/text/jinja_parse.cpp src/text/jinja_eval.cpp src/text/jinja_lex.cpp src/text/jinja_values.cpp \
+  src/text/jinja_builtins.cpp src/io/json.cpp src/core/error.cpp -o build/fuzz_jinja
+rm -rf build/fuzz_jinja_corpus && cp -r tests/fuzz/jinja_corpus build/fuzz_jinja_corpus
+build/fuzz_jinja -max_total_time=15 -print_final_stats=1 build/fuzz_jinja_corpus 2>&1 | tail -n 3
+
 step "fuzzing the tokenizer's vocab.json + merges.txt loading: Tokenizer::parse (libFuzzer + ASan + UBSan, 15 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_files_fuzz.cpp \
   $TOKENIZER_SOURCES \

@@ -6,6 +6,7 @@ a subclass of ``ValueError``.
 """
 
 from ._core import (
+    ChatTemplate,
     GPT2,
     GPT2Cache,
     Error,
@@ -27,6 +28,7 @@ from ._core import (
 )
 
 __all__ = [
+    "ChatTemplate",
     "Error",
     "GPT2",
     "GPT2Cache",

@@ -241,6 +241,7 @@ void save_safetensors_py(const std::string& path, const py::dict& tensors, const
 void bind_tokenizer(py::module_& m);  // bind_tokenizer.cpp
 void bind_model(py::module_& m);      // bind_model.cpp
 void bind_weights(py::module_& m);    // bind_weights.cpp
+void bind_chat_template(py::module_& m);  // bind_chat_template.cpp
 
 }  // namespace mhsa::python
 
@@ -266,6 +267,7 @@ PYBIND11_MODULE(_core, m) {
   bind_tokenizer(m);
   bind_model(m);
   bind_weights(m);
+  bind_chat_template(m);
   m.def("scaled_dot_product_attention", &sdpa, "q"_a, "k"_a, "v"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(), "return_lse"_a = false,
         R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].
