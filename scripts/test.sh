@@ -45,9 +45,10 @@ rm -rf build/fuzz_tokenizer_corpus && cp -r tests/fuzz/tokenizer_corpus build/fu
 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer \
   build/fuzz_tokenizer -max_total_time=20 -print_final_stats=1 build/fuzz_tokenizer_corpus 2>&1 | tail -n 3
 
-step "fuzzing config.json reading: Gpt2Config::parse (libFuzzer + ASan + UBSan, 15 s)"
+step "fuzzing config.json and index reading: Gpt2Config::parse, ModelConfig::parse, parse_safetensors_index (libFuzzer + ASan + UBSan, 15 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/config_fuzz.cpp \
-  src/model/gpt2_config.cpp src/io/file.cpp src/io/json.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_config
+  src/model/gpt2_config.cpp src/model/model_config.cpp src/io/sharded_safetensors.cpp src/io/safetensors.cpp \
+  src/io/file.cpp src/io/json.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_config
 rm -rf build/fuzz_config_corpus && cp -r tests/fuzz/config_corpus build/fuzz_config_corpus
 build/fuzz_config -max_total_time=15 -print_final_stats=1 build/fuzz_config_corpus 2>&1 | tail -n 3
 

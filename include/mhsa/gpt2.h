@@ -5,8 +5,7 @@
 // blocks x += attn(ln_1(x)); x += mlp(ln_2(x)) with a causal MultiHeadAttention and an MLP
 // c_fc → GELU (tanh approximation) → c_proj, a final ln_f, and logits = ln_f(x)·wteᵀ (the output
 // matrix is tied to the token embedding unless the file holds its own lm_head.weight).
-// float32 throughout; F16/BF16 checkpoints are widened at load. Not a general transformer runner:
-// GPT-2's architecture only.
+// float32 throughout; F16/BF16 checkpoints are widened at load. Other families: mhsa::Model.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +19,7 @@
 
 #include "mhsa/kv_cache.h"
 #include "mhsa/mha.h"
+#include "mhsa/model.h"
 #include "mhsa/tensor.h"
 
 namespace mhsa {
@@ -44,33 +44,7 @@ struct Gpt2Config {
 };
 
 // The keys and values of every layer for one batch of sequences: the state of a generation.
-class Gpt2Cache {
- public:
-  int64_t batch() const { return layers_.empty() ? 0 : layers_[0].batch(); }
-  int64_t length() const { return layers_.empty() ? 0 : layers_[0].length(); }
-  int64_t capacity() const { return layers_.empty() ? 0 : layers_[0].capacity(); }
-  void reset();
-
- private:
-  friend class Gpt2;
-  std::vector<KVCache> layers_;
-};
-
-struct GenerationOptions {
-  int64_t max_new_tokens = 32;
-  float temperature = 0.0f;          // 0: greedy (argmax); otherwise logits / temperature are sampled
-  int64_t top_k = 0;                 // keep the k most likely tokens; 0 keeps all
-  float top_p = 1.0f;                // keep the smallest set of tokens whose probability reaches p
-  float repetition_penalty = 1.0f;   // > 1 discourages tokens already in the sequence (CTRL/HF rule)
-  uint64_t seed = 0;                 // the sampler's generator (one per sequence, seed + row)
-  bool stop_at_eos = true;           // a sequence ends after it emits eos_token_id
-};
-
-// Timings of the two phases of generate().
-struct GenerationStats {
-  int64_t prefill_tokens = 0, decode_tokens = 0;
-  double prefill_seconds = 0, decode_seconds = 0;
-};
+using Gpt2Cache = ModelCache;
 
 // The weights of one transformer block (Hugging Face names in comments).
 struct Gpt2Block {
@@ -95,6 +69,8 @@ class Gpt2 {
   // kernel's log-sum-exp (attention_probabilities), for the explainer.
   Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T,
                  std::vector<Tensor>* attention = nullptr) const;
+  // The same model as the block sees it (family gpt2).
+  const ModelConfig& model_config() const { return model_config_; }
 
   // An empty cache for `batch` sequences of up to `max_tokens` tokens (≤ n_positions).
   Gpt2Cache new_cache(int64_t batch, int64_t max_tokens) const;
@@ -127,7 +103,7 @@ class Gpt2 {
   const Tensor& ln_f_bias() const { return lnf_b_; }
   const Tensor& output_matrix() const { return lm_head_.defined() ? lm_head_ : wte_; }
 
-  // ---- training (src/train/gpt2_backward.cpp) ----
+  // ---- training ----
   // Every parameter with its Hugging Face name ("wte.weight", "h.0.attn.c_attn.weight", ...), in
   // a fixed order: what optimisers update and checkpoints store.
   std::vector<std::pair<std::string, Tensor*>> parameters();
@@ -143,12 +119,13 @@ class Gpt2 {
   double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const;
 
  private:
+  friend struct ModelAccess;
   using Block = Gpt2Block;
   Gpt2() = default;
-  Tensor run(std::span<const int32_t> ids, int64_t B, int64_t n, Gpt2Cache* cache, bool last_only,
-             std::vector<Tensor>* attention = nullptr) const;
+  std::vector<const Tensor*> parameter_list() const;  // parameters() without the names
 
   Gpt2Config config_;
+  ModelConfig model_config_;
   Tensor wte_;     // [V, C], also the output matrix unless lm_head_ is defined
   Tensor wpe_;     // [n_positions, C]
   Tensor lm_head_; // [V, C] when the checkpoint has an untied one

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <span>
@@ -58,6 +59,38 @@ class SafeTensors {
   std::vector<SafeTensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
+
+// The weights of a Hugging Face model directory as one set of named tensors: its
+// model.safetensors, or (when there is none) the shards that model.safetensors.index.json's
+// "weight_map" names — the order transformers looks for them in. Every file is opened as
+// SafeTensors::open opens one (memory-mapped, validated) before anything is looked up. The index
+// is checked as hostile input: shard names must be plain file names in the same directory (no
+// "/", "\\", "." or ".."), every shard must exist, no tensor may be held by two shards, and the
+// weight_map must name exactly the tensors its shards hold, each in the shard that holds it.
+class ShardedSafeTensors {
+ public:
+  // `dir` holds model.safetensors or model.safetensors.index.json and its shards.
+  static ShardedSafeTensors open_dir(const std::filesystem::path& dir);
+  // An index file; its shards are read from the directory it is in.
+  static ShardedSafeTensors open_index(const std::filesystem::path& index_json);
+
+  const std::vector<SafeTensors>& files() const { return files_; }
+  std::vector<std::string> names() const;                   // every tensor's name, sorted
+  const SafeTensorInfo* find(std::string_view name) const;  // null when absent
+  // The named tensor as float32 (see SafeTensors::load); throws naming it when it is absent.
+  Tensor load(std::string_view name) const;
+
+ private:
+  ShardedSafeTensors() = default;
+  std::string source_;                                            // the file or index opened
+  std::vector<SafeTensors> files_;
+  std::map<std::string, std::pair<size_t, size_t>, std::less<>> where_;  // name → (file, tensor)
+};
+
+// The "weight_map" of a model.safetensors.index.json's text (tensor name → shard file name),
+// validated: a JSON object whose weight_map is a non-empty object of plain file names (see
+// ShardedSafeTensors). `source` names the file in errors.
+std::map<std::string, std::string> parse_safetensors_index(std::string_view json_text, const std::string& source);
 
 // Writes float32 tensors (any strides) stored as `dtype`, atomically: `path` is either the old
 // file or the complete new one, never a partial write.

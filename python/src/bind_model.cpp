@@ -1,7 +1,9 @@
-// python/src/bind_model.cpp — mhsa.GPT2: a Hugging Face GPT-2 directory, logits and generation.
-// Token ids come in as any integer array (or nested sequence) [B, T] or [T]; logits go out as
-// float32 NumPy arrays. The GIL is released while the model runs. A GPT2 is never changed from
-// Python, so threads share it freely; a GPT2Cache is locked while a call extends it (locks.h).
+// python/src/bind_model.cpp — mhsa.GPT2 and mhsa.Model: a Hugging Face directory, logits,
+// generation, the training loss and gradients; both classes get the same methods from one template
+// (bind_decoder). Token ids come in as any integer array (or nested sequence) [B, T] or [T]; logits
+// go out as float32 NumPy arrays. The GIL is released while the model runs. A model is never
+// changed from Python, so threads share it freely; a cache is locked while a call extends it
+// (locks.h).
 #include <pybind11/functional.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -14,6 +16,7 @@
 #include "core/check.h"
 #include "locks.h"
 #include "mhsa/gpt2.h"
+#include "mhsa/model.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -64,47 +67,16 @@ py::dict config_dict(const Gpt2Config& c) {
                   "layer_norm_epsilon"_a = c.layer_norm_epsilon, "eos_token_id"_a = c.eos_token_id);
 }
 
-}  // namespace
 
-void bind_model(py::module_& m) {
-  const auto read_cache = [](int64_t (Gpt2Cache::*get)() const) {
-    return [get](Cache& c) { return locked([&] { return (c.cache.*get)(); }, reading(c.lock)); };
-  };
-  py::class_<Cache>(m, "GPT2Cache", "Keys and values of every layer for a batch of sequences.")
-      .def_property_readonly("batch", read_cache(&Gpt2Cache::batch))
-      .def_property_readonly("length", read_cache(&Gpt2Cache::length))
-      .def_property_readonly("capacity", read_cache(&Gpt2Cache::capacity))
-      .def("reset", [](Cache& c) { locked([&] { c.cache.reset(); }, writing(c.lock)); });
-
-  py::class_<Gpt2>(m, "GPT2", R"(GPT-2 on mhsa's attention (float32).
-
-GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors.)")
-      .def_static(
-          "load", [](const std::filesystem::path& dir) {
-            GilReleased unlocked;
-            return Gpt2::load(dir);
-          },
-          "path"_a, "Loads config.json + model.safetensors from a directory.")
-      .def_static(
-          "random",
-          [](int64_t vocab_size, int64_t n_positions, int64_t n_embd, int64_t n_layer, int64_t n_head, uint64_t seed) {
-            Gpt2Config c;
-            c.vocab_size = vocab_size;
-            c.n_positions = n_positions;
-            c.n_embd = n_embd;
-            c.n_layer = n_layer;
-            c.n_head = n_head;
-            c.eos_token_id = vocab_size > 50256 ? 50256 : -1;
-            GilReleased unlocked;
-            return Gpt2::random(c, seed);
-          },
-          "vocab_size"_a = 50257, "n_positions"_a = 1024, "n_embd"_a = 768, "n_layer"_a = 12, "n_head"_a = 12,
-          "seed"_a = 0, "Random weights of the given shape (GPT-2 small by default), for benchmarks.")
-      .def_property_readonly("config", [](const Gpt2& g) { return config_dict(g.config()); })
+int32_t pad_token(const Gpt2& g) { return g.config().eos_token_id; }
+// The methods GPT2 and Model share: forward, loss_and_grad, loss, new_cache, extend, generate.
+template <class M>
+void bind_decoder(py::class_<M>& cls, const std::string& name) {
+  cls
       .def(
           "forward",
-          [](const Gpt2& g, const py::object& ids_obj) {
-            const Ids ids = token_ids(ids_obj, "GPT2.forward");
+          [name](const M& g, const py::object& ids_obj) {
+            const Ids ids = token_ids(ids_obj, name + ".forward");
             Tensor logits;
             {
               GilReleased unlocked;
@@ -118,11 +90,11 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
       .def("__call__", [](const py::object& self, const py::object& ids) { return self.attr("forward")(ids); })
       .def(
           "loss_and_grad",
-          [](const Gpt2& g, const py::object& ids_obj, const py::object& targets_obj) {
-            const Ids ids = token_ids(ids_obj, "GPT2.loss_and_grad");
-            const Ids targets = token_ids(targets_obj, "GPT2.loss_and_grad");
+          [name](const M& g, const py::object& ids_obj, const py::object& targets_obj) {
+            const Ids ids = token_ids(ids_obj, name + ".loss_and_grad");
+            const Ids targets = token_ids(targets_obj, name + ".loss_and_grad");
             if (targets.B != ids.B || targets.T != ids.T)
-              throw Error(detail::message("GPT2.loss_and_grad: targets: expected the shape of ids [", ids.B, ", ",
+              throw Error(detail::message(name + ".loss_and_grad: targets: expected the shape of ids [", ids.B, ", ",
                                           ids.T, "], got [", targets.B, ", ", targets.T, "]"));
             std::vector<Tensor> grads = g.zero_gradients();
             double loss = 0;
@@ -140,24 +112,24 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
           "gradient by Hugging Face name.")
       .def(
           "loss",
-          [](const Gpt2& g, const py::object& ids_obj, const py::object& targets_obj) {
-            const Ids ids = token_ids(ids_obj, "GPT2.loss");
-            const Ids targets = token_ids(targets_obj, "GPT2.loss");
+          [name](const M& g, const py::object& ids_obj, const py::object& targets_obj) {
+            const Ids ids = token_ids(ids_obj, name + ".loss");
+            const Ids targets = token_ids(targets_obj, name + ".loss");
             GilReleased unlocked;
             return g.loss(ids.data, targets.data, ids.B, ids.T);
           },
           "ids"_a, "targets"_a, "Mean cross-entropy (nats per token) of predicting targets from ids.")
       .def(
           "new_cache",
-          [](const Gpt2& g, int64_t batch, int64_t max_tokens) {
+          [](const M& g, int64_t batch, int64_t max_tokens) {
             GilReleased unlocked;
             return Cache{g.new_cache(batch, max_tokens), {}};
           },
           "batch"_a, "max_tokens"_a)
       .def(
           "extend",
-          [](const Gpt2& g, Cache& cache, const py::object& ids_obj, bool last_only) {
-            const Ids ids = token_ids(ids_obj, "GPT2.extend");
+          [name](const M& g, Cache& cache, const py::object& ids_obj, bool last_only) {
+            const Ids ids = token_ids(ids_obj, name + ".extend");
             Tensor logits = locked([&] { return g.extend(cache.cache, ids.data, ids.B, ids.T, last_only); },
                                    writing(cache.lock));
             return to_numpy(std::move(logits));
@@ -166,9 +138,9 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
           "Runs ids [B, n] after the cached tokens; logits [B, n, V] (or [B, 1, V] with last_only).")
       .def(
           "generate",
-          [](const Gpt2& g, const py::object& ids_obj, int64_t max_new_tokens, float temperature, int64_t top_k,
+          [name](const M& g, const py::object& ids_obj, int64_t max_new_tokens, float temperature, int64_t top_k,
              float top_p, uint64_t seed, float repetition_penalty, bool stop_at_eos) {
-            const Ids ids = token_ids(ids_obj, "GPT2.generate");
+            const Ids ids = token_ids(ids_obj, name + ".generate");
             GenerationOptions o;
             o.max_new_tokens = max_new_tokens;
             o.temperature = temperature;
@@ -192,7 +164,7 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
               for (int64_t t = 0; t < W; ++t)
                 p[b * W + t] = t < ids.T                            ? ids.data[static_cast<size_t>(b * ids.T + t)]
                                : t - ids.T < static_cast<int64_t>(row.size()) ? row[static_cast<size_t>(t - ids.T)]
-                                                                               : g.config().eos_token_id;
+                                                                               : pad_token(g);
             }
             if (ids.one_sequence) return py::array(seq.attr("reshape")(W));
             return py::array(seq);
@@ -201,6 +173,48 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
           "repetition_penalty"_a = 1.0f, "stop_at_eos"_a = true,
           R"(Prompt + continuation, int64 [B, T + n] (like Hugging Face's generate): greedy at temperature 0,
 otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded with eos.)");
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  const auto read_cache = [](int64_t (Gpt2Cache::*get)() const) {
+    return [get](Cache& c) { return locked([&] { return (c.cache.*get)(); }, reading(c.lock)); };
+  };
+  py::class_<Cache>(m, "GPT2Cache", "Keys and values of every layer for a batch of sequences.")
+      .def_property_readonly("batch", read_cache(&Gpt2Cache::batch))
+      .def_property_readonly("length", read_cache(&Gpt2Cache::length))
+      .def_property_readonly("capacity", read_cache(&Gpt2Cache::capacity))
+      .def("reset", [](Cache& c) { locked([&] { c.cache.reset(); }, writing(c.lock)); });
+
+  py::class_<Gpt2> gpt2(m, "GPT2", R"(GPT-2 on mhsa's attention (float32).
+
+GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors.)");
+  gpt2
+      .def_static(
+          "load", [](const std::filesystem::path& dir) {
+            GilReleased unlocked;
+            return Gpt2::load(dir);
+          },
+          "path"_a, "Loads config.json + model.safetensors from a directory.")
+      .def_static(
+          "random",
+          [](int64_t vocab_size, int64_t n_positions, int64_t n_embd, int64_t n_layer, int64_t n_head, uint64_t seed) {
+            Gpt2Config c;
+            c.vocab_size = vocab_size;
+            c.n_positions = n_positions;
+            c.n_embd = n_embd;
+            c.n_layer = n_layer;
+            c.n_head = n_head;
+            c.eos_token_id = vocab_size > 50256 ? 50256 : -1;
+            GilReleased unlocked;
+            return Gpt2::random(c, seed);
+          },
+          "vocab_size"_a = 50257, "n_positions"_a = 1024, "n_embd"_a = 768, "n_layer"_a = 12, "n_head"_a = 12,
+          "seed"_a = 0, "Random weights of the given shape (GPT-2 small by default), for benchmarks.")
+      .def_property_readonly("config", [](const Gpt2& g) { return config_dict(g.config()); });
+  bind_decoder(gpt2, "GPT2");
+
 }
 
 }  // namespace mhsa::python

@@ -162,6 +162,7 @@ void save_safetensors_py(const std::string& path, const py::dict& tensors, const
 
 void bind_tokenizer(py::module_& m);  // bind_tokenizer.cpp
 void bind_model(py::module_& m);      // bind_model.cpp
+void bind_weights(py::module_& m);    // bind_weights.cpp
 
 }  // namespace mhsa::python
 
@@ -186,6 +187,7 @@ PYBIND11_MODULE(_core, m) {
 
   bind_tokenizer(m);
   bind_model(m);
+  bind_weights(m);
   bind_attention(m);
   m.def("release_cached_memory", &mhsa::release_cached_memory,
         "Give the freed tensor memory that mhsa keeps for reuse (up to 1/8 of RAM) back to the system.");

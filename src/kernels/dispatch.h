@@ -9,6 +9,7 @@
 
 #include "core/cpu.h"
 #include "kernels/attention_params.h"
+#include "kernels/elementwise.h"
 
 namespace mhsa::kernels {
 
@@ -22,7 +23,23 @@ namespace mhsa::kernels {
   void attention_backward(const AttentionParams& p);                                                       \
   void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta, \
                   float eps, float* y, int64_t ldy);                                                       \
+  void layer_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, float eps,  \
+                           const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dgamma, float* dbeta);   \
+  void rms_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset, float eps,    \
+                float* y, int64_t ldy);                                                                    \
+  void rms_norm_backward(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w, float offset,      \
+                         float eps, const float* dy, int64_t lddy, float* dx, int64_t lddx, float* dw);           \
   void gelu_tanh(int64_t n, float* x);                                                                     \
+  void glu(GluKind kind, int64_t rows, int64_t F, const float* gate, int64_t ldg, const float* up, int64_t ldu,  \
+           float* out, int64_t ldo);                                                                       \
+  void glu_backward(GluKind kind, int64_t rows, int64_t F, const float* gate, int64_t ldg, const float* up,       \
+                    int64_t ldu, const float* dout, int64_t lddo, float* dgate, int64_t lddg, float* dup,         \
+                    int64_t lddu);                                                                         \
+  void softcap(int64_t rows, int64_t n, const float* x, int64_t ldx, float cap, float* y, int64_t ldy);          \
+  void softcap_backward(int64_t rows, int64_t n, const float* x, int64_t ldx, float cap, float* dy,             \
+                        int64_t lddy);                                                                     \
+  void rope(int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dim, float* x, int64_t ldx,            \
+            const int64_t* positions, const float* table, bool backward);                                  \
   void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz);                           \
   void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,  \
                  float* C, int64_t ldc);                                                                   \
@@ -58,6 +75,17 @@ struct KernelTable {
   // Training: the softmax cross-entropy head and AdamW (float64 twins in kernels/elementwise.h).
   decltype(&portable::softmax_cross_entropy) softmax_cross_entropy;
   decltype(&portable::adamw) adamw;
+  // The model families' row kernels, each defined by its float64 twin in kernels/elementwise.h:
+  // the norms' backward passes (dx, dgamma, dbeta accumulated; sums across rows in float64, row
+  // order), RMSNorm, the gated MLP activations, logit soft-capping, rotary embedding.
+  decltype(&portable::layer_norm_backward) layer_norm_backward;
+  decltype(&portable::rms_norm) rms_norm;
+  decltype(&portable::rms_norm_backward) rms_norm_backward;
+  decltype(&portable::glu) glu;
+  decltype(&portable::glu_backward) glu_backward;
+  decltype(&portable::softcap) softcap;
+  decltype(&portable::softcap_backward) softcap_backward;
+  decltype(&portable::rope) rope;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

@@ -1,4 +1,6 @@
-// nn/linear.cpp — see linear.h.
+// nn/linear.cpp — see linear.h. Every product is the library's GEMM (gemm for the plain
+// forward, gemm_ex for transposed operands and accumulation, matmul_bt streaming an [out, in]
+// weight for a few rows).
 #include "nn/linear.h"
 
 #include <algorithm>
@@ -45,6 +47,42 @@ Tensor times_transposed(const float* g, int64_t B, int64_t T, int64_t n, const T
   kernels::kernels().gemm_ex(B * T, K, n, g, n, /*trans_a=*/false, w.data() + col, w.dim(1), /*trans_b=*/true,
                              out.data(), K, /*accumulate=*/false);
   return out;
+}
+
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, Layout layout, const float* b,
+                    float* y, int64_t ldy) {
+  constexpr int64_t kStreamRows = 8;  // up to here an [out, in] weight is streamed (decoding)
+  const kernels::KernelTable& k = kernels::kernels();
+  if (layout == Layout::in_out) return k.gemm(rows, w.dim(1), w.dim(0), x, ldx, w.data(), w.dim(1), b, y, ldy);
+  const int64_t out = w.dim(0), in = w.dim(1);
+  if (rows <= kStreamRows)
+    k.matmul_bt(rows, out, in, x, ldx, w.data(), in, y, ldy);
+  else
+    k.gemm_ex(rows, out, in, x, ldx, /*trans_a=*/false, w.data(), in, /*trans_b=*/true, y, ldy, /*accumulate=*/false);
+  if (b)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < out; ++c) y[r * ldy + c] += b[c];
+}
+
+void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Tensor& w,
+                     Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate) {
+  const kernels::KernelTable& k = kernels::kernels();
+  const bool io = layout == Layout::in_out;
+  const int64_t in = io ? w.dim(0) : w.dim(1), out = io ? w.dim(1) : w.dim(0);
+  if (dw) {
+    if (io)  // dW [in, out] += xᵀ·dy
+      k.gemm_ex(in, out, rows, x, ldx, /*trans_a=*/true, dy, ldy, /*trans_b=*/false, dw->data(), out, true);
+    else     // dW [out, in] += dyᵀ·x
+      k.gemm_ex(out, in, rows, dy, ldy, /*trans_a=*/true, x, ldx, /*trans_b=*/false, dw->data(), in, true);
+  }
+  if (db) {  // summed apart in float64 (O(rows·out), exact enough), then added once
+    std::vector<double> sum(static_cast<size_t>(out), 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < out; ++c) sum[static_cast<size_t>(c)] += dy[r * ldy + c];
+    for (int64_t c = 0; c < out; ++c) db[c] += static_cast<float>(sum[static_cast<size_t>(c)]);
+  }
+  if (dx)  // dx = dy·Wᵀ: W [in, out] read transposed, W [out, in] as it is
+    k.gemm_ex(rows, in, out, dy, ldy, /*trans_a=*/false, w.data(), io ? out : in, /*trans_b=*/io, dx, lddx, accumulate);
 }
 
 }  // namespace mhsa::nn

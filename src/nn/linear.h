@@ -1,7 +1,8 @@
-// nn/linear.h — the products behind a linear layer's backward, shared by MultiHeadAttention and
-// the GPT trainer: weights are [in, out] (GPT-2's Conv1D layout), activations rows of [M, in].
-// The transposed operands are read in place by gemm_ex's packing, and weight gradients are
-// accumulated by the GEMM itself (no temporary product). Not public.
+// nn/linear.h — the linear layer y = x·W (+ b) as a forward/backward pair, for weights stored
+// either way: [in, out] (GPT-2's Conv1D layout) or [out, in] (torch.nn.Linear's, every other
+// family), read in place (the transposed operand is handled by the GEMM's packing or by the
+// small-M stream, never copied). Weight gradients are accumulated by the GEMM itself (no
+// temporary product). Also the older helpers MultiHeadAttention's backward uses. Not public.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,17 @@
 #include "mhsa/tensor.h"
 
 namespace mhsa::nn {
+
+enum class Layout { in_out, out_in };  // W stored [in, out] (Conv1D) or [out, in] (nn.Linear)
+
+// y [rows, out] (ldy) = x [rows, in] (ldx) · W + b   (b may be null; W's layout as given)
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, Layout layout, const float* b,
+                    float* y, int64_t ldy);
+// From dy [rows, out] (ldy) and the forward's x [rows, in] (ldx): dw += ∂/∂W (when dw),
+// db += Σ_rows dy in float64 (when db), and dx [rows, in] (lddx) = dy·Wᵀ, or += with accumulate
+// (when dx).
+void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Tensor& w,
+                     Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate);
 
 // dst[cols, rows] = src[rows, cols] (src rows lds apart)
 Tensor transposed(const float* src, int64_t rows, int64_t cols, int64_t lds);

@@ -130,3 +130,77 @@ def test_failed_write_leaves_the_old_file(rng, tmp_path):
         mhsa.save_safetensors(str(path), {"a": np.ones(3, np.float32), "b": np.ones(3)})
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["keep.safetensors"]
+
+
+# ---- sharded checkpoints: model.safetensors.index.json ----------------------------------------
+
+
+def test_reads_checkpoints_sharded_by_transformers(rng, tmp_path):
+    """A tiny Llama written by transformers' save_pretrained in several shards reads back whole."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=int(rng.integers(50, 90)), hidden_size=24, intermediate_size=37,
+                                   num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = transformers.LlamaForCausalLM(cfg).float()
+    model.save_pretrained(tmp_path, max_shard_size="8KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2
+    assert not (tmp_path / "model.safetensors").exists()
+    want = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    for got in (mhsa.load_checkpoint(tmp_path), mhsa.load_checkpoint(tmp_path / "model.safetensors.index.json")):
+        assert set(got) == set(want)
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def write_shards(rng, d, shards=3):
+    weight_map, tensors = {}, {}
+    for i in range(shards * 2):
+        name = f"layers.{i}.weight"
+        tensors[name] = rng.standard_normal((int(rng.integers(1, 6)), 3), dtype=np.float32)
+        weight_map[name] = f"model-{i % shards + 1:05d}-of-{shards:05d}.safetensors"
+    for shard in set(weight_map.values()):
+        save_file({k: v for k, v in tensors.items() if weight_map[k] == shard}, str(d / shard))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return weight_map, tensors
+
+
+@pytest.mark.parametrize("shard, message", [
+    ("../model-00001-of-00003.safetensors", "the name of a file in the index's directory"),
+    ("/etc/passwd", "the name of a file in the index's directory"),
+    ("sub/x.safetensors", "the name of a file in the index's directory"),
+    ("..", "the name of a file in the index's directory"),
+    ("model-00009-of-00009.safetensors", r"\(no such file\)"),
+])
+def test_refuses_hostile_indexes(rng, tmp_path, shard, message):
+    weight_map, _ = write_shards(rng, tmp_path)
+    weight_map["layers.0.weight"] = shard
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(mhsa.Error, match=r"safetensors index .*model.safetensors.index.json: weight_map "
+                                         r"'layers.0.weight': expected .*" + message):
+        mhsa.load_checkpoint(tmp_path)
+
+
+def test_refuses_indexes_that_disagree_with_their_shards(rng, tmp_path):
+    weight_map, tensors = write_shards(rng, tmp_path)
+    index = tmp_path / "model.safetensors.index.json"
+    save_file({"layers.0.weight": tensors["layers.0.weight"]}, str(tmp_path / "copy.safetensors"))
+    index.write_text(json.dumps({"weight_map": {**weight_map, "other": "copy.safetensors"}}))
+    with pytest.raises(mhsa.Error, match="tensor 'layers.0.weight': expected one shard holding it, got two"):
+        mhsa.load_checkpoint(tmp_path)
+    index.write_text(json.dumps({"weight_map": {**weight_map, "lm_head.weight": weight_map["layers.0.weight"]}}))
+    with pytest.raises(mhsa.Error, match="weight_map 'lm_head.weight': expected a tensor of shard"):
+        mhsa.load_checkpoint(tmp_path)
+    index.write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(mhsa.Error, match="weight_map: expected a non-empty object"):
+        mhsa.load_checkpoint(tmp_path)
+    with open(index, "wb") as f:  # too large to read: refused before reading (a sparse file)
+        f.truncate(1 << 40)
+    with pytest.raises(mhsa.Error, match="file size: expected at most"):
+        mhsa.load_checkpoint(tmp_path)
+    with pytest.raises(mhsa.Error, match=r"expected a directory, got '.*absent' \(no such directory\)"):
+        mhsa.load_checkpoint(tmp_path / "absent")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(mhsa.Error, match="a directory holding model.safetensors or model.safetensors.index.json"):
+        mhsa.load_checkpoint(tmp_path / "empty")

@@ -1,0 +1,116 @@
+// mhsa/model.h — a decoder-only language model of any family mhsa knows (GPT-2, Llama, Mistral,
+// Qwen2, Qwen3, Gemma 2): load a Hugging Face directory, compute logits, generate over a KV cache,
+// train (loss and gradients), and give the explorer its attention probabilities.
+//
+// A model is its ModelConfig (model_config.h), its parameters by Hugging Face name, and one block
+// implementation configured by the config (src/nn/block.h): a family is a config mapping and a
+// weight-name map, not a forward of its own. float32 throughout; F16/BF16 checkpoints are widened
+// at load. mhsa::Gpt2 (gpt2.h) is GPT-2 with its historical API over the same code.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mhsa/kv_cache.h"
+#include "mhsa/model_config.h"
+#include "mhsa/tensor.h"
+
+namespace mhsa {
+
+struct ModelAccess;  // src/model/access.h: the nn view of a model, for train/ and explain/
+
+// The keys and values of every layer for one batch of sequences: the state of a generation.
+class ModelCache {
+ public:
+  int64_t batch() const { return layers_.empty() ? 0 : layers_[0].batch(); }
+  int64_t length() const { return layers_.empty() ? 0 : layers_[0].length(); }
+  int64_t capacity() const { return layers_.empty() ? 0 : layers_[0].capacity(); }
+  void reset();
+
+ private:
+  friend struct ModelAccess;
+  std::vector<KVCache> layers_;
+};
+
+struct GenerationOptions {
+  int64_t max_new_tokens = 32;
+  float temperature = 0.0f;          // 0: greedy (argmax); otherwise logits / temperature are sampled
+  int64_t top_k = 0;                 // keep the k most likely tokens; 0 keeps all
+  float top_p = 1.0f;                // keep the smallest set of tokens whose probability reaches p
+  float repetition_penalty = 1.0f;   // > 1 discourages tokens already in the sequence (CTRL/HF rule)
+  uint64_t seed = 0;                 // the sampler's generator (one per sequence, seed + row)
+  bool stop_at_eos = true;           // a sequence ends after it emits an end-of-sequence token
+};
+
+// Timings of the two phases of generate().
+struct GenerationStats {
+  int64_t prefill_tokens = 0, decode_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+using TokenCallback = std::function<bool(int64_t, std::span<const int32_t>)>;
+
+class Model {
+ public:
+  // A Hugging Face directory: config.json, and model.safetensors or the shards that
+  // model.safetensors.index.json names. Tensor names as Hugging Face saves them (with or without
+  // the "model." / "transformer." prefix); buffers such as attn.bias and rotary inv_freq ignored.
+  static Model load(const std::filesystem::path& dir);
+  // Random weights (normal-like, std 0.02; norms at identity) of a validated config.
+  static Model random(const ModelConfig& config, uint64_t seed);
+
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  Family family() const { return config_.family; }
+
+  // Logits [B, T, V] of ids [B, T] (row-major), positions 0..T-1. With `attention`, also every
+  // layer's attention probabilities [B, Hq, T, T], exact (from the kernel's log-sum-exp).
+  Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention = nullptr) const;
+  // An empty cache for `batch` sequences of up to `max_tokens` tokens (≤ max_positions).
+  ModelCache new_cache(int64_t batch, int64_t max_tokens) const;
+  // Runs ids [B, n] at positions cache.length() .. + n − 1, appends them to the cache, and returns
+  // the logits [B, n, V], or only each sequence's last row [B, 1, V] with last_only.
+  Tensor extend(ModelCache& cache, std::span<const int32_t> ids, int64_t B, int64_t n, bool last_only) const;
+  // Continues each of the B prompts [B, T] by up to max_new_tokens tokens (see Gpt2::generate; a
+  // sequence ends at any of the config's eos tokens, and a finished one repeats the first).
+  std::vector<std::vector<int32_t>> generate(std::span<const int32_t> prompts, int64_t B, int64_t T,
+                                             const GenerationOptions& options, const TokenCallback& on_token = {},
+                                             GenerationStats* stats = nullptr) const;
+  // The sampling rule of generate() on one row of logits (modified in place).
+  static int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& options,
+                        uint64_t& rng_state);
+
+  // Every parameter with its Hugging Face name ("model.layers.0.self_attn.q_proj.weight", ...;
+  // GPT-2's without a prefix, as Gpt2 names them), in a fixed order.
+  std::vector<std::pair<std::string, Tensor*>> parameters();
+  std::vector<std::pair<std::string, const Tensor*>> parameters() const;
+  // The parameter of that name, or null.
+  const Tensor* parameter(std::string_view name) const;
+  std::vector<Tensor> zero_gradients() const;
+  // Mean cross-entropy (nats per token) of targets [B, T] (−1 ignored) given ids [B, T]; adds
+  // every parameter's gradient into grads (from zero_gradients()). Same for any thread count.
+  double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
+                            std::vector<Tensor>& grads) const;
+  double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const;
+
+  struct Layout;  // which parameter plays which part in the block (opaque; src/model/model.cpp)
+
+ private:
+  friend struct ModelAccess;
+  Model();
+
+  ModelConfig config_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::unique_ptr<const Layout> layout_;
+};
+
+}  // namespace mhsa

@@ -1,0 +1,250 @@
+// model/decoder.cpp — see decoder.h. The checks and the generation loop were Gpt2's; their
+// messages name the calling class.
+#include "model/decoder.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "core/check.h"
+
+namespace mhsa::detail {
+
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace mhsa::detail
+
+namespace mhsa {
+void ModelCache::reset() {
+  for (KVCache& k : layers_) k.reset();
+}
+}  // namespace mhsa
+
+namespace mhsa::detail {
+
+Tensor random_tensor(std::vector<int64_t> dims, float std, uint64_t& state) {
+  Tensor t(std::move(dims));
+  const float a = std * std::sqrt(3.0f);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data()[i] = a * (static_cast<float>(splitmix(state) >> 40) * 0x1.0p-23f - 1.0f);
+  return t;
+}
+
+std::vector<KVCache> new_caches(const Decoder& d, int64_t batch, int64_t max_tokens) {
+  const std::string fn = message(d.cls, "::new_cache");
+  const ModelConfig& c = *d.stack.config;
+  if (batch <= 0) fail(fn, "batch", "a count > 0", std::to_string(batch));
+  if (max_tokens <= 0 || max_tokens > c.max_positions)
+    fail(fn, "max_tokens", message("a count in [1, ", c.max_positions, "] (", d.context_key, ", the context length)"),
+         std::to_string(max_tokens));
+  std::vector<KVCache> caches;
+  caches.reserve(static_cast<size_t>(c.num_layers));
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    caches.emplace_back(batch, c.num_kv_heads, max_tokens, c.head_dim, c.head_dim);
+  return caches;
+}
+
+Tensor extend(const Decoder& d, std::vector<KVCache>& caches, std::span<const int32_t> ids, int64_t B, int64_t n,
+              bool last_only) {
+  const std::string fn = message(d.cls, "::extend");
+  const ModelConfig& c = *d.stack.config;
+  const int64_t V = c.vocab_size;
+  if (caches.size() != d.stack.layers.size())
+    fail(fn, "cache", message("a cache of this model (", d.stack.layers.size(), " layers)"),
+         message(caches.size(), " layers"));
+  const KVCache& first = caches[0];
+  if (B != first.batch()) fail(fn, "B", message(first.batch(), " (the cache's batch)"), std::to_string(B));
+  if (n <= 0) fail(fn, "n", "at least one token", std::to_string(n));
+  const int64_t pos0 = first.length();
+  if (n > first.capacity() - pos0)
+    fail(fn, "n", message("at most ", first.capacity() - pos0, " more tokens (cache holds ", pos0, " of ",
+                          first.capacity(), "; the model's context is ", c.max_positions, ")"),
+         std::to_string(n));
+  if (static_cast<int64_t>(ids.size()) != B * n)  // B and n are at most the cache's batch and capacity: no overflow
+    fail(fn, "ids", message(B * n, " ids (B·n = ", B, "·", n, ")"), std::to_string(ids.size()));
+  for (int64_t i = 0; i < B * n; ++i)
+    if (ids[static_cast<size_t>(i)] < 0 || ids[static_cast<size_t>(i)] >= V)
+      fail(fn, message("ids[", i / n, ", ", i % n, "]"), message("a token id in [0, ", V, ")"),
+           std::to_string(ids[static_cast<size_t>(i)]));
+  return nn::stack_forward(d.stack, ids, B, n, &caches, last_only, nullptr);
+}
+
+Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention) {
+  const std::string fn = message(d.cls, "::forward");
+  const ModelConfig& c = *d.stack.config;
+  if (T > c.max_positions)
+    fail(fn, "T", message("at most ", d.context_key, " = ", c.max_positions, " tokens"), std::to_string(T));
+  if (B <= 0 || T <= 0) fail(fn, "ids", "a non-empty batch [B, T]", message("[", B, ", ", T, "]"));
+  std::vector<KVCache> caches = new_caches(d, B, T);
+  if (!attention) return extend(d, caches, ids, B, T, false);
+  if (static_cast<int64_t>(ids.size()) != B * T)
+    fail(fn, "ids", message(B * T, " ids (B·T = ", B, "·", T, ")"), std::to_string(ids.size()));
+  for (int64_t i = 0; i < B * T; ++i)
+    if (ids[static_cast<size_t>(i)] < 0 || ids[static_cast<size_t>(i)] >= c.vocab_size)
+      fail(fn, message("ids[", i / T, ", ", i % T, "]"), message("a token id in [0, ", c.vocab_size, ")"),
+           std::to_string(ids[static_cast<size_t>(i)]));
+  return nn::stack_forward(d.stack, ids, B, T, nullptr, false, attention);
+}
+
+double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
+                          int64_t T, std::vector<Tensor>* grads) {
+  const std::string fn = message(d.cls, "::loss_and_gradients");
+  const ModelConfig& c = *d.stack.config;
+  const int64_t V = c.vocab_size;
+  if (B <= 0 || T <= 0 || T > c.max_positions)
+    fail(fn, "ids", message("a batch [B, T] with 1 <= T <= ", d.context_key, " = ", c.max_positions),
+         message("[", B, ", ", T, "]"));
+  const int64_t rows = checked_count(message(fn, ": ids [B, T]"), {B, T}, sizeof(int32_t));
+  if (static_cast<int64_t>(ids.size()) != rows || static_cast<int64_t>(targets.size()) != rows)
+    fail(fn, "ids, targets", message(rows, " ids each (B·T)"), message(ids.size(), " and ", targets.size()));
+  int64_t counted = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int32_t id = ids[static_cast<size_t>(i)], t = targets[static_cast<size_t>(i)];
+    if (id < 0 || id >= V)
+      fail(fn, message("ids[", i / T, ", ", i % T, "]"), message("a token id in [0, ", V, ")"), std::to_string(id));
+    if (t < -1 || t >= V)
+      fail(fn, message("targets[", i / T, ", ", i % T, "]"), message("a token id in [0, ", V, ") or -1 (ignored)"),
+           std::to_string(t));
+    counted += t >= 0;
+  }
+  const std::vector<const Tensor*>& params = d.stack.params;
+  if (grads) {
+    if (grads->size() != params.size())
+      fail(fn, "grads", message(params.size(), " tensors (zero_gradients())"), std::to_string(grads->size()));
+    for (size_t i = 0; i < params.size(); ++i)
+      if ((*grads)[i].shape() != params[i]->shape())
+        fail(fn, message("grads[", i, "]"), "the shape of " + d.names[i], "another shape");
+  }
+  if (counted == 0) return 0.0;
+  return nn::stack_loss(d.stack, ids, targets, B, T, counted, grads);
+}
+
+// ---- generation ------------------------------------------------------------------------------
+
+int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
+               uint64_t& rng_state) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (o.repetition_penalty != 1.0f) {  // each distinct earlier token once, as Hugging Face does
+    std::vector<int32_t> seen(history.begin(), history.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen) {
+      if (t < 0 || t >= V) continue;
+      float& l = logits[static_cast<size_t>(t)];
+      l = l > 0 ? l / o.repetition_penalty : l * o.repetition_penalty;
+    }
+  }
+  if (o.temperature <= 0.0f)  // greedy; the first of equal maxima, like torch.argmax
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // Candidates sorted by logit, cut by top-k, then by top-p on the softmax of what remains.
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  const auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+  };
+  size_t keep = order.size();
+  if (o.top_k > 0 && o.top_k < V) {
+    keep = static_cast<size_t>(o.top_k);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(), by_logit);
+  } else {
+    std::sort(order.begin(), order.end(), by_logit);
+  }
+  const float top = logits[static_cast<size_t>(order[0])];
+  std::vector<double> p(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    p[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) / o.temperature);
+    total += p[i];
+  }
+  if (o.top_p < 1.0f) {  // the smallest head of the sorted list whose mass reaches top_p
+    double mass = 0;
+    size_t cut = 0;
+    while (cut < keep && mass < o.top_p * total) mass += p[cut++];
+    keep = std::max<size_t>(cut, 1);
+    total = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
+  }
+  const double u = static_cast<double>(splitmix(rng_state) >> 11) * 0x1.0p-53 * total;
+  double acc = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) return order[i];
+  }
+  return order[keep - 1];
+}
+
+std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int32_t> prompts, int64_t B, int64_t T,
+                                           const GenerationOptions& o, const TokenCallback& on_token,
+                                           GenerationStats* stats) {
+  const std::string fn = message(d.cls, "::generate");
+  const int64_t context = d.stack.config->max_positions;
+  if (B <= 0 || T <= 0) fail(fn, "prompts", "a non-empty batch [B, T] of token ids", message("[", B, ", ", T, "]"));
+  if (o.max_new_tokens < 0) fail(fn, "max_new_tokens", "a count >= 0", std::to_string(o.max_new_tokens));
+  if (o.max_new_tokens > context - T)  // not T + max_new_tokens: that could overflow
+    fail(fn, "max_new_tokens",
+         message("at most ", std::max<int64_t>(0, context - T), " (the context is ", context,
+                 " tokens and the prompt has ", T, ")"),
+         std::to_string(o.max_new_tokens));
+  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
+    fail(fn, "temperature", "a finite value >= 0 (0 is greedy)", std::to_string(o.temperature));
+  if (o.top_k < 0) fail(fn, "top_k", "a count >= 0 (0 keeps every token)", std::to_string(o.top_k));
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
+  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
+    fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
+  if (static_cast<int64_t>(prompts.size()) / T != B || static_cast<int64_t>(prompts.size()) % T != 0)  // B·T could overflow
+    fail(fn, "prompts", message(B, "·", T, " ids (B·T)"), std::to_string(prompts.size()));
+
+  using clock = std::chrono::steady_clock;
+  GenerationStats st;
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
+  if (o.max_new_tokens == 0) {
+    if (stats) *stats = st;
+    return out;
+  }
+  std::vector<KVCache> cache = new_caches(d, B, T + o.max_new_tokens);
+  std::vector<std::vector<int32_t>> history(static_cast<size_t>(B));
+  std::vector<uint64_t> rng(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    history[static_cast<size_t>(b)].assign(prompts.begin() + b * T, prompts.begin() + (b + 1) * T);
+    rng[static_cast<size_t>(b)] = o.seed * 0x2545F4914F6CDD1Dull + static_cast<uint64_t>(b);
+  }
+  auto t0 = clock::now();
+  Tensor logits = extend(d, cache, prompts, B, T, true);
+  st.prefill_tokens = B * T;
+  st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  t0 = clock::now();
+  const int64_t V = d.stack.config->vocab_size;
+  const int32_t pad = d.eos.empty() ? -1 : d.eos[0];
+  std::vector<char> done(static_cast<size_t>(B), 0);
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  for (int64_t step = 0; step < o.max_new_tokens; ++step) {
+    for (int64_t b = 0; b < B; ++b) {
+      const size_t i = static_cast<size_t>(b);
+      if (done[i]) {
+        tokens[i] = pad;
+        continue;
+      }
+      tokens[i] = sample({logits.data() + b * V, static_cast<size_t>(V)}, history[i], o, rng[i]);
+      history[i].push_back(tokens[i]);
+      out[i].push_back(tokens[i]);
+      if (o.stop_at_eos && std::find(d.eos.begin(), d.eos.end(), tokens[i]) != d.eos.end()) done[i] = 1;
+    }
+    const bool go_on = !on_token || on_token(step, tokens);
+    if (!go_on || std::all_of(done.begin(), done.end(), [](char d) { return d != 0; }) ||
+        step + 1 == o.max_new_tokens)
+      break;
+    logits = extend(d, cache, tokens, B, 1, true);
+    st.decode_tokens += B;
+  }
+  st.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  if (stats) *stats = st;
+  return out;
+}
+
+}  // namespace mhsa::detail

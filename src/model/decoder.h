@@ -1,0 +1,44 @@
+// model/decoder.h — what every model class shares above the nn stack (nn/block.h): the checks of
+// its arguments, the forward over a KV cache, generation with its sampler, and the training loss.
+// Gpt2 and Model are thin: they build an nn::Stack and call these. Not public.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "mhsa/model.h"
+#include "nn/block.h"
+
+namespace mhsa::detail {
+
+struct Decoder {
+  const nn::Stack& stack;
+  std::string_view cls;              // "Gpt2", "Model": the class named in messages
+  std::string_view context_key;      // the config key of the context length, for messages
+  std::span<const int32_t> eos;      // end-of-sequence tokens (the first pads finished sequences)
+  std::span<const std::string> names;  // the parameters' names, in stack.params order
+};
+
+std::vector<KVCache> new_caches(const Decoder& d, int64_t batch, int64_t max_tokens);
+Tensor extend(const Decoder& d, std::vector<KVCache>& caches, std::span<const int32_t> ids, int64_t B, int64_t n,
+              bool last_only);
+Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention);
+std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int32_t> prompts, int64_t B, int64_t T,
+                                           const GenerationOptions& o, const TokenCallback& on_token,
+                                           GenerationStats* stats);
+int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
+               uint64_t& rng_state);
+// grads null: the loss only.
+double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
+                          int64_t T, std::vector<Tensor>* grads);
+// splitmix64: the random stream of samplers and random weights.
+uint64_t splitmix(uint64_t& s);
+// Zero-mean values with standard deviation `std` (uniform, so √3·std wide): cheap and enough for
+// benchmarks and tests, which only need GPT-2-like magnitudes.
+Tensor random_tensor(std::vector<int64_t> dims, float std, uint64_t& state);
+
+}  // namespace mhsa::detail

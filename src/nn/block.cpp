@@ -1,0 +1,329 @@
+// nn/block.cpp — the transformer block and the decoder stack (see block.h): attention (q/k/v
+// projections, q/k norms, RoPE, the kernel, the output projection), the MLP, the norms and
+// residuals, each as a forward and a backward; the stack's embedding, final norm and LM head.
+// The heads are strided views of the projection buffers: no split or concat copies.
+#include "nn/block.h"
+
+#include <algorithm>
+
+namespace mhsa::nn {
+namespace {
+
+struct Dims {
+  int64_t C, Hq, Hkv, D, Nq, Nkv, N, F;
+};
+
+Dims dims(const ModelConfig& c) {
+  const int64_t Nq = c.num_heads * c.head_dim, Nkv = c.num_kv_heads * c.head_dim;
+  return {c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, Nq, Nkv, Nq + 2 * Nkv, c.intermediate_size};
+}
+
+// Heads of a [B, T, width] buffer as a [B, H, T, D] view starting at column `col`.
+TensorView heads_view(float* base, int64_t B, int64_t T, int64_t width, int64_t col, int64_t H, int64_t D) {
+  return {base + col, {B, H, T, D}, {T * width, D, width, 1}};
+}
+
+Tensor copy_of(const float* x, int64_t rows, int64_t cols) {
+  Tensor t({rows, cols});
+  std::copy_n(x, rows * cols, t.data());
+  return t;
+}
+
+float* grad_or_null(std::vector<Tensor>& grads, int i) { return i >= 0 ? grads[static_cast<size_t>(i)].data() : nullptr; }
+
+void linear(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
+}
+
+void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
+                 int64_t ldy, float* dx, int64_t lddx, bool accumulate, std::vector<Tensor>& grads) {
+  linear_backward(rows, x, ldx, dy, ldy, s.p(l.w), l.layout, &grads[static_cast<size_t>(l.w)],
+                  grad_or_null(grads, l.b), dx, lddx, accumulate);
+}
+
+NormSpec head_norm(const Stack& s) { return {NormKind::rms_norm, s.norm().eps, s.norm().offset}; }
+
+// ---- attention -------------------------------------------------------------------------------
+
+// qkv [rows, N] = q | k | v of h [rows, C], with the q/k norms and RoPE applied; qkv0 receives the
+// projections before the norms (for the backward) when given.
+void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows, int64_t T, int64_t pos0,
+                 const float* h, float* qkv, Tensor* qkv0) {
+  if (L.qkv.w >= 0) {
+    linear(s, L.qkv, rows, h, d.C, qkv, d.N);
+  } else {
+    linear(s, L.q, rows, h, d.C, qkv, d.N);
+    linear(s, L.k, rows, h, d.C, qkv + d.Nq, d.N);
+    linear(s, L.v, rows, h, d.C, qkv + d.Nq + d.Nkv, d.N);
+  }
+  if (L.q_norm >= 0) {
+    if (qkv0) *qkv0 = copy_of(qkv, rows, d.N);
+    const NormSpec ns = head_norm(s);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* q = qkv + r * d.N;
+      norm_forward(ns, d.Hq, d.D, q, d.D, s.p(L.q_norm).data(), nullptr, q, d.D);
+      norm_forward(ns, d.Hkv, d.D, q + d.Nq, d.D, s.p(L.k_norm).data(), nullptr, q + d.Nq, d.D);
+    }
+  }
+  if (s.config->positions == PositionKind::rotary) {
+    rope_forward(s.rope, rows, T, pos0, d.Hq, d.D, qkv, d.N);
+    rope_forward(s.rope, rows, T, pos0, d.Hkv, d.D, qkv + d.Nq, d.N);
+  }
+}
+
+// y [rows, C] = attention(h [rows, C]) of layer `layer`.
+void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, const BlockRun& run) {
+  const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
+  const Dims d = dims(*s.config);
+  const int64_t B = run.B, T = run.T, rows = B * T;
+  Tensor qkv({rows, d.N});  // [rows, q | k | v]
+  project_qkv(s, L, d, rows, T, run.pos0, h, qkv.data(), run.tape ? &run.tape->qkv0 : nullptr);
+  const AttentionOptions opt = attention_options(s, layer);
+  Tensor ctx({rows, d.Nq});  // heads side by side: [B, T, Hq·D]
+  const TensorView ctx_heads = heads_view(ctx.data(), B, T, d.Nq, 0, d.Hq, d.D);
+  const ConstTensorView q = heads_view(qkv.data(), B, T, d.N, 0, d.Hq, d.D);
+  const ConstTensorView k = heads_view(qkv.data(), B, T, d.N, d.Nq, d.Hkv, d.D);
+  const ConstTensorView v = heads_view(qkv.data(), B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D);
+  if (run.cache) {
+    run.cache->append(k, v);
+    scaled_dot_product_attention(q, run.cache->keys(), run.cache->values(), ctx_heads, opt);
+  } else {
+    Tensor lse = run.tape || run.probs ? Tensor({B, d.Hq, T}) : Tensor();  // [B, Hq, T]
+    scaled_dot_product_attention(q, k, v, ctx_heads, opt, lse.defined() ? lse.view() : TensorView{});
+    if (run.probs) *run.probs = attention_probabilities(q, k, lse.view(), opt);
+    if (run.tape) run.tape->lse = std::move(lse);
+  }
+  linear(s, L.o, rows, ctx.data(), d.Nq, y, d.C);
+  if (run.tape) {
+    run.tape->qkv = std::move(qkv);
+    run.tape->ctx = std::move(ctx);
+  }
+}
+
+// dh [rows, C] = ∂loss/∂h from dy [rows, C] = ∂loss/∂y; parameter gradients added.
+void attention_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B, int64_t T, const float* dy,
+                        float* dh, std::vector<Tensor>& grads) {
+  const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
+  const Dims d = dims(*s.config);
+  const int64_t rows = B * T;
+  Tensor dctx({rows, d.Nq});
+  linear_grad(s, L.o, rows, t.ctx.data(), d.Nq, dy, d.C, dctx.data(), d.Nq, false, grads);
+  Tensor dqkv({rows, d.N});  // [rows, dq | dk | dv]
+  float* qkv = const_cast<float*>(t.qkv.data());  // read only: the views are mutable-typed
+  float* ctx = const_cast<float*>(t.ctx.data());
+  scaled_dot_product_attention_backward(
+      heads_view(dctx.data(), B, T, d.Nq, 0, d.Hq, d.D), heads_view(qkv, B, T, d.N, 0, d.Hq, d.D),
+      heads_view(qkv, B, T, d.N, d.Nq, d.Hkv, d.D), heads_view(qkv, B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D),
+      heads_view(ctx, B, T, d.Nq, 0, d.Hq, d.D), t.lse.view(), heads_view(dqkv.data(), B, T, d.N, 0, d.Hq, d.D),
+      heads_view(dqkv.data(), B, T, d.N, d.Nq, d.Hkv, d.D), heads_view(dqkv.data(), B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D),
+      attention_options(s, layer));
+  if (s.config->positions == PositionKind::rotary) {
+    rope_backward(s.rope, rows, T, 0, d.Hq, d.D, dqkv.data(), d.N);
+    rope_backward(s.rope, rows, T, 0, d.Hkv, d.D, dqkv.data() + d.Nq, d.N);
+  }
+  if (L.q_norm >= 0) {
+    const NormSpec ns = head_norm(s);
+    Tensor dpre({d.Nq + d.Nkv});
+    for (int64_t r = 0; r < rows; ++r) {
+      float* g = dqkv.data() + r * d.N;
+      const float* x0 = t.qkv0.data() + r * d.N;
+      std::fill_n(dpre.data(), dpre.numel(), 0.0f);
+      norm_backward(ns, d.Hq, d.D, x0, s.p(L.q_norm).data(), g, dpre.data(), grad_or_null(grads, L.q_norm), nullptr);
+      norm_backward(ns, d.Hkv, d.D, x0 + d.Nq, s.p(L.k_norm).data(), g + d.Nq, dpre.data() + d.Nq,
+                    grad_or_null(grads, L.k_norm), nullptr);
+      std::copy_n(dpre.data(), dpre.numel(), g);
+    }
+  }
+  if (L.qkv.w >= 0) {
+    linear_grad(s, L.qkv, rows, t.h1.data(), d.C, dqkv.data(), d.N, dh, d.C, false, grads);
+  } else {
+    linear_grad(s, L.q, rows, t.h1.data(), d.C, dqkv.data(), d.N, dh, d.C, false, grads);
+    linear_grad(s, L.k, rows, t.h1.data(), d.C, dqkv.data() + d.Nq, d.N, dh, d.C, true, grads);
+    linear_grad(s, L.v, rows, t.h1.data(), d.C, dqkv.data() + d.Nq + d.Nkv, d.N, dh, d.C, true, grads);
+  }
+}
+
+// ---- MLP -------------------------------------------------------------------------------------
+
+// m [rows, C] = mlp(h [rows, C]); the tape keeps z, u (and act) when given.
+void mlp_forward(const Stack& s, const LayerRefs& L, int64_t rows, const float* h, float* m, BlockTape* tape) {
+  const Dims d = dims(*s.config);
+  const MlpKind kind = s.config->mlp;
+  Tensor z({rows, d.F});
+  if (kind == MlpKind::gelu) {
+    linear(s, L.fc, rows, h, d.C, z.data(), d.F);
+    Tensor u = tape ? z : Tensor();  // in place when nothing is recorded
+    float* a = tape ? u.data() : z.data();
+    gelu_forward(rows * d.F, a);
+    linear(s, L.proj, rows, a, d.F, m, d.C);
+    if (tape) {
+      tape->z = std::move(z);
+      tape->u = std::move(u);
+    }
+    return;
+  }
+  Tensor u({rows, d.F}), act({rows, d.F});
+  linear(s, L.gate, rows, h, d.C, z.data(), d.F);
+  linear(s, L.up, rows, h, d.C, u.data(), d.F);
+  gated_forward(kind, rows * d.F, z.data(), u.data(), act.data());
+  linear(s, L.down, rows, act.data(), d.F, m, d.C);
+  if (tape) {
+    tape->z = std::move(z);
+    tape->u = std::move(u);
+    tape->act = std::move(act);
+  }
+}
+
+// dh [rows, C] = ∂loss/∂h from dm [rows, C].
+void mlp_backward(const Stack& s, const LayerRefs& L, const BlockTape& t, int64_t rows, const float* dm, float* dh,
+                  std::vector<Tensor>& grads) {
+  const Dims d = dims(*s.config);
+  const MlpKind kind = s.config->mlp;
+  if (kind == MlpKind::gelu) {
+    Tensor du({rows, d.F});
+    linear_grad(s, L.proj, rows, t.u.data(), d.F, dm, d.C, du.data(), d.F, false, grads);
+    gelu_backward(rows * d.F, t.z.data(), du.data(), du.data());
+    linear_grad(s, L.fc, rows, t.h2.data(), d.C, du.data(), d.F, dh, d.C, false, grads);
+    return;
+  }
+  Tensor dact({rows, d.F}), dz({rows, d.F}), du({rows, d.F});
+  linear_grad(s, L.down, rows, t.act.data(), d.F, dm, d.C, dact.data(), d.F, false, grads);
+  gated_backward(kind, rows * d.F, t.z.data(), t.u.data(), dact.data(), dz.data(), du.data());
+  linear_grad(s, L.gate, rows, t.h2.data(), d.C, dz.data(), d.F, dh, d.C, false, grads);
+  linear_grad(s, L.up, rows, t.h2.data(), d.C, du.data(), d.F, dh, d.C, true, grads);
+}
+
+}  // namespace
+
+NormSpec Stack::norm() const {
+  return {config->norm, static_cast<float>(config->norm_eps), config->norm_weight_offset};
+}
+
+AttentionOptions attention_options(const Stack& s, int64_t layer) {
+  AttentionOptions o;
+  o.causal = true;  // bottom-right: a cache's new rows are the last of the sequence
+  if (s.config->attention_scale > 0) o.scale = s.config->attention_scale;
+  (void)layer;
+  return o;
+}
+
+// ---- the block -------------------------------------------------------------------------------
+
+void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run) {
+  const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
+  const NormSpec ns = s.norm();
+  const int64_t C = s.config->hidden_size, rows = run.B * run.T;
+  BlockTape* tape = run.tape;
+  if (tape) tape->x_in = copy_of(x, rows, C);
+  Tensor h({rows, C}), a({rows, C});  // [rows, C]
+  norm_forward(ns, rows, C, x, C, s.p(L.norm1_w).data(), s.data_or_null(L.norm1_b), h.data(), C);
+  attention_forward(s, layer, h.data(), a.data(), run);
+  if (tape) tape->a = L.post_norm1_w >= 0 ? copy_of(a.data(), rows, C) : a;
+  if (L.post_norm1_w >= 0) norm_forward(ns, rows, C, a.data(), C, s.p(L.post_norm1_w).data(), nullptr, a.data(), C);
+  add_into(x, a.data(), rows * C);
+  if (tape) {
+    tape->h1 = std::move(h);
+    tape->x_mid = copy_of(x, rows, C);
+    h = Tensor({rows, C});
+  }
+  norm_forward(ns, rows, C, x, C, s.p(L.norm2_w).data(), s.data_or_null(L.norm2_b), h.data(), C);
+  Tensor& m = a;  // [rows, C], reused
+  mlp_forward(s, L, rows, h.data(), m.data(), tape);
+  if (L.post_norm2_w >= 0) {
+    if (tape) tape->m = copy_of(m.data(), rows, C);
+    norm_forward(ns, rows, C, m.data(), C, s.p(L.post_norm2_w).data(), nullptr, m.data(), C);
+  }
+  add_into(x, m.data(), rows * C);
+  if (tape) tape->h2 = std::move(h);
+}
+
+void block_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B, int64_t T, float* dx,
+                    std::vector<Tensor>& grads) {
+  const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
+  const NormSpec ns = s.norm();
+  const int64_t C = s.config->hidden_size, rows = B * T;
+  // x_out = x_mid + post_norm₂(mlp(norm₂(x_mid)))
+  Tensor dpost;  // [rows, C] the gradient before a post norm
+  const float* dm = dx;
+  if (L.post_norm2_w >= 0) {
+    dpost = Tensor({rows, C});
+    norm_backward(ns, rows, C, t.m.data(), s.p(L.post_norm2_w).data(), dx, dpost.data(),
+                  grad_or_null(grads, L.post_norm2_w), nullptr);
+    dm = dpost.data();
+  }
+  Tensor dh({rows, C});
+  mlp_backward(s, L, t, rows, dm, dh.data(), grads);
+  norm_backward(ns, rows, C, t.x_mid.data(), s.p(L.norm2_w).data(), dh.data(), dx, grad_or_null(grads, L.norm2_w),
+                grad_or_null(grads, L.norm2_b));
+  // x_mid = x_in + post_norm₁(attention(norm₁(x_in)))
+  const float* da = dx;
+  if (L.post_norm1_w >= 0) {
+    std::fill_n(dpost.data(), dpost.numel(), 0.0f);
+    norm_backward(ns, rows, C, t.a.data(), s.p(L.post_norm1_w).data(), dx, dpost.data(),
+                  grad_or_null(grads, L.post_norm1_w), nullptr);
+    da = dpost.data();
+  }
+  attention_backward(s, layer, t, B, T, da, dh.data(), grads);
+  norm_backward(ns, rows, C, t.x_in.data(), s.p(L.norm1_w).data(), dh.data(), dx, grad_or_null(grads, L.norm1_w),
+                grad_or_null(grads, L.norm1_b));
+}
+
+// ---- the stack -------------------------------------------------------------------------------
+
+void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x) {
+  embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), s.p(s.embed), s.pos >= 0 ? &s.p(s.pos) : nullptr,
+                    s.config->embedding_scale, x);
+}
+
+Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
+                     bool last_only, std::vector<Tensor>* probs) {
+  const ModelConfig& c = *s.config;
+  const int64_t C = c.hidden_size, V = c.vocab_size, rows = B * T;
+  const int64_t pos0 = caches ? (*caches)[0].length() : 0;
+  Tensor x({B, T, C});
+  embed_forward(s, ids, T, pos0, x.data());
+  if (probs) probs->assign(s.layers.size(), Tensor());
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    BlockRun run{B, T, pos0, caches ? &(*caches)[l] : nullptr, nullptr, probs ? &(*probs)[l] : nullptr};
+    block_forward(s, static_cast<int64_t>(l), x.data(), run);
+  }
+  // Final norm and logits, for every row or only each sequence's last.
+  const int64_t out_rows = last_only ? B : rows;
+  const int64_t ldx = last_only ? T * C : C;
+  const float* xs = x.data() + (last_only ? (T - 1) * C : 0);
+  Tensor h({out_rows, C});
+  norm_forward(s.norm(), out_rows, C, xs, ldx, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), h.data(), C);
+  Tensor logits({B, last_only ? 1 : T, V});
+  lm_head_forward(out_rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits.data());
+  return logits;
+}
+
+double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
+                  int64_t counted, std::vector<Tensor>* grads) {
+  const ModelConfig& c = *s.config;
+  const int64_t C = c.hidden_size, rows = B * T;
+  std::vector<BlockTape> tapes(grads ? s.layers.size() : 0);
+  Tensor x({B, T, C});
+  embed_forward(s, ids, T, 0, x.data());
+  for (size_t l = 0; l < s.layers.size(); ++l)
+    block_forward(s, static_cast<int64_t>(l), x.data(), BlockRun{B, T, 0, nullptr, grads ? &tapes[l] : nullptr, nullptr});
+  Tensor hf({rows, C});
+  norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
+  Tensor dhf = grads ? Tensor({rows, C}) : Tensor();
+  Tensor* dw = grads ? &(*grads)[static_cast<size_t>(s.head >= 0 ? s.head : s.embed)] : nullptr;
+  const double loss = lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(), counted,
+                                   grads ? dhf.data() : nullptr, dw);
+  if (!grads) return loss;
+  Tensor dx({rows, C});
+  norm_backward(s.norm(), rows, C, x.data(), s.p(s.final_norm_w).data(), dhf.data(), dx.data(),
+                grad_or_null(*grads, s.final_norm_w), grad_or_null(*grads, s.final_norm_b));
+  for (size_t l = s.layers.size(); l-- > 0;) {
+    block_backward(s, static_cast<int64_t>(l), tapes[l], B, T, dx.data(), *grads);
+    tapes[l] = BlockTape();  // free this block's activations as soon as they are used
+  }
+  embedding_backward(rows, T, ids.data(), dx.data(), c.embedding_scale, (*grads)[static_cast<size_t>(s.embed)],
+                     s.pos >= 0 ? &(*grads)[static_cast<size_t>(s.pos)] : nullptr);
+  return loss;
+}
+
+}  // namespace mhsa::nn

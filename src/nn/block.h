@@ -1,0 +1,108 @@
+// nn/block.h — the one transformer block of every family, and the decoder stack around it.
+//
+// A model is a ModelConfig plus a flat list of parameter tensors plus a Stack: which tensor of the
+// list plays which part (indices, −1 for a part the family does not have). The block is
+//   h = norm₁(x);  a = attention(h);  [a = post_norm₁(a)];  x += a
+//   h = norm₂(x);  m = mlp(h);        [m = post_norm₂(m)];  x += m
+// with the attention q/k/v projections fused (GPT-2's c_attn) or separate, an optional per-head
+// RMSNorm on q and k (Qwen3), rotary or learned positions, grouped-query heads, the layer's window
+// and soft-cap, and the MLP plain (GELU) or gated (SwiGLU, GeGLU). The same code runs inference
+// (over a KV cache), training (a forward that records a tape, and the backward) and the explorer
+// (probability taps, the traced layer's tape). Not public: model/ builds Stacks, train/ and
+// explain/ use them.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mhsa/attention.h"
+#include "mhsa/kv_cache.h"
+#include "mhsa/model_config.h"
+#include "mhsa/tensor.h"
+#include "nn/linear.h"
+#include "nn/ops.h"
+#include "nn/rope.h"
+
+namespace mhsa::nn {
+
+struct LinearRef {
+  int w = -1, b = -1;  // indices into the parameter list; b −1: no bias
+  Layout layout = Layout::in_out;
+};
+
+struct LayerRefs {
+  int norm1_w = -1, norm1_b = -1, post_norm1_w = -1;  // before attention; after it (sandwich norms)
+  LinearRef qkv;                                       // fused q | k | v (GPT-2), or
+  LinearRef q, k, v;                                   // separate projections
+  int q_norm = -1, k_norm = -1;                        // [D] per-head RMSNorm (Qwen3)
+  LinearRef o;
+  int norm2_w = -1, norm2_b = -1, post_norm2_w = -1;   // before the MLP; after it
+  LinearRef fc, proj;                                  // MlpKind::gelu
+  LinearRef gate, up, down;                            // gated MLPs
+};
+
+struct Stack {
+  const ModelConfig* config = nullptr;
+  std::vector<const Tensor*> params;  // the model's parameters, in its parameters() order
+  int embed = -1, pos = -1;           // token embedding [V, C]; learned positions [P, C] (or −1)
+  std::vector<LayerRefs> layers;
+  int final_norm_w = -1, final_norm_b = -1;
+  int head = -1;                      // the output matrix [V, C]; −1: tied to the embedding
+  Rope rope;                          // rotary positions (PositionKind::rotary)
+
+  const Tensor& p(int i) const { return *params[static_cast<size_t>(i)]; }
+  const float* data_or_null(int i) const { return i >= 0 ? params[static_cast<size_t>(i)]->data() : nullptr; }
+  const Tensor& output_matrix() const { return p(head >= 0 ? head : embed); }
+  NormSpec norm() const;
+};
+
+// What one block's training forward keeps for its backward (rows = B·T; N = (Hq + 2·Hkv)·D).
+struct BlockTape {
+  Tensor x_in;   // [rows, C] the block's input
+  Tensor h1;     // [rows, C] norm₁(x_in): the attention's input
+  Tensor qkv0;   // [rows, N] the projections before the q/k norms (qk_norm only)
+  Tensor qkv;    // [rows, N] q | k | v as attention read them (after q/k norms and RoPE)
+  Tensor ctx;    // [rows, Hq·D] the heads' outputs side by side
+  Tensor lse;    // [B, Hq, T]
+  Tensor a;      // [rows, C] the attention output (before post_norm₁)
+  Tensor x_mid;  // [rows, C] x after the attention's residual add
+  Tensor h2;     // [rows, C] norm₂(x_mid)
+  Tensor z;      // [rows, F] gelu: fc output before GELU; gated: the gate projection
+  Tensor u;      // [rows, F] gelu: GELU(z); gated: the up projection
+  Tensor act;    // [rows, F] gated: act(z)·u
+  Tensor m;      // [rows, C] the MLP output (before post_norm₂; sandwich norms only)
+};
+
+// How one block's forward runs: over a cache (inference), recording a tape (training, the
+// explorer's traced layer), or returning the attention probabilities (taps).
+struct BlockRun {
+  int64_t B = 0, T = 0, pos0 = 0;  // T rows per sequence, at positions pos0 .. pos0 + T − 1
+  KVCache* cache = nullptr;        // append k, v and attend over the whole cache
+  BlockTape* tape = nullptr;
+  Tensor* probs = nullptr;         // [B, Hq, T, T] (no cache)
+};
+
+// Options of layer `layer`'s attention (scale, window, soft-cap, causal).
+AttentionOptions attention_options(const Stack& s, int64_t layer);
+
+// x [B·T, C] ← block(x).
+void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run);
+// From dx = ∂loss/∂(block output) [rows, C], in place to ∂loss/∂(block input); parameter
+// gradients added into grads (indexed like s.params).
+void block_backward(const Stack& s, int64_t layer, const BlockTape& tape, int64_t B, int64_t T, float* dx,
+                    std::vector<Tensor>& grads);
+
+// Embedding rows ids [B·T] at positions pos0 + r % T into x [B·T, C].
+void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x);
+
+// The whole stack over a cache (one KVCache per layer): logits [B, T, V], or [B, 1, V] of each
+// sequence's last row. probs: every layer's attention probabilities (no cache; caches must be null).
+Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
+                     bool last_only, std::vector<Tensor>* probs);
+// The mean cross-entropy of targets [B·T] (−1 ignored; `counted` of them are not); with grads
+// (zero_gradients-shaped, indexed like s.params), also adds every parameter's gradient.
+double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
+                  int64_t counted, std::vector<Tensor>* grads);
+
+}  // namespace mhsa::nn

@@ -1,0 +1,193 @@
+// tests/cpp/test_sharded_safetensors.cpp — a model directory's weights through
+// ShardedSafeTensors: one model.safetensors, or shards named by model.safetensors.index.json
+// (random tensors spread over random shards, read back exactly), and hostile indexes — shard names
+// reaching outside the directory, missing shards, a tensor in two shards, an index that disagrees
+// with its shards, an index too large to read — each a short mhsa::Error naming the index.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace mhsa::test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Dir {
+  fs::path path;
+  Dir() : path(fs::temp_directory_path() / ("mhsa_shards_" + std::to_string(test_seed()) + "_" + std::to_string(getpid()))) {
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~Dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  void write(const std::string& name, const std::string& text) const { std::ofstream(path / name) << text; }
+};
+
+template <class Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected mhsa::Error, nothing was thrown";
+  return "";
+}
+
+void expect_error(const std::string& msg, const std::string& part) {
+  EXPECT_LT(msg.size(), 400u) << msg;
+  EXPECT_NE(msg.find(part), std::string::npos) << "wanted '" << part << "' in: " << msg;
+}
+
+// Random tensors "t0".."tN" spread over `shards` files and the index naming them.
+struct Sharded {
+  std::map<std::string, Tensor> tensors;
+  json weight_map = json::object();
+};
+Sharded write_shards(const Dir& d, std::mt19937_64& gen, int shards) {
+  Sharded s;
+  std::vector<std::vector<std::pair<std::string, ConstTensorView>>> files(static_cast<size_t>(shards));
+  const int n = shards + 1 + static_cast<int>(gen() % 4);  // some shard holds two
+  for (int i = 0; i < n; ++i) {
+    const std::string name = "model.layers." + std::to_string(i) + ".weight";
+    s.tensors.emplace(name, random_tensor(gen, {1 + static_cast<int64_t>(gen() % 5), 1 + static_cast<int64_t>(gen() % 3)}));
+  }
+  int i = 0;
+  for (const auto& [name, t] : s.tensors) {
+    const size_t f = i < shards ? static_cast<size_t>(i) : gen() % static_cast<size_t>(shards);  // none empty
+    ++i;
+    files[f].emplace_back(name, t.view());
+    s.weight_map[name] = "model-0000" + std::to_string(f + 1) + "-of-0000" + std::to_string(shards) + ".safetensors";
+  }
+  for (size_t f = 0; f < files.size(); ++f)
+    save_safetensors((d.path / ("model-0000" + std::to_string(f + 1) + "-of-0000" + std::to_string(shards) + ".safetensors")).string(),
+                     files[f]);
+  d.write("model.safetensors.index.json", json{{"metadata", {{"total_size", 0}}}, {"weight_map", s.weight_map}}.dump());
+  return s;
+}
+
+void expect_same(const ShardedSafeTensors& set, const Sharded& s) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : s.tensors) names.push_back(name);
+  EXPECT_EQ(set.names(), names);
+  for (const auto& [name, t] : s.tensors) {
+    const Tensor got = set.load(name);
+    ASSERT_EQ(got.numel(), t.numel());
+    for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(got.data()[i], t.data()[i]) << name;
+    ASSERT_NE(set.find(name), nullptr);
+    EXPECT_EQ(set.find(name)->shape[0], t.shape()[0]);
+  }
+  EXPECT_EQ(set.find("absent"), nullptr);
+  expect_error(error_of([&] { set.load("absent"); }), "'absent' (absent)");
+}
+
+TEST(ShardedSafeTensors, ReadsShardsAsOneSet) {
+  auto gen = test_rng();
+  const Dir d;
+  const int shards = 2 + static_cast<int>(gen() % 3);
+  const Sharded s = write_shards(d, gen, shards);
+  const ShardedSafeTensors set = ShardedSafeTensors::open_dir(d.path);
+  EXPECT_EQ(set.files().size(), static_cast<size_t>(shards));
+  expect_same(set, s);
+  expect_same(ShardedSafeTensors::open_index(d.path / "model.safetensors.index.json"), s);
+}
+
+TEST(ShardedSafeTensors, SingleFileFirst) {
+  auto gen = test_rng();
+  const Dir d;
+  write_shards(d, gen, 2);
+  Sharded single;
+  single.tensors.emplace("wte", random_tensor(gen, {3, 5}));
+  save_safetensors((d.path / "model.safetensors").string(), {{"wte", single.tensors.at("wte").view()}});
+  const ShardedSafeTensors set = ShardedSafeTensors::open_dir(d.path);  // as transformers: the single file wins
+  EXPECT_EQ(set.files().size(), 1u);
+  expect_same(set, single);
+  const Dir empty;
+  expect_error(error_of([&] { ShardedSafeTensors::open_dir(empty.path); }),
+               "model.safetensors or model.safetensors.index.json");
+  expect_error(error_of([&] { ShardedSafeTensors::open_dir(empty.path / "nope"); }), "no such directory");
+}
+
+TEST(ShardedSafeTensors, RefusesHostileIndexes) {
+  auto gen = test_rng();
+  const Dir d;
+  const Sharded s = write_shards(d, gen, 2);
+  const std::string first = s.weight_map.begin().key();
+  const fs::path index = d.path / "model.safetensors.index.json";
+  const auto with_map = [&](const json& map) {
+    d.write("model.safetensors.index.json", json{{"weight_map", map}}.dump());
+    return error_of([&] { ShardedSafeTensors::open_dir(d.path); });
+  };
+  for (const char* shard : {"../model-00001-of-00002.safetensors", "/etc/passwd", "sub/x.safetensors", "..", ".",
+                            "a\\b", ""}) {
+    json map = s.weight_map;
+    map[first] = shard;
+    const std::string msg = with_map(map);
+    expect_error(msg, "the name of a file in the index's directory");
+    expect_error(msg, index.string());
+  }
+  json map = s.weight_map;
+  map[first] = "model-00009-of-00009.safetensors";
+  expect_error(with_map(map), "(no such file)");
+  map = s.weight_map;
+  map[first] = 7;
+  expect_error(with_map(map), "the name of a file");
+  // The index names the other shard for a tensor: it disagrees with the shards.
+  map = s.weight_map;
+  const std::string other = map[first] == "model-00001-of-00002.safetensors" ? "model-00002-of-00002.safetensors"
+                                                                            : "model-00001-of-00002.safetensors";
+  map[first] = other;
+  expect_error(with_map(map), first);
+  // A tensor of the shards the index leaves out (one whose shard is still opened for another);
+  // one the index names that no shard holds.
+  std::string shared;
+  for (const auto& [name, shard] : s.weight_map.items())
+    for (const auto& [other_name, other_shard] : s.weight_map.items())
+      if (name != other_name && shard == other_shard) shared = name;
+  map = s.weight_map;
+  map[shared] = map[shared] == "model-00001-of-00002.safetensors" ? "model-00002-of-00002.safetensors"
+                                                                   : "model-00001-of-00002.safetensors";
+  expect_error(with_map(map), "the shard holding it");
+  map = s.weight_map;
+  map.erase(shared);
+  expect_error(with_map(map), "an entry for every tensor of the shards");
+  map = s.weight_map;
+  map["lm_head.weight"] = "model-00001-of-00002.safetensors";
+  expect_error(with_map(map), "none (absent from the shard)");
+  // One tensor in two shards.
+  save_safetensors((d.path / "extra.safetensors").string(), {{first, s.tensors.at(first).view()}});
+  map = s.weight_map;
+  map["zz"] = "extra.safetensors";
+  expect_error(with_map(map), "one shard holding it");
+  // Not an index at all; an empty map; too large to read (a sparse file).
+  expect_error(with_map(json::object()), "a non-empty object of tensor name");
+  d.write("model.safetensors.index.json", "[1, 2]");
+  expect_error(error_of([&] { ShardedSafeTensors::open_dir(d.path); }), "a JSON object");
+  d.write("model.safetensors.index.json", "{\"weight_map\": ");
+  expect_error(error_of([&] { ShardedSafeTensors::open_dir(d.path); }), index.string());
+  fs::resize_file(index, uint64_t{1} << 40);
+  expect_error(error_of([&] { ShardedSafeTensors::open_dir(d.path); }), "at most 67108864 bytes");
+}
+
+TEST(ShardedSafeTensors, IndexParser) {
+  const auto map = parse_safetensors_index(R"({"weight_map": {"a": "x.safetensors", "b": "y.safetensors"}})", "idx");
+  EXPECT_EQ(map.size(), 2u);
+  EXPECT_EQ(map.at("b"), "y.safetensors");
+  expect_error(error_of([] { parse_safetensors_index("{}", "idx"); }), "safetensors index idx: weight_map");
+  expect_error(error_of([] { parse_safetensors_index(std::string(100000, '[') + std::string(100000, ']'), "idx"); }),
+               "idx");
+  expect_error(error_of([] { parse_safetensors_index(R"({"weight_map": {"a": ")" + std::string(100000, 'x') + "\"}}", "idx"); }),
+               "the name of a file");
+}
+
+}  // namespace
+}  // namespace mhsa::test
