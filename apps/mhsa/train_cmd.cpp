@@ -90,7 +90,7 @@ void run(const TrainArgs& a, bool steps_given) {
   char val_text[64] = "no validation yet";
   if (val >= 0) std::snprintf(val_text, sizeof val_text, "validation %.4f bits per byte", val);
   std::printf("%s at step %lld: %s; checkpoint in %s (config.json, model.safetensors, train_state.safetensors, "
-              "loss_curve.svg)\n",
+              "loss_curve.svg; train_log.jsonl)\n",
               last.step == last.steps ? "done" : interrupted ? "interrupted" : "stopped",
               static_cast<long long>(last.step), val_text, a.out.c_str());
 }

@@ -9,15 +9,17 @@
 // loss history, a fingerprint of the text) in one file. A checkpoint's files are written aside
 // and swapped in together while readers wait (see src/io/checkpoint_dir.h), so a crash or Ctrl-C
 // mid-write leaves the previous checkpoint and a reader loads one checkpoint whole; one training
-// run at a time holds the directory (train.lock). A run that diverges (a loss or gradient that is
-// not finite) stops with an error and never saves its weights. Not a general training framework:
-// GPT-2's architecture, one machine.
+// run at a time holds the directory (train.lock). Beside the checkpoint, train_log.jsonl records
+// every step (loss, learning rate, gradient norm, tokens/s) and validation as one JSON object a
+// line. A run that diverges (a loss or gradient that is not finite) stops with an error and never
+// saves its weights. Not a general training framework: GPT-2's architecture, one machine.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mhsa/gpt2.h"
@@ -29,6 +31,9 @@ namespace mhsa {
 struct AdamWOptions {
   float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
   float weight_decay = 0.1f;  // decoupled; applied to matrices only (not biases or LayerNorms)
+  // Throws mhsa::Error "<fn>: <option>: ..." unless betas are in [0, 1), eps > 0, weight decay
+  // >= 0, all finite.
+  void validate(std::string_view fn) const;
 };
 
 // AdamW over a list of parameters (as Gpt2::parameters() gives them).

@@ -60,6 +60,29 @@ def test_resume_repeats_an_uninterrupted_run_bit_for_bit(text, tmp_path, rng):
     assert ta.keys() == tb.keys() and all(np.array_equal(ta[k], tb[k]) for k in ta)  # weights and AdamW moments
 
 
+def test_train_log_records_every_step_and_a_resume_drops_what_the_checkpoint_lost(text, tmp_path, rng):
+    """train_log.jsonl: one object per step (its loss equal to the checkpoint's history) and per
+    validation. A run killed after its checkpoint logged steps the resume repeats, maybe a line cut
+    short: the resume drops them, so each step appears once."""
+    out, seed, lr = tmp_path / "m", int(rng.integers(1000)), float(rng.uniform(1e-3, 3e-3))
+    train("--data", text, "--out", out, *SMALL, "--steps", 17, "--seed", seed, "--lr", lr, "--stop-after", 8)
+    with open(out / "train_log.jsonl", "a") as f:  # what a run killed after step 9's line would leave
+        f.write(json.dumps({"step": 9, "loss": 1.0}) + "\n" + '{"step": 10, "lo')
+    train("--data", text, "--out", out, "--resume")
+    lines = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "loss" in x]
+    vals = [x for x in lines if "val_bpb" in x]
+    history = state(out)[0]
+    assert [x["step"] for x in steps] == list(range(1, 18))
+    assert [x["loss"] for x in steps] == history["loss"]  # exactly: the shortest round-trip decimal
+    assert [[x["step"], x["val_bpb"]] for x in vals] == history["val_bpb"]
+    assert all(set(x) == {"step", "loss", "loss_bpb", "lr", "grad_norm", "tokens_per_s"} for x in steps)
+    assert all(x["grad_norm"] > 0 and x["tokens_per_s"] > 0 for x in steps)
+    warmup = [x["lr"] for x in steps[:5]]
+    assert warmup == pytest.approx([lr * (s + 1) / 5 for s in range(5)], rel=1e-6)
+    assert max(x["lr"] for x in steps) <= lr * (1 + 1e-6) and steps[-1]["lr"] < steps[5]["lr"]  # cosine decay
+
+
 def test_training_learns_and_reports_progress(tmp_path):
     data = tmp_path / "abc.txt"  # a text a tiny model can learn: a repeated, slightly varied sentence
     data.write_text("".join(f"the cat sat on mat {i % 7}.\n" for i in range(3000)))

@@ -1,0 +1,85 @@
+// train/options.cpp — TrainOptions: their validation and their JSON form in a checkpoint (see
+// train/options.h).
+#include "train/options.h"
+
+#include <cmath>
+
+#include "core/check.h"
+
+namespace mhsa {
+
+using detail::check_range;
+using detail::fail;
+using detail::message;
+
+void detail::check_range(std::string_view fn, std::string_view arg, double x, double lo, double hi, bool open_lo,
+                         bool open_hi) {
+  const bool ok = std::isfinite(x) && (open_lo ? x > lo : x >= lo) && (open_hi ? x < hi : x <= hi);
+  if (ok) return;
+  const std::string range = std::isinf(hi) ? message(open_lo ? "> " : ">= ", lo)
+                                           : message("in ", open_lo ? "(" : "[", lo, ", ", hi, open_hi ? ")" : "]");
+  fail(fn, arg, "a finite number " + range, message(x));
+}
+
+void TrainOptions::validate() const {
+  constexpr std::string_view fn = "TrainOptions";
+  constexpr double inf = HUGE_VAL;
+  if (layers <= 0 || heads <= 0 || embd <= 0 || embd % heads != 0 || context <= 1)
+    fail(fn, "shape", "layers, heads > 0, embd a multiple of heads, context > 1",
+         message(layers, " layers, ", heads, " heads, embd ", embd, ", context ", context));
+  const std::pair<const char*, int64_t> positive[] = {
+      {"steps", steps}, {"batch", batch}, {"accumulate", accumulate}, {"eval_batches", eval_batches}};
+  for (const auto& [name, n] : positive)
+    if (n <= 0) fail(fn, name, "a count > 0", std::to_string(n));
+  const std::pair<const char*, int64_t> counts[] = {
+      {"warmup", warmup}, {"eval_every", eval_every}, {"checkpoint_every", checkpoint_every}};
+  for (const auto& [name, n] : counts)
+    if (n < 0) fail(fn, name, "a count >= 0 (0: none)", std::to_string(n));
+  check_range(fn, "lr", lr, 0, inf, true);
+  check_range(fn, "min_lr_ratio", min_lr_ratio, 0, 1);
+  check_range(fn, "clip", clip, 0, inf);
+  check_range(fn, "val_fraction", val_fraction, 0, 0.5, true, true);
+  adamw.validate(fn);
+}
+
+nlohmann::json detail::options_json(const TrainOptions& o) {
+  return {{"layers", o.layers},         {"heads", o.heads},
+          {"embd", o.embd},             {"context", o.context},
+          {"steps", o.steps},           {"batch", o.batch},
+          {"accumulate", o.accumulate}, {"lr", o.lr},
+          {"min_lr_ratio", o.min_lr_ratio}, {"warmup", o.warmup},
+          {"clip", o.clip},             {"beta1", o.adamw.beta1},
+          {"beta2", o.adamw.beta2},     {"eps", o.adamw.eps},
+          {"weight_decay", o.adamw.weight_decay}, {"seed", o.seed},
+          {"val_fraction", o.val_fraction}, {"eval_every", o.eval_every},
+          {"eval_batches", o.eval_batches}, {"checkpoint_every", o.checkpoint_every},
+          {"tokenizer", o.tokenizer}};
+}
+
+TrainOptions detail::options_from_json(const nlohmann::json& j) {
+  TrainOptions o;
+  o.layers = j.at("layers");
+  o.heads = j.at("heads");
+  o.embd = j.at("embd");
+  o.context = j.at("context");
+  o.steps = j.at("steps");
+  o.batch = j.at("batch");
+  o.accumulate = j.at("accumulate");
+  o.lr = j.at("lr");
+  o.min_lr_ratio = j.at("min_lr_ratio");
+  o.warmup = j.at("warmup");
+  o.clip = j.at("clip");
+  o.adamw.beta1 = j.at("beta1");
+  o.adamw.beta2 = j.at("beta2");
+  o.adamw.eps = j.at("eps");
+  o.adamw.weight_decay = j.at("weight_decay");
+  o.seed = j.at("seed");
+  o.val_fraction = j.at("val_fraction");
+  o.eval_every = j.at("eval_every");
+  o.eval_batches = j.at("eval_batches");
+  o.checkpoint_every = j.at("checkpoint_every");
+  o.tokenizer = j.value("tokenizer", "");  // absent in checkpoints from before BPE: bytes
+  return o;
+}
+
+}  // namespace mhsa
