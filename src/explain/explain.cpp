@@ -77,13 +77,16 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   t.scores = Tensor({T, T});
   t.scaled = Tensor({T, T});
   const double scale = reference.scale ? double(*reference.scale) : 1.0 / std::sqrt(static_cast<double>(D));
+  const int64_t left = reference.window.left;  // −1: no window
   for (int64_t i = 0; i < T; ++i)
     for (int64_t j = 0; j < T; ++j) {
       double dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += double(t.q.data()[i * D + d]) * double(t.k.data()[j * D + d]);
       t.scores.data()[i * T + j] = static_cast<float>(dot);
-      t.scaled.data()[i * T + j] =
-          j > i ? -std::numeric_limits<float>::infinity() : static_cast<float>(dot * scale);
+      double scaled = dot * scale;
+      if (reference.softcap) scaled = *reference.softcap * std::tanh(scaled / *reference.softcap);
+      const bool masked = j > i || (left >= 0 && j < i - left);
+      t.scaled.data()[i * T + j] = masked ? -std::numeric_limits<float>::infinity() : static_cast<float>(scaled);
     }
   const Tensor p = attention_probabilities(ConstTensorView(t.q.data(), {1, 1, T, D}),
                                            ConstTensorView(t.k.data(), {1, 1, T, D}), {}, reference);
@@ -92,7 +95,7 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   for (int64_t i = 0; i < T; ++i)
     for (int64_t d = 0; d < D; ++d) {
       double sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += double(t.probs.data()[i * T + j]) * double(t.v.data()[j * D + d]);
+      for (int64_t j = 0; j <= i; ++j) sum += double(t.probs.data()[i * T + j]) * double(t.v.data()[j * D + d]);  // 0 where masked
       t.head_out.data()[i * D + d] = static_cast<float>(sum);
     }
   return t;

@@ -202,8 +202,10 @@ NormSpec Stack::norm() const {
 AttentionOptions attention_options(const Stack& s, int64_t layer) {
   AttentionOptions o;
   o.causal = true;  // bottom-right: a cache's new rows are the last of the sequence
-  if (s.config->attention_scale > 0) o.scale = s.config->attention_scale;
-  (void)layer;
+  const ModelConfig& c = *s.config;
+  if (c.attention_scale > 0) o.scale = c.attention_scale;
+  if (c.attn_logit_softcap > 0) o.softcap = c.attn_logit_softcap;
+  o.window.left = c.window_left.empty() ? -1 : c.window_left[static_cast<size_t>(layer)];
   return o;
 }
 
