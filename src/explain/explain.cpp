@@ -60,10 +60,11 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   nn::embed_forward(s, ids, T, 0, t.x.data());
 
   // The residual stream through the blocks before `layer`, then the traced block with a tape.
-  for (int64_t l = 0; l < layer; ++l) nn::block_forward(s, l, t.x.data(), nn::BlockRun{1, T, 0, nullptr, nullptr, nullptr});
+  const nn::RopeTable rope = nn::rope_positions(s, T, T, 0);
+  for (int64_t l = 0; l < layer; ++l) nn::block_forward(s, l, t.x.data(), nn::BlockRun{1, T, &rope, nullptr, nullptr, nullptr});
   nn::BlockTape tape;
   Tensor x = t.x;
-  nn::block_forward(s, layer, x.data(), nn::BlockRun{1, T, 0, nullptr, &tape, nullptr});
+  nn::block_forward(s, layer, x.data(), nn::BlockRun{1, T, &rope, nullptr, &tape, nullptr});
   t.ln = std::move(tape.h1);
   t.q = columns(tape.qkv.data(), T, N, head * D, D);
   t.k = columns(tape.qkv.data(), T, N, Nq + kv_head * D, D);
