@@ -74,9 +74,27 @@ struct Case {
   std::function<Result(double)> run;  // min_seconds -> result
 };
 
-Case attention_case(int64_t H, int64_t T, int64_t D, bool causal) {
+// A variant's options and name suffix: a sliding window of `window` keys (Hugging Face's
+// sliding_window: left = window − 1), soft-capping at `softcap`; FLOPs then count the visible pairs.
+struct Variant {
+  int64_t window = 0;  // 0: none
+  float softcap = 0.0f;
+  std::string suffix() const {
+    return (window ? "_win" + std::to_string(window) : std::string()) +
+           (softcap > 0.0f ? "_cap" + std::to_string(static_cast<int>(softcap)) : std::string());
+  }
+  void apply(AttentionOptions& o) const {
+    if (window) o.window.left = window - 1;
+    if (softcap > 0.0f) o.softcap = softcap;
+  }
+  double flops(int64_t H, int64_t T, int64_t D, const AttentionOptions& o) const {
+    return window ? attention_flops(1, H, T, T, D, D, o) : attention_flops(1, H, T, T, D, D, o.causal);
+  }
+};
+
+Case attention_case(int64_t H, int64_t T, int64_t D, bool causal, Variant var = {}) {
   const std::string name = "attention_H" + std::to_string(H) + "_T" + std::to_string(T) + "_D" + std::to_string(D) +
-                           (causal ? "_causal" : "_full");
+                           (causal ? "_causal" : "_full") + var.suffix();
   return {name, [=](double min_seconds) {
             std::mt19937_64 gen(1);
             const Tensor q = random_tensor(gen, {1, H, T, D}), k = random_tensor(gen, {1, H, T, D});
@@ -84,22 +102,24 @@ Case attention_case(int64_t H, int64_t T, int64_t D, bool causal) {
             Tensor out({1, H, T, D}), lse({1, H, T});
             AttentionOptions opt;
             opt.causal = causal;
+            var.apply(opt);
             const Timing s = time_runs(
                 [&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), out.view(), opt, lse.view()); },
                 min_seconds);
-            return Result{name, "GFLOP/s", s, attention_flops(1, H, T, T, D, D, causal)};
+            return Result{name, "GFLOP/s", s, var.flops(H, T, D, opt)};
           }};
 }
 
-Case backward_case(int64_t H, int64_t T, int64_t D, bool causal) {
+Case backward_case(int64_t H, int64_t T, int64_t D, bool causal, Variant var = {}) {
   const std::string name = "backward_H" + std::to_string(H) + "_T" + std::to_string(T) + "_D" + std::to_string(D) +
-                           (causal ? "_causal" : "_full");
+                           (causal ? "_causal" : "_full") + var.suffix();
   return {name, [=](double min_seconds) {
             std::mt19937_64 gen(5);
             const Tensor q = random_tensor(gen, {1, H, T, D}), k = random_tensor(gen, {1, H, T, D});
             const Tensor v = random_tensor(gen, {1, H, T, D}), dout = random_tensor(gen, {1, H, T, D});
             AttentionOptions opt;
             opt.causal = causal;
+            var.apply(opt);
             const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
             Tensor dq({1, H, T, D}), dk({1, H, T, D}), dv({1, H, T, D});
             const Timing s = time_runs(
@@ -108,7 +128,7 @@ Case backward_case(int64_t H, int64_t T, int64_t D, bool causal) {
                                                         fwd.lse.view(), dq.view(), dk.view(), dv.view(), opt);
                 },
                 min_seconds);
-            return Result{name, "GFLOP/s", s, 2.5 * attention_flops(1, H, T, T, D, D, causal)};  // docs/architecture.md
+            return Result{name, "GFLOP/s", s, 2.5 * var.flops(H, T, D, opt)};  // docs/architecture.md
           }};
 }
 
@@ -255,7 +275,9 @@ void run(const BenchArgs& a) {
   const std::vector<Case> cases = {
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
-      backward_case(12, 4096, 64, true),   mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
+      attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),
+      backward_case(12, 4096, 64, true),   backward_case(12, 4096, 64, true, {512}),
+      mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
       decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
       gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");

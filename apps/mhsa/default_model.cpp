@@ -30,7 +30,7 @@ std::filesystem::path model_dir(const std::string& given) {
 }
 
 LoadedModel load_model(const std::filesystem::path& dir) {
-  Gpt2 model = Gpt2::load(dir);
+  Model model = Model::load(dir);
   const int64_t n_vocab = model.config().vocab_size;
   Tokenizer tokenizer = Tokenizer::for_model(dir, n_vocab);  // BPE, or bytes
   if (tokenizer.vocab_size() != n_vocab)

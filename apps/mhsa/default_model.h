@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <string>
 
-#include "mhsa/gpt2.h"
+#include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 
 namespace mhsa::cli {
@@ -16,12 +16,12 @@ namespace mhsa::cli {
 // Throws mhsa::Error listing the places tried when none holds a model.
 std::filesystem::path model_dir(const std::string& given);
 
-// A model directory's GPT-2 and its tokenizer (vocab.json + merges.txt, or bytes for a model of
+// A model directory's model (any family, mhsa::Model) and its tokenizer (vocab.json + merges.txt, or bytes for a model of
 // 256 tokens). Throws mhsa::Error when their vocabularies differ in size: a token the model emits
 // would have no text, or a token of the text no embedding, and the run would fail half-way.
 struct LoadedModel {
   std::filesystem::path dir;
-  Gpt2 model;
+  Model model;
   Tokenizer tokenizer;
 };
 LoadedModel load_model(const std::filesystem::path& dir);

@@ -1,4 +1,4 @@
-// apps/mhsa/explain_cmd.cpp — `mhsa explain`: what every attention head of a GPT-2 model does on a
+// apps/mhsa/explain_cmd.cpp — `mhsa explain`: what every attention head of a model (any family) does on a
 // prompt, as a self-contained HTML report (--out), BertViz-style JSON (--json) or a terminal
 // heatmap of one head (--format text). The numbers come from mhsa::explain (mhsa/explain.h); this
 // file lays them out. The page (markup, style, script) is apps/mhsa/explain_report.html, built
@@ -33,7 +33,7 @@
 #include "explain_report_html.h"
 #include "mhsa/error.h"
 #include "mhsa/explain.h"
-#include "mhsa/gpt2.h"
+#include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 #include "options.h"
 #include "output.h"
@@ -251,10 +251,10 @@ std::string script_block(const std::string& id, const std::string& type, const s
   return "<script id=\"" + id + "\" type=\"" + type + "\">" + text + "</script>\n";
 }
 
-std::string report_html(const fs::path& model, const Gpt2Config& c, const std::vector<std::string>& texts,
+std::string report_html(const fs::path& model, const ModelConfig& c, const std::vector<std::string>& texts,
                         const std::vector<std::string>& labels, const Explanation& e) {
   const auto T = static_cast<int64_t>(e.ids.size());
-  const int64_t L = c.n_layer, H = c.n_head, layer = e.trace.layer, head = e.trace.head;
+  const int64_t L = c.num_layers, H = c.num_heads, layer = e.trace.layer, head = e.trace.head;
   const int64_t thumb = std::min(T, kThumbSize), detail = detail_size(T, L * H);
 
   nlohmann::json meta;
@@ -264,8 +264,8 @@ std::string report_html(const fs::path& model, const Gpt2Config& c, const std::v
   meta["ids"] = e.ids;
   meta["layers"] = L;
   meta["heads"] = H;
-  meta["embed_dim"] = c.n_embd;
-  meta["head_dim"] = c.n_embd / H;
+  meta["embed_dim"] = c.hidden_size;
+  meta["head_dim"] = c.head_dim;
   meta["chosen"] = {layer, head};
   meta["thumb_size"] = thumb;
   meta["detail_size"] = detail;
@@ -352,19 +352,19 @@ void run(ExplainArgs a) {
   if (a.format == "html" && a.out.empty() && a.json.empty())
     throw Error("mhsa explain: --out: expected a file for the HTML report (or --json FILE, or --format text), got none");
   const LoadedModel loaded = load_model(model_dir(a.model));  // --model, or the embedded default model
-  const Gpt2& model = loaded.model;
+  const Model& model = loaded.model;
   const Tokenizer& tok = loaded.tokenizer;
-  const Gpt2Config& c = model.config();
+  const ModelConfig& c = model.config();
   if (a.prompt == "-") a.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   const std::vector<int32_t> ids = tok.encode(a.prompt);
   if (ids.empty()) throw Error("mhsa explain: --prompt: expected some text, got an empty prompt");
-  if (static_cast<int64_t>(ids.size()) > c.n_positions)
-    throw Error(message("mhsa explain: --prompt: expected at most ", c.n_positions,
+  if (static_cast<int64_t>(ids.size()) > c.max_positions)
+    throw Error(message("mhsa explain: --prompt: expected at most ", c.max_positions,
                         " tokens (the model's context), got ", ids.size(), " tokens"));
-  if (a.layer < 0 || a.layer >= c.n_layer)
-    throw Error(message("mhsa explain: --layer: expected a layer in [0, ", c.n_layer, "), got ", a.layer));
-  if (a.head < 0 || a.head >= c.n_head)
-    throw Error(message("mhsa explain: --head: expected a head in [0, ", c.n_head, "), got ", a.head));
+  if (a.layer < 0 || a.layer >= c.num_layers)
+    throw Error(message("mhsa explain: --layer: expected a layer in [0, ", c.num_layers, "), got ", a.layer));
+  if (a.head < 0 || a.head >= c.num_heads)
+    throw Error(message("mhsa explain: --head: expected a head in [0, ", c.num_heads, "), got ", a.head));
   std::optional<OutputFile> json, out;  // opened first: a path that cannot be written fails before the work
   if (!a.json.empty()) json.emplace(a.json, "--json");
   if (!a.out.empty()) out.emplace(a.out, "--out");
@@ -383,7 +383,7 @@ void run(ExplainArgs a) {
     out->write(page);
     out->commit();
     std::fprintf(stderr, "mhsa explain: wrote %s (%zu tokens, %lld layers x %lld heads, %.1f MB)\n", a.out.c_str(),
-                 ids.size(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
+                 ids.size(), static_cast<long long>(c.num_layers), static_cast<long long>(c.num_heads),
                  static_cast<double>(page.size()) / 1e6);
   }
 }
@@ -392,7 +392,7 @@ void run(ExplainArgs a) {
 
 void add_explain_command(CLI::App& app) {
   auto a = std::make_shared<ExplainArgs>();
-  CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a GPT-2 model attends to on a prompt");
+  CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a model (GPT-2, Llama, Qwen, Mistral, Gemma 2) attends to on a prompt");
   cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)")->required();
   cmd->add_option("--model", a->model, "model directory (default: the embedded byte-level model)");
   cmd->add_option("--layer", a->layer, "the layer to walk through step by step (and --format text's)")

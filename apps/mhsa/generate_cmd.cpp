@@ -1,4 +1,4 @@
-// apps/mhsa/generate_cmd.cpp — `mhsa generate`: continue a prompt with a GPT-2 model directory,
+// apps/mhsa/generate_cmd.cpp — `mhsa generate`: continue a prompt with a model directory (any family),
 // streaming the text to stdout as it is made (or one JSON object at the end with --json). On a
 // terminal the prompt is printed first, so that the text reads from its start (--no-echo: only
 // the continuation); into a pipe or file only the continuation is (--echo: the prompt too).
@@ -23,7 +23,7 @@
 #include "commands.h"
 #include "default_model.h"
 #include "mhsa/error.h"
-#include "mhsa/gpt2.h"
+#include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 #include "options.h"
 #include "output.h"
@@ -100,20 +100,21 @@ class TextStream {
 void run(const GenerateArgs& a) {
   use_threads(a.threads);
   const LoadedModel loaded = load_model(model_dir(a.model));
-  const Gpt2& model = loaded.model;
+  const Model& model = loaded.model;
   const Tokenizer& tok = loaded.tokenizer;
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   std::vector<int32_t> ids = tok.encode(prompt);
-  const int32_t eos = model.config().eos_token_id;
+  const std::vector<int32_t>& eos_ids = model.config().eos_token_ids;
+  const int32_t eos = eos_ids.empty() ? -1 : eos_ids[0];
   if (ids.empty()) {  // unconditional generation starts from end-of-text (GPT-2) or a newline (bytes)
     if (eos < 0 && !bytes)
       throw Error("mhsa generate: --prompt: expected some text (this model has no end-of-text token), got none");
     ids.push_back(bytes ? int32_t{'\n'} : eos);
   }
-  const int64_t context = model.config().n_positions, room = a.options.max_new_tokens > 0 ? 1 : 0;
-  if (static_cast<int64_t>(ids.size()) + room > context)  // else Gpt2::generate would blame max_new_tokens
+  const int64_t context = model.config().max_positions, room = a.options.max_new_tokens > 0 ? 1 : 0;
+  if (static_cast<int64_t>(ids.size()) + room > context)  // else Model::generate would blame max_new_tokens
     throw Error(detail::message("mhsa generate: --prompt: expected at most ", context - room,
                                 " tokens (the model's context is ", context, " tokens", room ? ", less one for a new token" : "",
                                 "), got ", ids.size(), " tokens"));
@@ -130,7 +131,7 @@ void run(const GenerateArgs& a) {
       ids, 1, static_cast<int64_t>(ids.size()), o,
       [&](int64_t, std::span<const int32_t> step) {
         tokens.push_back(step[0]);
-        if (step[0] == eos && !a.ignore_eos) return false;
+        if (!a.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), step[0]) != eos_ids.end()) return false;
         const bool stop = stream.add(tok.token_bytes(step[0]));
         if (!a.json) {
           write_stdout(stream.take(stop));
@@ -162,7 +163,7 @@ void run(const GenerateArgs& a) {
 
 void add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt with a GPT-2 model directory (Hugging Face layout)");
+  CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt with a model directory (Hugging Face layout: GPT-2, Llama, Qwen, Mistral, Gemma 2)");
   cmd->add_option("--model", a->model,
                   "model directory: config.json, model.safetensors (+ vocab.json, merges.txt for GPT-2's tokens); "
                   "default: the embedded byte-level model");

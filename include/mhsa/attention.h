@@ -4,11 +4,25 @@
 //   q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv]  ->  out [B, Hq, Tq, Dv], lse [B, Hq, Tq]
 //   - grouped heads: Hq % Hkv == 0, query head h reads key/value head h / (Hq / Hkv);
 //   - scale: 1/sqrt(D) unless given;
-//   - causal mask aligned bottom-right: query i sees keys j <= i + (Tk - Tq);
+//   - soft-capping (optional, Gemma 2): s = softcap·tanh(s / softcap), after the scale and before
+//     any mask, so s_ij = softcap·tanh(scale·q_i·k_j / softcap) + mask_ij;
+//   - the causal and window limits are taken in an aligned frame: query i stands at key position
+//     p_i = i + (Tk - Tq) when aligned bottom-right (the default: the last query row meets the last
+//     key, right for a KV cache, where one query sees every cached key) and at p_i = i when aligned
+//     top-left (the first query meets the first key: PyTorch's is_causal=True when Tq != Tk; the
+//     two agree when Tq == Tk);
+//   - causal: query i sees keys j <= p_i;
+//   - sliding window (left, right), -1 = unlimited on that side: query i sees keys
+//     p_i - left <= j <= p_i + right. With causal, the right limit is moot (j <= p_i anyway).
+//     Hugging Face's `sliding_window` W (Mistral, Gemma 2: transformers' masking_utils keeps
+//     kv_idx > q_idx - W) is causal with window (W - 1, -1); a window without causal is
+//     bidirectional local attention (both sides limited);
 //   - additive float mask [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk] (broadcast over B and H);
 //   - key padding as per-batch valid lengths: query rows of batch b see keys j < kv_lengths[b];
 //   - a row whose keys are all masked gives out = 0 and lse = -inf, never NaN;
-//   - lse = max + log(sum): the log-sum-exp of each row's scaled, masked scores.
+//   - lse = max + log(sum): the log-sum-exp of each row's scaled, soft-capped, masked scores.
+// The causal, window and padding limits leave each row one interval of keys; key blocks outside
+// every row's interval are skipped, not masked (a causal window W of T keys costs ~T·W, not T²/2).
 // Views may have any strides; out and lse must not overlap the inputs or themselves.
 // This header is not the layer (see mha.h) and does no projections.
 #pragma once
@@ -26,8 +40,24 @@ enum class Backend {
   reference,  // the plain *_ref kernels: scalar, float64 accumulation; the oracle
 };
 
+// Where the causal and window limits put query row i: at key position i + (Tk - Tq) (bottom-right)
+// or i (top-left). Only matters when Tq != Tk and some limit is set.
+enum class CausalAlignment {
+  bottom_right,  // the default; KV caches, FlashAttention, mhsa's layers
+  top_left,      // torch.nn.functional.scaled_dot_product_attention(is_causal=True)
+};
+
+// Keys p_i - left <= j <= p_i + right stay visible; -1 leaves that side unlimited.
+struct AttentionWindow {
+  int64_t left = -1;
+  int64_t right = -1;
+};
+
 struct AttentionOptions {
   bool causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::bottom_right;  // for causal and the window
+  AttentionWindow window;               // default: unlimited (no window)
+  std::optional<float> softcap;         // Gemma 2's attn_logit_softcapping; a finite number > 0
   std::optional<float> scale;           // default 1/sqrt(D)
   ConstTensorView attn_mask;            // optional additive mask; -inf removes a key
   std::span<const int64_t> kv_lengths;  // optional [B]: keys j >= kv_lengths[b] are masked
@@ -79,5 +109,9 @@ Tensor attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensor
 // half of that for causal attention with Tq = Tk.
 double attention_flops(int64_t B, int64_t Hq, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv,
                        bool causal);
+// Forward FLOPs over the (query, key) pairs that the causal, window and kv_lengths limits leave
+// visible: 2·(D + Dv) per visible pair per query head (the additive mask is not counted).
+double attention_flops(int64_t B, int64_t Hq, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv,
+                       const AttentionOptions& options);
 
 }  // namespace mhsa

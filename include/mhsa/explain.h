@@ -40,7 +40,8 @@ struct HeadTrace {
   Tensor ln;                  // [T, C] ln_1(x) (the block's first norm)
   Tensor q, k, v;             // [T, D] this head's q and its group's k, v (after q/k norms and RoPE)
   Tensor scores;              // [T, T] q · kᵀ (every entry, the future included)
-  Tensor scaled;              // [T, T] scores / √D, with −∞ where the causal mask removes a key (j > i)
+  Tensor scaled;              // [T, T] scores·scale (soft-capped where the family caps), −∞ where the causal
+                              // mask (j > i) or the layer's window (j < i − left) removes a key
   Tensor probs;               // [T, T] the softmax of each row of `scaled` (reference path)
   Tensor head_out;            // [T, D] probs · v
   Tensor concat;              // [T, H·D] every head's output side by side; this head's at [head·D, (head+1)·D)

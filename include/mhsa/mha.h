@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 #include <string_view>
@@ -26,6 +27,9 @@ struct MhaTape;
 
 struct MhaOptions {
   bool causal = false;                  // bottom-right aligned, as in scaled_dot_product_attention
+  CausalAlignment causal_alignment = CausalAlignment::bottom_right;  // as AttentionOptions
+  AttentionWindow window;               // sliding window, as AttentionOptions (default: none)
+  std::optional<float> softcap;         // score soft-capping, as AttentionOptions
   std::span<const int64_t> kv_lengths;  // optional [B]: valid keys of x (self) or of the memory
   ConstTensorView attn_mask;            // optional additive [T, S] or [B|1, H|1, T, S]
   Tensor* weights = nullptr;            // if set, receives the probabilities [B, H, T, S]
@@ -44,6 +48,9 @@ struct MhaTape {
   Tensor ctx;     // [B, T, C] the heads concatenated
   Tensor lse;     // [B, H, T]
   bool causal = false;
+  CausalAlignment causal_alignment = CausalAlignment::bottom_right;
+  AttentionWindow window;
+  std::optional<float> softcap;
   std::vector<int64_t> kv_lengths;
   Tensor attn_mask;  // a copy, in the shape given
 };

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "arrays.h"
+#include "call_options.h"
 #include "core/cpu.h"
 #include "locks.h"
 #include "mhsa/mhsa.h"
@@ -20,85 +21,6 @@ using namespace pybind11::literals;
 
 namespace mhsa::python {
 namespace {
-
-struct CallOptions {
-  AttentionOptions options;
-  std::vector<int64_t> kv_lengths;  // storage behind options.kv_lengths
-  InputArray mask;                  // storage behind options.attn_mask
-};
-
-CallOptions call_options(std::string_view fn, const py::object& attn_mask, bool is_causal,
-                         const std::optional<float>& scale, const py::object& kv_lengths) {
-  CallOptions c;
-  c.options.causal = is_causal;
-  c.options.scale = scale;
-  if (!kv_lengths.is_none()) {
-    c.kv_lengths = int_vector(kv_lengths, fn, "kv_lengths");
-    c.options.kv_lengths = c.kv_lengths;
-  }
-  if (!attn_mask.is_none()) {
-    c.mask = mask_array(attn_mask, fn);
-    c.options.attn_mask = c.mask.view;
-  }
-  return c;
-}
-
-py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::object& attn_mask,
-                bool is_causal, std::optional<float> scale, const py::object& kv_lengths, bool return_lse) {
-  constexpr std::string_view fn = "scaled_dot_product_attention";
-  const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
-  const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
-  const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
-  const CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
-  const auto [B, Hq, Tq] = std::tuple(q.view.shape[0], q.view.shape[1], q.view.shape[2]);
-  OutputArray out = new_array({B, Hq, Tq, v.view.shape[3]}, "scaled_dot_product_attention: out [B, Hq, Tq, Dv]");
-  OutputArray lse = new_array({B, Hq, Tq}, "scaled_dot_product_attention: lse [B, Hq, Tq]");
-  {
-    GilReleased unlocked;
-    scaled_dot_product_attention(q.view, k.view, v.view, out.view, c.options, lse.view);
-  }
-  if (return_lse) return py::make_tuple(out.array, lse.array);
-  return out.array;
-}
-
-py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, const py::object& k_obj,
-                        const py::object& v_obj, const py::object& out_obj, const py::object& lse_obj,
-                        const py::object& attn_mask, bool is_causal, std::optional<float> scale,
-                        const py::object& kv_lengths) {
-  constexpr std::string_view fn = "scaled_dot_product_attention_backward";
-  const InputArray dout = float_array(dout_obj, fn, "dout", 4, "[B, Hq, Tq, Dv]");
-  const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
-  const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
-  const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
-  const InputArray out = float_array(out_obj, fn, "out", 4, "[B, Hq, Tq, Dv]");
-  const InputArray lse = float_array(lse_obj, fn, "lse", 3, "[B, Hq, Tq]");
-  const CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
-  const auto shape = [](const ConstTensorView& t) {
-    return std::vector<int64_t>{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
-  };
-  OutputArray dq = new_array(shape(q.view), "scaled_dot_product_attention_backward: dq");
-  OutputArray dk = new_array(shape(k.view), "scaled_dot_product_attention_backward: dk");
-  OutputArray dv = new_array(shape(v.view), "scaled_dot_product_attention_backward: dv");
-  {
-    GilReleased unlocked;
-    scaled_dot_product_attention_backward(dout.view, q.view, k.view, v.view, out.view, lse.view, dq.view, dk.view,
-                                          dv.view, c.options);
-  }
-  return py::make_tuple(dq.array, dk.array, dv.array);
-}
-
-py::array probabilities(const py::object& q_obj, const py::object& k_obj, const py::object& attn_mask, bool is_causal,
-                        std::optional<float> scale, const py::object& kv_lengths) {
-  constexpr std::string_view fn = "attention_probabilities";
-  const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
-  const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
-  const CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
-  OutputArray probs = new_array({q.view.shape[0], q.view.shape[1], q.view.shape[2], k.view.shape[2]},
-                                "attention_probabilities: probs [B, Hq, Tq, Tk]");
-  GilReleased unlocked;
-  attention_probabilities(q.view, k.view, ConstTensorView{}, probs.view, c.options);
-  return probs.array;
-}
 
 // The Python layer: the C++ layer plus what training needs between calls, the tape of the last
 // forward run with requires_grad and the accumulated parameter gradients. Calls that write the
@@ -268,19 +190,7 @@ PYBIND11_MODULE(_core, m) {
   bind_model(m);
   bind_weights(m);
   bind_chat_template(m);
-  m.def("scaled_dot_product_attention", &sdpa, "q"_a, "k"_a, "v"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
-        "scale"_a = py::none(), "kv_lengths"_a = py::none(), "return_lse"_a = false,
-        R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].
-
-float32 arrays with any strides. Hq % Hkv == 0 (grouped-query heads). attn_mask: additive float32 or
-bool (True = attend) of shape [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk]. is_causal: query i sees keys
-j <= i + Tk - Tq. scale: default 1/sqrt(D). kv_lengths: [B] valid keys per batch. A row with no visible key
-gives 0. With return_lse, returns (out, lse [B, Hq, Tq]).)");
-  m.def("scaled_dot_product_attention_backward", &sdpa_backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
-        "attn_mask"_a = py::none(), "is_causal"_a = false, "scale"_a = py::none(), "kv_lengths"_a = py::none(),
-        R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
-inputs, out and lse (from return_lse=True), with the forward's options. dk and dv sum over the query heads
-of a group; rows with no visible key get zero gradients.)");
+  bind_attention(m);
   m.def("release_cached_memory", &mhsa::release_cached_memory,
         "Give the freed tensor memory that mhsa keeps for reuse (up to 1/8 of RAM) back to the system.");
   m.def("set_cached_memory_limit", &mhsa::set_cached_memory_limit, "bytes"_a,
@@ -290,9 +200,6 @@ of a group; rows with no visible key get zero gradients.)");
         "Every tensor of a safetensors file (F32, F16, BF16) as float32 arrays, by name; the file is validated first.");
   m.def("save_safetensors", &save_safetensors_py, "path"_a, "tensors"_a, "metadata"_a = py::none(), "dtype"_a = "F32",
         "Writes float32 arrays (up to 4-D) as a safetensors file, atomically, stored as F32, F16 or BF16.");
-  m.def("attention_probabilities", &probabilities, "q"_a, "k"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
-        "scale"_a = py::none(), "kv_lengths"_a = py::none(),
-        "The exact softmax matrix [B, Hq, Tq, Tk] that scaled_dot_product_attention applies (same options).");
   m.def(
       "sinusoidal_positional_encoding",
       [](int64_t tokens, int64_t channels) { return to_numpy(sinusoidal_positional_encoding(tokens, channels)); },

@@ -60,10 +60,11 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   nn::embed_forward(s, ids, T, 0, t.x.data());
 
   // The residual stream through the blocks before `layer`, then the traced block with a tape.
-  for (int64_t l = 0; l < layer; ++l) nn::block_forward(s, l, t.x.data(), nn::BlockRun{1, T, 0, nullptr, nullptr, nullptr});
+  const nn::RopeTable rope = nn::rope_positions(s, T, T, 0);
+  for (int64_t l = 0; l < layer; ++l) nn::block_forward(s, l, t.x.data(), nn::BlockRun{1, T, &rope, nullptr, nullptr, nullptr});
   nn::BlockTape tape;
   Tensor x = t.x;
-  nn::block_forward(s, layer, x.data(), nn::BlockRun{1, T, 0, nullptr, &tape, nullptr});
+  nn::block_forward(s, layer, x.data(), nn::BlockRun{1, T, &rope, nullptr, &tape, nullptr});
   t.ln = std::move(tape.h1);
   t.q = columns(tape.qkv.data(), T, N, head * D, D);
   t.k = columns(tape.qkv.data(), T, N, Nq + kv_head * D, D);
@@ -77,13 +78,16 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   t.scores = Tensor({T, T});
   t.scaled = Tensor({T, T});
   const double scale = reference.scale ? double(*reference.scale) : 1.0 / std::sqrt(static_cast<double>(D));
+  const int64_t left = reference.window.left;  // −1: no window
   for (int64_t i = 0; i < T; ++i)
     for (int64_t j = 0; j < T; ++j) {
       double dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += double(t.q.data()[i * D + d]) * double(t.k.data()[j * D + d]);
       t.scores.data()[i * T + j] = static_cast<float>(dot);
-      t.scaled.data()[i * T + j] =
-          j > i ? -std::numeric_limits<float>::infinity() : static_cast<float>(dot * scale);
+      double scaled = dot * scale;
+      if (reference.softcap) scaled = *reference.softcap * std::tanh(scaled / *reference.softcap);
+      const bool masked = j > i || (left >= 0 && j < i - left);
+      t.scaled.data()[i * T + j] = masked ? -std::numeric_limits<float>::infinity() : static_cast<float>(scaled);
     }
   const Tensor p = attention_probabilities(ConstTensorView(t.q.data(), {1, 1, T, D}),
                                            ConstTensorView(t.k.data(), {1, 1, T, D}), {}, reference);
@@ -92,7 +96,7 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   for (int64_t i = 0; i < T; ++i)
     for (int64_t d = 0; d < D; ++d) {
       double sum = 0;
-      for (int64_t j = 0; j <= i; ++j) sum += double(t.probs.data()[i * T + j]) * double(t.v.data()[j * D + d]);
+      for (int64_t j = 0; j <= i; ++j) sum += double(t.probs.data()[i * T + j]) * double(t.v.data()[j * D + d]);  // 0 where masked
       t.head_out.data()[i * D + d] = static_cast<float>(sum);
     }
   return t;

@@ -1,5 +1,6 @@
 // kernels/attention.cpp — the public attention entry points: validate once, fill
 // AttentionParams, dispatch to a kernel. No arithmetic lives here.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -92,7 +93,21 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
   } else {
     p.scale = p.D > 0 ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.D))) : 1.0f;
   }
+  if (opt.softcap) {
+    const float c = *opt.softcap;
+    if (!std::isfinite(c) || !(c > 0.0f)) fail(fn, "softcap", "a finite number > 0 (or none)", message(c));
+    p.softcap = c;
+  }
   p.causal = opt.causal;
+  p.query_offset = opt.causal_alignment == CausalAlignment::top_left ? 0 : p.Tk - p.Tq;
+  // A window is meaningful without causal too (bidirectional local attention); with causal its
+  // right limit is moot. Limits past Tq + Tk are unlimited in effect and stored clamped.
+  const auto window_limit = [&](std::string_view side, int64_t w) -> int64_t {
+    if (w < -1) fail(fn, side, "a key count >= 0, or -1 for unlimited", std::to_string(w));
+    return w < 0 ? -1 : std::min(w, p.Tq + p.Tk);
+  };
+  p.window_left = window_limit("window.left", opt.window.left);
+  p.window_right = window_limit("window.right", opt.window.right);
   if (!opt.kv_lengths.empty()) {
     if (static_cast<int64_t>(opt.kv_lengths.size()) != p.B)
       fail(fn, "kv_lengths", message(p.B, " entries (one per batch, B = q.shape[0])"),
@@ -288,6 +303,28 @@ double attention_flops(int64_t B, int64_t Hq, int64_t Tq, int64_t Tk, int64_t D,
   const double full = 2.0 * static_cast<double>(B) * static_cast<double>(Hq) * static_cast<double>(Tq) *
                       static_cast<double>(Tk) * static_cast<double>(D + Dv);
   return causal && Tq == Tk ? full / 2 : full;
+}
+
+double attention_flops(int64_t B, int64_t Hq, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv,
+                       const AttentionOptions& options) {
+  AttentionParams p;  // only the fields key_range reads
+  p.B = B;
+  p.Tq = Tq;
+  p.Tk = Tk;
+  p.causal = options.causal;
+  p.query_offset = options.causal_alignment == CausalAlignment::top_left ? 0 : Tk - Tq;
+  p.window_left = options.window.left < 0 ? -1 : std::min(options.window.left, Tq + Tk);
+  p.window_right = options.window.right < 0 ? -1 : std::min(options.window.right, Tq + Tk);
+  const bool lengths = static_cast<int64_t>(options.kv_lengths.size()) == B;
+  if (lengths) p.kv_lengths = options.kv_lengths.data();
+  double pairs = 0.0;
+  for (int64_t b = 0; b < (lengths ? B : 1); ++b)
+    for (int64_t i = 0; i < Tq; ++i) {
+      const kernels::KeyRange r = kernels::key_range(p, b, i);
+      pairs += static_cast<double>(r.end - r.begin);
+    }
+  if (!lengths) pairs *= static_cast<double>(B);
+  return 2.0 * pairs * static_cast<double>(Hq) * static_cast<double>(D + Dv);
 }
 
 }  // namespace mhsa

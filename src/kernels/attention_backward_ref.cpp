@@ -1,8 +1,9 @@
 // kernels/attention_backward_ref.cpp — the reference attention backward, written like the
 // equations (σ the scale, P recomputed from the saved lse, never stored whole):
-//   P_ij = exp(s_ij − lse_i) / Σ_j exp(s_ij − lse_i)   s_ij = σ q_i·k_j + mask_ij, visible keys only
+//   P_ij = exp(s_ij − lse_i) / Σ_j exp(s_ij − lse_i)   s_ij = cap(σ q_i·k_j) + mask_ij, visible keys only
 //   dV_j = Σ_i P_ij dO_i        dP_ij = dO_i·v_j        D_i = Σ_j P_ij dP_ij
-//   dS_ij = P_ij (dP_ij − D_i)  dQ_i = σ Σ_j dS_ij k_j   dK_j = σ Σ_i dS_ij q_i
+//   dS_ij = P_ij (dP_ij − D_i) cap'  dQ_i = σ Σ_j dS_ij k_j   dK_j = σ Σ_i dS_ij q_i
+// with soft-capping cap(x) = c·tanh(x/c), cap' = 1 − tanh²(x/c); without it cap(x) = x, cap' = 1.
 // dK and dV sum over the query heads that share a kv head. Scalar, float64 accumulation; one
 // (batch, kv head) per thread, so no two threads write the same gradient. The oracle for the
 // fast backward; never tuned.
@@ -30,6 +31,7 @@ void attention_backward_ref(const AttentionParams& p) {
   {
     std::vector<double> dk(static_cast<size_t>(p.Tk * p.D)), dv(static_cast<size_t>(p.Tk * p.Dv));  // [Tk, D|Dv]
     std::vector<double> prob(static_cast<size_t>(p.Tk)), dprob(static_cast<size_t>(p.Tk));         // [Tk]
+    std::vector<double> dcap(static_cast<size_t>(p.Tk));                                           // [Tk] cap'
     std::vector<double> dq(static_cast<size_t>(p.D));                                              // [D]
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < p.B; ++b)
@@ -39,16 +41,23 @@ void attention_backward_ref(const AttentionParams& p) {
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
           for (int64_t i = 0; i < p.Tq; ++i) {
             const double lse = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
-            const int64_t end = lse == -std::numeric_limits<double>::infinity() ? 0 : key_end(p, b, i);
+            const auto [begin, end] =
+                lse == -std::numeric_limits<double>::infinity() ? KeyRange{} : key_range(p, b, i);
             const float* qi = row(p.q, p.q_stride, b, h, i);
             const float* doi = row(p.dout, p.dout_stride, b, h, i);
             double d_i = 0.0, sum = 0.0;
-            for (int64_t j = 0; j < end; ++j) {
+            for (int64_t j = begin; j < end; ++j) {
               const float* kj = row(p.k, p.k_stride, b, hk, j);
               const float* vj = row(p.v, p.v_stride, b, hk, j);
               double dot = 0.0, dp = 0.0;
               for (int64_t d = 0; d < p.D; ++d) dot += double(qi[d * p.q_stride[3]]) * kj[d * p.k_stride[3]];
               double s = p.scale * dot;
+              dcap[j] = 1.0;
+              if (p.softcap > 0.0f) {
+                const double t = std::tanh(s / p.softcap);
+                s = p.softcap * t;
+                dcap[j] = 1.0 - t * t;
+              }
               if (p.mask) s += p.mask[b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] +
                                       j * p.mask_stride[3]];
               for (int64_t d = 0; d < p.Dv; ++d) dp += double(doi[d * p.dout_stride[3]]) * vj[d * p.v_stride[3]];
@@ -58,13 +67,13 @@ void attention_backward_ref(const AttentionParams& p) {
             }
             // Normalised by the row's own sum: the float lse's rounding cancels, and a row with one
             // visible key gets P = 1 and dS = 0 exactly. A NaN score or lse makes the row NaN.
-            for (int64_t j = 0; j < end; ++j) {
+            for (int64_t j = begin; j < end; ++j) {
               prob[j] /= sum;
               d_i += prob[j] * dprob[j];
             }
             std::fill(dq.begin(), dq.end(), 0.0);
-            for (int64_t j = 0; j < end; ++j) {
-              const double ds = prob[j] * (dprob[j] - d_i) * p.scale;
+            for (int64_t j = begin; j < end; ++j) {
+              const double ds = prob[j] * (dprob[j] - d_i) * dcap[j] * p.scale;
               const float* kj = row(p.k, p.k_stride, b, hk, j);
               for (int64_t d = 0; d < p.D; ++d) {
                 dq[d] += ds * kj[d * p.k_stride[3]];

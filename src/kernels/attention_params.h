@@ -24,7 +24,12 @@ struct AttentionParams {
   Strides4 mask_stride{};
   const int64_t* kv_lengths = nullptr;  // [B] valid keys per batch, or null
   float scale = 1.0f;
+  float softcap = 0.0f;  // > 0: scores become softcap·tanh(score / softcap) before the mask; 0: none
   bool causal = false;
+  // The causal and window limits are taken at key position i + query_offset of query row i:
+  // Tk − Tq aligned bottom-right, 0 aligned top-left.
+  int64_t query_offset = 0;
+  int64_t window_left = -1, window_right = -1;  // -1: unlimited; else at most Tq + Tk
   float* out = nullptr;  // [B, Hq, Tq, Dv]; null when only lse is wanted
   Strides4 out_stride{};
   float* lse = nullptr;  // [B, Hq, Tq] (stride[3] unused), or null
@@ -41,13 +46,20 @@ struct AttentionParams {
   Strides4 dv_stride{};
 };
 
-// Keys visible to query row i of batch b form the prefix [0, key_end): the causal limit and the
-// padding length both cut the key range from the right. The additive mask may remove more.
-inline int64_t key_end(const AttentionParams& p, int64_t b, int64_t i) {
+// Keys visible to query row i of batch b form one interval [begin, end), begin <= end (empty
+// when begin == end): the window's left limit cuts it from the left; the causal limit, the window's
+// right limit and the padding length cut it from the right. The additive mask may remove more.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+inline KeyRange key_range(const AttentionParams& p, int64_t b, int64_t i) {
+  const int64_t pos = i + p.query_offset;  // the row's place among the keys
   int64_t end = p.Tk;
   if (p.kv_lengths) end = std::min(end, p.kv_lengths[b]);
-  if (p.causal) end = std::min(end, i + (p.Tk - p.Tq) + 1);
-  return std::max<int64_t>(end, 0);
+  if (p.causal) end = std::min(end, pos + 1);
+  if (p.window_right >= 0) end = std::min(end, pos + p.window_right + 1);
+  const int64_t begin = p.window_left >= 0 ? std::clamp<int64_t>(pos - p.window_left, 0, p.Tk) : 0;
+  return {begin, std::max(begin, end)};
 }
 
 // Plain reference kernels: scalar, float64 accumulation, the oracle for every fast kernel.

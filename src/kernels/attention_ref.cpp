@@ -1,5 +1,6 @@
 // kernels/attention_ref.cpp — the reference attention kernels, written like the equations:
-//   s_ij = scale · q_i·k_j + mask_ij   (for the keys j the causal and padding limits leave)
+//   s_ij = cap(scale · q_i·k_j) + mask_ij   (for the keys j the causal, window and padding limits
+//   cap(x) = softcap·tanh(x / softcap), or x without soft-capping   leave: key_range)
 //   lse_i = log Σ_j exp(s_ij),  P_ij = exp(s_ij − lse_i),  out_i = Σ_j P_ij v_j
 // Scalar, float64 accumulation, one query row at a time with an O(Tk) score buffer. They are the
 // oracle for the fast kernels and the fallback for shapes those do not take; never tuned.
@@ -24,6 +25,7 @@ double score(const AttentionParams& p, int64_t b, int64_t h, int64_t hk, int64_t
   for (int64_t d = 0; d < p.D; ++d)
     dot += static_cast<double>(qi[d * p.q_stride[3]]) * static_cast<double>(kj[d * p.k_stride[3]]);
   double s = static_cast<double>(p.scale) * dot;
+  if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
   if (p.mask)
     s += p.mask[b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3]];
   return s;
@@ -46,9 +48,9 @@ void attention_forward_ref(const AttentionParams& p) {
       for (int64_t h = 0; h < p.Hq; ++h)
         for (int64_t i = 0; i < p.Tq; ++i) {
           const int64_t hk = h / group;
-          const int64_t end = key_end(p, b, i);
+          const auto [begin, end] = key_range(p, b, i);
           double row_max = kNegInf;  // NaN when a score is NaN: then so are out and lse (IEEE)
-          for (int64_t j = 0; j < end; ++j) {
+          for (int64_t j = begin; j < end; ++j) {
             scores[j] = score(p, b, h, hk, i, j);
             if (!(scores[j] <= row_max)) row_max = scores[j];
           }
@@ -56,7 +58,7 @@ void attention_forward_ref(const AttentionParams& p) {
           std::fill(acc.begin(), acc.end(), 0.0);
           const bool masked = row_max == kNegInf;  // every visible score -inf
           if (!masked) {
-            for (int64_t j = 0; j < end; ++j) {
+            for (int64_t j = begin; j < end; ++j) {
               const double w = std::exp(scores[j] - row_max);
               sum += w;
               if (p.out) {
@@ -85,19 +87,20 @@ void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads,
       for (int64_t i = 0; i < p.Tq; ++i) {
         const int64_t h = heads[s];
         const double lse = lse_at(p, b, h, i);
-        const int64_t end = lse == kNegInf ? 0 : key_end(p, b, i);  // a fully masked row stays 0
+        const KeyRange keys = lse == kNegInf ? KeyRange{} : key_range(p, b, i);  // a fully masked row stays 0
         float* row = probs + b * ps[0] + s * ps[1] + i * ps[2];
         // exp(s - lse) with a float lse is off by a factor exp(lse_exact - lse) = 1 + O(|lse|·2^-24);
         // dividing by the row's sum removes that factor, so the rows are exact whatever |lse| is.
         double sum = 0.0;
-        for (int64_t j = 0; j < end; ++j) {
+        for (int64_t j = 0; j < keys.begin; ++j) row[j * ps[3]] = 0.0f;
+        for (int64_t j = keys.begin; j < keys.end; ++j) {
           const double e = std::exp(score(p, b, h, h / group, i, j) - lse);
           row[j * ps[3]] = static_cast<float>(e);
           sum += e;
         }
         const double norm = sum == 0.0 ? 0.0 : 1.0 / sum;  // NaN (a NaN row) stays NaN
-        for (int64_t j = 0; j < end; ++j) row[j * ps[3]] = static_cast<float>(row[j * ps[3]] * norm);
-        for (int64_t j = end; j < p.Tk; ++j) row[j * ps[3]] = 0.0f;
+        for (int64_t j = keys.begin; j < keys.end; ++j) row[j * ps[3]] = static_cast<float>(row[j * ps[3]] * norm);
+        for (int64_t j = keys.end; j < p.Tk; ++j) row[j * ps[3]] = 0.0f;
       }
 }
 

@@ -3,14 +3,15 @@
 // FlashAttention on the CPU. For each (batch, kv head) the keys are packed once, transposed, into
 // key blocks Kt [D, Bc] and the values into V [Tk, Dv] padded to whole vectors; the query heads of
 // the group then walk their query blocks (Br rows) over the key blocks:
-//   S = (scale·Q) Ktᵀ  [Br, Bc]     register-blocked outer products (kRows × kCols vectors)
-//   S += mask; S = -inf past each row's key_end (only on the blocks a limit cuts)
+//   S = Q Ktᵀ  [Br, Bc]             register-blocked outer products (kRows × kCols vectors)
+//   S = cap(scale·S) + mask; S = -inf outside each row's key_range (finish_scores)
 //   online softmax: m' = max(m, rowmax S); O, l rescaled by e^(m − m') only when m moves;
 //   P = e^(S − m') (vector exp fused with the row sum); l += Σ P
 //   O += P V  [Br, Dv]               register-blocked again, each block's sum added to O (blocked
 //                                    summation: the error does not grow with Tk)
 // and finally out = O / l, lse = m + log l. Memory is O(Br·Bc + Tk·D) per thread, never Tq×Tk.
-// Blocks of keys wholly past every row's limit are skipped (the causal upper triangle).
+// Blocks of keys wholly outside every row's key range are skipped (the causal upper triangle, the
+// keys before a sliding window): a causal window of W keys costs ~T·(W + Br + Bc) pairs, not T²/2.
 //
 // Few queries against many keys (decode: Tq <= kDecodeQueries, and at most kDecodeRows query rows
 // per kv head counting the group's heads) take a split-K path instead:
@@ -73,10 +74,10 @@ struct Scratch {
   AlignedFloats s;  // [kBr, kBc]     scores, then probabilities
   AlignedFloats o;  // [kBr, dv_pad]  unnormalised output
   std::vector<float> m, l;           // [kBr] running max and sum
-  std::vector<int64_t> end;          // [kBr] key_end of each row
+  std::vector<int64_t> begin, end;   // [kBr] each row's visible keys (key_range)
   Scratch(int64_t D, int64_t dv_pad)
       : q(static_cast<size_t>(kBr * D)), s(static_cast<size_t>(kBr * kBc)), o(static_cast<size_t>(kBr * dv_pad)),
-        m(kBr), l(kBr), end(kBr) {}
+        m(kBr), l(kBr), begin(kBr), end(kBr) {}
 };
 
 // Online-softmax update of one row of scores s[0, n) (n a multiple of kLanes), first multiplied
@@ -125,18 +126,21 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
                  Scratch& w) {
   const int64_t D = p.D, dv_pad = kv.dv_pad;
   const float* q = p.q + b * p.q_stride[0] + h * p.q_stride[1];
-  int64_t max_end = 0, min_end = p.Tk;
+  int64_t min_begin = p.Tk, max_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t d = 0; d < D; ++d) w.q[r * D + d] = q[(i0 + r) * p.q_stride[2] + d * p.q_stride[3]];
-    w.end[r] = key_end(p, b, i0 + r);
-    max_end = std::max(max_end, w.end[r]);
-    min_end = std::min(min_end, w.end[r]);
+    const KeyRange keys = key_range(p, b, i0 + r);
+    w.begin[r] = keys.begin;
+    w.end[r] = keys.end;
+    min_begin = std::min(min_begin, keys.begin);
+    max_end = std::max(max_end, keys.end);
     w.m[r] = kNegInf;
     w.l[r] = 0.0f;
   }
   std::fill(w.o.begin(), w.o.begin() + rows * dv_pad, 0.0f);
-  const int64_t blocks = (max_end + kBc - 1) / kBc;  // later blocks are masked for every row
-  for (int64_t kb = 0; kb < blocks; ++kb) {
+  // Blocks wholly before every row's window or past every row's limit are skipped.
+  const int64_t first = min_begin / kBc, blocks = (max_end + kBc - 1) / kBc;
+  for (int64_t kb = first; kb < blocks; ++kb) {
     const int64_t j0 = kb * kBc;
     const float* kt = kv.kt.data() + kb * D * kBc;
     for (int64_t r = 0; r < rows; r += kRows)
@@ -144,23 +148,21 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
         tile_fn<ScoresTile>(std::min<int64_t>(kRows, rows - r), kCols)(w.q.data() + r * D, D, kt + c, kBc, D,
                                                                      w.s.data() + r * kBc + c, kBc);
     for (int64_t r = 0; r < rows; ++r) {
+      const int64_t lo = std::clamp<int64_t>(w.begin[r] - j0, 0, kBc), hi = std::clamp<int64_t>(w.end[r] - j0, lo, kBc);
+      const float* mrow = p.mask ? p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] +
+                                       (i0 + r) * p.mask_stride[2] + j0 * p.mask_stride[3]
+                                 : nullptr;
       float* s = w.s.data() + r * kBc;
-      const int64_t visible = std::clamp<int64_t>(w.end[r] - j0, 0, kBc);
-      float scale = p.scale;  // applied to the scores before the mask is added
-      if (p.mask) {
-        const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + (i0 + r) * p.mask_stride[2];
-        for (int64_t jj = 0; jj < visible; ++jj) s[jj] = fused(s[jj], scale, mrow[(j0 + jj) * p.mask_stride[3]]);
-        scale = 1.0f;
-      }
-      if (j0 + kBc > min_end) std::fill(s + visible, s + kBc, kNegInf);
+      const float scale = finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], nullptr);
       softmax_row(s, kBc, scale, w.m[r], w.l[r], w.o.data() + r * dv_pad, dv_pad);
     }
-    const int64_t keys = std::min(kBc, max_end - j0);
-    const float* vb = kv.v.data() + j0 * dv_pad;
+    // P is 0 before every row's window: P·V starts at the first key some row sees.
+    const int64_t skip = std::clamp<int64_t>(min_begin - j0, 0, kBc), keys = std::min(kBc, max_end - j0) - skip;
+    const float* vb = kv.v.data() + (j0 + skip) * dv_pad;
     for (int64_t r = 0; r < rows; r += kRows)
       for (int64_t c = 0; c < dv_pad; c += kCols * kLanes)
         tile_fn<AccumulateTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (dv_pad - c) / kLanes))(
-            w.s.data() + r * kBc, kBc, vb + c, dv_pad, keys, w.o.data() + r * dv_pad + c, dv_pad);
+            w.s.data() + r * kBc + skip, kBc, vb + c, dv_pad, keys, w.o.data() + r * dv_pad + c, dv_pad);
   }
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
@@ -189,30 +191,33 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
   const float* v = p.v ? p.v + b * p.v_stride[0] + hk * p.v_stride[1] : nullptr;
   const int64_t D = p.D, Dv = p.out ? p.Dv : 0;
   const float* q[kDecodeRows];
-  int64_t end[kDecodeRows];
+  KeyRange keys[kDecodeRows];
+  int64_t lo_all = j1, hi_all = j0;  // the keys of the slice that some row sees
   for (int64_t r = 0; r < n_rows; ++r) {
     q[r] = p.q + b * p.q_stride[0] + heads[r] * p.q_stride[1] + queries[r] * p.q_stride[2];
-    end[r] = key_end(p, b, queries[r]);
+    keys[r] = key_range(p, b, queries[r]);
+    lo_all = std::min(lo_all, std::max(j0, keys[r].begin));
+    hi_all = std::max(hi_all, std::min(j1, keys[r].end));
   }
-  for (int64_t jb = j0; jb < j1; jb += kKeys) {
+  // Chunks of keys that no row sees are skipped (they would change nothing); the chunks keep
+  // their places (j0 + a multiple of kKeys) whatever is skipped.
+  for (int64_t jb = j0 + (lo_all - j0) / kKeys * kKeys; jb < hi_all; jb += kKeys) {
     const int64_t n = std::min(kKeys, j1 - jb);
+    for (int64_t r = 0; r < n_rows; ++r) std::fill(s[r] + n, s[r] + kKeys, 0.0f);  // finish_scores reads them
     for (int64_t jj = 0; jj < n; ++jj) {
       const float* kj = k + (jb + jj) * p.k_stride[2];
       for (int64_t r = 0; r < n_rows; ++r) s[r][jj] = decode_dot(q[r], kj, D);
     }
     for (int64_t r = 0; r < n_rows; ++r) {
-      const int64_t visible = std::clamp<int64_t>(end[r] - jb, 0, n);
-      float scale = p.scale;  // scale and mask applied as in query_block (the backward repeats it)
-      if (p.mask) {
-        const float* mrow = p.mask + b * p.mask_stride[0] + heads[r] * p.mask_stride[1] + queries[r] * p.mask_stride[2];
-        for (int64_t jj = 0; jj < visible; ++jj) s[r][jj] = fused(s[r][jj], scale, mrow[(jb + jj) * p.mask_stride[3]]);
-        scale = 1.0f;
-      }
-      std::fill(s[r] + visible, s[r] + kKeys, kNegInf);
+      const int64_t lo = std::clamp<int64_t>(keys[r].begin - jb, 0, n), hi = std::clamp<int64_t>(keys[r].end - jb, lo, n);
+      const float* mrow = p.mask ? p.mask + b * p.mask_stride[0] + heads[r] * p.mask_stride[1] +
+                                       queries[r] * p.mask_stride[2] + jb * p.mask_stride[3]
+                                 : nullptr;
+      const float scale = finish_scores(s[r], kKeys, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], nullptr);
       softmax_row(s[r], kKeys, scale, m[r], l[r], o + r * Dv, Dv);
       // o += P V key by key, a running sum over the slice's 512 keys at most (the slices are
       // merged afterwards, so the error does not grow with Tk); Dv vectors are independent chains.
-      for (int64_t jj = 0; jj < visible && v; ++jj) {
+      for (int64_t jj = lo; jj < hi && v; ++jj) {
         const float* vj = v + (jb + jj) * p.v_stride[2];
         const Vec pj = splat(s[r][jj]);
         float* orow = o + r * Dv;

@@ -4,12 +4,13 @@
 // start to end, so no two threads ever add into the same gradient (no atomics) and the result does
 // not depend on the thread count. Inside a task, for each key block (Bc keys) with its dK, dV
 // accumulators, for each query block (Br rows of any head of the group) that can see it:
-//   S = Q Ktᵀ → P = exp(σS + mask − lse) (0 past each row's key_end)     scores microkernel
+//   S = Q Ktᵀ → P = exp(cap(σS) + mask − lse) (0 outside each row's key_range)  scores microkernel
 //   dP = dO Vtᵀ                                                          scores microkernel
-//   dS = σ P ∘ (dP − D),  D = rowsum(dO ∘ O) precomputed once
+//   dS = σ P ∘ (dP − D) ∘ cap',  D = rowsum(dO ∘ O) precomputed once (cap' = 1 − tanh², or 1)
 //   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K                                accumulate microkernel
 // Memory per task: the group's packed Q, dO, dQ and the head's packed K and V — O(T·D), no T×T.
-// Key blocks above the causal diagonal of a query block are skipped.
+// Key blocks that no row of a query block sees (above the causal diagonal, before a sliding
+// window) are skipped.
 #include <cmath>
 #include <limits>
 
@@ -29,10 +30,11 @@ struct Task {
   int64_t d_pad, dv_pad, rows, key_blocks;
   AlignedFloats q, dout, dq;   // [rows, d_pad], [rows, dv_pad], [rows, d_pad]
   std::vector<float> lse, di;  // [rows]
-  std::vector<int64_t> end;    // [rows] key_end
+  std::vector<int64_t> begin, end;  // [rows] key_range, empty for a fully masked row
   AlignedFloats kt, vt;        // [key_blocks, D, kBc], [key_blocks, Dv, kBc]: transposed blocks
   AlignedFloats kn;            // [key_blocks·kBc, d_pad]: keys as rows
   AlignedFloats s, dp, pt, dst;  // [kBr, kBc] x2, [kBc, kBr] x2
+  AlignedFloats dcap;            // [kBr, kBc] soft-capping's 1 − tanh², empty without it
   AlignedFloats dk, dv;          // [kBc, d_pad], [kBc, dv_pad]
   std::vector<float> out_row;    // [Dv] one row of the forward's output
   Task(const AttentionParams& p)
@@ -40,9 +42,9 @@ struct Task {
         key_blocks((p.Tk + kBc - 1) / kBc),
         q(static_cast<size_t>(rows * d_pad)), dout(static_cast<size_t>(rows * dv_pad)),
         dq(static_cast<size_t>(rows * d_pad)), lse(static_cast<size_t>(rows)), di(static_cast<size_t>(rows)),
-        end(static_cast<size_t>(rows)), kt(static_cast<size_t>(key_blocks * p.D * kBc)),
+        begin(static_cast<size_t>(rows)), end(static_cast<size_t>(rows)), kt(static_cast<size_t>(key_blocks * p.D * kBc)),
         vt(static_cast<size_t>(key_blocks * p.Dv * kBc)), kn(static_cast<size_t>(key_blocks * kBc * d_pad)),
-        s(kBr * kBc), dp(kBr * kBc), pt(kBc * kBr), dst(kBc * kBr), dk(static_cast<size_t>(kBc * d_pad)),
+        s(kBr * kBc), dp(kBr * kBc), pt(kBc * kBr), dst(kBc * kBr), dcap(p.softcap > 0.0f ? kBr * kBc : 0), dk(static_cast<size_t>(kBc * d_pad)),
         dv(static_cast<size_t>(kBc * dv_pad)), out_row(static_cast<size_t>(p.Dv)) {}
 };
 
@@ -60,7 +62,9 @@ void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     // and dS = 0 exactly for it.
     t.di[r] = tile_dot(t.dout.data() + r * t.dv_pad, t.out_row.data(), p.Dv);
     t.lse[r] = p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
-    t.end[r] = t.lse[r] == kNegInf ? 0 : key_end(p, b, i);  // a fully masked row has no gradient
+    const KeyRange keys = t.lse[r] == kNegInf ? KeyRange{} : key_range(p, b, i);  // a fully masked row has no gradient
+    t.begin[r] = keys.begin;
+    t.end[r] = keys.end;
   }
   std::fill(t.dq.begin(), t.dq.end(), 0.0f);
   const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
@@ -106,9 +110,13 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     std::fill(t.dv.begin(), t.dv.end(), 0.0f);
     for (int64_t r0 = 0; r0 < t.rows; r0 += kBr) {
       const int64_t n = std::min(kBr, t.rows - r0);
-      int64_t max_end = 0;
-      for (int64_t r = r0; r < r0 + n; ++r) max_end = std::max(max_end, t.end[r]);
-      if (max_end <= j0) continue;  // no row of this block sees these keys (causal, padding)
+      int64_t min_begin = p.Tk, max_end = 0;  // over the rows that see any key
+      for (int64_t r = r0; r < r0 + n; ++r)
+        if (t.begin[r] < t.end[r]) {
+          min_begin = std::min(min_begin, t.begin[r]);
+          max_end = std::max(max_end, t.end[r]);
+        }
+      if (max_end <= j0 || min_begin >= j0 + kBc) continue;  // no row sees these keys (causal, window, padding)
       if (decode)
         for (int64_t r = 0; r < n; ++r)
           for (int64_t jj = 0; jj < kBc; ++jj)
@@ -118,22 +126,25 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
       scores(n, t.dout.data() + r0 * t.dv_pad, t.dv_pad, t.vt.data() + kb * p.Dv * kBc, p.Dv, t.dp.data());
       for (int64_t r = 0; r < n; ++r) {
         const int64_t row = r0 + r, h = hk * group + row / p.Tq, i = row % p.Tq;
-        const int64_t visible = std::clamp<int64_t>(t.end[row] - j0, 0, kBc);
+        const int64_t lo = std::clamp<int64_t>(t.begin[row] - j0, 0, kBc);
+        const int64_t hi = std::clamp<int64_t>(t.end[row] - j0, lo, kBc);
         float* s = t.s.data() + r * kBc;
         float* dp = t.dp.data() + r * kBc;
-        // The scores exactly as the forward rounded them (its lse came from these): scale and
-        // mask in one fused step with a mask, one product without; the exp in a separate pass.
-        if (p.mask) {
-          const float* mrow = p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];
-          for (int64_t jj = 0; jj < visible; ++jj) s[jj] = fused(s[jj], p.scale, mrow[(j0 + jj) * p.mask_stride[3]]);
-        } else {
-          for (int64_t jj = 0; jj < visible; ++jj) s[jj] *= p.scale;
-        }
-        std::fill(s + visible, s + kBc, kNegInf);  // exp gives exactly 0 there
+        float* dcap = p.softcap > 0.0f ? t.dcap.data() + r * kBc : nullptr;
+        // The scores exactly as the forward rounded them (its lse came from these), the exp in a
+        // separate pass; −inf outside the row's keys, where exp gives exactly 0.
+        const float* mrow = p.mask ? p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] +
+                                         j0 * p.mask_stride[3]
+                                   : nullptr;
+        const float pending = finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], dcap);
+        if (pending != 1.0f)
+          for (int64_t jj = 0; jj < kBc; jj += kLanes) store(s + jj, load(s + jj) * splat(pending));
         const Vec lse = splat(t.lse[row]), di = splat(t.di[row]), ds_scale = splat(p.scale);
         for (int64_t jj = 0; jj < kBc; jj += kLanes) {  // P into the dP buffer's place, dS into s
-          const Vec prob = visible > 0 ? exp(load(s + jj) - lse) : Vec{};
-          store(s + jj, prob * (load(dp + jj) - di) * ds_scale);
+          const Vec prob = hi > lo ? exp(load(s + jj) - lse) : Vec{};
+          Vec ds = prob * (load(dp + jj) - di);
+          if (dcap) ds *= load(dcap + jj);
+          store(s + jj, ds * ds_scale);
           store(dp + jj, prob);
         }
         for (int64_t jj = 0; jj < kBc; ++jj) {  // transposed copies for dV = Pᵀ dO and dK = dSᵀ Q

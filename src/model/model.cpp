@@ -16,11 +16,8 @@ using detail::fail;
 using detail::message;
 namespace fs = std::filesystem;
 
-struct Model::Layout {
-  std::vector<nn::LayerRefs> layers;
-  int embed = -1, pos = -1, final_norm_w = -1, final_norm_b = -1, head = -1;
-  nn::Rope rope;
-};
+// The model's nn::Stack but for its config and parameter pointers (set per call: a Model moves).
+struct Model::Layout : nn::Stack {};
 
 namespace {
 
@@ -108,11 +105,7 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
   return specs;
 }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string t = "[";
-  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
-}
+std::string shape_text(const std::vector<int64_t>& s) { return shape_string(ConstTensorView(nullptr, s)); }
 
 }  // namespace
 
@@ -177,17 +170,9 @@ Model Model::random(const ModelConfig& config, uint64_t seed) {
 }
 
 nn::Stack ModelAccess::stack(const Model& m) {
-  const Model::Layout& L = *m.layout_;
-  nn::Stack s;
+  nn::Stack s = *m.layout_;
   s.config = &m.config_;
   for (const auto& [name, t] : m.params_) s.params.push_back(&t);
-  s.embed = L.embed;
-  s.pos = L.pos;
-  s.layers = L.layers;
-  s.final_norm_w = L.final_norm_w;
-  s.final_norm_b = L.final_norm_b;
-  s.head = L.head;
-  s.rope = L.rope;
   return s;
 }
 

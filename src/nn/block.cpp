@@ -47,7 +47,7 @@ NormSpec head_norm(const Stack& s) { return {NormKind::rms_norm, s.norm().eps, s
 
 // qkv [rows, N] = q | k | v of h [rows, C], with the q/k norms and RoPE applied; qkv0 receives the
 // projections before the norms (for the backward) when given.
-void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows, int64_t T, int64_t pos0,
+void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows, const RopeTable* rope,
                  const float* h, float* qkv, Tensor* qkv0) {
   if (L.qkv.w >= 0) {
     linear(s, L.qkv, rows, h, d.C, qkv, d.N);
@@ -65,10 +65,8 @@ void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows
       norm_forward(ns, d.Hkv, d.D, q + d.Nq, d.D, s.p(L.k_norm).data(), nullptr, q + d.Nq, d.D);
     }
   }
-  if (s.config->positions == PositionKind::rotary) {
-    rope_forward(s.rope, rows, T, pos0, d.Hq, d.D, qkv, d.N);
-    rope_forward(s.rope, rows, T, pos0, d.Hkv, d.D, qkv + d.Nq, d.N);
-  }
+  if (s.config->positions == PositionKind::rotary)
+    rope_forward(*rope, rows, d.Hq + d.Hkv, d.D, qkv, d.N);  // q and k: adjacent heads of each row
 }
 
 // y [rows, C] = attention(h [rows, C]) of layer `layer`.
@@ -77,7 +75,7 @@ void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, 
   const Dims d = dims(*s.config);
   const int64_t B = run.B, T = run.T, rows = B * T;
   Tensor qkv({rows, d.N});  // [rows, q | k | v]
-  project_qkv(s, L, d, rows, T, run.pos0, h, qkv.data(), run.tape ? &run.tape->qkv0 : nullptr);
+  project_qkv(s, L, d, rows, run.rope, h, qkv.data(), run.tape ? &run.tape->qkv0 : nullptr);
   const AttentionOptions opt = attention_options(s, layer);
   Tensor ctx({rows, d.Nq});  // heads side by side: [B, T, Hq·D]
   const TensorView ctx_heads = heads_view(ctx.data(), B, T, d.Nq, 0, d.Hq, d.D);
@@ -101,8 +99,8 @@ void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, 
 }
 
 // dh [rows, C] = ∂loss/∂h from dy [rows, C] = ∂loss/∂y; parameter gradients added.
-void attention_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B, int64_t T, const float* dy,
-                        float* dh, std::vector<Tensor>& grads) {
+void attention_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B, int64_t T,
+                        const RopeTable& rope, const float* dy, float* dh, std::vector<Tensor>& grads) {
   const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
   const Dims d = dims(*s.config);
   const int64_t rows = B * T;
@@ -117,10 +115,7 @@ void attention_backward(const Stack& s, int64_t layer, const BlockTape& t, int64
       heads_view(ctx, B, T, d.Nq, 0, d.Hq, d.D), t.lse.view(), heads_view(dqkv.data(), B, T, d.N, 0, d.Hq, d.D),
       heads_view(dqkv.data(), B, T, d.N, d.Nq, d.Hkv, d.D), heads_view(dqkv.data(), B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D),
       attention_options(s, layer));
-  if (s.config->positions == PositionKind::rotary) {
-    rope_backward(s.rope, rows, T, 0, d.Hq, d.D, dqkv.data(), d.N);
-    rope_backward(s.rope, rows, T, 0, d.Hkv, d.D, dqkv.data() + d.Nq, d.N);
-  }
+  if (s.config->positions == PositionKind::rotary) rope_backward(rope, rows, d.Hq + d.Hkv, d.D, dqkv.data(), d.N);
   if (L.q_norm >= 0) {
     const NormSpec ns = head_norm(s);
     Tensor dpre({d.Nq + d.Nkv});
@@ -165,7 +160,7 @@ void mlp_forward(const Stack& s, const LayerRefs& L, int64_t rows, const float* 
   Tensor u({rows, d.F}), act({rows, d.F});
   linear(s, L.gate, rows, h, d.C, z.data(), d.F);
   linear(s, L.up, rows, h, d.C, u.data(), d.F);
-  gated_forward(kind, rows * d.F, z.data(), u.data(), act.data());
+  gated_forward(kind, rows, d.F, z.data(), u.data(), act.data());
   linear(s, L.down, rows, act.data(), d.F, m, d.C);
   if (tape) {
     tape->z = std::move(z);
@@ -188,7 +183,7 @@ void mlp_backward(const Stack& s, const LayerRefs& L, const BlockTape& t, int64_
   }
   Tensor dact({rows, d.F}), dz({rows, d.F}), du({rows, d.F});
   linear_grad(s, L.down, rows, t.act.data(), d.F, dm, d.C, dact.data(), d.F, false, grads);
-  gated_backward(kind, rows * d.F, t.z.data(), t.u.data(), dact.data(), dz.data(), du.data());
+  gated_backward(kind, rows, d.F, t.z.data(), t.u.data(), dact.data(), dz.data(), du.data());
   linear_grad(s, L.gate, rows, t.h2.data(), d.C, dz.data(), d.F, dh, d.C, false, grads);
   linear_grad(s, L.up, rows, t.h2.data(), d.C, du.data(), d.F, dh, d.C, true, grads);
 }
@@ -202,8 +197,10 @@ NormSpec Stack::norm() const {
 AttentionOptions attention_options(const Stack& s, int64_t layer) {
   AttentionOptions o;
   o.causal = true;  // bottom-right: a cache's new rows are the last of the sequence
-  if (s.config->attention_scale > 0) o.scale = s.config->attention_scale;
-  (void)layer;
+  const ModelConfig& c = *s.config;
+  if (c.attention_scale > 0) o.scale = c.attention_scale;
+  if (c.attn_logit_softcap > 0) o.softcap = c.attn_logit_softcap;
+  o.window.left = c.window_left.empty() ? -1 : c.window_left[static_cast<size_t>(layer)];
   return o;
 }
 
@@ -237,8 +234,8 @@ void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run)
   if (tape) tape->h2 = std::move(h);
 }
 
-void block_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B, int64_t T, float* dx,
-                    std::vector<Tensor>& grads) {
+void block_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B, int64_t T, const RopeTable& rope,
+                    float* dx, std::vector<Tensor>& grads) {
   const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
   const NormSpec ns = s.norm();
   const int64_t C = s.config->hidden_size, rows = B * T;
@@ -263,12 +260,16 @@ void block_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B
                   grad_or_null(grads, L.post_norm1_w), nullptr);
     da = dpost.data();
   }
-  attention_backward(s, layer, t, B, T, da, dh.data(), grads);
+  attention_backward(s, layer, t, B, T, rope, da, dh.data(), grads);
   norm_backward(ns, rows, C, t.x_in.data(), s.p(L.norm1_w).data(), dh.data(), dx, grad_or_null(grads, L.norm1_w),
                 grad_or_null(grads, L.norm1_b));
 }
 
 // ---- the stack -------------------------------------------------------------------------------
+
+RopeTable rope_positions(const Stack& s, int64_t rows, int64_t T, int64_t pos0) {
+  return s.config->positions == PositionKind::rotary ? rope_table(s.rope, rows, T, pos0) : RopeTable();
+}
 
 void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x) {
   embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), s.p(s.embed), s.pos >= 0 ? &s.p(s.pos) : nullptr,
@@ -283,8 +284,9 @@ Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, in
   Tensor x({B, T, C});
   embed_forward(s, ids, T, pos0, x.data());
   if (probs) probs->assign(s.layers.size(), Tensor());
+  const RopeTable rope = rope_positions(s, rows, T, pos0);
   for (size_t l = 0; l < s.layers.size(); ++l) {
-    BlockRun run{B, T, pos0, caches ? &(*caches)[l] : nullptr, nullptr, probs ? &(*probs)[l] : nullptr};
+    BlockRun run{B, T, &rope, caches ? &(*caches)[l] : nullptr, nullptr, probs ? &(*probs)[l] : nullptr};
     block_forward(s, static_cast<int64_t>(l), x.data(), run);
   }
   // Final norm and logits, for every row or only each sequence's last.
@@ -305,8 +307,9 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   std::vector<BlockTape> tapes(grads ? s.layers.size() : 0);
   Tensor x({B, T, C});
   embed_forward(s, ids, T, 0, x.data());
+  const RopeTable rope = rope_positions(s, rows, T, 0);
   for (size_t l = 0; l < s.layers.size(); ++l)
-    block_forward(s, static_cast<int64_t>(l), x.data(), BlockRun{B, T, 0, nullptr, grads ? &tapes[l] : nullptr, nullptr});
+    block_forward(s, static_cast<int64_t>(l), x.data(), BlockRun{B, T, &rope, nullptr, grads ? &tapes[l] : nullptr, nullptr});
   Tensor hf({rows, C});
   norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
   Tensor dhf = grads ? Tensor({rows, C}) : Tensor();
@@ -318,7 +321,7 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   norm_backward(s.norm(), rows, C, x.data(), s.p(s.final_norm_w).data(), dhf.data(), dx.data(),
                 grad_or_null(*grads, s.final_norm_w), grad_or_null(*grads, s.final_norm_b));
   for (size_t l = s.layers.size(); l-- > 0;) {
-    block_backward(s, static_cast<int64_t>(l), tapes[l], B, T, dx.data(), *grads);
+    block_backward(s, static_cast<int64_t>(l), tapes[l], B, T, rope, dx.data(), *grads);
     tapes[l] = BlockTape();  // free this block's activations as soon as they are used
   }
   embedding_backward(rows, T, ids.data(), dx.data(), c.embedding_scale, (*grads)[static_cast<size_t>(s.embed)],

@@ -77,11 +77,15 @@ struct BlockTape {
 // How one block's forward runs: over a cache (inference), recording a tape (training, the
 // explorer's traced layer), or returning the attention probabilities (taps).
 struct BlockRun {
-  int64_t B = 0, T = 0, pos0 = 0;  // T rows per sequence, at positions pos0 .. pos0 + T − 1
+  int64_t B = 0, T = 0;            // T rows per sequence
+  const RopeTable* rope = nullptr; // their positions' cos/sin (rotary families; rope_positions)
   KVCache* cache = nullptr;        // append k, v and attend over the whole cache
   BlockTape* tape = nullptr;
   Tensor* probs = nullptr;         // [B, Hq, T, T] (no cache)
 };
+
+// The rotary table of B·T rows at positions pos0 + r % T (empty for learned positions).
+RopeTable rope_positions(const Stack& s, int64_t rows, int64_t T, int64_t pos0);
 
 // Options of layer `layer`'s attention (scale, window, soft-cap, causal).
 AttentionOptions attention_options(const Stack& s, int64_t layer);
@@ -90,8 +94,8 @@ AttentionOptions attention_options(const Stack& s, int64_t layer);
 void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run);
 // From dx = ∂loss/∂(block output) [rows, C], in place to ∂loss/∂(block input); parameter
 // gradients added into grads (indexed like s.params).
-void block_backward(const Stack& s, int64_t layer, const BlockTape& tape, int64_t B, int64_t T, float* dx,
-                    std::vector<Tensor>& grads);
+void block_backward(const Stack& s, int64_t layer, const BlockTape& tape, int64_t B, int64_t T, const RopeTable& rope,
+                    float* dx, std::vector<Tensor>& grads);
 
 // Embedding rows ids [B·T] at positions pos0 + r % T into x [B·T, C].
 void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x);

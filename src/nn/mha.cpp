@@ -78,6 +78,9 @@ void record(MhaTape& tape, const MhaOptions& o, const ConstTensorView& x, const 
   tape.qkv = std::move(qkv);
   tape.kv = std::move(kv);
   tape.causal = o.causal;
+  tape.causal_alignment = o.causal_alignment;
+  tape.window = o.window;
+  tape.softcap = o.softcap;
   tape.kv_lengths.assign(o.kv_lengths.begin(), o.kv_lengths.end());
   tape.attn_mask = o.attn_mask.defined() ? contiguous(o.attn_mask) : Tensor();
 }
@@ -85,6 +88,9 @@ void record(MhaTape& tape, const MhaOptions& o, const ConstTensorView& x, const 
 AttentionOptions attention_options(const MhaOptions& o) {
   AttentionOptions a;
   a.causal = o.causal;
+  a.causal_alignment = o.causal_alignment;
+  a.window = o.window;
+  a.softcap = o.softcap;
   a.kv_lengths = o.kv_lengths;
   a.attn_mask = o.attn_mask;
   a.backend = o.backend;
@@ -272,6 +278,9 @@ MhaInputGradients MultiHeadAttention::backward(const MhaTape& tape, ConstTensorV
   // Attention: gradients written straight into the projection layouts.
   AttentionOptions aopt;
   aopt.causal = tape.causal;
+  aopt.causal_alignment = tape.causal_alignment;
+  aopt.window = tape.window;
+  aopt.softcap = tape.softcap;
   aopt.kv_lengths = tape.kv_lengths;
   aopt.attn_mask = tape.attn_mask.defined() ? tape.attn_mask.view() : ConstTensorView{};
   const ConstTensorView ctx_heads{tape.ctx.data(), {B, H, T, D}, {T * C, D, C, 1}};

@@ -1,5 +1,5 @@
-// nn/ops.cpp — see ops.h. LayerNorm, GELU, the matrix products and the softmax cross-entropy run
-// on the per-ISA kernels; RMSNorm, the gated activations and the soft-cap are plain row loops.
+// nn/ops.cpp — see ops.h. Every op runs on the per-ISA kernels (kernels/dispatch.h) but
+// LayerNorm's backward, kept here as GPT-2's training has always computed it (bit for bit).
 #include "nn/ops.h"
 
 #include <algorithm>
@@ -17,15 +17,7 @@ constexpr int64_t kStreamRows = 8;   // up to here the head is a stream over w; 
 
 bool parallel_worth_it(int64_t elements) { return elements >= (int64_t{1} << 16); }
 
-float silu(float g) { return g / (1.0f + std::exp(-g)); }
-
-// 0.5·g·(1 + tanh(√(2/π)(g + 0.044715 g³))) and its derivative, in float64.
-double gelu_tanh(double g, double* derivative) {
-  constexpr double k = 0.7978845608028654;
-  const double u = k * (g + 0.044715 * g * g * g), t = std::tanh(u);
-  if (derivative) *derivative = 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * k * (1 + 3 * 0.044715 * g * g);
-  return 0.5 * g * (1 + t);
-}
+kernels::GluKind glu_kind(MlpKind k) { return k == MlpKind::swiglu ? kernels::GluKind::swiglu : kernels::GluKind::geglu; }
 
 // LayerNorm's backward (see norm_backward).
 void layer_norm_backward(int64_t rows, int64_t C, const float* x, const float* g, float eps, const float* dy,
@@ -66,29 +58,6 @@ void layer_norm_backward(int64_t rows, int64_t C, const float* x, const float* g
     dg[c] += static_cast<float>(sg[static_cast<size_t>(c)]);
     if (db) db[c] += static_cast<float>(sb[static_cast<size_t>(c)]);
   }
-}
-
-// y = x·r·(offset + w), r = 1/√(mean(x²) + eps):  dx = r·(dy·w' − x·r²·mean(dy·w'·x)), dw += Σ dy·x·r.
-void rms_norm_backward(int64_t rows, int64_t C, const float* x, const float* w, float offset, float eps,
-                       const float* dy, float* dx, float* dw) {
-  std::vector<double> rstd(static_cast<size_t>(rows));
-#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    const float* dyr = dy + r * C;
-    double ss = 0, dot = 0;
-    for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * xr[c];
-    const double rs = 1.0 / std::sqrt(ss / static_cast<double>(C) + eps);
-    rstd[static_cast<size_t>(r)] = rs;
-    for (int64_t c = 0; c < C; ++c) dot += double(dyr[c]) * (double(offset) + w[c]) * xr[c];
-    const double k = dot * rs * rs / static_cast<double>(C);
-    for (int64_t c = 0; c < C; ++c)
-      dx[r * C + c] += static_cast<float>(rs * (double(dyr[c]) * (double(offset) + w[c]) - xr[c] * k));
-  }
-  std::vector<double> sw(static_cast<size_t>(C), 0.0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < C; ++c) sw[static_cast<size_t>(c)] += double(dy[r * C + c]) * x[r * C + c] * rstd[static_cast<size_t>(r)];
-  for (int64_t c = 0; c < C; ++c) dw[c] += static_cast<float>(sw[static_cast<size_t>(c)]);
 }
 
 }  // namespace
@@ -135,22 +104,15 @@ void embedding_backward(int64_t rows, int64_t T, const int32_t* ids, const float
 
 void norm_forward(const NormSpec& s, int64_t rows, int64_t C, const float* x, int64_t ldx, const float* w,
                   const float* b, float* y, int64_t ldy) {
-  if (s.kind == NormKind::layer_norm) return kernels::kernels().layer_norm(rows, C, x, ldx, w, b, s.eps, y, ldy);
-#pragma omp parallel for schedule(static) if (parallel_worth_it(rows * C))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * ldx;
-    float* yr = y + r * ldy;
-    double ss = 0;
-    for (int64_t c = 0; c < C; ++c) ss += double(xr[c]) * xr[c];
-    const auto rs = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + s.eps));
-    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * rs * (s.offset + w[c]);
-  }
+  const kernels::KernelTable& k = kernels::kernels();
+  if (s.kind == NormKind::layer_norm) return k.layer_norm(rows, C, x, ldx, w, b, s.eps, y, ldy);
+  k.rms_norm(rows, C, x, ldx, w, s.offset, s.eps, y, ldy);
 }
 
 void norm_backward(const NormSpec& s, int64_t rows, int64_t C, const float* x, const float* w, const float* dy,
                    float* dx, float* dw, float* db) {
   if (s.kind == NormKind::layer_norm) return layer_norm_backward(rows, C, x, w, s.eps, dy, dx, dw, db);
-  rms_norm_backward(rows, C, x, w, s.offset, s.eps, dy, dx, dw);
+  kernels::kernels().rms_norm_backward(rows, C, x, C, w, s.offset, s.eps, dy, C, dx, C, dw);
 }
 
 // ---- activations -----------------------------------------------------------------------------
@@ -161,40 +123,21 @@ void gelu_backward(int64_t n, const float* z, const float* du, float* dz) {
   kernels::kernels().gelu_tanh_backward(n, z, du, dz);
 }
 
-void gated_forward(MlpKind kind, int64_t n, const float* gate, const float* up, float* a) {
-#pragma omp parallel for schedule(static) if (parallel_worth_it(n))
-  for (int64_t i = 0; i < n; ++i)
-    a[i] = (kind == MlpKind::swiglu ? silu(gate[i]) : static_cast<float>(gelu_tanh(gate[i], nullptr))) * up[i];
+void gated_forward(MlpKind kind, int64_t rows, int64_t F, const float* gate, const float* up, float* a) {
+  kernels::kernels().glu(glu_kind(kind), rows, F, gate, F, up, F, a, F);
 }
 
-void gated_backward(MlpKind kind, int64_t n, const float* gate, const float* up, const float* da, float* dgate,
-                    float* dup) {
-#pragma omp parallel for schedule(static) if (parallel_worth_it(n))
-  for (int64_t i = 0; i < n; ++i) {
-    const double g = gate[i];
-    double act, dact;
-    if (kind == MlpKind::swiglu) {
-      const double sg = 1.0 / (1.0 + std::exp(-g));
-      act = g * sg;
-      dact = sg * (1 + g * (1 - sg));
-    } else {
-      act = gelu_tanh(g, &dact);
-    }
-    const double d = da[i];
-    dgate[i] = static_cast<float>(d * up[i] * dact);
-    dup[i] = static_cast<float>(d * act);
-  }
+void gated_backward(MlpKind kind, int64_t rows, int64_t F, const float* gate, const float* up, const float* da,
+                    float* dgate, float* dup) {
+  kernels::kernels().glu_backward(glu_kind(kind), rows, F, gate, F, up, F, da, F, dgate, F, dup, F);
 }
 
-void softcap_forward(int64_t n, float cap, float* x) {
-  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+void softcap_forward(int64_t rows, int64_t n, float cap, float* x) {
+  kernels::kernels().softcap(rows, n, x, n, cap, x, n);
 }
 
-void softcap_backward(int64_t n, float cap, const float* y, float* dx) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float t = y[i] / cap;
-    dx[i] *= 1.0f - t * t;
-  }
+void softcap_backward(int64_t rows, int64_t n, float cap, const float* x, float* dx) {
+  kernels::kernels().softcap_backward(rows, n, x, n, cap, dx, n);
 }
 
 // ---- the LM head -----------------------------------------------------------------------------
@@ -215,7 +158,7 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Tensor& w,
       k.gemm(rows, cols, C, h, ldh, wt.data(), kChunk, nullptr, logits + v0, V);
     }
   }
-  if (softcap > 0) softcap_forward(rows * V, softcap, logits);
+  if (softcap > 0) softcap_forward(rows, V, softcap, logits);
 }
 
 double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap, const int32_t* targets,
@@ -227,19 +170,19 @@ double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap
   double total = 0;
   const double inv = 1.0 / static_cast<double>(counted);
   std::vector<double> row_loss(static_cast<size_t>(std::min(kLossRows, rows)));
-  Tensor capped = softcap > 0 && dh ? Tensor({std::min(kLossRows, rows), V}) : Tensor();  // [R, V]
+  Tensor raw = softcap > 0 && dh ? Tensor({std::min(kLossRows, rows), V}) : Tensor();  // [R, V] before the cap
   for (int64_t r0 = 0; r0 < rows; r0 += kLossRows) {
     const int64_t R = std::min(kLossRows, rows - r0);
     Tensor logits({R, V});
     k.gemm(R, V, C, h + r0 * C, C, wt.data(), V, nullptr, logits.data(), V);
     if (softcap > 0) {
-      softcap_forward(R * V, softcap, logits.data());
-      if (capped.defined()) std::copy_n(logits.data(), R * V, capped.data());
+      if (raw.defined()) std::copy_n(logits.data(), R * V, raw.data());
+      softcap_forward(R, V, softcap, logits.data());
     }
     k.softmax_cross_entropy(R, V, logits.data(), V, targets + r0, static_cast<float>(inv), row_loss.data());
     for (int64_t r = 0; r < R; ++r) total += row_loss[static_cast<size_t>(r)];  // rows in order
     if (!dh) continue;
-    if (softcap > 0) softcap_backward(R * V, softcap, capped.data(), logits.data());
+    if (softcap > 0) softcap_backward(R, V, softcap, raw.data(), logits.data());
     k.gemm(R, C, V, logits.data(), V, w.data(), C, nullptr, dh + r0 * C, C);
     add_weight_grads(logits.data(), R, V, h + r0 * C, C, *dw, 0, no_bias);
   }

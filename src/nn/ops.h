@@ -46,14 +46,14 @@ void norm_backward(const NormSpec& s, int64_t rows, int64_t C, const float* x, c
 // u = GELU_tanh(z) in place, and dz = du·GELU'(z) (dz may alias du).
 void gelu_forward(int64_t n, float* z);
 void gelu_backward(int64_t n, const float* z, const float* du, float* dz);
-// a[r, :] = act(gate[r, :])·up[r, :] for swiglu (act = silu) or geglu (act = GELU_tanh).
-void gated_forward(MlpKind kind, int64_t n, const float* gate, const float* up, float* a);
+// a [rows, F] = act(gate)·up for swiglu (act = silu) or geglu (act = GELU_tanh), all [rows, F].
+void gated_forward(MlpKind kind, int64_t rows, int64_t F, const float* gate, const float* up, float* a);
 // dgate = da·up·act'(gate), dup = da·act(gate).
-void gated_backward(MlpKind kind, int64_t n, const float* gate, const float* up, const float* da, float* dgate,
-                    float* dup);
-// x ← cap·tanh(x / cap), in place; and dx ← dx·(1 − (y / cap)²) from the capped y.
-void softcap_forward(int64_t n, float cap, float* x);
-void softcap_backward(int64_t n, float cap, const float* y, float* dx);
+void gated_backward(MlpKind kind, int64_t rows, int64_t F, const float* gate, const float* up, const float* da,
+                    float* dgate, float* dup);
+// x [rows, n] ← cap·tanh(x / cap), in place; and dx ← dx·(1 − tanh²(x / cap)) from the input x.
+void softcap_forward(int64_t rows, int64_t n, float cap, float* x);
+void softcap_backward(int64_t rows, int64_t n, float cap, const float* x, float* dx);
 
 // ---- the LM head -----------------------------------------------------------------------------
 // logits [rows, V] = h [rows, C] (ldh) · wᵀ for the output matrix w [V, C], then the soft-cap (0:

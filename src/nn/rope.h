@@ -1,14 +1,16 @@
 // nn/rope.h — rotary position embedding (RoPE) as Hugging Face's Llama computes it: within each
 // head the first rotary_dim dimensions are rotated in pairs (i, i + rotary_dim/2) by the angle
-// position·inv_freq[i] ("rotate_half"), the rest pass through. The frequencies include the
-// "linear" and "llama3" rope_scaling rules. Positions are given per row (pos0 + r % T), so a KV
-// cache's new rows continue where it stopped. Not public.
+// position·inv_freq[i] ("rotate_half"), the rest pass through; the frequencies include the
+// "linear" and "llama3" rope_scaling rules (kernels::rope_inv_freq). One call's cos/sin table
+// covers its rows' positions only (pos0 + r % T), built once and used by every layer. The rotation
+// itself is the per-ISA rope kernel. Not public.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "mhsa/model_config.h"
+#include "mhsa/tensor.h"
 
 namespace mhsa::nn {
 
@@ -19,11 +21,17 @@ struct Rope {
 
 Rope make_rope(const ModelConfig& c);
 
-// x: `rows` rows (ld apart) of `heads` heads of D floats each; row r is at position pos0 + r % T.
-// Forward rotates by +angle; backward (the gradient, in place) by −angle.
-void rope_forward(const Rope& rope, int64_t rows, int64_t T, int64_t pos0, int64_t heads, int64_t D, float* x,
-                  int64_t ld);
-void rope_backward(const Rope& rope, int64_t rows, int64_t T, int64_t pos0, int64_t heads, int64_t D, float* dx,
-                   int64_t ld);
+// The cos/sin rows of positions pos0 .. pos0 + T − 1, and each of `rows` rows' index into them.
+struct RopeTable {
+  int64_t rotary_dim = 0;
+  Tensor table;                  // [T, rotary_dim]: cos of each pair, then sin
+  std::vector<int64_t> row_pos;  // [rows]: r % T
+};
+RopeTable rope_table(const Rope& rope, int64_t rows, int64_t T, int64_t pos0);
+
+// x: `rows` rows (ld apart) of `heads` heads of D floats each, rotated in place by +angle
+// (forward) or, for a gradient, by −angle (backward).
+void rope_forward(const RopeTable& t, int64_t rows, int64_t heads, int64_t D, float* x, int64_t ld);
+void rope_backward(const RopeTable& t, int64_t rows, int64_t heads, int64_t D, float* dx, int64_t ld);
 
 }  // namespace mhsa::nn

@@ -20,6 +20,7 @@ struct Case {
   bool kv_lengths = false;
   bool strided = false;
   float scale = 0.0f;  // 0: default 1/sqrt(D)
+  Variant var = {};    // window, alignment, soft-cap
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -32,6 +33,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.kv_lengths) s += "_lengths";
   if (c.strided) s += "_strided";
   if (c.scale != 0.0f) s += "_scaled";
+  s += c.var.name();
   return s + "_" + std::to_string(info.index);
 }
 
@@ -67,6 +69,29 @@ std::vector<Case> grid() {
     cases.push_back({2, 3, 3, 97, 97, 40, 40, causal, MaskKind::none, false, true});
     cases.push_back({2, 2, 1, 9, 21, 64, 64, causal, MaskKind::none, false, false, 0.37f});
     cases.push_back({1, 2, 2, 9, 9, 128, 128, causal, MaskKind::heads_3d, true, true, 1.9f});
+  }
+  // Sliding windows (causal and not, both sides), top-left alignment with Tq != Tk both ways and
+  // soft-capping, alone and together, on the lengths 1, 97, 1025 and head sizes 40, 80, 96 (block
+  // skipping: a window of 256 keys in 1025; split-K slices skipped on the decode shapes).
+  const Variant win{13, -1}, both{7, 11}, cap{-1, -1, false, 2.5f}, top{-1, -1, true};
+  for (int64_t D : {40, 80, 96})
+    for (int64_t T : {1, 97}) {
+      cases.push_back({2, 3, 3, T, T, D, D, true, MaskKind::none, false, false, 0.0f, win});
+      cases.push_back({2, 3, 3, T, T, D, D, false, MaskKind::none, false, false, 0.0f, both});
+      cases.push_back({2, 3, 3, T, T, D, D, true, MaskKind::none, false, false, 0.0f, cap});
+    }
+  cases.push_back({1, 1, 1, 1025, 1025, 40, 40, true, MaskKind::none, false, false, 0.0f, {255, -1}});
+  cases.push_back({1, 2, 1, 1025, 1025, 80, 80, true, MaskKind::none, false, false, 0.0f, {511, -1, false, 5.0f}});
+  cases.push_back({1, 2, 2, 1, 1025, 96, 96, true, MaskKind::none, false, false, 0.0f, {300, -1}});
+  cases.push_back({1, 6, 2, 5, 1025, 40, 40, true, MaskKind::none, true, false, 0.0f, {600, -1, false, 4.0f}});
+  cases.push_back({1, 2, 2, 1025, 1025, 40, 40, false, MaskKind::none, false, false, 0.0f, {100, 37}});
+  for (bool causal : {false, true}) {  // top-left: causal alone, with a window, Tq < Tk and Tq > Tk
+    cases.push_back({2, 4, 4, 5, 33, 40, 40, causal, MaskKind::none, false, false, 0.0f, causal ? top : Variant{2, 3, true}});
+    cases.push_back({1, 2, 2, 33, 5, 80, 80, causal, MaskKind::none, false, false, 0.0f, causal ? top : Variant{2, 3, true}});
+    cases.push_back({2, 4, 2, 13, 29, 40, 40, causal, MaskKind::tk_2d, true, false, 0.0f, {3, 4, true}});
+    cases.push_back({2, 6, 3, 19, 41, 96, 96, causal, MaskKind::full_4d, true, true, 0.0f, {9, -1, true, 3.0f}});
+    cases.push_back({1, 2, 2, 33, 5, 40, 40, causal, MaskKind::none, true, false, 0.0f, {0, 0}});  // rows with no key
+    cases.push_back({2, 2, 1, 9, 21, 64, 64, causal, MaskKind::heads_3d, false, false, 0.37f, {-1, -1, false, 1.5f}});
   }
   return cases;
 }
@@ -118,6 +143,7 @@ TEST_P(AttentionGrid, MatchesFloat64Oracle) {
   opt.kv_lengths = lengths;
   opt.backend = Backend::reference;
   if (c.scale != 0.0f) opt.scale = c.scale;
+  c.var.apply(opt);
   const double scale = c.scale != 0.0f ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.D));
 
   // Strided: q stored [B, Tq, Hq, D] with padded rows, k with T walked backwards, v [Hkv, B, Tk, Dv].
@@ -129,7 +155,7 @@ TEST_P(AttentionGrid, MatchesFloat64Oracle) {
     vs = strided_copy(v, {1, 0, 2, 3}, 1);
     qv = qs.view, kv = ks.view, vv = vs.view;
   }
-  const Oracle want = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, mask4.view(), lengths);
+  const Oracle want = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, mask4.view(), lengths, c.var);
   Tensor out({c.B, c.Hq, c.Tq, c.Dv}), lse({c.B, c.Hq, c.Tq});
   for (const auto& isa : kernels_here()) {
     SCOPED_TRACE(kernel_name(isa));
@@ -172,9 +198,16 @@ TEST(Attention, RandomShapesEveryKernel) {
     while (static_cast<double>(B * Hq * Tq) * static_cast<double>(Tk * D) > 1.5e8) (Tq > Tk ? Tq : Tk) /= 2;
     const int64_t Dv = trial % 4 == 1 ? pick(1, 256) : D;
     const bool causal = pick(0, 1) == 1, masked = pick(0, 2) == 0, padded = pick(0, 2) == 0, strided = pick(0, 1) == 1;
+    Variant var;  // half the trials: a window, top-left alignment or soft-capping, at random
+    if (trial % 2 == 1) {
+      if (pick(0, 1) == 1) var.left = pick(0, Tk);
+      if (pick(0, 3) == 0) var.right = pick(0, Tk);
+      var.top_left = pick(0, 1) == 1;
+      if (pick(0, 1) == 1) var.softcap = 4.0f;
+    }
     SCOPED_TRACE(::testing::Message() << "B=" << B << " Hq=" << Hq << " Hkv=" << Hkv << " Tq=" << Tq << " Tk=" << Tk
                                       << " D=" << D << " Dv=" << Dv << " causal=" << causal << " mask=" << masked
-                                      << " lengths=" << padded << " strided=" << strided);
+                                      << " lengths=" << padded << " strided=" << strided << var.name());
     const Tensor q = random_tensor(gen, {B, Hq, Tq, D}), k = random_tensor(gen, {B, Hkv, Tk, D});
     const Tensor v = random_tensor(gen, {B, Hkv, Tk, Dv});
     Tensor mask = masked ? random_tensor(gen, {1, Hq, Tq, Tk}) : Tensor();
@@ -184,11 +217,12 @@ TEST(Attention, RandomShapesEveryKernel) {
     opt.causal = causal;
     opt.attn_mask = mask.defined() ? mask.view() : ConstTensorView{};
     opt.kv_lengths = lengths;
+    var.apply(opt);
     // Strided: q stored [D, B, Hq, Tq] (head size not innermost), k stored [B, Tk, Hkv, D].
     StridedCopy qs = strided_copy(q, {3, 0, 1, 2}, 0), ks = strided_copy(k, {0, 2, 1, 3}, 3);
     const ConstTensorView qv = strided ? qs.view : q.view(), kv = strided ? ks.view : k.view();
     const Oracle want =
-        naive_attention(q.view(), k.view(), v.view(), causal, 1.0 / std::sqrt(double(D)), opt.attn_mask, lengths);
+        naive_attention(q.view(), k.view(), v.view(), causal, 1.0 / std::sqrt(double(D)), opt.attn_mask, lengths, var);
     Tensor out({B, Hq, Tq, Dv}), lse({B, Hq, Tq});
     for (cpu::Isa isa : cpu::usable_isas()) {
       SCOPED_TRACE(cpu::isa_name(isa));
@@ -308,22 +342,25 @@ TEST(Attention, BitwiseIdenticalForAnyThreadCount) {
   for (const auto& [Tq, Tk] : {std::pair<int64_t, int64_t>{203, 203}, {1, 2500}}) {
     const Tensor q = random_tensor(gen, {2, 6, Tq, 40}), k = random_tensor(gen, {2, 3, Tk, 40});
     const Tensor v = random_tensor(gen, {2, 3, Tk, 40});
-    AttentionOptions opt;
-    opt.causal = true;
-    for (const auto& isa : kernels_here()) {
-      std::vector<AttentionResult> runs;
-      for (int threads : {1, 2, 3}) {
-        omp_set_num_threads(threads);
-        AttentionResult r{Tensor({2, 6, Tq, 40}), Tensor({2, 6, Tq})};
-        detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), r.out.view(), opt, r.lse.view());
-        runs.push_back(std::move(r));
-      }
-      omp_set_num_threads(omp_get_num_procs());
-      for (size_t i = 1; i < runs.size(); ++i) {
-        EXPECT_EQ(0, std::memcmp(runs[0].out.data(), runs[i].out.data(), sizeof(float) * runs[0].out.numel()))
-            << kernel_name(isa) << " Tq=" << Tq;
-        EXPECT_EQ(0, std::memcmp(runs[0].lse.data(), runs[i].lse.data(), sizeof(float) * runs[0].lse.numel()))
-            << kernel_name(isa) << " Tq=" << Tq;
+    for (const Variant& var : {Variant{}, Variant{90, -1, false, 6.0f}}) {
+      for (const auto& isa : kernels_here()) {
+        AttentionOptions opt;
+        opt.causal = true;
+        var.apply(opt);
+        std::vector<AttentionResult> runs;
+        for (int threads : {1, 2, 3}) {
+          omp_set_num_threads(threads);
+          AttentionResult r{Tensor({2, 6, Tq, 40}), Tensor({2, 6, Tq})};
+          detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), r.out.view(), opt, r.lse.view());
+          runs.push_back(std::move(r));
+        }
+        omp_set_num_threads(omp_get_num_procs());
+        for (size_t i = 1; i < runs.size(); ++i) {
+          EXPECT_EQ(0, std::memcmp(runs[0].out.data(), runs[i].out.data(), sizeof(float) * runs[0].out.numel()))
+              << kernel_name(isa) << " Tq=" << Tq;
+          EXPECT_EQ(0, std::memcmp(runs[0].lse.data(), runs[i].lse.data(), sizeof(float) * runs[0].lse.numel()))
+              << kernel_name(isa) << " Tq=" << Tq;
+        }
       }
     }
   }
@@ -343,6 +380,33 @@ TEST(Attention, FlopCountFollowsDesign) {
   EXPECT_DOUBLE_EQ(attention_flops(1, 12, 4096, 4096, 64, 64, false), 4.0 * 12 * 4096 * 4096 * 64);
   EXPECT_DOUBLE_EQ(attention_flops(1, 12, 4096, 4096, 64, 64, true), 2.0 * 12 * 4096 * 4096 * 64);
   EXPECT_DOUBLE_EQ(attention_flops(1, 1, 1, 100, 64, 64, true), 4.0 * 100 * 64);  // decode: not halved
+  // Counted over the visible pairs: causal T·(T + 1)/2; a causal window of W = left + 1 keys
+  // W·T − W·(W − 1)/2; top-left causal with Tq > Tk: the rows past Tk see all Tk keys.
+  AttentionOptions opt;
+  opt.causal = true;
+  EXPECT_DOUBLE_EQ(attention_flops(2, 3, 100, 100, 8, 8, opt), 2.0 * 16 * 2 * 3 * (100.0 * 101 / 2));
+  opt.window.left = 9;
+  EXPECT_DOUBLE_EQ(attention_flops(2, 3, 100, 100, 8, 8, opt), 2.0 * 16 * 2 * 3 * (10.0 * 100 - 10 * 9 / 2));
+  opt.window.left = -1;
+  opt.causal_alignment = CausalAlignment::top_left;
+  EXPECT_DOUBLE_EQ(attention_flops(1, 1, 7, 4, 8, 8, opt), 2.0 * 16 * (1 + 2 + 3 + 4 * 4));
+}
+
+// The new options' errors name the option, what it takes and what it got.
+TEST(Attention, RejectsBadVariantOptions) {
+  const Tensor q({1, 1, 3, 4}), k({1, 1, 5, 4}), v({1, 1, 5, 4});
+  AttentionOptions opt;
+  opt.window.left = -2;
+  expect_error([&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), opt); },
+               {"scaled_dot_product_attention: window.left: expected a key count >= 0, or -1 for unlimited, got -2"});
+  opt.window = {-1, -5};
+  expect_error([&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), opt); }, {"window.right", "got -5"});
+  opt.window = {};
+  for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
+    opt.softcap = bad;
+    expect_error([&] { scaled_dot_product_attention(q.view(), k.view(), v.view(), opt); },
+                 {"scaled_dot_product_attention: softcap: expected a finite number > 0"});
+  }
 }
 
 }  // namespace

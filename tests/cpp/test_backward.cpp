@@ -15,9 +15,11 @@ struct Grads {
   std::vector<double> dq, dk, dv;
 };
 
-// dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(P ∘ dO Vᵀ)), dQ = σ dS K, dK = σ dSᵀ Q, summed over groups.
+// dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(P ∘ dO Vᵀ)) ∘ cap', dQ = σ dS K, dK = σ dSᵀ Q, summed over
+// groups (cap' = 1 − tanh² with soft-capping, from the oracle's forward).
 Grads naive_backward(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
-                     const ConstTensorView& dout, const std::vector<double>& probs, double scale) {
+                     const ConstTensorView& dout, const Oracle& fwd, double scale) {
+  const std::vector<double>& probs = fwd.probs;
   const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
   const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
   Grads g{std::vector<double>(static_cast<size_t>(B * Hq * Tq * D)), std::vector<double>(static_cast<size_t>(B * Hkv * Tk * D)),
@@ -34,7 +36,7 @@ Grads naive_backward(const ConstTensorView& q, const ConstTensorView& k, const C
           rowsum += p[j] * dp[j];
         }
         for (int64_t j = 0; j < Tk; ++j) {
-          const double ds = p[j] * (dp[j] - rowsum);
+          const double ds = p[j] * (dp[j] - rowsum) * fwd.dcap[static_cast<size_t>(((b * Hq + h) * Tq + i) * Tk + j)];
           for (int64_t d = 0; d < D; ++d) {
             g.dq[((b * Hq + h) * Tq + i) * D + d] += scale * ds * k.at(b, hk, j, d);
             g.dk[((b * Hkv + hk) * Tk + j) * D + d] += scale * ds * q.at(b, h, i, d);
@@ -49,13 +51,14 @@ Grads naive_backward(const ConstTensorView& q, const ConstTensorView& k, const C
 struct Case {
   int64_t B, Hq, Hkv, Tq, Tk, D, Dv;
   bool causal, masked, lengths, strided;
+  Variant var = {};
 };
 
 std::string case_name(const Case& c) {
   return "B" + std::to_string(c.B) + "_Hq" + std::to_string(c.Hq) + "_Hkv" + std::to_string(c.Hkv) + "_Tq" +
          std::to_string(c.Tq) + "_Tk" + std::to_string(c.Tk) + "_D" + std::to_string(c.D) + "_Dv" + std::to_string(c.Dv) +
          (c.causal ? "_causal" : "") + (c.masked ? "_mask" : "") + (c.lengths ? "_lengths" : "") +
-         (c.strided ? "_strided" : "");
+         (c.strided ? "_strided" : "") + c.var.name();
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
@@ -75,10 +78,11 @@ TEST_P(BackwardGrid, MatchesFloat64Oracle) {
   opt.attn_mask = mask.defined() ? mask.view() : ConstTensorView{};
   opt.kv_lengths = lengths;
   opt.backend = Backend::reference;
+  c.var.apply(opt);
   const double scale = 1.0 / std::sqrt(double(c.D));
   const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
-  const Oracle o = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, opt.attn_mask, lengths);
-  const Grads want = naive_backward(q.view(), k.view(), v.view(), dout.view(), o.probs, scale);
+  const Oracle o = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, opt.attn_mask, lengths, c.var);
+  const Grads want = naive_backward(q.view(), k.view(), v.view(), dout.view(), o, scale);
 
   StridedCopy qs = strided_copy(q, {0, 2, 1, 3}, 3), ks = strided_copy(k, {1, 0, 2, 3}, 0, 2),
               gs = strided_copy(dout, {2, 0, 1, 3}, 1);
@@ -108,32 +112,48 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 1, 1, 300, 300, 128, 128, true, false, false, true},
                       Case{2, 8, 1, 5, 129, 64, 64, true, true, false, false},
                       Case{1, 2, 2, 40, 7, 1, 3, true, false, false, false},
-                      Case{1, 1, 1, 1025, 1025, 40, 40, true, false, false, false}),
+                      Case{1, 1, 1, 1025, 1025, 40, 40, true, false, false, false},
+                      // Sliding windows, soft-capping, top-left alignment (D 40, 80, 96; T 1, 97, 1025;
+                      // grouped heads, masks, key lengths; decode shapes, whose scores come from decode_dot).
+                      Case{1, 2, 2, 1, 1, 40, 40, true, false, false, false, {0, -1, false, 3.0f}},
+                      Case{2, 3, 3, 97, 97, 80, 80, true, false, false, false, {13, -1}},
+                      Case{1, 2, 2, 97, 97, 96, 96, false, false, false, false, {7, 11, false, 2.5f}},
+                      Case{2, 4, 2, 33, 70, 40, 40, true, true, true, false, {20, -1, true, 4.0f}},
+                      Case{2, 6, 3, 70, 33, 96, 96, true, false, true, true, {-1, -1, true}},
+                      Case{2, 6, 3, 19, 41, 40, 72, false, true, true, true, {5, 2, true}},
+                      Case{2, 8, 1, 5, 129, 64, 64, true, true, false, false, {40, -1, false, 3.0f}},
+                      Case{1, 6, 2, 3, 600, 80, 80, true, false, true, false, {200, -1, true, 5.0f}},
+                      Case{1, 1, 1, 1025, 1025, 40, 40, true, false, false, false, {255, -1, false, 5.0f}},
+                      Case{1, 2, 1, 1025, 1025, 96, 96, false, false, false, false, {64, 64}}),
     [](const auto& info) { return case_name(info.param); });
 
 TEST(Backward, BitwiseIdenticalForAnyThreadCount) {
   auto gen = test_rng();
   const Tensor q = random_tensor(gen, {2, 6, 150, 40}), k = random_tensor(gen, {2, 3, 150, 40});
   const Tensor v = random_tensor(gen, {2, 3, 150, 40}), dout = random_tensor(gen, {2, 6, 150, 40});
-  AttentionOptions opt;
-  opt.causal = true;
-  const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
-  std::vector<AttentionGrads> runs;
-  for (int threads : {1, 2, 3}) {
-    omp_set_num_threads(threads);
-    runs.push_back(scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), fwd.out.view(),
-                                                         fwd.lse.view(), opt));
-  }
-  omp_set_num_threads(omp_get_num_procs());
-  for (size_t i = 1; i < runs.size(); ++i) {
-    EXPECT_EQ(0, std::memcmp(runs[0].dq.data(), runs[i].dq.data(), sizeof(float) * runs[0].dq.numel()));
-    EXPECT_EQ(0, std::memcmp(runs[0].dk.data(), runs[i].dk.data(), sizeof(float) * runs[0].dk.numel()));
-    EXPECT_EQ(0, std::memcmp(runs[0].dv.data(), runs[i].dv.data(), sizeof(float) * runs[0].dv.numel()));
+  for (const Variant& var : {Variant{}, Variant{60, -1, false, 5.0f}}) {
+    AttentionOptions opt;
+    opt.causal = true;
+    var.apply(opt);
+    const AttentionResult fwd = scaled_dot_product_attention(q.view(), k.view(), v.view(), opt);
+    std::vector<AttentionGrads> runs;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      runs.push_back(scaled_dot_product_attention_backward(dout.view(), q.view(), k.view(), v.view(), fwd.out.view(),
+                                                           fwd.lse.view(), opt));
+    }
+    omp_set_num_threads(omp_get_num_procs());
+    for (size_t i = 1; i < runs.size(); ++i) {
+      EXPECT_EQ(0, std::memcmp(runs[0].dq.data(), runs[i].dq.data(), sizeof(float) * runs[0].dq.numel())) << var.name();
+      EXPECT_EQ(0, std::memcmp(runs[0].dk.data(), runs[i].dk.data(), sizeof(float) * runs[0].dk.numel())) << var.name();
+      EXPECT_EQ(0, std::memcmp(runs[0].dv.data(), runs[i].dv.data(), sizeof(float) * runs[0].dv.numel())) << var.name();
+    }
   }
 }
 
-// A row that sees one key (a mask leaving one key at a random position, or kv_lengths = 1) has
-// P = 1 and dS = 0 exactly: dq = dk = 0 bit for bit, on every kernel and both forward paths.
+// A row that sees one key (a mask leaving one key at a random position, kv_lengths = 1, or a causal
+// window of one key with soft-capping) has P = 1 and dS = 0 exactly: dq = dk = 0 bit for bit, on
+// every kernel and both forward paths (the backward recomputes the forward's capped scores exactly).
 // A NaN lse (a NaN q row) gives NaN gradients, not zeros.
 TEST(Backward, OneVisibleKeyGivesExactlyZeroAndNanGivesNan) {
   auto gen = test_rng();
@@ -148,15 +168,20 @@ TEST(Backward, OneVisibleKeyGivesExactlyZeroAndNanGivesNan) {
       for (int64_t j = 0; j < Tk; ++j) mask.data()[r * Tk + j] = j == keep ? 0.0f : -INFINITY;
     }
     const std::vector<int64_t> one = {1};
-    AttentionOptions by_mask, by_length;
+    AttentionOptions by_mask, by_length, by_window;
     by_mask.attn_mask = mask.view();
     by_length.kv_lengths = one;
+    by_window.causal = true;
+    by_window.window.left = 0;
+    by_window.softcap = 3.0f;
+    const Tensor zeros({1, H, Tq, Tk});  // a mask that keeps every key: the fused cap + mask step
+    by_window.attn_mask = zeros.view();
     std::vector<std::optional<cpu::Isa>> kernels = {std::nullopt};
     for (cpu::Isa isa : cpu::usable_isas()) kernels.emplace_back(isa);
     for (const auto& isa : kernels)
-      for (const AttentionOptions* opt : {&by_mask, &by_length}) {
+      for (const AttentionOptions* opt : {&by_mask, &by_length, &by_window}) {
         SCOPED_TRACE((isa ? std::string(cpu::isa_name(*isa)) : std::string("reference")) + " Tq=" + std::to_string(Tq) +
-                     (opt == &by_mask ? " mask" : " kv_lengths"));
+                     (opt == &by_mask ? " mask" : opt == &by_length ? " kv_lengths" : " window"));
         AttentionResult f{Tensor({1, H, Tq, D}), Tensor({1, H, Tq})};
         detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), f.out.view(), *opt, f.lse.view());
         AttentionGrads g{Tensor({1, H, Tq, D}), Tensor({1, H, Tk, D}), Tensor({1, H, Tk, D})};

@@ -85,15 +85,37 @@ inline double rel_l2(const float* a, const std::vector<double>& ref) {
   return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+// The attention options beyond the first contract: a sliding window (-1: unlimited), top-left
+// alignment of the causal and window limits, soft-capping (0: none).
+struct Variant {
+  int64_t left = -1, right = -1;
+  bool top_left = false;
+  float softcap = 0.0f;
+  void apply(AttentionOptions& o) const {
+    o.window = {left, right};
+    if (top_left) o.causal_alignment = CausalAlignment::top_left;
+    if (softcap > 0.0f) o.softcap = softcap;
+  }
+  std::string name() const {
+    std::string s;
+    if (left >= 0) s += "_left" + std::to_string(left);
+    if (right >= 0) s += "_right" + std::to_string(right);
+    if (top_left) s += "_topleft";
+    if (softcap > 0.0f) s += "_cap" + std::to_string(static_cast<int>(softcap));
+    return s;
+  }
+};
+
 // The oracle: full [Tq, Tk] score matrix per (b, h) in double, the mask rules written out
 // literally, softmax, weighted sum. Outputs are contiguous [B, Hq, Tq, Dv], [B, Hq, Tq] and
-// [B, Hq, Tq, Tk]. `mask` is [B|1, Hq|1, Tq, Tk] (or undefined).
+// [B, Hq, Tq, Tk] (probs, and dcap: d score / d (scale·q·k), 1 − tanh² with soft-capping).
+// `mask` is [B|1, Hq|1, Tq, Tk] (or undefined).
 struct Oracle {
-  std::vector<double> out, lse, probs;
+  std::vector<double> out, lse, probs, dcap;
 };
 inline Oracle naive_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                               bool causal, double scale, const ConstTensorView& mask,
-                              const std::vector<int64_t>& kv_lengths) {
+                              const std::vector<int64_t>& kv_lengths, const Variant& var = {}) {
   const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
   const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
   const double inf = std::numeric_limits<double>::infinity();
@@ -101,6 +123,8 @@ inline Oracle naive_attention(const ConstTensorView& q, const ConstTensorView& k
   o.out.assign(static_cast<size_t>(B * Hq * Tq * Dv), 0.0);
   o.lse.assign(static_cast<size_t>(B * Hq * Tq), -inf);
   o.probs.assign(static_cast<size_t>(B * Hq * Tq * Tk), 0.0);
+  o.dcap.assign(static_cast<size_t>(B * Hq * Tq * Tk), 1.0);
+  const int64_t offset = var.top_left ? 0 : Tk - Tq;  // query i stands at key position i + offset
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t hk = h * Hkv / Hq;  // = h / (Hq / Hkv)
@@ -110,9 +134,16 @@ inline Oracle naive_attention(const ConstTensorView& q, const ConstTensorView& k
           double dot = 0.0;
           for (int64_t d = 0; d < D; ++d) dot += double(q.at(b, h, i, d)) * double(k.at(b, hk, j, d));
           double x = dot * scale;
+          if (var.softcap > 0.0f) {
+            const double t = std::tanh(x / var.softcap);
+            x = var.softcap * t;
+            o.dcap[static_cast<size_t>(((b * Hq + h) * Tq + i) * Tk + j)] = 1.0 - t * t;
+          }
           if (mask.defined())
             x += mask.at(mask.shape[0] == 1 ? 0 : b, mask.shape[1] == 1 ? 0 : h, i, j);
-          if (causal && j > i + (Tk - Tq)) x = -inf;
+          if (causal && j > i + offset) x = -inf;
+          if (var.left >= 0 && j < i + offset - var.left) x = -inf;
+          if (var.right >= 0 && j > i + offset + var.right) x = -inf;
           if (!kv_lengths.empty() && j >= kv_lengths[static_cast<size_t>(b)]) x = -inf;
           s[i * Tk + j] = x;
         }

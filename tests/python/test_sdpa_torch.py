@@ -4,7 +4,9 @@ Each case runs mhsa in fp32, plain torch attention in float64 (the reference) an
 torch.nn.functional.scaled_dot_product_attention in fp32 (torch's own error), and holds out and
 lse to the acceptance bar of conftest.check_against_torch. Covered: odd sizes, Tq != Tk, causal
 (bottom-right), float and bool masks in every broadcast form, kv_lengths, GQA, custom scales,
-non-contiguous inputs, fully masked rows (0 / -inf, never NaN), torch tensors as inputs.
+non-contiguous inputs, fully masked rows (0 / -inf, never NaN), torch tensors as inputs; the
+variants: sliding windows (against an explicit torch mask and transformers' Mistral/Gemma 2 mask),
+top-left causal alignment (torch's is_causal with Tq != Tk), soft-capping (Gemma 2's formula).
 """
 
 import math
@@ -309,3 +311,147 @@ def test_long_nearly_uniform_rows(rng, Tk, Tq):
     math_out, torch_lse, _ = torch_attention(*(torch.from_numpy(a) for a in (q, k, v)), s)
     check_against_torch(out, math_out, ref_out)
     check_against_torch(lse, torch_lse, ref_lse)
+
+
+# ---- Variants: sliding windows, causal alignment, soft-capping ----
+
+
+def variant_visible(B, Tq, Tk, causal=False, window=None, top_left=False, kv_lengths=None):
+    """Bool [B, 1, Tq, Tk] written out in torch: query i stands at key position p = i + Tk - Tq
+    (bottom-right) or i (top-left); causal keeps j <= p, window (left, right) keeps
+    p - left <= j <= p + right (-1: unlimited), kv_lengths j < length."""
+    i, j = torch.arange(Tq)[:, None], torch.arange(Tk)[None, :]
+    p = i if top_left else i + (Tk - Tq)
+    visible = torch.ones(B, 1, Tq, Tk, dtype=torch.bool)
+    if causal:
+        visible &= j <= p
+    if window is not None and window[0] >= 0:
+        visible &= j >= p - window[0]
+    if window is not None and window[1] >= 0:
+        visible &= j <= p + window[1]
+    if kv_lengths is not None:
+        visible &= j < torch.as_tensor(np.asarray(kv_lengths)).view(B, 1, 1, 1)
+    return visible
+
+
+def capped_attention(q, k, v, scale, bias, softcap):
+    """Gemma 2's eager attention: scores * scale, softcap * tanh(scores / softcap), + bias."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-1, -2) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores + bias
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0)[..., None])
+    return probs @ v, lse, probs
+
+
+def run_variant(q, k, v, causal=False, window=None, top_left=False, softcap=None, kv_lengths=None, mask=None):
+    """mhsa with the variant options against the torch float64 formula and torch's fp32 error."""
+    options = dict(is_causal=causal, window=window, softcap=softcap, kv_lengths=kv_lengths, attn_mask=mask,
+                   causal_alignment="top_left" if top_left else "bottom_right")
+    out, lse = mhsa.scaled_dot_product_attention(q, k, v, return_lse=True, **options)
+    B, _, Tq, D = q.shape
+    bias = additive_bias(mask, variant_visible(B, Tq, k.shape[2], causal, window, top_left, kv_lengths))
+    s = 1 / math.sqrt(D)
+    q32, k32, v32 = (torch.from_numpy(np.ascontiguousarray(a)) for a in (q, k, v))
+    ref_out, ref_lse, ref_probs = capped_attention(q32.double(), k32.double(), v32.double(), s, bias, softcap)
+    torch_out, torch_lse, torch_probs = capped_attention(q32, k32, v32, s, bias.float(), softcap)
+    seen = torch.isfinite(ref_lse).numpy()
+    check_against_torch(out, torch_out, ref_out)
+    assert (out[~seen] == 0).all() and (lse[~seen] == -np.inf).all()
+    if seen.any():
+        check_against_torch(lse[seen], torch_lse.numpy()[seen], ref_lse.numpy()[seen])
+    probs = mhsa.attention_probabilities(q, k, **options)
+    np.testing.assert_allclose(probs, ref_probs.numpy(), rtol=0, atol=1e-6)
+    return out, lse
+
+
+VARIANT_SHAPES = {  # B, Hq, Hkv, Tq, Tk, D
+    "T97-D40": (2, 3, 3, 97, 97, 40),
+    "T1025-D96-gqa": (1, 2, 1, 1025, 1025, 96),
+    "decode-Tk700-D80": (2, 6, 2, 1, 700, 80),
+    "Tq5-Tk600-D80": (1, 2, 1, 5, 600, 80),  # split-K decode: slices before the window skipped
+    "Tq5-Tk33-D40": (2, 2, 2, 5, 33, 40),
+    "Tq33-Tk17-D96": (2, 2, 2, 33, 17, 96),
+}
+WINDOWS = {  # is_causal, window
+    "sliding64": (True, (63, -1)),
+    "both-sides": (False, (7, 11)),
+    "right-only": (False, (-1, 3)),
+    "one-key": (False, (0, 0)),
+}
+
+
+@pytest.mark.parametrize("top_left", [False, True], ids=["bottom_right", "top_left"])
+@pytest.mark.parametrize("window", WINDOWS.values(), ids=WINDOWS.keys())
+@pytest.mark.parametrize("shape", VARIANT_SHAPES.values(), ids=VARIANT_SHAPES.keys())
+def test_windows(rng, shape, window, top_left):
+    B, Hq, Hkv, Tq, Tk, D = shape
+    causal, win = window
+    run_variant(randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, D), causal=causal,
+                window=win, top_left=top_left)
+
+
+@pytest.mark.parametrize("softcap", [1.5, 5.0, 50.0])
+@pytest.mark.parametrize("shape", VARIANT_SHAPES.values(), ids=VARIANT_SHAPES.keys())
+def test_softcap(rng, shape, softcap):
+    """Scores a few units large against caps that bend them a lot (1.5) or hardly (50)."""
+    B, Hq, Hkv, Tq, Tk, D = shape
+    q, k, v = 2 * randn(rng, B, Hq, Tq, D), 2 * randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, D)
+    run_variant(q, k, v, causal=True, softcap=softcap)
+
+
+def test_variants_with_masks_and_lengths(rng):
+    B, Hq, Hkv, Tq, Tk, D = 3, 6, 3, 19, 41, 40
+    q, k, v = randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, D)
+    for mask in (random_mask(rng, (Hq, Tq, Tk), "float"), random_mask(rng, (B, 1, Tq, Tk), "bool")):
+        for top_left in (False, True):
+            run_variant(q, k, v, causal=True, window=(9, -1), top_left=top_left, softcap=3.0, kv_lengths=[Tk, 0, 30],
+                        mask=mask)
+
+
+@pytest.mark.parametrize("Tq,Tk", [(5, 33), (33, 5), (33, 17), (1, 40), (40, 1), (97, 97)])
+def test_top_left_is_torch_is_causal(rng, Tq, Tk):
+    """causal_alignment="top_left" gives torch.nn.functional.scaled_dot_product_attention(is_causal=True)
+    for Tq != Tk both ways; the default bottom-right gives it only when Tq == Tk."""
+    B, Hq, Hkv, D = 2, 4, 2, 40
+    q, k, v = randn(rng, B, Hq, Tq, D), randn(rng, B, Hkv, Tk, D), randn(rng, B, Hkv, Tk, D)
+    out = mhsa.scaled_dot_product_attention(q, k, v, is_causal=True, causal_alignment="top_left", enable_gqa=True)
+    tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+    ref = F.scaled_dot_product_attention(tq.double(), tk.double(), tv.double(), is_causal=True, enable_gqa=True)
+    torch_out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=True, enable_gqa=True)
+    check_against_torch(out, torch_out, ref)
+    bottom_right = mhsa.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert np.array_equal(bottom_right, out) == (Tq == Tk)
+
+
+@pytest.mark.parametrize("W,Tq,Tk", [(4, 97, 97), (16, 40, 40), (16, 8, 100), (100, 30, 30)])
+def test_window_is_hugging_face_sliding_window(rng, W, Tq, Tk):
+    """transformers' sliding_window W (Mistral, Gemma 2: masking_utils' sliding-window causal mask,
+    evaluated at the cache positions of the new rows) is is_causal=True with window=(W - 1, -1)."""
+    masking = pytest.importorskip("transformers.masking_utils")
+    i, j = torch.arange(Tq)[:, None] + (Tk - Tq), torch.arange(Tk)[None, :]
+    hf = masking.sliding_window_causal_mask_function(W)(0, 0, i, j).expand(Tq, Tk).numpy()
+    assert np.array_equal(hf, variant_visible(1, Tq, Tk, causal=True, window=(W - 1, -1))[0, 0].numpy())
+    q, k, v = randn(rng, 1, 2, Tq, 40), randn(rng, 1, 2, Tk, 40), randn(rng, 1, 2, Tk, 40)
+    out = mhsa.scaled_dot_product_attention(q, k, v, is_causal=True, window=(W - 1, -1))
+    np.testing.assert_allclose(out, mhsa.scaled_dot_product_attention(q, k, v, attn_mask=hf), rtol=0, atol=2e-6)
+
+
+def test_variant_option_errors(rng):
+    q, k, v = randn(rng, 1, 4, 3, 8), randn(rng, 1, 2, 5, 8), randn(rng, 1, 2, 5, 8)
+    sdpa = mhsa.scaled_dot_product_attention
+    with pytest.raises(mhsa.Error, match=r"window.left: expected a key count >= 0, or -1 for unlimited, got -2"):
+        sdpa(q, k, v, window=(-2, -1))
+    with pytest.raises(mhsa.Error, match=r"window.right: .* got -3"):
+        sdpa(q, k, v, window=(4, -3))
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(mhsa.Error, match=r"softcap: expected a finite number > 0"):
+            sdpa(q, k, v, softcap=bad)
+    with pytest.raises(mhsa.Error, match=r'causal_alignment: expected "bottom_right" or "top_left", got "top-left"'):
+        sdpa(q, k, v, is_causal=True, causal_alignment="top-left")
+    with pytest.raises(mhsa.Error, match=r"enable_gqa=False"):
+        sdpa(q, k, v, enable_gqa=False)
+    assert np.array_equal(sdpa(q, k, v, enable_gqa=True), sdpa(q, k, v))

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "kernels/attention_params.h"
@@ -106,6 +107,39 @@ inline float tile_dot(const float* a, const float* b, int64_t n) {
     total = d0 == 0 ? acc : acc + total;
   }
   return total;
+}
+
+// Turns one query row's raw dot products s[0, n) (n a multiple of kLanes, keys j0 + [0, n)) into
+// the scores the softmax sees on the visible keys [lo, hi), and −inf elsewhere: scale, soft-cap,
+// mask, in this order and with these roundings wherever scores are made (forward, decode path,
+// backward), so that the backward recomputes the forward's scores bit for bit. `mask` is the
+// row's mask at key j0 (or null). Returns the factor still to be applied to the row: the scale,
+// when nothing came after it (the forward folds that product into its max pass), else 1. With
+// `dcap` set (the backward, soft-capping only) it also writes d cap / d x = 1 − tanh² there on
+// [lo, hi), 0 elsewhere.
+inline float finish_scores(float* s, int64_t n, int64_t lo, int64_t hi, float scale, float softcap,
+                           const float* mask, int64_t mask_stride, float* dcap) {
+  float pending = 1.0f;
+  if (softcap > 0.0f) {
+    const Vec sc = splat(scale), inv = splat(1.0f / softcap);
+    for (int64_t j = 0; j < n; j += kLanes) store(s + j, tanh(load(s + j) * sc * inv));
+    for (int64_t j = lo; j < hi; ++j) {
+      const float t = s[j];
+      if (dcap) dcap[j] = 1.0f - t * t;
+      s[j] = mask ? fused(softcap, t, mask[j * mask_stride]) : softcap * t;
+    }
+  } else if (mask) {
+    for (int64_t j = lo; j < hi; ++j) s[j] = fused(s[j], scale, mask[j * mask_stride]);
+  } else {
+    pending = scale;
+  }
+  if (dcap) {
+    std::fill(dcap, dcap + lo, 0.0f);
+    std::fill(dcap + hi, dcap + n, 0.0f);
+  }
+  std::fill(s, s + lo, -std::numeric_limits<float>::infinity());
+  std::fill(s + hi, s + n, -std::numeric_limits<float>::infinity());
+  return pending;
 }
 
 // The forward's split-K decode path (flash_attention.cpp) takes few queries against many keys:

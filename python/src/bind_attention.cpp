@@ -1,0 +1,158 @@
+// python/src/bind_attention.cpp — mhsa.scaled_dot_product_attention, its backward and
+// attention_probabilities: PyTorch's names and keywords (attn_mask, is_causal, scale, enable_gqa)
+// plus mhsa's own (kv_lengths, window, softcap, causal_alignment, return_lse). Not the layer
+// (MultiHeadAttention is bound in bindings.cpp).
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "call_options.h"
+#include "core/check.h"
+#include "mhsa/mhsa.h"
+
+namespace mhsa::python {
+
+using namespace pybind11::literals;
+
+CallOptions call_options(std::string_view fn, const py::object& attn_mask, bool is_causal,
+                         const std::optional<float>& scale, const py::object& kv_lengths) {
+  CallOptions c;
+  c.options.causal = is_causal;
+  c.options.scale = scale;
+  if (!kv_lengths.is_none()) {
+    c.kv_lengths = int_vector(kv_lengths, fn, "kv_lengths");
+    c.options.kv_lengths = c.kv_lengths;
+  }
+  if (!attn_mask.is_none()) {
+    c.mask = mask_array(attn_mask, fn);
+    c.options.attn_mask = c.mask.view;
+  }
+  return c;
+}
+
+namespace {
+
+using Window = std::optional<std::pair<int64_t, int64_t>>;
+
+// The options only the functional API takes: window (left, right), softcap, causal_alignment.
+void add_variants(std::string_view fn, CallOptions& c, const Window& window, std::optional<float> softcap,
+                  const std::string& alignment) {
+  if (window) c.options.window = {window->first, window->second};
+  c.options.softcap = softcap;
+  if (alignment == "top_left") {
+    c.options.causal_alignment = CausalAlignment::top_left;
+  } else if (alignment != "bottom_right") {
+    detail::fail(fn, "causal_alignment", "\"bottom_right\" or \"top_left\"",
+                 "\"" + alignment.substr(0, 40) + (alignment.size() > 40 ? "...\"" : "\""));
+  }
+}
+
+// PyTorch refuses Hq != Hkv unless enable_gqa=True; mhsa's grouped heads are always on, so only
+// that refusal is kept.
+void check_gqa(std::string_view fn, bool enable_gqa, const ConstTensorView& q, const ConstTensorView& k) {
+  if (!enable_gqa && q.shape[1] != k.shape[1])
+    detail::fail(fn, "k.shape[1]", detail::message("Hkv = Hq = ", q.shape[1], " with enable_gqa=False"),
+                 std::to_string(k.shape[1]));
+}
+
+py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::object& attn_mask,
+                bool is_causal, std::optional<float> scale, const py::object& kv_lengths, bool return_lse,
+                const Window& window, std::optional<float> softcap, const std::string& causal_alignment,
+                bool enable_gqa) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
+  const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
+  const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
+  check_gqa(fn, enable_gqa, q.view, k.view);
+  CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
+  add_variants(fn, c, window, softcap, causal_alignment);
+  const auto [B, Hq, Tq] = std::tuple(q.view.shape[0], q.view.shape[1], q.view.shape[2]);
+  OutputArray out = new_array({B, Hq, Tq, v.view.shape[3]}, "scaled_dot_product_attention: out [B, Hq, Tq, Dv]");
+  OutputArray lse = new_array({B, Hq, Tq}, "scaled_dot_product_attention: lse [B, Hq, Tq]");
+  {
+    GilReleased unlocked;
+    scaled_dot_product_attention(q.view, k.view, v.view, out.view, c.options, lse.view);
+  }
+  if (return_lse) return py::make_tuple(out.array, lse.array);
+  return out.array;
+}
+
+py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, const py::object& k_obj,
+                        const py::object& v_obj, const py::object& out_obj, const py::object& lse_obj,
+                        const py::object& attn_mask, bool is_causal, std::optional<float> scale,
+                        const py::object& kv_lengths, const Window& window, std::optional<float> softcap,
+                        const std::string& causal_alignment, bool enable_gqa) {
+  constexpr std::string_view fn = "scaled_dot_product_attention_backward";
+  const InputArray dout = float_array(dout_obj, fn, "dout", 4, "[B, Hq, Tq, Dv]");
+  const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
+  const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
+  const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
+  const InputArray out = float_array(out_obj, fn, "out", 4, "[B, Hq, Tq, Dv]");
+  const InputArray lse = float_array(lse_obj, fn, "lse", 3, "[B, Hq, Tq]");
+  check_gqa(fn, enable_gqa, q.view, k.view);
+  CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
+  add_variants(fn, c, window, softcap, causal_alignment);
+  const auto shape = [](const ConstTensorView& t) {
+    return std::vector<int64_t>{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+  };
+  OutputArray dq = new_array(shape(q.view), "scaled_dot_product_attention_backward: dq");
+  OutputArray dk = new_array(shape(k.view), "scaled_dot_product_attention_backward: dk");
+  OutputArray dv = new_array(shape(v.view), "scaled_dot_product_attention_backward: dv");
+  {
+    GilReleased unlocked;
+    scaled_dot_product_attention_backward(dout.view, q.view, k.view, v.view, out.view, lse.view, dq.view, dk.view,
+                                          dv.view, c.options);
+  }
+  return py::make_tuple(dq.array, dk.array, dv.array);
+}
+
+py::array probabilities(const py::object& q_obj, const py::object& k_obj, const py::object& attn_mask, bool is_causal,
+                        std::optional<float> scale, const py::object& kv_lengths, const Window& window,
+                        std::optional<float> softcap, const std::string& causal_alignment) {
+  constexpr std::string_view fn = "attention_probabilities";
+  const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
+  const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
+  CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
+  add_variants(fn, c, window, softcap, causal_alignment);
+  OutputArray probs = new_array({q.view.shape[0], q.view.shape[1], q.view.shape[2], k.view.shape[2]},
+                                "attention_probabilities: probs [B, Hq, Tq, Tk]");
+  GilReleased unlocked;
+  attention_probabilities(q.view, k.view, ConstTensorView{}, probs.view, c.options);
+  return probs.array;
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  m.def("scaled_dot_product_attention", &sdpa, "q"_a, "k"_a, "v"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
+        "scale"_a = py::none(), "kv_lengths"_a = py::none(), "return_lse"_a = false, py::kw_only(),
+        "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
+        "enable_gqa"_a = true,
+        R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].
+
+float32 arrays with any strides. Hq % Hkv == 0 (grouped-query heads, always on; enable_gqa=False
+only refuses Hq != Hkv, as PyTorch does). attn_mask: additive float32 or bool (True = attend) of shape
+[Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk]. scale: default 1/sqrt(D). kv_lengths: [B] valid keys
+per batch. softcap: scores become softcap*tanh(score/softcap) after the scale, before the mask (Gemma 2).
+The causal and window limits put query i at key position p = i + Tk - Tq with
+causal_alignment="bottom_right" (the default; right for a KV cache) or p = i with "top_left" (what
+torch's is_causal=True means when Tq != Tk). is_causal: query i sees keys j <= p. window=(left, right):
+keys p - left <= j <= p + right (-1 = unlimited); Hugging Face's sliding_window W is
+is_causal=True, window=(W - 1, -1). A row with no visible key gives 0. With return_lse, returns
+(out, lse [B, Hq, Tq]).)");
+  m.def("scaled_dot_product_attention_backward", &sdpa_backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
+        "attn_mask"_a = py::none(), "is_causal"_a = false, "scale"_a = py::none(), "kv_lengths"_a = py::none(),
+        py::kw_only(), "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
+        "enable_gqa"_a = true,
+        R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
+inputs, out and lse (from return_lse=True), with the forward's options. dk and dv sum over the query heads
+of a group; rows with no visible key get zero gradients.)");
+  m.def("attention_probabilities", &probabilities, "q"_a, "k"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
+        "scale"_a = py::none(), "kv_lengths"_a = py::none(), py::kw_only(), "window"_a = py::none(),
+        "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
+        "The exact softmax matrix [B, Hq, Tq, Tk] that scaled_dot_product_attention applies (same options).");
+}
+
+}  // namespace mhsa::python
