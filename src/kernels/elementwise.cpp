@@ -74,20 +74,6 @@ void column_sums(int64_t rows, int64_t C, Term&& term, float* sums) {
   }
 }
 
-// tanh(u): an odd series to u⁹ below |u| = 0.25 (where 1 − e^(−2|u|) would cancel), and
-// (1 − e)/(1 + e) with e = e^(−2|u|) above it; ±1 at the tails.
-Vec tanh(Vec u) {
-  const Vec a = max(u, -u), e = exp(splat(-2.0f) * a);
-  const Vec big = (splat(1.0f) - e) / (splat(1.0f) + e);
-  const Vec u2 = u * u;
-  Vec p = splat(62.0f / 2835.0f);
-  p = fma(p, u2, splat(-17.0f / 315.0f));
-  p = fma(p, u2, splat(2.0f / 15.0f));
-  p = fma(p, u2, splat(-1.0f / 3.0f));
-  p = fma(p, u2, splat(1.0f)) * u;
-  return a < splat(0.25f) ? p : (u < splat(0.0f) ? -big : big);
-}
-
 }  // namespace
 
 void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta,
