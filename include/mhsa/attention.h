@@ -15,8 +15,8 @@
 //   - sliding window (left, right), -1 = unlimited on that side: query i sees keys
 //     p_i - left <= j <= p_i + right. With causal, the right limit is moot (j <= p_i anyway).
 //     Hugging Face's `sliding_window` W (Mistral, Gemma 2: transformers' masking_utils keeps
-//     kv_idx > q_idx - W) is causal with window (W - 1, -1); a window without causal is
-//     bidirectional local attention (both sides limited);
+//     kv_idx > q_idx - W, checked by tests/python/test_sdpa_torch.py) is causal with window
+//     (W - 1, -1). A window is allowed without causal (local attention, each side as given);
 //   - additive float mask [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk] (broadcast over B and H);
 //   - key padding as per-batch valid lengths: query rows of batch b see keys j < kv_lengths[b];
 //   - a row whose keys are all masked gives out = 0 and lse = -inf, never NaN;

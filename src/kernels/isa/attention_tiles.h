@@ -120,14 +120,15 @@ inline float tile_dot(const float* a, const float* b, int64_t n) {
 inline float finish_scores(float* s, int64_t n, int64_t lo, int64_t hi, float scale, float softcap,
                            const float* mask, int64_t mask_stride, float* dcap) {
   float pending = 1.0f;
-  if (softcap > 0.0f) {
-    const Vec sc = splat(scale), inv = splat(1.0f / softcap);
-    for (int64_t j = 0; j < n; j += kLanes) store(s + j, tanh(load(s + j) * sc * inv));
-    for (int64_t j = lo; j < hi; ++j) {
-      const float t = s[j];
-      if (dcap) dcap[j] = 1.0f - t * t;
-      s[j] = mask ? fused(softcap, t, mask[j * mask_stride]) : softcap * t;
+  if (softcap > 0.0f) {  // one vector pass: t = tanh(scale·s / softcap), s = softcap·t (t with a mask)
+    const Vec sc = splat(scale), inv = splat(1.0f / softcap), cap = splat(softcap);
+    for (int64_t j = 0; j < n; j += kLanes) {
+      const Vec t = tanh(load(s + j) * sc * inv);
+      if (dcap) store(dcap + j, 1.0f - t * t);
+      store(s + j, mask ? t : cap * t);
     }
+    if (mask)
+      for (int64_t j = lo; j < hi; ++j) s[j] = fused(softcap, s[j], mask[j * mask_stride]);
   } else if (mask) {
     for (int64_t j = lo; j < hi; ++j) s[j] = fused(s[j], scale, mask[j * mask_stride]);
   } else {
