@@ -128,7 +128,7 @@ def test_no_template_is_a_clear_error(tmp_path, tokenizer_json):
     gpt2 = tmp_path / "gpt2"
     gpt2.mkdir()
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    (gpt2 / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(alphabet)}))
+    (gpt2 / "vocab.json").write_text(json.dumps({**{c: i for i, c in enumerate(alphabet)}, "<|endoftext|>": 256}))
     (gpt2 / "merges.txt").write_text("#version: 0.2\n")
     with pytest.raises(mhsa.Error, match="no chat template"):
         mhsa.Tokenizer.load(gpt2).apply_chat_template([{"role": "user", "content": "hi"}])
