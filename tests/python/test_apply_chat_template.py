@@ -119,6 +119,10 @@ def test_chat_template_jinja_file_replaces_the_config(tmp_path, tokenizer_json):
     path = make_dir(tmp_path, tokenizer_json, "config {{ messages | length }}")
     (path / "chat_template.jinja").write_text("file {{ messages[0].content }}{{ eos_token }}")
     assert both(path, [{"role": "user", "content": "x y"}]) == "file x y</s>"
+    (path / "additional_chat_templates").mkdir()
+    (path / "additional_chat_templates" / "tool_use.jinja").write_text("tools {{ tools[0].type }}")
+    assert both(path, [{"role": "user", "content": "x y"}]) == "file x y</s>"
+    assert both(path, [{"role": "user", "content": "x y"}], tools=TOOLS) == "tools function"
 
 
 def test_no_template_is_a_clear_error(tmp_path, tokenizer_json):
