@@ -356,7 +356,8 @@ void run(ExplainArgs a) {
   const Tokenizer& tok = loaded.tokenizer;
   const ModelConfig& c = model.config();
   if (a.prompt == "-") a.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  const std::vector<int32_t> ids = tok.encode(a.prompt);
+  // As `mhsa generate`: tokenizer.json as transformers' tokenizer(prompt) (BOS added).
+  const std::vector<int32_t> ids = tok.encode(a.prompt, EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()});
   if (ids.empty()) throw Error("mhsa explain: --prompt: expected some text, got an empty prompt");
   if (static_cast<int64_t>(ids.size()) > c.max_positions)
     throw Error(message("mhsa explain: --prompt: expected at most ", c.max_positions,

@@ -105,7 +105,9 @@ void run(const GenerateArgs& a) {
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  std::vector<int32_t> ids = tok.encode(prompt);
+  // As transformers' tokenizer(prompt) for tokenizer.json (BOS added, special tokens' text matched);
+  // GPT-2's files as tiktoken's encode_ordinary.
+  std::vector<int32_t> ids = tok.encode(prompt, EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()});
   const std::vector<int32_t>& eos_ids = model.config().eos_token_ids;
   const int32_t eos = eos_ids.empty() ? -1 : eos_ids[0];
   if (ids.empty()) {  // unconditional generation starts from end-of-text (GPT-2) or a newline (bytes)

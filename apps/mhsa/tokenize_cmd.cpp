@@ -1,7 +1,8 @@
-// apps/mhsa/tokenize_cmd.cpp — `mhsa tokenize`: GPT-2 token ids of a text, or with --decode the
-// text of token ids, using the tokenizer files of a model directory (vocab.json + merges.txt, or
-// encoder.json + vocab.bpe). TEXT "-" reads standard input. A quick look at how text splits;
-// not a batch tool: one text per call.
+// apps/mhsa/tokenize_cmd.cpp — `mhsa tokenize`: the token ids of a text, or with --decode the
+// text of token ids, using the tokenizer files of a model directory (tokenizer.json, encoded as
+// transformers' tokenizer(text) encodes it, BOS included unless --no-special-tokens; or GPT-2's
+// vocab.json + merges.txt / encoder.json + vocab.bpe). TEXT "-" reads standard input. A quick look
+// at how text splits; not a batch tool: one text per call.
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,7 +21,7 @@ namespace {
 
 struct TokenizeArgs {
   std::string model, text;
-  bool json = false, decode = false, allow_special = false;
+  bool json = false, decode = false, allow_special = false, no_special_tokens = false;
 };
 
 std::string read_stdin() {
@@ -72,7 +73,9 @@ void run(const TokenizeArgs& a) {
     if (isatty(fileno(stdout))) std::fputc('\n', stdout);  // exact bytes into a pipe or file
     return;
   }
-  const std::vector<int32_t> ids = tok.encode(text, a.allow_special);
+  const bool hf = tok.is_tokenizer_json();
+  const std::vector<int32_t> ids =
+      tok.encode(text, EncodeOptions{hf && !a.no_special_tokens, a.allow_special || hf});
   std::string out;
   if (a.json) {
     out = "{\"ids\": [";
@@ -90,14 +93,18 @@ void run(const TokenizeArgs& a) {
 
 void add_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
-  CLI::App* cmd = app.add_subcommand("tokenize", "GPT-2 token ids of a text (or, with --decode, the text of ids)");
-  cmd->add_option("--model", args->model, "directory with vocab.json + merges.txt (or encoder.json + vocab.bpe)")
+  CLI::App* cmd = app.add_subcommand("tokenize", "token ids of a text (or, with --decode, the text of ids)");
+  cmd->add_option("--model", args->model,
+                  "directory with tokenizer.json, or vocab.json + merges.txt (or encoder.json + vocab.bpe)")
       ->required();
   cmd->add_option("TEXT", args->text, "the text, or token ids with --decode; '-' reads standard input")->required();
   CLI::Option* json = cmd->add_flag(
       "--json", args->json, "print {\"ids\": [...], \"tokens\": [...]}, tokens as vocab.json spells them (\"Ġworld\")");
   cmd->add_flag("--decode", args->decode, "TEXT is token ids; print the bytes they stand for")->excludes(json);
-  cmd->add_flag("--allow-special", args->allow_special, "encode the text <|endoftext|> as its special id");
+  cmd->add_flag("--allow-special", args->allow_special,
+                "GPT-2's files: encode the text <|endoftext|> as its special id (tokenizer.json always does)");
+  cmd->add_flag("--no-special-tokens", args->no_special_tokens,
+                "tokenizer.json: add no BOS (nor any post-processor token), as add_special_tokens=False");
   cmd->callback([args] { run(*args); });
 }
 

@@ -90,6 +90,17 @@ class Tokenizer {
   std::string bos_token() const;
   std::string eos_token() const;
   bool is_tokenizer_json() const;
+  // transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt, **variables):
+  // the chat template rendered (mhsa/chat_template.h) with tokenizer_config.json's special tokens
+  // (bos_token, eos_token, unk_token, pad_token, any other "*_token") as variables, the caller's
+  // variables_json (a JSON object: tools, documents, anything the template reads) overriding them.
+  // A list of named templates gives "tool_use" when tools are given (not null) and it exists, else
+  // "default". The ids transformers' tokenize=True gives are
+  // encode(text, {.add_special_tokens = false, .allow_special = true}). Each template is compiled
+  // once, on first use; any number of threads may call this at once. Throws mhsa::Error when the
+  // tokenizer has no chat template, and ChatTemplate's errors.
+  std::string apply_chat_template(std::string_view messages_json, bool add_generation_prompt = false,
+                                  std::string_view variables_json = "{}") const;
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -166,6 +166,33 @@ tokenizers), False for GPT-2's files (tiktoken's encode_ordinary).)")
       .def_property_readonly("eos_token", &Tokenizer::eos_token, "tokenizer_config.json's eos_token ('' if none).")
       .def_property_readonly("chat_template", &Tokenizer::chat_template,
                              "tokenizer_config.json's chat_template (Jinja source; '' if none).")
+      .def(
+          "apply_chat_template",
+          [](const Tokenizer& t, const py::object& messages, bool add_generation_prompt, bool tokenize,
+             const py::kwargs& variables) -> py::object {
+            const auto dumps = py::module_::import("json").attr("dumps");
+            const auto to_json = [&](const py::handle& obj) {
+              return dumps(obj, "ensure_ascii"_a = false, "allow_nan"_a = false).cast<std::string>();
+            };
+            const std::string m = to_json(messages), v = to_json(variables);
+            std::string text;
+            std::vector<int32_t> ids;
+            {
+              GilReleased unlocked;
+              text = t.apply_chat_template(m, add_generation_prompt, v);
+              if (tokenize) ids = t.encode(text, EncodeOptions{false, true});
+            }
+            if (tokenize) return py::cast(ids);
+            return py::str(text);
+          },
+          "messages"_a, "add_generation_prompt"_a = false, "tokenize"_a = false,
+          R"(The chat template rendered as transformers' apply_chat_template renders it.
+
+messages: a list of dicts ({"role": "user", "content": "Hi"}); keyword arguments (tools=...,
+documents=..., anything the template reads) are template variables, overriding the special tokens
+(bos_token, eos_token, ...) tokenizer_config.json sets. All must be JSON-serialisable. Returns the
+prompt, or with tokenize=True its ids encoded without added special tokens (as transformers does).
+Raises mhsa.Error when the tokenizer has no chat template.)")
       .def_property_readonly(
           "special_tokens", [](const Tokenizer& t) {
             py::dict d;

@@ -54,20 +54,34 @@ const char* type_words(const json& v) {
 
 }  // namespace
 
-json parse_json(std::string_view text, std::string_view fn, std::string_view arg, std::string_view what) {
-  const json::parser_callback_t limit = [](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+namespace {
+
+template <class Json>
+Json parse_bounded(std::string_view text, std::string_view fn, std::string_view arg, std::string_view what) {
+  const typename Json::parser_callback_t limit = [](int depth, typename Json::parse_event_t event, Json&) {
+    if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
         depth >= kMaxJsonDepth)
       throw TooDeep{};
     return true;
   };
   try {
-    return json::parse(text.begin(), text.end(), limit);
+    return Json::parse(text.begin(), text.end(), limit);
   } catch (const TooDeep&) {
     fail(fn, arg, message(what, " nested at most ", kMaxJsonDepth, " levels deep"), "deeper nesting");
-  } catch (const json::exception& e) {
+  } catch (const typename Json::exception& e) {
     fail(fn, arg, std::string(what), "invalid JSON (" + parse_error_text(e) + ")");
   }
+}
+
+}  // namespace
+
+json parse_json(std::string_view text, std::string_view fn, std::string_view arg, std::string_view what) {
+  return parse_bounded<json>(text, fn, arg, what);
+}
+
+nlohmann::ordered_json parse_ordered_json(std::string_view text, std::string_view fn, std::string_view arg,
+                                          std::string_view what) {
+  return parse_bounded<nlohmann::ordered_json>(text, fn, arg, what);
 }
 
 std::string parse_error_text(const std::exception& e) {

@@ -28,6 +28,10 @@ constexpr size_t kExcerptChars = 60;
 nlohmann::json parse_json(std::string_view text, std::string_view fn, std::string_view arg,
                           std::string_view what = "JSON");
 
+// The same, keeping the objects' keys in the text's order (as Python's dicts do).
+nlohmann::ordered_json parse_ordered_json(std::string_view text, std::string_view fn, std::string_view arg,
+                                          std::string_view what = "JSON");
+
 // nlohmann's message for a parse error, without its tag and with the token it quotes (file text
 // of any length) cut.
 std::string parse_error_text(const std::exception& e);

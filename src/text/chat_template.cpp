@@ -13,24 +13,8 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-// JSON text as an insertion-ordered value (Python dicts keep their order, and `tojson` shows
-// it), nested at most kMaxJsonDepth levels, as detail::parse_json.
 ordered_json parse_ordered(std::string_view text, std::string_view arg) {
-  struct TooDeep {};
-  const ordered_json::parser_callback_t limit = [](int depth, ordered_json::parse_event_t event, ordered_json&) {
-    if ((event == ordered_json::parse_event_t::object_start || event == ordered_json::parse_event_t::array_start) &&
-        depth >= detail::kMaxJsonDepth)
-      throw TooDeep{};
-    return true;
-  };
-  try {
-    return ordered_json::parse(text.begin(), text.end(), limit);
-  } catch (const TooDeep&) {
-    detail::fail("ChatTemplate::render", arg, detail::message("JSON nested at most ", detail::kMaxJsonDepth, " levels deep"),
-                 "deeper nesting");
-  } catch (const ordered_json::exception& e) {
-    detail::fail("ChatTemplate::render", arg, "JSON", "invalid JSON (" + detail::parse_error_text(e) + ")");
-  }
+  return detail::parse_ordered_json(text, "ChatTemplate::render", arg);
 }
 
 std::string excerpt(const ordered_json& v) { return detail::json_excerpt(nlohmann::json(v)); }

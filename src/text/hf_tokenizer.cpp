@@ -680,6 +680,17 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
     if (!config.is_object()) fail(kFn, "tokenizer_config.json", "a JSON object", detail::json_excerpt(config));
     bos_token = config_token(config, "bos_token");
     eos_token = config_token(config, "eos_token");
+    // transformers' special_tokens_map, the chat template's variables: every top-level "*_token"
+    // that is a string or an AddedToken, and extra_special_tokens given as name → token.
+    const auto add_template_token = [&](const std::string& name, const json& v) {
+      if (v.is_string()) template_tokens.emplace_back(name, v.get<std::string>());
+      else if (v.is_object() && v.contains("content") && v["content"].is_string())
+        template_tokens.emplace_back(name, v["content"].get<std::string>());
+    };
+    for (const auto& [key, v] : config.items())
+      if (key.size() > 6 && key.ends_with("_token")) add_template_token(key, v);
+    if (const json* extra = optional_member(config, "extra_special_tokens"); extra && extra->is_object())
+      for (const auto& [key, v] : extra->items()) add_template_token(key, v);
     if (!bos_token.empty()) bos_id = id_of(bos_token);
     if (!eos_token.empty())
       if (const auto e = id_of(eos_token)) eos_ids.push_back(*e);
@@ -688,9 +699,11 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
         chat_template = t->get<std::string>();
       } else if (t->is_array()) {  // [{"name": "default", "template": ...}, ...]
         for (const json& e : *t)
-          if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
-              e["template"].is_string())
-            chat_template = e["template"].get<std::string>();
+          if (e.is_object() && e.contains("name") && e["name"].is_string() && e.contains("template") &&
+              e["template"].is_string()) {
+            chat_templates.emplace_back(e["name"].get<std::string>(), e["template"].get<std::string>());
+            if (e["name"] == "default") chat_template = e["template"].get<std::string>();
+          }
       }
     }
   }

@@ -52,7 +52,12 @@ class HfTokenizer {
 
   std::optional<int32_t> bos_id;
   std::vector<int32_t> eos_ids;
-  std::string bos_token, eos_token, chat_template;
+  std::string bos_token, eos_token, chat_template;  // chat_template: the only or the "default" one
+  // tokenizer_config.json's chat_template as a list: name → source ("default", "tool_use", ...).
+  std::vector<std::pair<std::string, std::string>> chat_templates;
+  // The special tokens transformers passes to a chat template: name ("bos_token", "pad_token",
+  // ...) → text.
+  std::vector<std::pair<std::string, std::string>> template_tokens;
   std::vector<std::pair<std::string, int32_t>> special_tokens;  // every added token with special: true
 
   enum class Behavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };

@@ -18,6 +18,7 @@
 #include "io/checkpoint_dir.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "mhsa/chat_template.h"
 #include "text/bpe.h"
 #include "text/hf_tokenizer.h"
 #include "text/unicode_data.h"
@@ -272,6 +273,8 @@ struct Tokenizer::Impl {
   std::unique_ptr<text::HfTokenizer> hf;       // tokenizer.json; the rest is unused then
   mutable std::mutex cache_mutex;               // encode is const and may run on many threads
   mutable StringMap<std::vector<int32_t>> cache;  // pre-token → its ids
+  mutable std::mutex template_mutex;
+  mutable StringMap<std::shared_ptr<const ChatTemplate>> templates;  // template name ("" alone) → compiled
 
   void read_vocab(std::string_view text, const std::string& name);
   void read_merges(std::string_view text, const std::string& name);
@@ -409,8 +412,26 @@ Tokenizer Tokenizer::load_dir(const fs::path& dir) {
       return f.read_all();
     };
     const std::string tj = read_bounded(dir / "tokenizer.json", uint64_t{512} << 20);
-    return parse_json(tj, read_bounded(dir / "tokenizer_config.json", uint64_t{64} << 20),
-                      read_bounded(dir / "generation_config.json", uint64_t{1} << 20), dir.string());
+    Tokenizer t = parse_json(tj, read_bounded(dir / "tokenizer_config.json", uint64_t{64} << 20),
+                             read_bounded(dir / "generation_config.json", uint64_t{1} << 20), dir.string());
+    // As transformers: chat_template.jinja ("default") and additional_chat_templates/NAME.jinja,
+    // when present, replace tokenizer_config.json's templates.
+    std::vector<std::pair<std::string, std::string>> files;
+    if (fs::exists(dir / "chat_template.jinja", ec))
+      files.emplace_back("default", read_bounded(dir / "chat_template.jinja", uint64_t{16} << 20));
+    if (fs::is_directory(dir / "additional_chat_templates", ec))
+      for (const fs::directory_entry& e : fs::directory_iterator(dir / "additional_chat_templates", ec))
+        if (e.path().extension() == ".jinja")
+          files.emplace_back(e.path().stem().string(), read_bounded(e.path(), uint64_t{16} << 20));
+    if (!files.empty()) {
+      text::HfTokenizer& hf = *t.impl_->hf;
+      hf.chat_template.clear();
+      hf.chat_templates.clear();
+      for (const auto& [name, source] : files)
+        if (name == "default") hf.chat_template = source;
+      if (!(files.size() == 1 && files[0].first == "default")) hf.chat_templates = std::move(files);
+    }
+    return t;
   }
   // Prefer Hugging Face's names; a half pair is loaded anyway so the error names the missing file.
   if (fs::exists(dir / "vocab.json", ec)) return load(dir / "vocab.json", dir / "merges.txt");
@@ -548,5 +569,50 @@ std::string Tokenizer::eos_token() const {
   return impl_->eos < 0 ? std::string() : std::string(kEndOfText);
 }
 bool Tokenizer::is_tokenizer_json() const { return impl_->hf != nullptr; }
+
+std::string Tokenizer::apply_chat_template(std::string_view messages_json, bool add_generation_prompt,
+                                           std::string_view variables_json) const {
+  constexpr std::string_view fn = "Tokenizer::apply_chat_template";
+  const nlohmann::ordered_json given = detail::parse_ordered_json(variables_json, fn, "variables");
+  if (!given.is_object()) fail(fn, "variables", "a JSON object", detail::json_excerpt(json(given)));
+  const text::HfTokenizer* hf = impl_->hf.get();
+  if (!hf) fail(fn, "tokenizer", "a tokenizer.json with a chat template", "GPT-2's vocab files (no chat template)");
+  // transformers' get_chat_template: the only template, or one of the named ones.
+  std::string name;
+  const std::string* source = &hf->chat_template;
+  if (!hf->chat_templates.empty()) {
+    const bool tools = given.contains("tools") && !given["tools"].is_null();
+    const auto named = [&](std::string_view n) -> const std::string* {
+      for (const auto& [k, v] : hf->chat_templates)
+        if (k == n) return &v;
+      return nullptr;
+    };
+    source = tools ? named("tool_use") : nullptr;
+    name = source ? "tool_use" : "default";
+    if (!source) source = named("default");
+    if (!source) {
+      std::string names;
+      for (const auto& [k, v] : hf->chat_templates) names += (names.empty() ? "" : ", ") + detail::printable(k);
+      fail(fn, "tokenizer_config.json chat_template", "a template named \"default\"", "only " + names);
+    }
+  } else if (source->empty()) {
+    fail(fn, "tokenizer", "a chat_template in tokenizer_config.json (or chat_template.jinja)", "none");
+  }
+  std::shared_ptr<const ChatTemplate> compiled;
+  {
+    const std::lock_guard lock(impl_->template_mutex);
+    if (auto it = impl_->templates.find(name); it != impl_->templates.end()) compiled = it->second;
+  }
+  if (!compiled) {  // compiled outside the lock; a second thread's copy is as good
+    compiled = std::make_shared<const ChatTemplate>(*source);
+    const std::lock_guard lock(impl_->template_mutex);
+    impl_->templates.emplace(name, compiled);
+  }
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : hf->template_tokens) vars[k] = v;
+  for (const auto& [k, v] : given.items()) vars[k] = v;
+  return compiled->render(messages_json, add_generation_prompt,
+                          vars.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+}
 
 }  // namespace mhsa
