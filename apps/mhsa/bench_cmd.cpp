@@ -318,12 +318,7 @@ void run(const BenchArgs& a) {
   use_threads(a.threads);
   std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
   if (!a.json.empty()) json.emplace(a.json, "--json");
-  const int threads = omp_get_max_threads();
-  std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
-  const double peak = bench::measure_fma_peak_gflops(threads);
-  double bandwidth = bench::measure_read_bandwidth_gbs(threads);
-  std::printf("measured: FP32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s (copy %.1f GB/s)\n\n", peak, bandwidth,
-              bench::measure_copy_bandwidth_gbs(threads));
+  // A model directory is loaded before the measurements: a bad one fails at once.
   const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model) : std::vector<Case>{
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
@@ -332,6 +327,12 @@ void run(const BenchArgs& a) {
       mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
       decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
       gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};
+  const int threads = omp_get_max_threads();
+  std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
+  const double peak = bench::measure_fma_peak_gflops(threads);
+  double bandwidth = bench::measure_read_bandwidth_gbs(threads);
+  std::printf("measured: FP32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s (copy %.1f GB/s)\n\n", peak, bandwidth,
+              bench::measure_copy_bandwidth_gbs(threads));
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
   std::vector<Result> results;
   for (const Case& c : cases) {
