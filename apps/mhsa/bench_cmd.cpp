@@ -1,7 +1,9 @@
 // apps/mhsa/bench_cmd.cpp — `mhsa bench`: the standard speed cases, each reported as time,
 // GFLOP/s and the fraction of this machine's FP32 FMA peak measured in the same run (decode as
 // bytes/s against the measured read bandwidth). bench/compare_torch.py runs the same cases
-// through PyTorch beside it and prints the ratios. Not a test: nothing here passes or fails.
+// through PyTorch beside it and prints the ratios; with --model DIR, prompt processing and decoding
+// of that model directory (any family) instead, which bench/compare_llama_cpp.py compares with
+// llama.cpp on the same directory. Not a test: nothing here passes or fails.
 #include <omp.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -27,6 +30,7 @@ namespace mhsa::cli {
 namespace {
 
 struct BenchArgs {
+  std::string model;   // a model directory: time its pp/tg cases instead of the standard ones
   std::string filter;  // comma-separated substrings: the cases whose name contains one of them run
   std::string json;    // write the results here too
   double min_seconds = 1.0;
@@ -251,6 +255,54 @@ Case gpt2_train_case(int64_t B, int64_t T) {
           }};
 }
 
+// A model directory's cases (--model): prompt processing of min(512, context) tokens and decoding
+// of min(128, context), as the GPT-2 cases above, named "<family>_pp512" and "<family>_tg128".
+// No tokenizer: the ids are arbitrary. Work is counted from the config: every projection and the
+// LM head (2 FLOPs per weight per token) and the attention pairs each layer's window leaves; a
+// decoded token reads every layer's weights, the head and the cache.
+std::vector<Case> model_cases(const std::string& dir) {
+  auto model = std::make_shared<const Model>(Model::load(dir));
+  const ModelConfig& c = model->config();
+  const double C = double(c.hidden_size), V = double(c.vocab_size), F = double(c.intermediate_size);
+  const double q = double(c.num_heads * c.head_dim), kv = double(c.num_kv_heads * c.head_dim);
+  const double mlp = (c.mlp == MlpKind::gelu ? 2.0 : 3.0) * C * F;
+  const double layer_weights = C * (2 * q + 2 * kv) + mlp;  // the matrices only (norms, biases: < 1%)
+  const std::string family = family_name(c.family);
+  const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions);
+  const std::string pp_name = family + "_pp" + std::to_string(pp), tg_name = family + "_tg" + std::to_string(tg);
+  Case prefill{pp_name, [=](double min_seconds) {
+                 std::vector<int32_t> ids(static_cast<size_t>(pp));
+                 for (int64_t t = 0; t < pp; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919) % c.vocab_size);
+                 const Timing s = time_runs(
+                     [&] {
+                       ModelCache cache = model->new_cache(1, pp);
+                       (void)model->extend(cache, ids, 1, pp, true);
+                     },
+                     min_seconds);
+                 double flops = 2.0 * pp * c.num_layers * layer_weights + 2.0 * C * V;
+                 for (int64_t l = 0; l < c.num_layers; ++l) {
+                   AttentionOptions o;
+                   o.causal = true;
+                   o.window.left = c.window_left[static_cast<size_t>(l)];
+                   flops += attention_flops(1, c.num_heads, pp, pp, c.head_dim, c.head_dim, o);
+                 }
+                 return Result{pp_name, "GFLOP/s", s, flops, double(pp)};
+               }};
+  Case decode{tg_name, [=](double min_seconds) {
+                const Timing s = time_runs(
+                    [&] {
+                      ModelCache cache = model->new_cache(1, tg);
+                      std::vector<int32_t> token = {1 % static_cast<int32_t>(c.vocab_size)};
+                      for (int64_t i = 0; i < tg; ++i) (void)model->extend(cache, token, 1, 1, true);
+                    },
+                    min_seconds);
+                const double weights = c.num_layers * layer_weights + V * C;
+                const double cache = c.num_layers * 2.0 * kv * (tg + 1) / 2.0;  // read per step, on average
+                return Result{tg_name, "GB/s", s, tg * (weights + cache) * sizeof(float), double(tg)};
+              }};
+  return {prefill, decode};
+}
+
 // Whether `name` contains one of the comma-separated substrings of `filter` (all do when empty).
 bool selected(const std::string& name, const std::string& filter) {
   size_t begin = 0;
@@ -266,13 +318,8 @@ void run(const BenchArgs& a) {
   use_threads(a.threads);
   std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
   if (!a.json.empty()) json.emplace(a.json, "--json");
-  const int threads = omp_get_max_threads();
-  std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
-  const double peak = bench::measure_fma_peak_gflops(threads);
-  double bandwidth = bench::measure_read_bandwidth_gbs(threads);
-  std::printf("measured: FP32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s (copy %.1f GB/s)\n\n", peak, bandwidth,
-              bench::measure_copy_bandwidth_gbs(threads));
-  const std::vector<Case> cases = {
+  // A model directory is loaded before the measurements: a bad one fails at once.
+  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model) : std::vector<Case>{
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),
@@ -280,6 +327,12 @@ void run(const BenchArgs& a) {
       mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
       decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
       gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};
+  const int threads = omp_get_max_threads();
+  std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
+  const double peak = bench::measure_fma_peak_gflops(threads);
+  double bandwidth = bench::measure_read_bandwidth_gbs(threads);
+  std::printf("measured: FP32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s (copy %.1f GB/s)\n\n", peak, bandwidth,
+              bench::measure_copy_bandwidth_gbs(threads));
   std::printf("%-32s %10s %12s %9s\n", "case", "ms", "rate", "of peak");
   std::vector<Result> results;
   for (const Case& c : cases) {
@@ -317,6 +370,9 @@ void run(const BenchArgs& a) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Time the standard cases against this machine's measured peak");
+  cmd->add_option("--model", args->model,
+                  "time prompt processing (pp512) and decoding (tg128) of this model directory (any family) "
+                  "instead of the standard cases");
   cmd->add_option("--filter", args->filter, "run only the cases whose name contains this (or one of these, comma-separated)");
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")

@@ -233,3 +233,31 @@ def test_generate_echoes_the_prompt_on_a_terminal():
     assert run_on_a_terminal(*args, "--no-echo") == (0, continuation)
     timeless = lambda r: {k: v for k, v in json.loads(r.stdout).items() if not k.endswith("_per_s")}
     assert timeless(run(*args, "--json")) == timeless(run(*args, "--json", "--echo"))  # --json: unchanged
+
+
+# ---- bench --model ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("context", [1000, 97])
+def test_bench_model_times_prompt_processing_and_decoding_of_a_directory(tmp_path, context):
+    """`mhsa bench --model DIR` on a random Llama written by transformers (no tokenizer): the cases
+    bench/compare_llama_cpp.py reads, <family>_pp512 and _tg128 (fewer tokens for a short context)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=83, hidden_size=24, intermediate_size=37, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m", safe_serialization=True)
+    r = run("bench", "--model", tmp_path / "m", "--min-seconds", "0.01", "--json", tmp_path / "b.json", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    cases = json.loads((tmp_path / "b.json").read_text())["cases"]
+    pp, tg = min(512, context), min(128, context)
+    assert [c["name"] for c in cases] == [f"llama_pp{pp}", f"llama_tg{tg}"]
+    assert [c["tokens"] for c in cases] == [pp, tg]
+    assert [c["unit"] for c in cases] == ["GFLOP/s", "GB/s"]
+    for c in cases:
+        assert 0 < c["seconds"] <= c["median_seconds"] and c["work"] > 0
+    assert f"llama_pp{pp} " in r.stdout and "tokens/s" in r.stdout
+
+
+def test_bench_model_refuses_a_directory_without_a_model(tmp_path):
+    r = run("bench", "--model", tmp_path, "--min-seconds", "0.01")
+    assert r.returncode == 2 and "config.json" in r.stderr and r.stderr.startswith("mhsa: error: "), r.stderr
+    assert r.stdout == ""  # refused before the peak and bandwidth measurements
