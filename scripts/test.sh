@@ -38,8 +38,11 @@ clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc te
 rm -rf build/fuzz_corpus && cp -r tests/fuzz/corpus build/fuzz_corpus
 build/fuzz_safetensors -max_total_time=30 -print_final_stats=1 build/fuzz_corpus 2>&1 | tail -n 3
 
+JINJA_SOURCES="src/text/chat_template.cpp src/text/jinja_parse.cpp src/text/jinja_eval.cpp src/text/jinja_lex.cpp
+  src/text/jinja_values.cpp src/text/jinja_builtins.cpp"
 TOKENIZER_SOURCES="src/text/tokenizer.cpp src/text/hf_tokenizer.cpp src/text/bpe.cpp src/text/regex.cpp src/text/unicode.cpp
-  src/text/unicode_data.cpp src/text/unicode_props.cpp src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp src/core/error.cpp"
+  src/text/unicode_data.cpp src/text/unicode_props.cpp $JINJA_SOURCES src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp
+  src/core/error.cpp"
 step "fuzzing the tokenizer: any bytes encode and decode back (libFuzzer + ASan + UBSan, 20 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_fuzz.cpp \
   $TOKENIZER_SOURCES -o build/fuzz_tokenizer
@@ -56,8 +59,7 @@ build/fuzz_config -max_total_time=15 -print_final_stats=1 build/fuzz_config_corp
 
 step "fuzzing chat templates: ChatTemplate parse + render (libFuzzer + ASan + UBSan, 15 s)"
 clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/jinja_fuzz.cpp \
-  src/text/chat_template.cpp src/text/jinja_parse.cpp src/text/jinja_eval.cpp src/text/jinja_lex.cpp src/text/jinja_values.cpp \
-  src/text/jinja_builtins.cpp src/io/json.cpp src/core/error.cpp -o build/fuzz_jinja
+  $JINJA_SOURCES src/io/json.cpp src/core/error.cpp -o build/fuzz_jinja
 rm -rf build/fuzz_jinja_corpus && cp -r tests/fuzz/jinja_corpus build/fuzz_jinja_corpus
 build/fuzz_jinja -max_total_time=15 -print_final_stats=1 build/fuzz_jinja_corpus 2>&1 | tail -n 3
 
