@@ -14,9 +14,12 @@
 namespace mhsa::detail {
 namespace {
 
-class TrainableGpt2 final : public TrainableModel {
+// What the trainer asks of a model, forwarded to M (mhsa::Gpt2 or mhsa::Model, which share these
+// calls); a family adds its config.json.
+template <class M>
+class Trainable : public TrainableModel {
  public:
-  explicit TrainableGpt2(Gpt2 model) : model_(std::move(model)) {}
+  explicit Trainable(M model) : model_(std::move(model)) {}
 
   std::vector<std::pair<std::string, Tensor*>> parameters() override { return model_.parameters(); }
   std::vector<Tensor> zero_gradients() const override { return model_.zero_gradients(); }
@@ -27,6 +30,13 @@ class TrainableGpt2 final : public TrainableModel {
   double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const override {
     return model_.loss(ids, targets, B, T);
   }
+ protected:
+  M model_;
+};
+
+class TrainableGpt2 final : public Trainable<Gpt2> {
+ public:
+  using Trainable::Trainable;
 
   std::string config_json() const override {
     const Gpt2Config& c = model_.config();
@@ -59,9 +69,6 @@ class TrainableGpt2 final : public TrainableModel {
            message("vocab_size ", c.vocab_size, ", n_positions ", c.n_positions, ", n_embd ", c.n_embd, ", n_layer ",
                    c.n_layer, ", n_head ", c.n_head, ", MLP width ", c.mlp_dim()));
   }
-
- private:
-  Gpt2 model_;
 };
 
 // The Llama a run's options describe: Hugging Face's LlamaConfig with rope_scaling none, no
@@ -124,19 +131,9 @@ nlohmann::json llama_config_json(const ModelConfig& c) {
           {"mhsa_tokenizer", c.vocab_size == 256 ? "bytes" : "gpt2"}};
 }
 
-class TrainableLlama final : public TrainableModel {
+class TrainableLlama final : public Trainable<Model> {
  public:
-  explicit TrainableLlama(Model model) : model_(std::move(model)) {}
-
-  std::vector<std::pair<std::string, Tensor*>> parameters() override { return model_.parameters(); }
-  std::vector<Tensor> zero_gradients() const override { return model_.zero_gradients(); }
-  double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
-                            std::vector<Tensor>& grads) const override {
-    return model_.loss_and_gradients(ids, targets, B, T, grads);
-  }
-  double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const override {
-    return model_.loss(ids, targets, B, T);
-  }
+  using Trainable::Trainable;
 
   std::string config_json() const override { return llama_config_json(model_.config()).dump(2) + "\n"; }
 
@@ -156,9 +153,6 @@ class TrainableLlama final : public TrainableModel {
     }
     if (!same) fail(fn, file.string(), "the shape of train_state.safetensors (" + want + ")", got);
   }
-
- private:
-  Model model_;
 };
 
 }  // namespace

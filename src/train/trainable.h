@@ -1,7 +1,7 @@
 // train/trainable.h — what the training loop needs of a model, and nothing more: its parameters
 // by Hugging Face name, gradients shaped like them, the loss with and without gradients, and the
 // config.json that makes a checkpoint a model directory of its family. A family plugs into the
-// trainer by implementing this (train/trainable.cpp: GPT-2). Not public, and not a model API:
+// trainer by implementing this (train/trainable.cpp: GPT-2 and Llama). Not public, and not a model API:
 // inference goes through the model classes themselves.
 #pragma once
 
