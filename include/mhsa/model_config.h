@@ -73,6 +73,10 @@ struct ModelConfig {
   // missing, out-of-range or unsupported value (never a silently different model).
   static ModelConfig load(const std::filesystem::path& config_json);
   static ModelConfig parse(std::string_view json_text, const std::string& file = "config.json");
+  // generation_config.json's eos_token_id (an integer or a list), when set, replaces eos_token_ids,
+  // as transformers' generate reads it (Llama 3 Instruct stops at <|eot_id|> there, not in
+  // config.json). Other keys are left to the caller's sampling options.
+  void read_generation_config(std::string_view json_text, const std::string& file = "generation_config.json");
   // Shapes positive and consistent, products without overflow, weights fit in memory.
   void validate(std::string_view fn) const;
 };

@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
+#include "io/file.h"
 #include "mhsa/safetensors.h"
 #include "model/access.h"
 #include "model/decoder.h"
@@ -122,6 +123,8 @@ Model Model::load(const fs::path& dir) {
   const ShardedSafeTensors st = [&] {  // config.json and the weights of one checkpoint, while a trainer may swap them
     const detail::DirLock lock(dir, detail::DirLock::Mode::shared);
     m.config_ = ModelConfig::load(dir / "config.json");
+    if (const fs::path gen = dir / "generation_config.json"; fs::exists(gen))
+      m.config_.read_generation_config(detail::read_file(gen, fn, "generation_config.json"), gen.string());
     return ShardedSafeTensors::open_dir(dir);
   }();
   const ModelConfig& c = m.config_;

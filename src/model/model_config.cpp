@@ -88,6 +88,18 @@ class Keys {
     if (!j_[key].is_string()) bad(key, "a string");
     return j_[key].get<std::string>();
   }
+  // Token ids: an integer, a list of at most 1024 of them, or null (none).
+  std::vector<int32_t> ids(const char* key) const {
+    std::vector<int32_t> out;
+    const json& v = j_[key];
+    if (v.is_array()) {
+      if (v.size() > 1024) bad(key, "at most 1024 ids");
+      for (const json& id : v) out.push_back(detail::json_integer<int32_t>(id, fn_, arg(key)));
+    } else if (!v.is_null()) {
+      out.push_back(detail::json_integer<int32_t>(v, fn_, arg(key)));
+    }
+    return out;
+  }
 
  private:
   const json& j_;
@@ -167,6 +179,15 @@ void read_rope(const Keys& k, ModelConfig& c, int64_t max_positions) {
          message(partial));
 }
 
+// The end-of-sequence ids in the vocabulary, once each, in order.
+void set_eos(ModelConfig& c, const std::vector<int32_t>& eos) {
+  c.eos_token_ids.clear();
+  for (int32_t id : eos)
+    if (id >= 0 && id < c.vocab_size &&
+        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+}
+
 // bos_token_id (an integer or null) and eos_token_id (an integer, a list of them, or null). Ids
 // outside the vocabulary are dropped: no token can be them (tiny test configs keep the real ids).
 void read_special_tokens(const Keys& k, ModelConfig& c, int32_t bos, std::vector<int32_t> eos) {
@@ -175,20 +196,8 @@ void read_special_tokens(const Keys& k, ModelConfig& c, int32_t bos, std::vector
   if (k.present("bos_token_id"))
     bos = k.at("bos_token_id").is_null() ? -1 : detail::json_integer<int32_t>(k.at("bos_token_id"), fn, k.arg("bos_token_id"));
   c.bos_token_id = in_vocab(bos) ? bos : -1;
-  if (k.present("eos_token_id")) {
-    const json& v = k.at("eos_token_id");
-    eos.clear();
-    if (v.is_array()) {
-      if (v.size() > 1024) k.bad("eos_token_id", "at most 1024 ids");
-      for (const json& id : v) eos.push_back(detail::json_integer<int32_t>(id, fn, k.arg("eos_token_id")));
-    } else if (!v.is_null()) {
-      eos.push_back(detail::json_integer<int32_t>(v, fn, k.arg("eos_token_id")));
-    }
-  }
-  c.eos_token_ids.clear();
-  for (int32_t id : eos)
-    if (in_vocab(id) && std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
-      c.eos_token_ids.push_back(id);
+  if (k.present("eos_token_id")) eos = k.ids("eos_token_id");
+  set_eos(c, eos);
 }
 
 void read_gpt2(const Keys& k, ModelConfig& c) {
@@ -430,6 +439,14 @@ ModelConfig ModelConfig::load(const fs::path& config_json) {
   const std::string file = config_json.string();
   if (!fs::exists(config_json)) fail("ModelConfig::load", file, "a readable config.json", "no such file");
   return parse(detail::read_file(config_json, "ModelConfig::load", "config_json"), file);
+}
+
+void ModelConfig::read_generation_config(std::string_view json_text, const std::string& file) {
+  constexpr std::string_view fn = "ModelConfig::read_generation_config";
+  const json j = detail::parse_json(json_text, fn, file, "a JSON object");
+  if (!j.is_object()) fail(fn, file, "a JSON object", json_excerpt(j));
+  const Keys k(j, fn, file);
+  if (k.has("eos_token_id")) set_eos(*this, k.ids("eos_token_id"));
 }
 
 ModelConfig ModelConfig::parse(std::string_view json_text, const std::string& file) {

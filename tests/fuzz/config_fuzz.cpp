@@ -1,6 +1,6 @@
 // tests/fuzz/config_fuzz.cpp — libFuzzer target for the JSON files of a model directory:
-// config.json (Gpt2Config::parse and ModelConfig::parse, every family) and
-// model.safetensors.index.json (parse_safetensors_index). Any input must either give a config that
+// config.json (Gpt2Config::parse and ModelConfig::parse, every family), generation_config.json
+// (ModelConfig::read_generation_config) and model.safetensors.index.json (parse_safetensors_index). Any input must either give a config that
 // passes validate() (an index whose shard names are plain file names) or throw mhsa::Error;
 // anything else — a crash, a sanitizer report (stack overflow on deep nesting, a float-to-int
 // overflow), another exception type — is a bug. scripts/test.sh runs it for a bounded time from
@@ -24,6 +24,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const mhsa::ModelConfig c = mhsa::ModelConfig::parse(text, "fuzz");
     c.validate("fuzz");
+  } catch (const mhsa::Error&) {
+  }
+  try {
+    mhsa::ModelConfig c;
+    c.vocab_size = 1000;
+    c.read_generation_config(text, "fuzz");
+    for (int32_t id : c.eos_token_ids)
+      if (id < 0 || id >= c.vocab_size) __builtin_trap();
   } catch (const mhsa::Error&) {
   }
   try {

@@ -6,6 +6,8 @@ loss and every parameter's gradient equal PyTorch float64 autograd within 1e-5 r
 (The broad per-family comparison, real shapes and sharded files are in test_families.py.)
 """
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -99,6 +101,31 @@ def test_greedy_generation_matches_transformers(family, rng, tmp_path):
                            pad_token_id=0).numpy()
     assert out.shape == want.shape
     np.testing.assert_array_equal(out, want)
+
+
+def test_generation_config_eos_stops_generation_as_in_transformers(rng, tmp_path):
+    """generation_config.json's eos_token_id list (Llama 3 Instruct's <|eot_id|> is only there)
+    replaces config.json's, in mhsa as in transformers' generate."""
+    save_tiny("llama", rng, tmp_path)
+    m = mhsa.Model.load(tmp_path)
+    prompt = rng.integers(3, 97, size=(1, 7))
+    free = m.generate(prompt, max_new_tokens=12, stop_at_eos=False)[0, 7:]
+    stop = int(free[int(rng.integers(2, 6))])  # a token greedy decoding emits a few steps in
+    first = int(np.flatnonzero(free == stop)[0])
+    other = int(rng.choice(np.setdiff1d(np.arange(3, 97), free)))  # an eos that never comes
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [other, stop], "bos_token_id": 1}))
+    m = mhsa.Model.load(tmp_path)
+    assert m.config["eos_token_ids"] == [other, stop]
+    out = m.generate(prompt, max_new_tokens=12)
+    np.testing.assert_array_equal(out[0], np.concatenate([prompt[0], free[:first + 1]]))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        want = hf.generate(torch.tensor(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0).numpy()
+    np.testing.assert_array_equal(out, want)
+    # A bad file is refused naming it.
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": "x"}')
+    with pytest.raises(mhsa.Error, match="generation_config.json: eos_token_id"):
+        mhsa.Model.load(tmp_path)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
