@@ -233,6 +233,18 @@ Model.load(dir) reads a Hugging Face directory: config.json and model.safetensor
             return Model::load(dir);
           },
           "path"_a, "Loads config.json + the safetensors weights from a directory.")
+      .def_static(
+          "random",
+          [](const py::dict& config, uint64_t seed) {
+            const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
+            const ModelConfig c = ModelConfig::parse(text, "config");
+            GilReleased unlocked;
+            return Model::random(c, seed);
+          },
+          "config"_a, "seed"_a = 0,
+          R"(Random weights (normal, std 0.02; norm weights 1, biases 0) for a Hugging Face config.json given as a dict,
+e.g. {"model_type": "llama", "hidden_size": 576, ...}: the keys and defaults of that family's
+config class, checked as Model.load checks config.json. For benchmarks and tests.)")
       .def_property_readonly("config", [](const Model& g) { return full_config_dict(g.config()); },
                              "Every ModelConfig field, by its C++ name (as mhsa.read_model_config gives them).")
       .def_property_readonly("family", [](const Model& g) { return std::string(family_name(g.family())); })

@@ -161,3 +161,18 @@ def test_errors_name_the_model(rng, tmp_path):
         m.new_cache(1, 65)
     with pytest.raises(mhsa.Error, match=r"Model.load|Model::load"):
         mhsa.Model.load(tmp_path / "nope")
+
+
+def test_random_model_from_a_config_dict(rng):
+    config = dict(model_type="llama", vocab_size=61, hidden_size=40, intermediate_size=72, num_hidden_layers=2,
+                  num_attention_heads=5, num_key_value_heads=1, max_position_embeddings=32)
+    seed = int(rng.integers(2**31))
+    a, b, c = mhsa.Model.random(config, seed), mhsa.Model.random(config, seed), mhsa.Model.random(config, seed + 1)
+    assert a.family == "llama" and a.config["num_kv_heads"] == 1 and a.config["head_dim"] == 8
+    ids = rng.integers(0, 61, size=(2, int(rng.integers(3, 20))))
+    la = a.forward(ids)
+    assert la.shape == (*ids.shape, 61) and np.isfinite(la).all()
+    np.testing.assert_array_equal(la, b.forward(ids))
+    assert not np.array_equal(la, c.forward(ids))
+    with pytest.raises(mhsa.Error, match="config: num_attention_heads"):
+        mhsa.Model.random(dict(config, num_attention_heads=7), seed)
