@@ -25,9 +25,12 @@ class ChatTemplate {
   // transformers does. variables_json: a JSON object of further variables (bos_token, eos_token,
   // tools, documents, anything the template reads); tools and documents default to null. Throws
   // mhsa::Error "ChatTemplate::render: ..." for invalid JSON, and with the template line and column
-  // for an error while rendering (raise_exception included).
+  // for an error while rendering (raise_exception included). continue_final_message: empty, or the
+  // final message's field to continue ("content"; a reasoning field): the prompt then ends with
+  // that text, open for the model to go on (transformers' continue_final_message); an error when
+  // the template drops or never reads it.
   std::string render(std::string_view messages_json, bool add_generation_prompt = false,
-                     std::string_view variables_json = "{}") const;
+                     std::string_view variables_json = "{}", std::string_view continue_final_message = {}) const;
 
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;

@@ -34,6 +34,19 @@ struct EncodeOptions {
   bool allow_special = false;
 };
 
+// transformers' apply_chat_template arguments beyond the messages.
+struct ChatTemplateOptions {
+  bool add_generation_prompt = false;
+  // A JSON object of template variables (tools, documents, ...), over the config's special tokens.
+  std::string_view variables_json = "{}";
+  // "" or the final message's field to leave open for the model to continue ("content"; a
+  // reasoning field): see ChatTemplate::render. transformers' continue_final_message=True is "content".
+  std::string_view continue_final_message;
+  // The name of one of the tokenizer's named templates, or else a Jinja template used instead of
+  // the tokenizer's; "" for the tokenizer's own (transformers' chat_template=).
+  std::string_view chat_template;
+};
+
 class Tokenizer {
  public:
   // vocab: token → id JSON (vocab.json / encoder.json); merges: one merge per line after the
@@ -101,6 +114,9 @@ class Tokenizer {
   // tokenizer has no chat template, and ChatTemplate's errors.
   std::string apply_chat_template(std::string_view messages_json, bool add_generation_prompt = false,
                                   std::string_view variables_json = "{}") const;
+  // The same with transformers' further arguments (ChatTemplateOptions). Throws mhsa::Error for
+  // continue_final_message with add_generation_prompt, as transformers does.
+  std::string apply_chat_template(std::string_view messages_json, const ChatTemplateOptions& options) const;
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -36,13 +36,18 @@ bos_token, eos_token, tools, documents, ... passed as keyword variables. Errors 
            "source"_a)
       .def(
           "render",
-          [](const ChatTemplate& t, const py::object& messages, bool add_generation_prompt, const py::kwargs& variables) {
+          [](const ChatTemplate& t, const py::object& messages, bool add_generation_prompt,
+             const py::object& continue_final_message, const py::kwargs& variables) {
             const std::string m = to_json(messages), v = to_json(variables);
+            std::string field;  // True means "content"; a string names the field
+            if (py::isinstance<py::str>(continue_final_message)) field = continue_final_message.cast<std::string>();
+            else if (continue_final_message.cast<bool>()) field = "content";
             GilReleased unlocked;
-            return t.render(m, add_generation_prompt, v);
+            return t.render(m, add_generation_prompt, v, field);
           },
-          "messages"_a, "add_generation_prompt"_a = false,
-          "The rendered prompt; keyword arguments become template variables (bos_token=..., tools=...).");
+          "messages"_a, "add_generation_prompt"_a = false, "continue_final_message"_a = false,
+          R"(The rendered prompt; keyword arguments become template variables (bos_token=..., tools=...).
+continue_final_message=True (or a field name) ends it inside the final message, as transformers does.)");
 }
 
 }  // namespace mhsa::python

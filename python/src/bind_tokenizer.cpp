@@ -169,29 +169,38 @@ tokenizers), False for GPT-2's files (tiktoken's encode_ordinary).)")
       .def(
           "apply_chat_template",
           [](const Tokenizer& t, const py::object& messages, bool add_generation_prompt, bool tokenize,
+             const py::object& continue_final_message, const std::optional<std::string>& chat_template,
              const py::kwargs& variables) -> py::object {
             const auto dumps = py::module_::import("json").attr("dumps");
             const auto to_json = [&](const py::handle& obj) {
               return dumps(obj, "ensure_ascii"_a = false, "allow_nan"_a = false).cast<std::string>();
             };
             const std::string m = to_json(messages), v = to_json(variables);
+            std::string field;  // True means "content"; a string names the field
+            if (py::isinstance<py::str>(continue_final_message)) field = continue_final_message.cast<std::string>();
+            else if (continue_final_message.cast<bool>()) field = "content";
             std::string text;
             std::vector<int32_t> ids;
             {
               GilReleased unlocked;
-              text = t.apply_chat_template(m, add_generation_prompt, v);
+              const std::string source = chat_template.value_or("");
+              text = t.apply_chat_template(m, ChatTemplateOptions{add_generation_prompt, v, field, source});
               if (tokenize) ids = t.encode(text, EncodeOptions{false, true});
             }
             if (tokenize) return py::cast(ids);
             return py::str(text);
           },
-          "messages"_a, "add_generation_prompt"_a = false, "tokenize"_a = false,
+          "messages"_a, "add_generation_prompt"_a = false, "tokenize"_a = false, "continue_final_message"_a = false,
+          "chat_template"_a = py::none(),
           R"(The chat template rendered as transformers' apply_chat_template renders it.
 
 messages: a list of dicts ({"role": "user", "content": "Hi"}); keyword arguments (tools=...,
 documents=..., anything the template reads) are template variables, overriding the special tokens
 (bos_token, eos_token, ...) tokenizer_config.json sets. All must be JSON-serialisable. Returns the
 prompt, or with tokenize=True its ids encoded without added special tokens (as transformers does).
+continue_final_message=True (or a field name such as "reasoning_content") ends the prompt inside
+the final message, for the model to continue it; chat_template= names one of the tokenizer's
+templates or gives a Jinja template to use instead.
 Raises mhsa.Error when the tokenizer has no chat template.)")
       .def_property_readonly(
           "special_tokens", [](const Tokenizer& t) {

@@ -167,6 +167,9 @@ Value make_dict(const Node& at, std::vector<std::pair<std::string, Value>> items
 Value from_json(const nlohmann::ordered_json& j);
 // Python's float repr: "1.0", "1e+20", "0.0001".
 std::string float_repr(double x);
+// Python's str.strip / lstrip / rstrip: whitespace (Python's isspace set; chars = nullptr) or any
+// code point of `chars`, from the left and/or the right.
+std::string strip(const std::string& s, const std::string* chars, bool left, bool right);
 // Code points of UTF-8 text (the source and JSON strings are valid UTF-8).
 std::vector<std::string_view> code_points(std::string_view s);
 // The items a for loop or a filter walks: a list's items, a dict's keys, a string's characters.

@@ -30,23 +30,6 @@ size_t space_at(std::string_view s, size_t i) {
   return 0;
 }
 
-// Python's strip family: whitespace (chars = nullptr) or any code point of `chars`.
-std::string strip(const std::string& s, const std::string* chars, bool left, bool right) {
-  const std::vector<std::string_view> cps = code_points(s);
-  const std::vector<std::string_view> set = chars ? code_points(*chars) : std::vector<std::string_view>{};
-  const auto strippable = [&](std::string_view cp) {
-    if (!chars) return space_at(cp, 0) == cp.size();
-    return std::find(set.begin(), set.end(), cp) != set.end();
-  };
-  size_t b = 0, e = cps.size();
-  if (left)
-    while (b < e && strippable(cps[b])) ++b;
-  if (right)
-    while (e > b && strippable(cps[e - 1])) --e;
-  std::string out;
-  for (size_t k = b; k < e; ++k) out += cps[k];
-  return out;
-}
 
 std::vector<std::string> split(const Node& at, const std::string& s, const Value& sep, int64_t maxsplit) {
   std::vector<std::string> out;
@@ -260,6 +243,23 @@ Value attribute_path(Evaluator& ev, const Node& at, const Value& item, const std
 }
 
 }  // namespace
+
+std::string strip(const std::string& s, const std::string* chars, bool left, bool right) {
+  const std::vector<std::string_view> cps = code_points(s);
+  const std::vector<std::string_view> set = chars ? code_points(*chars) : std::vector<std::string_view>{};
+  const auto strippable = [&](std::string_view cp) {
+    if (!chars) return space_at(cp, 0) == cp.size();
+    return std::find(set.begin(), set.end(), cp) != set.end();
+  };
+  size_t b = 0, e = cps.size();
+  if (left)
+    while (b < e && strippable(cps[b])) ++b;
+  if (right)
+    while (e > b && strippable(cps[e - 1])) --e;
+  std::string out;
+  for (size_t k = b; k < e; ++k) out += cps[k];
+  return out;
+}
 
 bool has_test(const std::string& name) {
   static const char* const tests[] = {"defined", "undefined", "none", "boolean", "false", "true", "integer", "float",

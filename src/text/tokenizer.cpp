@@ -572,47 +572,76 @@ bool Tokenizer::is_tokenizer_json() const { return impl_->hf != nullptr; }
 
 std::string Tokenizer::apply_chat_template(std::string_view messages_json, bool add_generation_prompt,
                                            std::string_view variables_json) const {
+  ChatTemplateOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.variables_json = variables_json;
+  return apply_chat_template(messages_json, o);
+}
+
+std::string Tokenizer::apply_chat_template(std::string_view messages_json, const ChatTemplateOptions& o) const {
   constexpr std::string_view fn = "Tokenizer::apply_chat_template";
-  const nlohmann::ordered_json given = detail::parse_ordered_json(variables_json, fn, "variables");
+  const nlohmann::ordered_json given = detail::parse_ordered_json(o.variables_json, fn, "variables");
   if (!given.is_object()) fail(fn, "variables", "a JSON object", detail::json_excerpt(json(given)));
+  if (o.add_generation_prompt && !o.continue_final_message.empty())
+    fail(fn, "continue_final_message",
+         "add_generation_prompt false (continue the final message, or open a new assistant one: not both)", "both set");
   const text::HfTokenizer* hf = impl_->hf.get();
-  if (!hf) fail(fn, "tokenizer", "a tokenizer.json with a chat template", "GPT-2's vocab files (no chat template)");
-  // transformers' get_chat_template: the only template, or one of the named ones.
-  std::string name;
-  const std::string* source = &hf->chat_template;
-  if (!hf->chat_templates.empty()) {
-    const bool tools = given.contains("tools") && !given["tools"].is_null();
-    const auto named = [&](std::string_view n) -> const std::string* {
+  // transformers' get_chat_template: a template the caller names or gives, the only one, or one
+  // of the named ones.
+  const auto named = [&](std::string_view n) -> const std::string* {
+    if (hf)
       for (const auto& [k, v] : hf->chat_templates)
         if (k == n) return &v;
-      return nullptr;
-    };
+    return nullptr;
+  };
+  std::string name;  // the cache key of a template of the tokenizer's
+  const std::string* source = nullptr;
+  std::shared_ptr<const ChatTemplate> compiled;
+  if (!o.chat_template.empty()) {
+    source = named(o.chat_template);
+    if (source) name = o.chat_template;
+    else compiled = std::make_shared<const ChatTemplate>(o.chat_template);  // the caller's own: not cached
+  } else if (!hf) {
+    fail(fn, "tokenizer", "a tokenizer.json with a chat template (or a chat_template given)",
+         "GPT-2's vocab files (no chat template)");
+  } else if (!hf->chat_templates.empty()) {
+    const bool tools = given.contains("tools") && !given["tools"].is_null();
     source = tools ? named("tool_use") : nullptr;
     name = source ? "tool_use" : "default";
     if (!source) source = named("default");
     if (!source) {
       std::string names;
       for (const auto& [k, v] : hf->chat_templates) names += (names.empty() ? "" : ", ") + detail::printable(k);
-      fail(fn, "tokenizer_config.json chat_template", "a template named \"default\"", "only " + names);
+      fail(fn, "tokenizer_config.json chat_template", "a template named \"default\" (or chat_template given)",
+           "only " + names);
     }
-  } else if (source->empty()) {
+  } else if (hf->chat_template.empty()) {
     fail(fn, "tokenizer", "a chat_template in tokenizer_config.json (or chat_template.jinja)", "none");
+  } else {
+    source = &hf->chat_template;
   }
-  std::shared_ptr<const ChatTemplate> compiled;
-  {
-    const std::lock_guard lock(impl_->template_mutex);
-    if (auto it = impl_->templates.find(name); it != impl_->templates.end()) compiled = it->second;
-  }
-  if (!compiled) {  // compiled outside the lock; a second thread's copy is as good
-    compiled = std::make_shared<const ChatTemplate>(*source);
-    const std::lock_guard lock(impl_->template_mutex);
-    impl_->templates.emplace(name, compiled);
+  if (!compiled) {
+    {
+      const std::lock_guard lock(impl_->template_mutex);
+      if (auto it = impl_->templates.find(name); it != impl_->templates.end()) compiled = it->second;
+    }
+    if (!compiled) {  // compiled outside the lock; a second thread's copy is as good
+      compiled = std::make_shared<const ChatTemplate>(*source);
+      const std::lock_guard lock(impl_->template_mutex);
+      impl_->templates.emplace(name, compiled);
+    }
   }
   nlohmann::ordered_json vars = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : hf->template_tokens) vars[k] = v;
+  if (hf) {
+    for (const auto& [k, v] : hf->template_tokens) vars[k] = v;
+  } else {  // GPT-2's files: <|endoftext|> begins and ends texts
+    if (const std::string t = bos_token(); !t.empty()) vars["bos_token"] = t;
+    if (const std::string t = eos_token(); !t.empty()) vars["eos_token"] = t;
+  }
   for (const auto& [k, v] : given.items()) vars[k] = v;
-  return compiled->render(messages_json, add_generation_prompt,
-                          vars.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+  return compiled->render(messages_json, o.add_generation_prompt,
+                          vars.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace),
+                          o.continue_final_message);
 }
 
 }  // namespace mhsa

@@ -60,7 +60,17 @@ TEST(ApplyChatTemplate, NamedTemplatesPickDefaultOrToolUse) {
   const Tokenizer only_tools = with_config(R"({"chat_template": [{"name": "tool_use", "template": "T"}]})");
   expect_error([&] { (void)only_tools.apply_chat_template("[]"); },
                {"Tokenizer::apply_chat_template: tokenizer_config.json chat_template: expected a template named "
-                "\"default\", got only", "tool_use"});
+                "\"default\" (or chat_template given), got only tool_use"});
+  // The caller's template, by name or source (transformers' chat_template=), and a prefill left open.
+  ChatTemplateOptions o;
+  o.chat_template = "tool_use";
+  EXPECT_EQ(only_tools.apply_chat_template("[]", o), "T");
+  o.chat_template = "<{{ messages[-1].content }}>";
+  o.continue_final_message = "content";
+  EXPECT_EQ(only_tools.apply_chat_template(R"([{"role": "assistant", "content": "Yes  "}])", o), "<Yes  ");
+  o.add_generation_prompt = true;
+  expect_error([&] { (void)only_tools.apply_chat_template("[]", o); },
+               {"Tokenizer::apply_chat_template: continue_final_message: expected add_generation_prompt false"});
   EXPECT_EQ(only_tools.apply_chat_template("[]", false, R"({"tools": []})"), "T");
 }
 

@@ -6,7 +6,8 @@ transformers' AutoTokenizer: the rendered string and the ids (tokenize=True) mus
 conversations with random contents, with and without a system message and the generation prompt.
 Also: the special tokens the config sets (unk, pad, any "*_token") reach the template and caller
 keywords override them; named templates pick "default" or "tool_use"; chat_template.jinja replaces
-the config's; a tokenizer without a template is a clear error.
+the config's; a tokenizer without a template is a clear error; continue_final_message and
+chat_template= (a name or a source) as transformers has them.
 """
 
 import json
@@ -21,7 +22,7 @@ import mhsa
 tokenizers = pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-from test_chat_template import TEMPLATES, TOOLS, conversations  # noqa: E402
+from test_chat_template import TEMPLATES, TOOLS, conversations, text  # noqa: E402
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>",
             "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<bos>", "<start_of_turn>", "<end_of_turn>",
@@ -136,3 +137,79 @@ def test_no_template_is_a_clear_error(tmp_path, tokenizer_json):
     (gpt2 / "merges.txt").write_text("#version: 0.2\n")
     with pytest.raises(mhsa.Error, match="no chat template"):
         mhsa.Tokenizer.load(gpt2).apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama3.1", "mistral-v0.3", "gemma2", "qwen2.5", "smollm2"])
+def test_continue_final_message_matches_transformers(tmp_path, tokenizer_json, rng, name):
+    """A prefilled assistant answer left open: the prompt ends with its text (trailing spaces that the
+    template trims are trimmed) — transformers' continue_final_message, cut for cut."""
+    path = make_dir(tmp_path, tokenizer_json, (TEMPLATES / f"{name}.jinja").read_text())
+    rendered = 0
+    for tail in ("", " ", "\n", "  \t"):
+        prefill = "Sure" + text(rng) + "x" + tail  # never blank: transformers needs the text to find
+        for messages in ([{"role": "user", "content": text(rng)}, {"role": "assistant", "content": prefill}],
+                         [{"role": "system", "content": text(rng)}, {"role": "user", "content": text(rng)},
+                          {"role": "assistant", "content": prefill}]):
+            out = both(path, messages, continue_final_message=True)
+            if out is not None:
+                assert out.rstrip().endswith(prefill.strip())
+                rendered += 1
+    assert rendered >= 4
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]
+    with pytest.raises(mhsa.Error, match="continue_final_message: expected add_generation_prompt false"):
+        mhsa.Tokenizer.load(path).apply_chat_template(messages, add_generation_prompt=True,
+                                                      continue_final_message=True)
+
+
+def test_continue_final_message_blocks_fields_and_errors(tmp_path, tokenizer_json, rng):
+    source = ("{% for m in messages %}<{{ m.role }}>"
+              "{% if m.reasoning_content %}[think]{{ m.reasoning_content }}[/think]{% endif %}"
+              "{% if m.content is string %}{{ m.content | trim }}{% else %}"
+              "{% for b in m.content %}{{ b.text }}|{% endfor %}{% endif %}</{{ m.role }}>{% endfor %}")
+    path = make_dir(tmp_path, tokenizer_json, source)
+    a, b = "A" + text(rng) + "a", "B" + text(rng) + "b"
+    blocks = [{"role": "user", "content": "q"},
+              {"role": "assistant", "content": [{"type": "text", "text": a}, {"type": "image"},
+                                                {"type": "text", "text": b}, {"type": "image"}]}]
+    assert both(path, blocks, continue_final_message=True).endswith(b)
+    trimmed = [{"role": "user", "content": "q"}, {"role": "assistant", "content": a + "  "}]
+    assert both(path, trimmed, continue_final_message=True).endswith(a)
+    thinking = [{"role": "user", "content": "q"}, {"role": "assistant", "reasoning": a, "content": b}]
+    assert both(path, thinking, continue_final_message="reasoning_content").endswith("[think]" + a)
+    assert both(path, thinking, continue_final_message="reasoning").endswith("[think]" + a)
+    tok = mhsa.Tokenizer.load(path)
+    for messages, field, error in (
+            ([], "content", "conversation to continue"),
+            ([{"role": "user", "content": "q"}], "missing", 'final message with a "missing"'),
+            ([{"role": "user", "tool": "q"}], "tool", "a field the template reads"),
+            ([{"role": "user", "content": [{"type": "image"}]}], "content", 'content block with "text"'),
+            ([{"role": "user", "content": 7}], "content", "a string or a list")):
+        with pytest.raises(mhsa.Error, match=error):
+            tok.apply_chat_template(messages, continue_final_message=field)
+    # A template that drops the final message cannot be continued: an error, as in transformers.
+    drops = make_dir(tmp_path, tokenizer_json, "{% for m in messages[:-1] %}{{ m.content }}{% endfor %}content")
+    assert both(drops, [{"role": "user", "content": "q"}, {"role": "assistant", "content": a}],
+                continue_final_message=True) is None
+
+
+def test_chat_template_argument_names_or_gives_a_template(tmp_path, tokenizer_json):
+    named = [{"name": "default", "template": "D{% for m in messages %}{{ m.content }}{% endfor %}"},
+             {"name": "rag", "template": "R{{ documents | length }}{% for m in messages %}{{ m.content }}{% endfor %}"}]
+    path = make_dir(tmp_path, tokenizer_json, named)
+    messages = [{"role": "user", "content": "hi"}]
+    assert both(path, messages, chat_template="rag", documents=[{"title": "t", "text": "x"}]) == "R1hi"
+    own = "O{{ bos_token }}{% for m in messages %}{{ m.role }}={{ m.content }}{% endfor %}"
+    assert both(path, messages, chat_template=own) == "O<s>user=hi"
+    (tmp_path / "single").mkdir()
+    single = make_dir(tmp_path / "single", tokenizer_json, "S{{ messages | length }}")
+    assert both(single, messages) == "S1"
+    assert both(single, messages, chat_template=own) == "O<s>user=hi"
+    # GPT-2's files have no template, but one may be given (with <|endoftext|> as bos and eos).
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    (gpt2 / "vocab.json").write_text(json.dumps({**{c: i for i, c in enumerate(alphabet)}, "<|endoftext|>": 256}))
+    (gpt2 / "merges.txt").write_text("#version: 0.2\n")
+    assert mhsa.Tokenizer.load(gpt2).apply_chat_template(messages, chat_template=own) == "O<|endoftext|>user=hi"
+    with pytest.raises(mhsa.Error, match=r"ChatTemplate: source: line 1"):
+        mhsa.Tokenizer.load(path).apply_chat_template(messages, chat_template="{% if %}")

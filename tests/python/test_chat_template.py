@@ -104,6 +104,16 @@ def test_model_templates_match_transformers(name, seeded):
     assert rendered >= 8  # the templates really render, not only fail
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_continue_final_message_matches_transformers(name, seeded):
+    for tail in ("", " ", "\n"):
+        messages = [{"role": "user", "content": text(seeded)}, {"role": "assistant", "content": "Ok" + text(seeded) + "k" + tail}]
+        ref, ours = both((TEMPLATES / f"{name}.jinja").read_text(), messages, False, continue_final_message=True)
+        assert isinstance(ref, tuple) == isinstance(ours, tuple), (ref, ours)
+        if not isinstance(ref, tuple):
+            assert ours == ref
+
+
 def test_raise_exception_names_the_place():
     source = (TEMPLATES / "gemma2.jinja").read_text()
     with pytest.raises(mhsa.Error, match=r"ChatTemplate::render: template line 1, column \d+: "
