@@ -57,12 +57,16 @@ std::string messages_json(const std::vector<ChatMessage>& messages) {
 
 std::string IncrementalDecoder::piece(bool final) {
   const std::span<const int32_t> ids(ids_);
-  const std::string before = tokenizer_->decode(ids.subspan(prefix_, read_ - prefix_), true);
-  const std::string now = tokenizer_->decode(ids.subspan(prefix_), true);
-  if (now.size() <= before.size() || (!final && unfinished(now))) return {};
   // Both decodings start at the same token, so whatever a decoder does at the start of a text
-  // (Metaspace's stripped space) is the same in both and the difference is the new text.
-  std::string out = text::lossy_utf8(std::string_view(now).substr(before.size()));
+  // (Metaspace's stripped space) is the same in both and the difference is the new text...
+  const std::string before = tokenizer_->decode(ids.subspan(prefix_, read_ - prefix_), true);
+  std::string added = tokenizer_->decode(ids.subspan(prefix_), true);
+  if (added.starts_with(before))
+    added.erase(0, before.size());
+  else  // ...unless the decoder joined tokens across the cut (a character given out, then fallback bytes
+    added = tokenizer_->decode(ids.subspan(read_), true);  // that make the run invalid): the new ones alone
+  if (added.empty() || (!final && unfinished(added))) return {};
+  std::string out = text::lossy_utf8(added);
   prefix_ = read_;
   read_ = ids_.size();
   text_ += out;
