@@ -4,7 +4,7 @@ The model directory: a random Llama (written with NumPy + safetensors, no transf
 byte-level BPE tokenizer.json trained by `tokenizers` and the ChatML template (tests/data/chat_templates).
 The head's rows for the special tokens are zero, so greedy answers never end by themselves: an
 answer runs to --max-new-tokens, and a big --max-new-tokens gives an answer long enough to
-interrupt. Each turn's --verbose line tells how many prompt tokens were evaluated and how many were
+interrupt. One thread each (the tests run beside others on few cores). Each turn's --verbose line tells how many prompt tokens were evaluated and how many were
 reused from the KV cache; answers in the terminal must equal the --messages form's (which starts
 from an empty cache) for the same conversation.
 """
@@ -100,7 +100,7 @@ def variant(src, dst, context=None, template=True):
 
 
 def spawn(*args):
-    child = pexpect.spawn(str(CLI), ["chat", *map(str, args)], encoding="utf-8", timeout=60,
+    child = pexpect.spawn(str(CLI), ["chat", "-t", "1", *map(str, args)], encoding="utf-8", timeout=60,
                           dimensions=(24, 1000))
     child.expect_exact("> ")
     return child
@@ -119,7 +119,7 @@ def turn(child, text):
 
 
 def messages_answer(d, messages, *args):
-    r = subprocess.run([str(CLI), "chat", "--model", str(d), "--messages", "-", "--json", *map(str, args)],
+    r = subprocess.run([str(CLI), "chat", "-t", "1", "--model", str(d), "--messages", "-", "--json", *map(str, args)],
                        input=json.dumps(messages).encode(), capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
     return json.loads(r.stdout)
