@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,7 +30,10 @@ namespace {
 using json = nlohmann::json;
 using test::expect_error;
 
-const std::vector<std::string> kSpecials = {"<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>", "<|system|>"};
+const std::vector<std::string> kSpecials = {"<s>", "</s>", "<|user|>", "<|assistant|>", "<|end|>", "<|system|>",
+                                            // the turn markers of the templates in tests/data/chat_templates
+                                            "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>",
+                                            "<|eot_id|>", "<start_of_turn>", "<end_of_turn>", "[INST]", "[/INST]"};
 const std::string kChars = "abcdefghijklmnopqrstuvwxyz ,.!?:\n";
 const std::vector<std::string> kMerges = {"t h", "th e", "e r", "i n", "a n"};
 
@@ -58,6 +63,12 @@ Tokenizer make_tokenizer(const std::string& chat_template = kTemplate) {
                    {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}};
   const json config = {{"chat_template", chat_template}, {"bos_token", "<s>"}, {"eos_token", "</s>"}};
   return Tokenizer::parse_json(tj.dump(), config.dump());
+}
+
+std::string detail_read(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
 // A random Llama with lively logits (embeddings and head scaled up, so that greedy choices are
@@ -170,6 +181,23 @@ TEST(ChatSession, EndOfTurnTokensComeFromConfigTokenizerAndTemplate) {
   const ChatSession s(model, tok);
   EXPECT_EQ(s.end_of_turn_ids(), (std::vector<int32_t>{1, 4}));  // </s>, then <|end|> after an answer
   EXPECT_TRUE(s.messages().empty());
+}
+
+TEST(ChatSession, EndOfTurnOfRealTemplates) {
+  const Tokenizer tok = make_tokenizer();
+  const Model model = make_model(tok.vocab_size(), 64, 3);
+  const auto id = [&](const std::string& s) { return *tok.token_id(s); };
+  const std::vector<std::pair<std::string, int32_t>> cases = {
+      {"chatml", id("<|im_end|>")},     {"qwen2.5", id("<|im_end|>")},   {"smollm2", id("<|im_end|>")},
+      {"llama3.1", id("<|eot_id|>")},   {"gemma2", id("<end_of_turn>")}, {"mistral-v0.3", id("</s>")}};
+  for (const auto& [name, expected] : cases) {
+    ChatOptions o;
+    o.chat_template = detail_read(std::string(MHSA_TEST_DATA_DIR) + "/chat_templates/" + name + ".jinja");
+    const ChatSession s(model, tok, o);
+    const std::vector<int32_t>& ids = s.end_of_turn_ids();
+    EXPECT_TRUE(std::count(ids.begin(), ids.end(), expected)) << name;
+    EXPECT_LE(ids.size(), 2u) << name;  // </s> and the template's marker, nothing else
+  }
 }
 
 TEST(ChatSession, StopRequestKeepsThePartialAnswer) {
@@ -346,6 +374,24 @@ TEST(IncrementalDecoder, WholeCharactersOverByteFallbackAndSpecialTokens) {
     check_stream(bytes, ids);
   }
   expect_error([&] { IncrementalDecoder(tok).push(tok.vocab_size()); }, {"Tokenizer::token_bytes: id: expected the id of a token", "got"});
+}
+
+TEST(IncrementalDecoder, MetaspaceStripsOnlyTheFirstSpace) {
+  // SentencePiece style: "▁" for spaces, the first one dropped by the decoder (as Llama 2's, Mistral's).
+  const json tj = {{"model", {{"type", "BPE"}, {"vocab", {{"\u2581Hello", 0}, {"\u2581world", 1}, {"\u2581", 2}, {"!", 3}}},
+                              {"merges", json::array()}}},
+                   {"decoder", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}, {"split", true}}}};
+  const Tokenizer tok = Tokenizer::parse_json(tj.dump());
+  for (const std::vector<int32_t>& ids : std::vector<std::vector<int32_t>>{{0, 1, 3}, {2, 0, 2, 2, 1}, {3, 2, 3, 0}, {2}}) {
+    IncrementalDecoder d(tok);
+    std::string all;
+    for (int32_t id : ids) all += d.push(id);
+    all += d.finish();
+    EXPECT_EQ(all, tok.decode(ids, true));
+  }
+  IncrementalDecoder d(tok);
+  EXPECT_EQ(d.push(0), "Hello");
+  EXPECT_EQ(d.push(1), " world");
 }
 
 TEST(ModelCache, TruncateRewinds) {
