@@ -140,7 +140,6 @@ void answer_file(ChatSession& session, const ChatArgs& a, int64_t context) {
     throw Error(detail::message("mhsa chat: --messages: expected a conversation of fewer than ", context,
                                 " tokens (the model's context, with room for an answer), got ", t.prompt_tokens,
                                 " tokens"));
-  if (a.verbose) print_stats(t);
   if (a.json) {
     const nlohmann::json j = {{"role", "assistant"},         {"content", t.text},
                               {"finish_reason", finish_reason_name(t.finish)},
@@ -149,8 +148,16 @@ void answer_file(ChatSession& session, const ChatArgs& a, int64_t context) {
     write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   } else {
     write_stdout("\n");
+    flush_stdout();  // the answer first, then any notice, on one terminal
+    if (t.finish == FinishReason::max_tokens)
+      std::fprintf(stderr, "mhsa chat: answer cut at --max-new-tokens = %lld tokens\n",
+                   static_cast<long long>(a.options.generation.max_new_tokens));
+    if (t.finish == FinishReason::context_full)
+      std::fprintf(stderr, "mhsa chat: answer cut where it filled the model's context (%lld tokens)\n",
+                   static_cast<long long>(context));
   }
   flush_stdout();
+  if (a.verbose) print_stats(t);
 }
 
 void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
