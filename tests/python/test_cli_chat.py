@@ -281,3 +281,22 @@ def test_usage_errors(chat_dir, tmp_path):
         "--model", chat_dir, "--system", "s", "--messages", "-", stdin=b'[{"role": "system", "content": "x"}]')
     assert "--chat-template: expected a readable file" in fails("--model", chat_dir, "--chat-template",
                                                                 tmp_path / "absent.jinja")
+
+
+def test_answer_equals_transformers(chat_dir, rng):
+    """The whole chain against transformers on the same directory: apply_chat_template's ids, greedy
+    generate's tokens, and their decoded text."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(chat_dir))
+    model = transformers.LlamaForCausalLM.from_pretrained(str(chat_dir), torch_dtype=torch.float32).eval()
+    n = rng.randint(5, 30)
+    messages = [{"role": "system", "content": line(rng)}, {"role": "user", "content": line(rng)},
+                {"role": "assistant", "content": line(rng)}, {"role": "user", "content": line(rng)}]
+    ids = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0,
+                             attention_mask=torch.ones((1, len(ids)), dtype=torch.long))
+    j = messages_answer(chat_dir, messages, "-n", n)
+    assert j["prompt_tokens"] == len(ids) and j["completion_tokens"] == n
+    assert j["content"] == hf.decode(out[0, len(ids):], skip_special_tokens=True)
