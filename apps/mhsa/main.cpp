@@ -15,7 +15,7 @@
 
 namespace {
 
-// "attention, bench, explain, generate, tokenize or train".
+// "attention, bench, chat, explain, generate, tokenize or train".
 std::string command_list(CLI::App& app) {
   const std::vector<CLI::App*> commands = app.get_subcommands([](CLI::App*) { return true; });
   std::string list;
@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later option overrides
   mhsa::cli::add_attention_command(app);
   mhsa::cli::add_bench_command(app);
+  mhsa::cli::add_chat_command(app);
   mhsa::cli::add_explain_command(app);
   mhsa::cli::add_generate_command(app);
   mhsa::cli::add_tokenize_command(app);

@@ -28,6 +28,10 @@ class KVCache {
   // Throws, naming `what`, unless T more tokens fit.
   void check_room(int64_t tokens, const char* what) const;
   void reset() { length_ = 0; }
+  // Forgets every token after the first `length` (0 ≤ length ≤ length()): the cache then holds
+  // what it held when it was that long, and the next append() writes at position `length`.
+  // Throws mhsa::Error, and changes nothing, for a length outside that range.
+  void truncate(int64_t length);
 
   ConstTensorView keys() const;    // [B, Hkv, length, D]
   ConstTensorView values() const;  // [B, Hkv, length, Dv]

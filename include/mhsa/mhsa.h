@@ -2,6 +2,7 @@
 #pragma once
 
 #include "mhsa/attention.h"
+#include "mhsa/chat.h"
 #include "mhsa/chat_template.h"
 #include "mhsa/error.h"
 #include "mhsa/explain.h"

@@ -32,6 +32,10 @@ class ModelCache {
   int64_t length() const { return layers_.empty() ? 0 : layers_[0].length(); }
   int64_t capacity() const { return layers_.empty() ? 0 : layers_[0].capacity(); }
   void reset();
+  // Every layer's KVCache::truncate(length): the cache as it was after its first `length` tokens,
+  // so that a sequence can be continued differently from there (a chat whose history was
+  // rendered differently). Throws mhsa::Error, changing nothing, unless 0 ≤ length ≤ length().
+  void truncate(int64_t length);
 
  private:
   friend struct ModelAccess;

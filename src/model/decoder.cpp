@@ -24,6 +24,12 @@ namespace mhsa {
 void ModelCache::reset() {
   for (KVCache& k : layers_) k.reset();
 }
+void ModelCache::truncate(int64_t length) {
+  if (length < 0 || length > this->length())
+    detail::fail("ModelCache::truncate", "length", detail::message("a length in [0, ", this->length(), "] (the tokens held)"),
+                 std::to_string(length));
+  for (KVCache& k : layers_) k.truncate(length);
+}
 }  // namespace mhsa
 
 namespace mhsa::detail {

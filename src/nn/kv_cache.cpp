@@ -56,6 +56,13 @@ void KVCache::append(ConstTensorView k, ConstTensorView v) {
   length_ += k.shape[2];
 }
 
+void KVCache::truncate(int64_t length) {
+  if (length < 0 || length > length_)
+    detail::fail("KVCache::truncate", "length", detail::message("a length in [0, ", length_, "] (the tokens held)"),
+                 std::to_string(length));
+  length_ = length;
+}
+
 ConstTensorView KVCache::keys() const {
   return {k_.data(), {batch_, kv_heads_, length_, head_dim_},
           {kv_heads_ * capacity_ * head_dim_, capacity_ * head_dim_, head_dim_, 1}};

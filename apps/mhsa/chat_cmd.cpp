@@ -1,0 +1,280 @@
+// apps/mhsa/chat_cmd.cpp — `mhsa chat`: a conversation with an instruction-tuned model through its
+// chat template (mhsa::ChatSession: the history stays in the KV cache, each turn evaluates only
+// its new tokens).
+//
+// Interactive: a prompt, the answer streamed as it is made; Ctrl-C during an answer stops it (the
+// part shown stays in the conversation), Ctrl-C at the prompt discards the line; /reset starts
+// over (keeping --system), /exit or Ctrl-D quits. No line editing beyond the terminal's own.
+// For scripts: --messages FILE.json (or - for stdin) answers that conversation once and exits,
+// with --json as one object. --verbose writes a line per turn to stderr: prompt tokens evaluated
+// and reused from the cache, tokens per second.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "default_model.h"
+#include "io/file.h"
+#include "io/json.h"
+#include "mhsa/chat.h"
+#include "mhsa/error.h"
+#include "options.h"
+#include "output.h"
+
+namespace mhsa::cli {
+namespace {
+
+constexpr uint64_t kMaxFileBytes = uint64_t{16} << 20;  // --messages and --chat-template
+constexpr size_t kMaxLineBytes = size_t{4} << 20;       // one line typed or piped in
+
+struct ChatArgs {
+  std::string model, system, chat_template, messages;
+  ChatOptions options;
+  bool json = false, verbose = false;
+  int threads = 0;
+};
+
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);  // set from a signal handler
+
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+// SIGINT sets g_interrupted. `restart`: interrupted system calls resume (while answering, so
+// that a write to the terminal is not cut); otherwise a read at the prompt returns EINTR.
+void catch_sigint(bool restart) {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = restart ? SA_RESTART : 0;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+std::string read_bounded(const std::string& path, const char* option) {
+  std::string text;
+  if (path == "-") {
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(0, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw Error(detail::message("mhsa chat: ", option, ": reading standard input: ", std::strerror(errno)));
+      if (n == 0) break;
+      text.append(buf, static_cast<size_t>(n));
+      if (text.size() > kMaxFileBytes)
+        throw Error(detail::message("mhsa chat: ", option, ": expected at most ", kMaxFileBytes >> 20,
+                                    " MiB on standard input, got more"));
+    }
+    return text;
+  }
+  detail::InputFile f(path, "mhsa chat", option);
+  if (f.size() > kMaxFileBytes)
+    throw Error(detail::message("mhsa chat: ", option, ": expected a file of at most ", kMaxFileBytes >> 20,
+                                " MiB, got ", f.size(), " bytes"));
+  return f.read_all();
+}
+
+// One line from standard input, without its newline. Returns false at the end of input (a last
+// line without a newline is returned first). A Ctrl-C while reading discards what was typed and
+// sets `interrupted`.
+bool read_line(std::string& line, bool& interrupted) {
+  line.clear();
+  interrupted = false;
+  char c;
+  for (;;) {
+    const ssize_t n = ::read(0, &c, 1);
+    if (n < 0 && errno == EINTR) {
+      if (g_interrupted.exchange(false)) {
+        interrupted = true;
+        return true;
+      }
+      continue;
+    }
+    if (n < 0) throw Error(detail::message("mhsa chat: reading standard input: ", std::strerror(errno)));
+    if (n == 0) return !line.empty();
+    if (c == '\n') break;
+    if (line.size() == kMaxLineBytes)
+      throw Error(detail::message("mhsa chat: input: expected lines of at most ", kMaxLineBytes >> 20, " MiB, got a longer one"));
+    line += c;
+  }
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  return true;
+}
+
+void print_stats(const ChatTurn& t) {
+  const double rate = t.decode_seconds > 0 ? t.generated_tokens / t.decode_seconds : 0.0;
+  const double prefill = t.prefill_seconds > 0 ? t.evaluated_tokens / t.prefill_seconds : 0.0;
+  std::fprintf(stderr,
+               "mhsa chat: prompt %lld tokens: %lld evaluated (%.1f tokens/s), %lld reused from the cache; "
+               "%lld generated at %.1f tokens/s; finish: %s\n",
+               static_cast<long long>(t.prompt_tokens), static_cast<long long>(t.evaluated_tokens), prefill,
+               static_cast<long long>(t.reused_tokens), static_cast<long long>(t.generated_tokens), rate,
+               finish_reason_name(t.finish));
+}
+
+const TextCallback kPrint = [](std::string_view piece) {
+  write_stdout(piece);
+  flush_stdout();
+  return true;
+};
+
+// --messages: one answer, printed as it is made, or one JSON object with --json.
+void answer_file(ChatSession& session, const ChatArgs& a, int64_t context) {
+  std::vector<ChatMessage> messages = ChatSession::parse_messages(read_bounded(a.messages, "--messages"));
+  if (!a.system.empty()) {
+    if (messages[0].role == "system")
+      throw Error("mhsa chat: --system: expected no system message in --messages, got one there too");
+    messages.insert(messages.begin(), {"system", a.system});
+  }
+  session.set_messages(std::move(messages));
+  catch_sigint(true);
+  const ChatTurn t = session.reply(a.json ? TextCallback() : kPrint, &g_interrupted);
+  if (t.finish == FinishReason::context_full && t.generated_tokens == 0)
+    throw Error(detail::message("mhsa chat: --messages: expected a conversation of fewer than ", context,
+                                " tokens (the model's context, with room for an answer), got ", t.prompt_tokens,
+                                " tokens"));
+  if (a.json) {
+    const nlohmann::json j = {{"role", "assistant"},         {"content", t.text},
+                              {"finish_reason", finish_reason_name(t.finish)},
+                              {"prompt_tokens", t.prompt_tokens}, {"completion_tokens", t.generated_tokens},
+                              {"cached_tokens", t.reused_tokens}};
+    write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  } else {
+    write_stdout("\n");
+    flush_stdout();  // the answer first, then any notice, on one terminal
+    if (t.finish == FinishReason::max_tokens)
+      std::fprintf(stderr, "mhsa chat: answer cut at --max-new-tokens = %lld tokens\n",
+                   static_cast<long long>(a.options.generation.max_new_tokens));
+    if (t.finish == FinishReason::context_full)
+      std::fprintf(stderr, "mhsa chat: answer cut where it filled the model's context (%lld tokens)\n",
+                   static_cast<long long>(context));
+  }
+  flush_stdout();
+  if (a.verbose) print_stats(t);
+}
+
+void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
+  const bool tty = isatty(0) == 1;
+  if (tty)
+    std::fprintf(stderr, "mhsa chat: %lld tokens of context. /reset clears the conversation, /exit or Ctrl-D quits; "
+                 "Ctrl-C stops an answer.\n", static_cast<long long>(context));
+  std::string line;
+  for (;;) {
+    if (tty) {
+      write_stdout("> ");
+      flush_stdout();
+    }
+    catch_sigint(false);
+    bool interrupted = false;
+    if (!read_line(line, interrupted)) break;
+    if (interrupted) {  // the terminal has dropped what was typed
+      if (tty) write_stdout("\n");
+      continue;
+    }
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      session.reset();
+      std::fprintf(stderr, "mhsa chat: conversation cleared\n");
+      continue;
+    }
+    if (line[0] == '/' && line.find(' ') == std::string::npos) {
+      std::fprintf(stderr, "mhsa chat: unknown command '%s': expected /reset or /exit\n", detail::printable(line).c_str());
+      continue;
+    }
+    catch_sigint(true);
+    g_interrupted.store(false);
+    try {
+      const ChatTurn t = session.send(line, kPrint, &g_interrupted);
+      write_stdout("\n");
+      flush_stdout();
+      if (t.finish == FinishReason::stopped) std::fprintf(stderr, "mhsa chat: answer stopped\n");
+      if (t.finish == FinishReason::max_tokens)
+        std::fprintf(stderr, "mhsa chat: answer cut at --max-new-tokens = %lld tokens\n",
+                     static_cast<long long>(a.options.generation.max_new_tokens));
+      if (t.finish == FinishReason::context_full)
+        std::fprintf(stderr, "mhsa chat: the conversation fills the model's context (%lld tokens)%s; "
+                     "/reset to start a new one\n", static_cast<long long>(context),
+                     t.generated_tokens == 0 ? " and the message was not sent" : "");
+      if (a.verbose) print_stats(t);
+    } catch (const Error& e) {  // a template's raise_exception, invalid UTF-8: the chat goes on
+      std::fprintf(stderr, "mhsa: error: %s\n", e.what());
+    }
+    g_interrupted.store(false);
+  }
+  if (tty) write_stdout("\n");
+  flush_stdout();
+}
+
+void run(ChatArgs& a) {
+  use_threads(a.threads);
+  const std::filesystem::path dir = model_dir(a.model);
+  const LoadedModel loaded = load_model(dir);
+  if (!a.chat_template.empty()) {
+    a.options.chat_template = read_bounded(a.chat_template, "--chat-template");
+    if (a.options.chat_template.empty())
+      throw Error("mhsa chat: --chat-template: expected a Jinja template, got an empty file");
+  } else if (loaded.tokenizer.chat_template().empty()) {
+    throw Error(detail::message("mhsa chat: --model: expected a chat template (chat_template in '",
+                                (dir / "tokenizer_config.json").string(), "' or '",
+                                (dir / "chat_template.jinja").string(), "'), got none; give one with --chat-template FILE"));
+  }
+  a.options.system = a.system;
+  ChatSession session(loaded.model, loaded.tokenizer, a.options);
+  const int64_t context = loaded.model.config().max_positions;
+  if (!a.messages.empty())
+    answer_file(session, a, context);
+  else
+    converse(session, a, context);
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app) {
+  auto a = std::make_shared<ChatArgs>();
+  CLI::App* cmd = app.add_subcommand("chat", "Chat with an instruction-tuned model through its chat template");
+  cmd->add_option("--model", a->model,
+                  "model directory: config.json, model.safetensors, tokenizer.json and tokenizer_config.json "
+                  "(with its chat_template)");
+  cmd->add_option("--system", a->system, "a system message at the start of the conversation");
+  cmd->add_option("--chat-template", a->chat_template, "a Jinja chat template file to use instead of the model's");
+  cmd->add_option("--messages", a->messages,
+                  "answer this conversation and exit: a JSON file ('-': stdin) holding an array of "
+                  "{\"role\", \"content\"} objects or {\"messages\": [...]}");
+  cmd->add_flag("--json", a->json,
+                "with --messages: print one JSON object (role, content, finish_reason, prompt_tokens, "
+                "completion_tokens, cached_tokens)");
+  cmd->add_flag("-v,--verbose", a->verbose,
+                "a line per turn on stderr: prompt tokens evaluated and reused from the cache, tokens/s");
+  GenerationOptions& g = a->options.generation;
+  cmd->add_option("-n,--max-new-tokens", g.max_new_tokens, "tokens per answer at most")
+      ->default_val(512)
+      ->check(integer_at_least(0));
+  cmd->add_option("--temperature", g.temperature, "0 is greedy; higher samples more freely")
+      ->default_val(0.0f)
+      ->check(number_at_least(0));
+  cmd->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")
+      ->default_val(0)
+      ->check(integer_at_least(0));
+  cmd->add_option("--top-p", g.top_p, "sample among the most likely tokens holding this probability")
+      ->default_val(1.0f)
+      ->check(number_in(0, 1));
+  cmd->add_option("--repetition-penalty", g.repetition_penalty, "> 1 discourages repeating tokens")
+      ->default_val(1.0f)
+      ->check(number_above(0));
+  cmd->add_option("--seed", g.seed, "the sampler's seed")->default_val(0)->check(seed_value());
+  add_threads_option(cmd, a->threads);
+  cmd->callback([a] {
+    if (a->json && a->messages.empty()) throw Error("mhsa chat: --json: expected --messages FILE with it, got none");
+    run(*a);
+  });
+}
+
+}  // namespace mhsa::cli
