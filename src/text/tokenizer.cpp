@@ -478,7 +478,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
     fail("Tokenizer::encode", "text", "at most 2^31 - 1 bytes", message(text.size(), " bytes"));
   std::vector<int32_t> out;
   out.reserve(text.size() / 4 + 1);  // English averages about 4 bytes a token
-  if (allow_special) {
+  if (allow_special && impl_->eos >= 0) {  // the byte-level tokenizer has no special token
     const std::string_view special = impl_->tokens[static_cast<size_t>(impl_->eos)];
     for (size_t at; (at = text.find(special)) != std::string_view::npos; text.remove_prefix(at + special.size())) {
       impl_->encode_ordinary(text.substr(0, at), out);

@@ -425,5 +425,16 @@ TEST(TokenizerErrors, IdsOutOfRange) {
   expect_error([&] { tok.token_string(50257); }, {"expected an id in [0, 50257), got 50257"});
 }
 
+// The byte-level tokenizer has no special token: allowing special tokens changes nothing (it read
+// the token at index -1 once, a crash under `mhsa chat` on the default model).
+TEST(TokenizerBytes, AllowSpecialWithoutSpecialTokens) {
+  const Tokenizer tok = Tokenizer::bytes();
+  const std::string text = "a<|endoftext|>\xff\n";
+  const std::vector<int32_t> ids = tok.encode(text, EncodeOptions{true, true});
+  ASSERT_EQ(ids.size(), text.size());
+  for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(ids[i], static_cast<unsigned char>(text[i]));
+  EXPECT_EQ(tok.decode(ids), text);
+}
+
 }  // namespace
 }  // namespace mhsa::test

@@ -242,6 +242,22 @@ def test_messages_form(chat_dir, tmp_path):
                            "--chat-template", tmp_path / "t.jinja") == j
 
 
+def test_default_model_with_a_template(tmp_path):
+    """The embedded default model (byte-level, no special tokens, no template) chats with a given
+    template; the text it continues is the rendered conversation (it crashed once: no eos token)."""
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{{ m.content }}\n{% endfor %}")
+    r = subprocess.run([str(CLI), "chat", "-t", "1", "--chat-template", str(tmp_path / "t.jinja"), "--messages", "-",
+                        "--json", "-n", "12"], input=b'[{"role": "user", "content": "And God said"}]',
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    j = json.loads(r.stdout)
+    assert j["prompt_tokens"] == len("And God said\n") and j["completion_tokens"] == 12
+    g = subprocess.run([str(CLI), "generate", "-t", "1", "--prompt", "And God said\n", "-n", "12"],
+                       capture_output=True, timeout=120)
+    assert g.returncode == 0, g.stderr.decode()
+    assert g.stdout.decode() == j["content"] + "\n"  # generate prints the continuation
+
+
 @pytest.mark.parametrize("content, message", [
     (b'"hi"', "messages: expected an array of {\"role\", \"content\"} objects, got a string"),
     (b'{"msgs": []}', "messages: expected an array of messages or an object with \"messages\""),
