@@ -64,10 +64,6 @@ class HfTokenizer {
   struct Normalizer;
   struct PreTokenizer;
   struct Decoder;
-  struct Piece {
-    std::string text;
-    bool origin;  // starts where the original text starts (Metaspace's prepend_scheme "first")
-  };
 
  private:
   struct AddedToken {
@@ -105,7 +101,6 @@ class HfTokenizer {
     int32_t token;  // -1: text
   };
   void split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const;
-  void pre_tokenize(Piece piece, std::vector<Piece>& out) const;
   void model(std::string_view piece, std::vector<int32_t>& out) const;
   void model_uncached(std::string_view piece, std::vector<int32_t>& out) const;
   std::vector<std::string> decode_tokens(std::vector<std::string> tokens, bool exact) const;

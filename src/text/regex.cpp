@@ -14,8 +14,8 @@
 
 namespace mhsa::text {
 
-std::vector<Unit> decode_units(std::string_view text) {
-  std::vector<Unit> out;
+void decode_units(std::string_view text, std::vector<Unit>& out) {
+  out.clear();
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
@@ -29,7 +29,6 @@ std::vector<Unit> decode_units(std::string_view text) {
     else out.push_back({0x110000u + c, static_cast<uint32_t>(i), Category::Cn, false});
     i += static_cast<size_t>(d.len);
   }
-  return out;
 }
 
 namespace {
@@ -503,8 +502,7 @@ class Matcher {
   }
 };
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::span<const Unit> units) const {
-  std::vector<std::pair<size_t, size_t>> out;
+void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const {
   // Enough for every pattern of real files many times over; a pathological one stops early.
   Matcher m(*this, units, 1'000'000 + 1'000 * static_cast<uint64_t>(units.size()));
   size_t last_end = SIZE_MAX;
@@ -524,7 +522,6 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::span<const Unit> uni
     }
     ++s;
   }
-  return out;
 }
 
 }  // namespace mhsa::text

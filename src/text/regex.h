@@ -31,8 +31,8 @@ struct Unit {
   Category cat;
   bool space;
 };
-// The characters of `text`; text.size() < 2^32.
-std::vector<Unit> decode_units(std::string_view text);
+// The characters of `text` into `out` (replacing its contents); text.size() < 2^32.
+void decode_units(std::string_view text, std::vector<Unit>& out);
 
 class Regex {
  public:
@@ -40,10 +40,10 @@ class Regex {
   // the construct and its place.
   Regex(std::string_view pattern, std::string_view fn, std::string_view arg);
 
-  // Every match in `units`, in order, as [begin, end) indices (empty ones included, as cut
-  // points; none right after the previous match). Throws mhsa::Error when the backtracking
-  // exceeds its budget.
-  std::vector<std::pair<size_t, size_t>> find_all(std::span<const Unit> units) const;
+  // Appends every match in `units` to `out`, in order, as [begin, end) indices (empty ones
+  // included, as cut points; none right after the previous match). Throws mhsa::Error when the
+  // backtracking exceeds its budget.
+  void find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const;
 
   struct Item {
     enum class Kind : uint8_t { categories, space, range } kind;
