@@ -155,7 +155,9 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
       fail(kFn, where, "a merge of two tokens of the vocab into a third", message(detail::json_excerpt(e), " (", l == spelled.end() ? detail::quote(a) : r == spelled.end() ? detail::quote(b) : detail::quote(a + b), " is not in the vocab)"));
     if (!merges_.add(l->second, r->second, {static_cast<int32_t>(i), c->second}))
       fail(kFn, where, "each merge once", detail::json_excerpt(e) + " again");
+    if (!byte_level_) add_join(a, b);
   }
+  cut_words_ = !byte_level_ && !ignore_merges_;
 
   // Added tokens: matched before the model; an id may be the model's own for the same token.
   if (const json* list = optional_member(root, "added_tokens")) {
@@ -304,10 +306,6 @@ Utf8 last_char(std::string_view s, size_t end) {
   return decode_utf8(s, end - 1);
 }
 
-// Constexpr-free cache bounds, as tokenizer.cpp's.
-constexpr size_t kCacheEntries = size_t{1} << 16;
-constexpr size_t kCachedPieceBytes = 64;
-
 }  // namespace
 
 // tokenizers' leftmost-longest matching of added tokens, with single_word, lstrip and rstrip.
@@ -355,21 +353,71 @@ void HfTokenizer::split_added(std::string_view text, bool normalized, bool allow
   if (start_offset < text.size()) out.push_back({start_offset, text.size(), -1});
 }
 
+// A merge of `left` and `right` joins a symbol ending in left's last character to one starting
+// with right's first. (A part with no characters is never a symbol of a text.)
+void HfTokenizer::add_join(std::string_view left, std::string_view right) {
+  if (left.empty() || right.empty()) return;
+  const Utf8 x = last_char(left, left.size()), s = decode_utf8(right, 0);
+  if (x.cp < 128 && s.cp < 128) ascii_joins_[x.cp * 2 + s.cp / 64] |= uint64_t{1} << (s.cp % 64);
+  else joins_.insert(uint64_t{x.cp} << 32 | s.cp);
+}
+
+// A piece longer than the cache takes (a whole text, for a model without a pre-tokenizer) is
+// cut into words that are then encoded on their own, through the cache, at each boundary
+// between characters x and s where
+//   - x and s are each a token of the vocabulary, so each is one initial symbol (and no unknown
+//     characters, fused or not, meet there), and
+//   - no merge joins a token ending in x to one starting with s.
+// That is exact: a token's spelling is its parts' spellings end to end, so the first merge that
+// would make a symbol spanning the boundary joins a symbol ending in x to one starting with s,
+// and there is none; the merges on either side then happen in the same order alone as together
+// (lowest rank first, leftmost first, each side's own pairs only). ignore_merges (the whole piece
+// looked up first) turns this off, as does a byte-level model (its pieces are pre-tokens).
 void HfTokenizer::model(std::string_view piece, std::vector<int32_t>& out) const {
+  if (!cut_words_ || piece.size() <= WordCache::kMaxWordBytes) return model_word(piece, out);
+  size_t word = 0;
+  bool prev_known = false;
+  char32_t prev = 0, memo_cp = 0x110000;  // the last non-ASCII character looked up, and its answer
+  bool memo_known = false;
+  for (size_t i = 0; i < piece.size();) {
+    const auto c = static_cast<unsigned char>(piece[i]);
+    char32_t cp = c;
+    bool known;
+    int len = 1;
+    if (c < 0x80) {
+      known = ascii_ids_[c] >= 0;
+    } else {
+      const Utf8 d = decode_utf8(piece, i);
+      cp = d.valid ? d.cp : 0x110000 + c, len = d.len;
+      if (cp != memo_cp) memo_cp = cp, memo_known = d.valid && model_ids_.contains(piece.substr(i, static_cast<size_t>(len)));
+      known = memo_known;
+    }
+    if (known && prev_known && i > word) {
+      const bool joined = prev < 128 && cp < 128 ? (ascii_joins_[prev * 2 + cp / 64] >> (cp % 64)) & 1
+                                                 : joins_.contains(uint64_t{prev} << 32 | cp);
+      if (!joined) {
+        model_word(piece.substr(word, i - word), out);
+        word = i;
+      }
+    }
+    prev = cp, prev_known = known;
+    i += static_cast<size_t>(len);
+  }
+  model_word(piece.substr(word), out);
+}
+
+void HfTokenizer::model_word(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
-  if (piece.size() > kCachedPieceBytes) return model_uncached(piece, out);
+  if (piece.size() > WordCache::kMaxWordBytes) return model_uncached(piece, out);
+  const uint64_t h = WordCache::hash(piece);
   {
     std::lock_guard lock(cache_mutex_);
-    if (const auto it = cache_.find(piece); it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+    if (cache_.find(piece, h, out)) return;
   }
   const size_t first = out.size();
   model_uncached(piece, out);
   std::lock_guard lock(cache_mutex_);
-  if (cache_.size() >= kCacheEntries) cache_.clear();
-  cache_.emplace(piece, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+  cache_.insert(piece, h, std::span(out).subspan(first));
 }
 
 // tokenizers' BPE::tokenize: the whole piece when ignore_merges finds it in the vocab; else one
