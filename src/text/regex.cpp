@@ -413,6 +413,62 @@ class RegexParser {
 
 Regex::Regex(std::string_view pattern, std::string_view fn, std::string_view arg) {
   RegexParser(*this, pattern, fn, arg);
+  compute_first_sets();
+}
+
+// A node's parts come before it in nodes_, so one pass in order sees every part first. A
+// look-ahead is taken as nullable (it consumes nothing), so a sequence that starts with one is
+// never skipped.
+void Regex::compute_first_sets() {
+  for (Node& n : nodes_) {
+    const auto take = [&](const Node& kid) {
+      n.first_ascii[0] |= kid.first_ascii[0], n.first_ascii[1] |= kid.first_ascii[1];
+      n.first_any = n.first_any || kid.first_any;
+      for (const int set : kid.first_sets)
+        if (std::find(n.first_sets.begin(), n.first_sets.end(), set) == n.first_sets.end()) n.first_sets.push_back(set);
+    };
+    switch (n.op) {
+      case Op::set:
+        n.first_ascii[0] = sets_[static_cast<size_t>(n.set)].ascii[0], n.first_ascii[1] = sets_[static_cast<size_t>(n.set)].ascii[1];
+        n.first_sets = {n.set};
+        break;
+      case Op::seq:
+        n.nullable = true;
+        for (const int kid : n.kids) {
+          take(nodes_[static_cast<size_t>(kid)]);
+          if (!nodes_[static_cast<size_t>(kid)].nullable) {
+            n.nullable = false;
+            break;
+          }
+        }
+        break;
+      case Op::alt:
+        for (const int kid : n.kids) {
+          take(nodes_[static_cast<size_t>(kid)]);
+          n.nullable = n.nullable || nodes_[static_cast<size_t>(kid)].nullable;
+        }
+        break;
+      case Op::repeat:
+        take(nodes_[static_cast<size_t>(n.kids[0])]);
+        n.nullable = n.min == 0 || nodes_[static_cast<size_t>(n.kids[0])].nullable;
+        break;
+      default:
+        n.nullable = true;
+        break;
+    }
+  }
+}
+
+// False only when no match of n can start at units[pos].
+bool Regex::can_start(const Node& n, std::span<const Unit> units, size_t pos) const {
+  if (n.nullable) return true;
+  if (pos >= units.size()) return false;
+  const Unit& u = units[pos];
+  if (u.cp < 128) return (n.first_ascii[u.cp >> 6] >> (u.cp & 63)) & 1;
+  if (n.first_any) return true;
+  for (const int set : n.first_sets)
+    if (set_matches(sets_[static_cast<size_t>(set)], u.cp, u.cat, u.space)) return true;
+  return false;
 }
 
 namespace {
@@ -440,7 +496,7 @@ class Matcher {
       case Regex::Op::seq: return seq(n, 0, pos, k);
       case Regex::Op::alt:
         for (const int kid : n.kids)
-          if (match(kid, pos, k)) return true;
+          if (re_.can_start(re_.nodes_[static_cast<size_t>(kid)], u_, pos) && match(kid, pos, k)) return true;
         return false;
       case Regex::Op::repeat: {
         const Regex::Node& kid = re_.nodes_[static_cast<size_t>(n.kids[0])];
@@ -512,7 +568,7 @@ void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, 
       end = p;
       return true;
     };
-    if (m.match(root_, s, cont(done)) && !(end == s && s == last_end)) {
+    if (can_start(nodes_[static_cast<size_t>(root_)], units, s) && m.match(root_, s, cont(done)) && !(end == s && s == last_end)) {
       out.emplace_back(s, end);
       last_end = end;
       if (end > s) {

@@ -63,10 +63,18 @@ class Regex {
     std::vector<int> kids;  // seq, alt: the parts; repeat, look-aheads: one
     int min = 1, max = 1;   // repeat; max -1: unbounded
     bool greedy = true;
+    // What can start a match of the node (set after parsing, for skipping alternatives): when
+    // not nullable (it cannot match empty), a code point below 128 must be in first_ascii and any
+    // other character must match one of first_sets (anything may, with first_any).
+    bool nullable = false, first_any = false;
+    uint64_t first_ascii[2] = {0, 0};
+    std::vector<int> first_sets;
   };
 
  private:
   friend class Matcher;
+  void compute_first_sets();
+  bool can_start(const Node& n, std::span<const Unit> units, size_t pos) const;
   std::vector<Node> nodes_;
   std::vector<Set> sets_;
   int root_ = -1;
