@@ -184,8 +184,12 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
   }
   for (const auto& [token, id] : spelled) content_ids_.emplace(token, id);  // added tokens first
   for (int n = 0; n < 2; ++n) added_by_byte_[n].resize(256);
-  for (size_t i = 0; i < added_.size(); ++i)
-    added_by_byte_[added_[i].normalized && normalizer_ ? 1 : 0][static_cast<unsigned char>(added_[i].content[0])].push_back(static_cast<int32_t>(i));
+  for (size_t i = 0; i < added_.size(); ++i) {
+    const int n = added_[i].normalized && normalizer_ ? 1 : 0;
+    const auto first = static_cast<unsigned char>(added_[i].content[0]);
+    added_by_byte_[n][first].push_back(static_cast<int32_t>(i));
+    added_starts_[n][first] = true;
+  }
   for (auto& table : added_by_byte_)
     for (auto& list : table)
       std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) { return added_[static_cast<size_t>(x)].content.size() > added_[static_cast<size_t>(y)].content.size(); });
@@ -311,8 +315,11 @@ Utf8 last_char(std::string_view s, size_t end) {
 // tokenizers' leftmost-longest matching of added tokens, with single_word, lstrip and rstrip.
 void HfTokenizer::split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const {
   const auto& table = added_by_byte_[normalized ? 1 : 0];
+  const auto& starts = added_starts_[normalized ? 1 : 0];
   size_t start_offset = 0;
   for (size_t pos = 0; pos < text.size();) {
+    while (pos < text.size() && !starts[static_cast<unsigned char>(text[pos])]) ++pos;  // no token starts here
+    if (pos == text.size()) break;
     const AddedToken* hit = nullptr;
     for (const int32_t i : table[static_cast<unsigned char>(text[pos])]) {
       const AddedToken& a = added_[static_cast<size_t>(i)];

@@ -82,6 +82,7 @@ class HfTokenizer {
   StrMap<int32_t> content_ids_;      // the file's spelling (added tokens first) → id
   std::vector<AddedToken> added_;
   std::vector<std::vector<int32_t>> added_by_byte_[2];  // [normalized][first byte] → added_ indices, longest first
+  std::array<bool, 256> added_starts_[2]{};             // [normalized][byte]: some added token starts with it
   // model
   BpeMerges merges_;
   bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;

@@ -34,8 +34,10 @@ bool WordCache::find(std::string_view word, uint64_t h, std::vector<int32_t>& ou
   for (size_t i = h & mask;; i = (i + 1) & mask) {
     const Slot& s = slots_[i];
     if (s.hash == 0) return false;
-    if (s.hash == h && s.word_len == word.size() && std::memcmp(words_.data() + s.word, word.data(), word.size()) == 0) {
-      out.insert(out.end(), ids_.begin() + s.ids, ids_.begin() + s.ids + s.ids_len);
+    if (s.hash == h && s.word_len == word.size() && std::memcmp(pool_.data() + s.offset, word.data(), word.size()) == 0) {
+      const size_t at = out.size();
+      out.resize(at + s.ids_len);
+      std::memcpy(out.data() + at, pool_.data() + s.offset + s.word_len, s.ids_len * sizeof(int32_t));
       return true;
     }
   }
@@ -45,17 +47,15 @@ void WordCache::insert(std::string_view word, uint64_t h, std::span<const int32_
   if (word.size() > kMaxWordBytes || ids.size() > kMaxWordBytes) return;
   if (count_ >= max_words_) {
     std::fill(slots_.begin(), slots_.end(), Slot{});
-    words_.clear();
-    ids_.clear();
+    pool_.clear();
     count_ = 0;
   }
   const size_t mask = slots_.size() - 1;
   size_t i = h & mask;
   while (slots_[i].hash != 0) i = (i + 1) & mask;
-  slots_[i] = {h, static_cast<uint32_t>(words_.size()), static_cast<uint32_t>(ids_.size()),
-               static_cast<uint16_t>(word.size()), static_cast<uint16_t>(ids.size())};
-  words_.append(word);
-  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  slots_[i] = {h, static_cast<uint32_t>(pool_.size()), static_cast<uint16_t>(word.size()), static_cast<uint16_t>(ids.size())};
+  pool_.append(word);
+  pool_.append(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t));
   ++count_;
 }
 

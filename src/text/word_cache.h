@@ -1,6 +1,7 @@
 // text/word_cache.h — the bounded word → token ids cache of both tokenizers (tokenizer.cpp,
-// hf_tokenizer.cpp): open addressing over one array of slots, each word's bytes and ids kept in
-// two pools, so a lookup is a hash, a probe and one comparison, with no allocation. Words of up to
+// hf_tokenizer.cpp): open addressing over one array of 16-byte slots, each word's bytes with its
+// ids after them in one pool, so a lookup is a hash, a probe and one comparison (two places in
+// memory), with no allocation. Words of up to
 // kMaxWordBytes bytes; when it holds max_words words it starts afresh. Not thread-safe: callers
 // lock. Not a general hash map.
 #pragma once
@@ -27,14 +28,13 @@ class WordCache {
 
  private:
   struct Slot {
-    uint64_t hash;  // 0: empty
-    uint32_t word, ids;  // offsets into the pools
+    uint64_t hash;    // 0: empty
+    uint32_t offset;  // into pool_: the word's bytes, then its ids
     uint16_t word_len, ids_len;
   };
   size_t max_words_, count_ = 0;
   std::vector<Slot> slots_;  // a power of two, at least twice max_words_
-  std::string words_;
-  std::vector<int32_t> ids_;
+  std::string pool_;
 };
 
 }  // namespace mhsa::text
