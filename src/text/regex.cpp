@@ -15,12 +15,17 @@
 namespace mhsa::text {
 
 void decode_units(std::string_view text, std::vector<Unit>& out) {
+  static const auto kAscii = [] {  // each ASCII character's category and White_Space
+    std::array<std::pair<Category, bool>, 128> t{};
+    for (char32_t c = 0; c < 128; ++c) t[c] = {category(c), char_class(c) == CharClass::space};
+    return t;
+  }();
   out.clear();
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c < 0x80) {
-      out.push_back({c, static_cast<uint32_t>(i), category(c), char_class(c) == CharClass::space});
+      out.push_back({c, static_cast<uint32_t>(i), kAscii[c].first, kAscii[c].second});
       ++i;
       continue;
     }
