@@ -40,7 +40,7 @@ build/fuzz_safetensors -max_total_time=30 -print_final_stats=1 build/fuzz_corpus
 
 JINJA_SOURCES="src/text/chat_template.cpp src/text/jinja_parse.cpp src/text/jinja_eval.cpp src/text/jinja_lex.cpp
   src/text/jinja_values.cpp src/text/jinja_builtins.cpp"
-TOKENIZER_SOURCES="src/text/tokenizer.cpp src/text/hf_tokenizer.cpp src/text/bpe.cpp src/text/regex.cpp src/text/unicode.cpp
+TOKENIZER_SOURCES="src/text/tokenizer.cpp src/text/hf_tokenizer.cpp src/text/hf_components.cpp src/text/bpe.cpp src/text/word_cache.cpp src/text/regex.cpp src/text/unicode.cpp
   src/text/unicode_data.cpp src/text/unicode_props.cpp $JINJA_SOURCES src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp
   src/core/error.cpp"
 step "fuzzing the tokenizer: any bytes encode and decode back (libFuzzer + ASan + UBSan, 20 s)"

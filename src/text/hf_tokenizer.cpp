@@ -1,9 +1,10 @@
-// text/hf_tokenizer.cpp — tokenizer.json: reading and validating it (every component named in an
-// error when it is not supported), and the pipeline of tokenizers' Tokenizer.encode: added tokens
-// split off (raw ones, then normalized ones after the normalizer), pre-tokenizers, the BPE model
-// (byte-level or with byte fallback), the post-processor's template; and decode through the
-// decoder chain. Each step mirrors the tokenizers crate's semantics, including its edge cases
-// (Metaspace's prepend schemes, ByteFallback's one U+FFFD per invalid byte, lstrip/rstrip).
+// text/hf_tokenizer.cpp — tokenizer.json: loading and validating it (the model, the vocabulary
+// and merges, added tokens, the post-processor, tokenizer_config.json and generation_config.json;
+// the components are hf_components.cpp's), and the pipeline of tokenizers' Tokenizer.encode:
+// added tokens split off (raw ones, then normalized ones after the normalizer), pre-tokenizers,
+// the BPE model (byte-level or with byte fallback) behind a cache of words, the post-processor's
+// template; and decode through the decoder chain. Each step mirrors the tokenizers crate's
+// semantics, including its edge cases (lstrip/rstrip/single_word, fuse_unk, ignore_merges).
 #include "text/hf_tokenizer.h"
 
 #include <algorithm>
@@ -12,79 +13,31 @@
 #include <functional>
 
 #include "core/check.h"
-#include "io/json.h"
+#include "text/hf_components.h"
 #include "text/unicode_data.h"
 
 namespace mhsa::text {
 
 using detail::fail;
 using detail::message;
-using json = nlohmann::json;
 
 namespace {
 
-constexpr std::string_view kFn = "Tokenizer::load";
+using hf::json;
+using hf::kFn;
+using hf::Where;
+using hf::get_array;
+using hf::get_bool;
+using hf::get_string;
+using hf::member;
+using hf::optional_member;
+using hf::type_of;
+using hf::unsupported;
+using hf::from_byte_level;
+using hf::kByteChar;
+
 constexpr int32_t kMaxId = 1 << 24;  // 16M tokens: far beyond any vocabulary in use
 
-// GPT-2's printable byte alphabet (as tokenizer.cpp): byte → character, and back.
-constexpr std::array<char32_t, 256> kByteChar = [] {
-  std::array<char32_t, 256> map{};
-  char32_t next = 256;
-  for (char32_t b = 0; b < 256; ++b) map[b] = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174 ? b : next++;
-  return map;
-}();
-int char_byte(char32_t cp) {
-  if (cp < 256) return kByteChar[cp] == cp ? static_cast<int>(cp) : -1;
-  for (int b = 0; b < 256; ++b)
-    if (kByteChar[static_cast<size_t>(b)] == cp) return b;
-  return -1;
-}
-// The bytes a byte-level spelling stands for; nullopt if a character is outside the alphabet.
-std::optional<std::string> from_byte_level(std::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size();) {
-    const Utf8 d = decode_utf8(s, i);
-    const int b = d.valid ? char_byte(d.cp) : -1;
-    if (b < 0) return std::nullopt;
-    out += static_cast<char>(b);
-    i += static_cast<size_t>(d.len);
-  }
-  return out;
-}
-
-struct Where {  // a place in a file, for messages: "tokenizer.json pre_tokenizer.pretokenizers[1]"
-  std::string path;
-  Where operator/(std::string_view key) const { return {path + "." + std::string(key)}; }
-  Where operator[](size_t i) const { return {message(path, "[", i, "]")}; }
-};
-
-const json& member(const json& obj, std::string_view key, const Where& w) {
-  if (!obj.is_object()) fail(kFn, w.path, "an object", detail::json_excerpt(obj));
-  const auto it = obj.find(key);
-  if (it == obj.end()) fail(kFn, (w / key).path, "a value", "none");
-  return *it;
-}
-const json* optional_member(const json& obj, std::string_view key) {
-  const auto it = obj.find(key);
-  return it == obj.end() || it->is_null() ? nullptr : &*it;
-}
-std::string get_string(const json& obj, std::string_view key, const Where& w) {
-  const json& v = member(obj, key, w);
-  if (!v.is_string()) fail(kFn, (w / key).path, "a string", detail::json_excerpt(v));
-  return v.get<std::string>();
-}
-bool get_bool(const json& obj, std::string_view key, const Where& w, bool fallback) {
-  const json* v = optional_member(obj, key);
-  if (!v) return fallback;
-  if (!v->is_boolean()) fail(kFn, (w / key).path, "true or false", detail::json_excerpt(*v));
-  return v->get<bool>();
-}
-const json& get_array(const json& obj, std::string_view key, const Where& w) {
-  const json& v = member(obj, key, w);
-  if (!v.is_array()) fail(kFn, (w / key).path, "an array", detail::json_excerpt(v));
-  return v;
-}
-std::string type_of(const json& obj, const Where& w) { return get_string(obj, "type", w); }
 // A token id from the file: below `limit` (the file's count of tokens plus 65,536 for holes, and
 // kMaxId at most), so that a small file cannot make a huge table.
 int32_t read_id(const json& v, const std::string& where, int64_t limit) {
@@ -92,403 +45,6 @@ int32_t read_id(const json& v, const std::string& where, int64_t limit) {
   if (id >= limit) fail(kFn, where, message("an id below ", limit), std::to_string(id));
   return static_cast<int32_t>(id);
 }
-
-[[noreturn]] void unsupported(const Where& w, std::string_view what, const std::string& type, std::string_view supported) {
-  fail(kFn, w.path, message(what, " of a supported type (", supported, ")"), message("'", detail::printable(type), "'"));
-}
-
-// A {"String": s} or {"Regex": r} pattern.
-struct Pattern {
-  std::string literal;
-  std::unique_ptr<Regex> regex;
-  // Matches of the pattern in `s`, as byte ranges, in order.
-  std::vector<std::pair<size_t, size_t>> find(std::string_view s) const {
-    std::vector<std::pair<size_t, size_t>> out;
-    if (!regex) {
-      for (size_t at = s.find(literal); at != std::string_view::npos; at = s.find(literal, at + literal.size()))
-        out.emplace_back(at, at + literal.size());
-      return out;
-    }
-    const std::vector<Unit> units = decode_units(s);
-    const auto offset = [&](size_t u) { return u < units.size() ? units[u].offset : s.size(); };
-    for (const auto& [b, e] : regex->find_all(units)) out.emplace_back(offset(b), offset(e));
-    return out;
-  }
-};
-Pattern read_pattern(const json& obj, const Where& w) {
-  const json& p = member(obj, "pattern", w);
-  Pattern out;
-  if (p.is_object() && p.size() == 1 && p.contains("String") && p["String"].is_string()) {
-    out.literal = p["String"].get<std::string>();
-    if (out.literal.empty()) fail(kFn, (w / "pattern").path, "a non-empty string", "\"\"");
-  } else if (p.is_object() && p.size() == 1 && p.contains("Regex") && p["Regex"].is_string()) {
-    out.regex = std::make_unique<Regex>(p["Regex"].get<std::string>(), kFn, (w / "pattern.Regex").path);
-  } else {
-    fail(kFn, (w / "pattern").path, "{\"String\": ...} or {\"Regex\": ...}", detail::json_excerpt(p));
-  }
-  return out;
-}
-
-// Cuts `s` at the matches the way tokenizers' split(pattern, behavior) does; empty pieces go.
-void split_by(const std::string& s, const std::vector<std::pair<size_t, size_t>>& matches, HfTokenizer::Behavior b,
-              bool invert, bool origin, std::vector<HfTokenizer::Piece>& out) {
-  struct Part {
-    size_t begin, end;
-    bool match;
-  };
-  std::vector<Part> parts;
-  if (s.empty()) return;
-  size_t prev = 0;
-  for (const auto& [mb, me] : matches) {
-    if (prev < mb) parts.push_back({prev, mb, false});
-    parts.push_back({mb, me, true});
-    prev = me;
-  }
-  if (prev < s.size()) parts.push_back({prev, s.size(), false});
-  if (invert)
-    for (Part& p : parts) p.match = !p.match;
-  std::vector<Part> kept;
-  bool previous = false;
-  using B = HfTokenizer::Behavior;
-  switch (b) {
-    case B::removed:
-      for (const Part& p : parts)
-        if (!p.match) kept.push_back(p);
-      break;
-    case B::isolated: kept = parts; break;
-    case B::merged_with_previous:
-      for (const Part& p : parts) {
-        if (p.match && !previous && !kept.empty()) kept.back().end = p.end;
-        else kept.push_back(p);
-        previous = p.match;
-      }
-      break;
-    case B::merged_with_next:
-      for (size_t i = parts.size(); i-- > 0;) {
-        const Part& p = parts[i];
-        if (p.match && !previous && !kept.empty()) kept.back().begin = p.begin;
-        else kept.push_back(p);
-        previous = p.match;
-      }
-      std::reverse(kept.begin(), kept.end());
-      break;
-    case B::contiguous:
-      for (const Part& p : parts) {
-        if (p.match == previous && !kept.empty()) kept.back().end = p.end;
-        else kept.push_back(p);
-        previous = p.match;
-      }
-      break;
-  }
-  for (const Part& p : kept)
-    if (p.end > p.begin) out.push_back({s.substr(p.begin, p.end - p.begin), origin && p.begin == 0});
-}
-
-std::string replace_all(std::string_view s, const Pattern& p, std::string_view content) {
-  std::string out;
-  size_t prev = 0;
-  for (const auto& [b, e] : p.find(s)) {
-    out.append(s.substr(prev, b - prev));
-    out.append(content);
-    prev = e;
-  }
-  out.append(s.substr(prev));
-  return out;
-}
-
-std::string single_char(const json& obj, std::string_view key, const Where& w) {
-  const std::string s = get_string(obj, key, w);
-  if (s.empty() || static_cast<size_t>(decode_utf8(s, 0).len) != s.size() || !decode_utf8(s, 0).valid)
-    fail(kFn, (w / key).path, "one character", detail::quote(s));
-  return s;
-}
-
-}  // namespace
-
-// ---- components -------------------------------------------------------------------------------
-
-struct HfTokenizer::Normalizer {
-  enum class Type { sequence, prepend, replace, unicode } type;
-  std::vector<Normalizer> parts;
-  std::string text;  // prepend: what; replace: the content
-  Pattern pattern;
-  NormalForm form = NormalForm::nfc;
-
-  static Normalizer read(const json& j, const Where& w) {
-    const std::string t = type_of(j, w);
-    Normalizer n{Type::sequence, {}, {}, {}, NormalForm::nfc};
-    if (t == "Sequence") {
-      const json& list = get_array(j, "normalizers", w);
-      for (size_t i = 0; i < list.size(); ++i) n.parts.push_back(read(list[i], (w / "normalizers")[i]));
-    } else if (t == "Prepend") {
-      n.type = Type::prepend, n.text = get_string(j, "prepend", w);
-    } else if (t == "Replace") {
-      n.type = Type::replace, n.pattern = read_pattern(j, w), n.text = get_string(j, "content", w);
-    } else if (t == "NFC" || t == "NFD" || t == "NFKC" || t == "NFKD") {
-      n.type = Type::unicode;
-      n.form = t == "NFC" ? NormalForm::nfc : t == "NFD" ? NormalForm::nfd : t == "NFKC" ? NormalForm::nfkc : NormalForm::nfkd;
-    } else {
-      unsupported(w, "a normalizer", t, "Sequence, Prepend, Replace, NFC, NFD, NFKC, NFKD");
-    }
-    return n;
-  }
-  std::string apply(std::string s) const {
-    switch (type) {
-      case Type::sequence:
-        for (const Normalizer& p : parts) s = p.apply(std::move(s));
-        return s;
-      case Type::prepend: return s.empty() ? s : text + s;
-      case Type::replace: return replace_all(s, pattern, text);
-      default: return normalize(s, form);
-    }
-  }
-};
-
-struct HfTokenizer::PreTokenizer {
-  enum class Type { sequence, split, byte_level, metaspace } type;
-  std::vector<PreTokenizer> parts;
-  Pattern pattern;
-  Behavior behavior = Behavior::isolated;
-  bool invert = false, add_prefix_space = false, use_regex = true, split = true;
-  std::string replacement;
-  enum class Prepend { always, first, never } prepend = Prepend::always;
-
-  static PreTokenizer read(const json& j, const Where& w) {
-    const std::string t = type_of(j, w);
-    PreTokenizer p{Type::sequence};
-    if (t == "Sequence") {
-      const json& list = get_array(j, "pretokenizers", w);
-      for (size_t i = 0; i < list.size(); ++i) {
-        p.parts.push_back(read(list[i], (w / "pretokenizers")[i]));
-        if (i + 1 < list.size() && p.parts.back().ends_byte_level())
-          fail(kFn, (w / "pretokenizers")[i].path, "ByteLevel as the last pre-tokenizer", "one after it");
-      }
-    } else if (t == "Split") {
-      p.type = Type::split;
-      p.pattern = read_pattern(j, w);
-      p.invert = get_bool(j, "invert", w, false);
-      const std::string b = get_string(j, "behavior", w);
-      if (b == "Removed") p.behavior = Behavior::removed;
-      else if (b == "Isolated") p.behavior = Behavior::isolated;
-      else if (b == "MergedWithPrevious") p.behavior = Behavior::merged_with_previous;
-      else if (b == "MergedWithNext") p.behavior = Behavior::merged_with_next;
-      else if (b == "Contiguous") p.behavior = Behavior::contiguous;
-      else unsupported(w / "behavior", "a split behavior", b, "Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
-    } else if (t == "ByteLevel") {
-      p.type = Type::byte_level;
-      p.add_prefix_space = get_bool(j, "add_prefix_space", w, true);
-      p.use_regex = get_bool(j, "use_regex", w, true);
-    } else if (t == "Metaspace") {
-      p.type = Type::metaspace;
-      p.replacement = single_char(j, "replacement", w);
-      p.split = get_bool(j, "split", w, true);
-      if (const json* s = optional_member(j, "prepend_scheme")) {
-        const std::string v = s->is_string() ? s->get<std::string>() : "";
-        if (v == "always") p.prepend = Prepend::always;
-        else if (v == "first") p.prepend = Prepend::first;
-        else if (v == "never") p.prepend = Prepend::never;
-        else fail(kFn, (w / "prepend_scheme").path, "\"always\", \"first\" or \"never\"", detail::json_excerpt(*s));
-      } else {
-        p.prepend = get_bool(j, "add_prefix_space", w, true) ? Prepend::always : Prepend::never;
-      }
-    } else {
-      unsupported(w, "a pre-tokenizer", t, "Sequence, Split, ByteLevel, Metaspace");
-    }
-    return p;
-  }
-  bool ends_byte_level() const {
-    if (type == Type::byte_level) return true;
-    return type == Type::sequence && !parts.empty() && parts.back().ends_byte_level();
-  }
-  void apply(std::vector<Piece>& pieces) const {
-    std::vector<Piece> out;
-    switch (type) {
-      case Type::sequence:
-        for (const PreTokenizer& p : parts) p.apply(pieces);
-        return;
-      case Type::split:
-        for (Piece& p : pieces) split_by(p.text, pattern.find(p.text), behavior, invert, p.origin, out);
-        break;
-      case Type::byte_level:
-        for (Piece& p : pieces) {
-          if (add_prefix_space && !p.text.starts_with(' ')) p.text.insert(0, 1, ' ');
-          if (!use_regex) {
-            out.push_back(std::move(p));
-            continue;
-          }
-          for (size_t pos = 0; pos < p.text.size();) {
-            const size_t end = pretoken_end(p.text, pos);
-            out.push_back({p.text.substr(pos, end - pos), p.origin && pos == 0});
-            pos = end;
-          }
-        }
-        break;
-      case Type::metaspace:
-        for (Piece& p : pieces) {
-          Pattern space;
-          space.literal = " ";
-          std::string s = replace_all(p.text, space, replacement);
-          if (!s.starts_with(replacement) && (prepend == Prepend::always || (prepend == Prepend::first && p.origin)))
-            s.insert(0, replacement);
-          if (!split) {
-            if (!s.empty()) out.push_back({std::move(s), p.origin});
-            continue;
-          }
-          Pattern rep;
-          rep.literal = replacement;
-          split_by(s, rep.find(s), Behavior::merged_with_next, false, p.origin, out);
-        }
-        break;
-    }
-    pieces = std::move(out);
-  }
-};
-
-struct HfTokenizer::Decoder {
-  enum class Type { sequence, byte_level, metaspace, replace, byte_fallback, fuse, strip } type;
-  std::vector<Decoder> parts;
-  std::string from, to;  // replace; metaspace: from = the replacement
-  bool strip_first = true;  // metaspace: prepend_scheme != never
-  char32_t content = 0;     // strip
-  size_t start = 0, stop = 0;
-
-  static Decoder read(const json& j, const Where& w) {
-    const std::string t = type_of(j, w);
-    Decoder d{Type::sequence};
-    if (t == "Sequence") {
-      const json& list = get_array(j, "decoders", w);
-      for (size_t i = 0; i < list.size(); ++i) d.parts.push_back(read(list[i], (w / "decoders")[i]));
-    } else if (t == "ByteLevel") {
-      d.type = Type::byte_level;
-    } else if (t == "Metaspace") {
-      d.type = Type::metaspace;
-      d.from = single_char(j, "replacement", w);
-      if (const json* s = optional_member(j, "prepend_scheme")) d.strip_first = !(s->is_string() && s->get<std::string>() == "never");
-      else d.strip_first = get_bool(j, "add_prefix_space", w, true);
-    } else if (t == "Replace") {
-      d.type = Type::replace;
-      Pattern p = read_pattern(j, w);
-      if (p.regex) fail(kFn, (w / "pattern").path, "a {\"String\": ...} pattern (a decoder's Regex is not supported)", "a Regex");
-      d.from = p.literal, d.to = get_string(j, "content", w);
-    } else if (t == "ByteFallback") {
-      d.type = Type::byte_fallback;
-    } else if (t == "Fuse") {
-      d.type = Type::fuse;
-    } else if (t == "Strip") {
-      d.type = Type::strip;
-      d.content = decode_utf8(single_char(j, "content", w), 0).cp;
-      d.start = detail::json_integer<uint32_t>(member(j, "start", w), kFn, (w / "start").path);
-      d.stop = detail::json_integer<uint32_t>(member(j, "stop", w), kFn, (w / "stop").path);
-    } else {
-      unsupported(w, "a decoder", t, "Sequence, ByteLevel, Metaspace, Replace, ByteFallback, Fuse, Strip");
-    }
-    return d;
-  }
-
-  // exact: the bytes themselves, without the U+FFFD that tokenizers puts for invalid UTF-8.
-  void apply(std::vector<std::string>& tokens, bool exact, bool first_is_start) const {
-    switch (type) {
-      case Type::sequence:
-        for (const Decoder& d : parts) d.apply(tokens, exact, first_is_start);
-        return;
-      case Type::byte_level: {
-        std::string bytes;
-        for (const std::string& t : tokens) {
-          const auto b = from_byte_level(t);
-          bytes += b ? *b : t;
-        }
-        tokens.assign(1, exact ? bytes : lossy_utf8(bytes));
-        return;
-      }
-      case Type::metaspace:
-        for (size_t i = 0; i < tokens.size(); ++i) {
-          std::string out;
-          const std::string& t = tokens[i];
-          for (size_t at = 0; at < t.size();) {
-            if (t.compare(at, from.size(), from) == 0) {
-              if (!(i == 0 && first_is_start && strip_first)) out += ' ';
-              at += from.size();
-            } else {
-              out += t[at++];
-            }
-          }
-          tokens[i] = std::move(out);
-        }
-        return;
-      case Type::replace: {
-        Pattern p;
-        p.literal = from;
-        for (std::string& t : tokens) t = replace_all(t, p, to);
-        return;
-      }
-      case Type::byte_fallback: {
-        std::vector<std::string> out;
-        std::string pending;
-        size_t count = 0;
-        const auto flush = [&] {
-          if (count == 0) return;
-          if (exact || decode_valid(pending)) out.push_back(pending);
-          else for (size_t k = 0; k < count; ++k) out.push_back("\xEF\xBF\xBD");
-          pending.clear();
-          count = 0;
-        };
-        for (std::string& t : tokens) {
-          if (const auto b = byte_token(t)) {
-            pending += static_cast<char>(*b);
-            ++count;
-          } else {
-            flush();
-            out.push_back(std::move(t));
-          }
-        }
-        flush();
-        tokens = std::move(out);
-        return;
-      }
-      case Type::fuse: {
-        std::string all;
-        for (const std::string& t : tokens) all += t;
-        tokens.assign(1, std::move(all));
-        return;
-      }
-      case Type::strip:
-        for (std::string& t : tokens) {
-          size_t b = 0, e = t.size();
-          std::string c;
-          append_utf8(c, content);
-          for (size_t k = 0; k < start && first_is_start && t.compare(b, c.size(), c) == 0 && b < e; ++k) b += c.size();
-          for (size_t k = 0; k < stop && e >= b + c.size() && t.compare(e - c.size(), c.size(), c) == 0; ++k) e -= c.size();
-          t = t.substr(b, e - b);
-        }
-        return;
-    }
-  }
-  bool uses_replacement(std::string_view rep) const {
-    if (type == Type::sequence) return std::any_of(parts.begin(), parts.end(), [&](const Decoder& d) { return d.uses_replacement(rep); });
-    return (type == Type::metaspace || type == Type::replace) && from == rep;
-  }
-  static bool decode_valid(std::string_view s) {
-    for (size_t i = 0; i < s.size();) {
-      const Utf8 d = decode_utf8(s, i);
-      if (!d.valid) return false;
-      i += static_cast<size_t>(d.len);
-    }
-    return true;
-  }
-  // "<0xNN>" as tokenizers reads it (Rust's u8::from_str_radix, so "<0x+F>" is 15 too).
-  static std::optional<uint8_t> byte_token(std::string_view t) {
-    if (t.size() != 6 || !t.starts_with("<0x") || t[5] != '>') return std::nullopt;
-    const auto digit = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
-    const int hi = digit(t[3]), lo = digit(t[4]);
-    if (t[3] == '+' && lo >= 0) return static_cast<uint8_t>(lo);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    return static_cast<uint8_t>(hi * 16 + lo);
-  }
-};
-
-// ---- loading ----------------------------------------------------------------------------------
-
-namespace {
 
 // tokenizer_config.json's "bos_token"/"eos_token": a string or an AddedToken object.
 std::string config_token(const json& config, std::string_view key) {
@@ -599,7 +155,9 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
       fail(kFn, where, "a merge of two tokens of the vocab into a third", message(detail::json_excerpt(e), " (", l == spelled.end() ? detail::quote(a) : r == spelled.end() ? detail::quote(b) : detail::quote(a + b), " is not in the vocab)"));
     if (!merges_.add(l->second, r->second, {static_cast<int32_t>(i), c->second}))
       fail(kFn, where, "each merge once", detail::json_excerpt(e) + " again");
+    if (!byte_level_) add_join(a, b);
   }
+  cut_words_ = !byte_level_ && !ignore_merges_;
 
   // Added tokens: matched before the model; an id may be the model's own for the same token.
   if (const json* list = optional_member(root, "added_tokens")) {
@@ -626,8 +184,12 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
   }
   for (const auto& [token, id] : spelled) content_ids_.emplace(token, id);  // added tokens first
   for (int n = 0; n < 2; ++n) added_by_byte_[n].resize(256);
-  for (size_t i = 0; i < added_.size(); ++i)
-    added_by_byte_[added_[i].normalized && normalizer_ ? 1 : 0][static_cast<unsigned char>(added_[i].content[0])].push_back(static_cast<int32_t>(i));
+  for (size_t i = 0; i < added_.size(); ++i) {
+    const int n = added_[i].normalized && normalizer_ ? 1 : 0;
+    const auto first = static_cast<unsigned char>(added_[i].content[0]);
+    added_by_byte_[n][first].push_back(static_cast<int32_t>(i));
+    added_starts_[n][first] = true;
+  }
   for (auto& table : added_by_byte_)
     for (auto& list : table)
       std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) { return added_[static_cast<size_t>(x)].content.size() > added_[static_cast<size_t>(y)].content.size(); });
@@ -748,17 +310,16 @@ Utf8 last_char(std::string_view s, size_t end) {
   return decode_utf8(s, end - 1);
 }
 
-// Constexpr-free cache bounds, as tokenizer.cpp's.
-constexpr size_t kCacheEntries = size_t{1} << 16;
-constexpr size_t kCachedPieceBytes = 64;
-
 }  // namespace
 
 // tokenizers' leftmost-longest matching of added tokens, with single_word, lstrip and rstrip.
 void HfTokenizer::split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const {
   const auto& table = added_by_byte_[normalized ? 1 : 0];
+  const auto& starts = added_starts_[normalized ? 1 : 0];
   size_t start_offset = 0;
   for (size_t pos = 0; pos < text.size();) {
+    while (pos < text.size() && !starts[static_cast<unsigned char>(text[pos])]) ++pos;  // no token starts here
+    if (pos == text.size()) break;
     const AddedToken* hit = nullptr;
     for (const int32_t i : table[static_cast<unsigned char>(text[pos])]) {
       const AddedToken& a = added_[static_cast<size_t>(i)];
@@ -799,27 +360,71 @@ void HfTokenizer::split_added(std::string_view text, bool normalized, bool allow
   if (start_offset < text.size()) out.push_back({start_offset, text.size(), -1});
 }
 
-void HfTokenizer::pre_tokenize(Piece piece, std::vector<Piece>& out) const {
-  out.clear();
-  out.push_back(std::move(piece));
-  if (pre_tokenizer_) pre_tokenizer_->apply(out);
+// A merge of `left` and `right` joins a symbol ending in left's last character to one starting
+// with right's first. (A part with no characters is never a symbol of a text.)
+void HfTokenizer::add_join(std::string_view left, std::string_view right) {
+  if (left.empty() || right.empty()) return;
+  const Utf8 x = last_char(left, left.size()), s = decode_utf8(right, 0);
+  if (x.cp < 128 && s.cp < 128) ascii_joins_[x.cp * 2 + s.cp / 64] |= uint64_t{1} << (s.cp % 64);
+  else joins_.insert(uint64_t{x.cp} << 32 | s.cp);
 }
 
+// A piece longer than the cache takes (a whole text, for a model without a pre-tokenizer) is
+// cut into words that are then encoded on their own, through the cache, at each boundary
+// between characters x and s where
+//   - x and s are each a token of the vocabulary, so each is one initial symbol (and no unknown
+//     characters, fused or not, meet there), and
+//   - no merge joins a token ending in x to one starting with s.
+// That is exact: a token's spelling is its parts' spellings end to end, so the first merge that
+// would make a symbol spanning the boundary joins a symbol ending in x to one starting with s,
+// and there is none; the merges on either side then happen in the same order alone as together
+// (lowest rank first, leftmost first, each side's own pairs only). ignore_merges (the whole piece
+// looked up first) turns this off, as does a byte-level model (its pieces are pre-tokens).
 void HfTokenizer::model(std::string_view piece, std::vector<int32_t>& out) const {
+  if (!cut_words_ || piece.size() <= WordCache::kMaxWordBytes) return model_word(piece, out);
+  size_t word = 0;
+  bool prev_known = false;
+  char32_t prev = 0, memo_cp = 0x110000;  // the last non-ASCII character looked up, and its answer
+  bool memo_known = false;
+  for (size_t i = 0; i < piece.size();) {
+    const auto c = static_cast<unsigned char>(piece[i]);
+    char32_t cp = c;
+    bool known;
+    int len = 1;
+    if (c < 0x80) {
+      known = ascii_ids_[c] >= 0;
+    } else {
+      const Utf8 d = decode_utf8(piece, i);
+      cp = d.valid ? d.cp : 0x110000 + c, len = d.len;
+      if (cp != memo_cp) memo_cp = cp, memo_known = d.valid && model_ids_.contains(piece.substr(i, static_cast<size_t>(len)));
+      known = memo_known;
+    }
+    if (known && prev_known && i > word) {
+      const bool joined = prev < 128 && cp < 128 ? (ascii_joins_[prev * 2 + cp / 64] >> (cp % 64)) & 1
+                                                 : joins_.contains(uint64_t{prev} << 32 | cp);
+      if (!joined) {
+        model_word(piece.substr(word, i - word), out);
+        word = i;
+      }
+    }
+    prev = cp, prev_known = known;
+    i += static_cast<size_t>(len);
+  }
+  model_word(piece.substr(word), out);
+}
+
+void HfTokenizer::model_word(std::string_view piece, std::vector<int32_t>& out) const {
   if (piece.empty()) return;
-  if (piece.size() > kCachedPieceBytes) return model_uncached(piece, out);
+  if (piece.size() > WordCache::kMaxWordBytes) return model_uncached(piece, out);
+  const uint64_t h = WordCache::hash(piece);
   {
     std::lock_guard lock(cache_mutex_);
-    if (const auto it = cache_.find(piece); it != cache_.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
+    if (cache_.find(piece, h, out)) return;
   }
   const size_t first = out.size();
   model_uncached(piece, out);
   std::lock_guard lock(cache_mutex_);
-  if (cache_.size() >= kCacheEntries) cache_.clear();
-  cache_.emplace(piece, std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+  cache_.insert(piece, h, std::span(out).subspan(first));
 }
 
 // tokenizers' BPE::tokenize: the whole piece when ignore_merges finds it in the vocab; else one
@@ -888,7 +493,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
   ids.reserve(text.size() / 4 + prefix_.size() + suffix_.size() + 1);
   if (add_special_tokens) ids = prefix_;
   std::vector<Span> raw, inner;
-  std::vector<Piece> pieces;
+  hf::Pieces pieces;
   split_added(text, false, allow_special, raw);
   for (const Span& s : raw) {
     if (s.token >= 0) {
@@ -904,8 +509,10 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
         ids.push_back(t.token);
         continue;
       }
-      pre_tokenize({section.substr(t.begin, t.end - t.begin), s.begin == 0 && t.begin == 0}, pieces);
-      for (const Piece& p : pieces) model(p.text, ids);
+      pieces.text.assign(section, t.begin, t.end - t.begin);
+      pieces.ranges.assign(1, {0, pieces.text.size(), s.begin == 0 && t.begin == 0});
+      if (pre_tokenizer_) pre_tokenizer_->apply(pieces);
+      for (const hf::Pieces::Range& r : pieces.ranges) model(pieces.view(r), ids);
     }
   }
   if (add_special_tokens) ids.insert(ids.end(), suffix_.begin(), suffix_.end());

@@ -15,11 +15,13 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "text/bpe.h"
 #include "text/normalize.h"
 #include "text/regex.h"
+#include "text/word_cache.h"
 
 namespace mhsa::text {
 
@@ -64,10 +66,6 @@ class HfTokenizer {
   struct Normalizer;
   struct PreTokenizer;
   struct Decoder;
-  struct Piece {
-    std::string text;
-    bool origin;  // starts where the original text starts (Metaspace's prepend_scheme "first")
-  };
 
  private:
   struct AddedToken {
@@ -84,6 +82,7 @@ class HfTokenizer {
   StrMap<int32_t> content_ids_;      // the file's spelling (added tokens first) → id
   std::vector<AddedToken> added_;
   std::vector<std::vector<int32_t>> added_by_byte_[2];  // [normalized][first byte] → added_ indices, longest first
+  std::array<bool, 256> added_starts_[2]{};             // [normalized][byte]: some added token starts with it
   // model
   BpeMerges merges_;
   bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
@@ -91,6 +90,11 @@ class HfTokenizer {
   std::array<int32_t, 256> byte_ids_{};   // byte-level: the token of each byte's character; -1: none
   std::array<int32_t, 256> fallback_ids_{};  // <0xNN>; -1: none
   std::array<int32_t, 128> ascii_ids_{};     // not byte-level: the token of each ASCII character; -1: none
+  // Where model() may cut a long piece (not byte-level): the pairs (x, s) of characters such that
+  // a merge joins a token ending in x to one starting with s; ASCII pairs as bits [x][s].
+  bool cut_words_ = false;
+  std::array<uint64_t, 256> ascii_joins_{};
+  std::unordered_set<uint64_t> joins_;  // x << 32 | s
   // pipeline
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
@@ -98,15 +102,16 @@ class HfTokenizer {
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's tokens around a single sequence
 
   mutable std::mutex cache_mutex_;
-  mutable StrMap<std::vector<int32_t>> cache_;
+  mutable WordCache cache_;  // pre-token (or word, see model()) → its ids
 
   struct Span {
     size_t begin, end;
     int32_t token;  // -1: text
   };
   void split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const;
-  void pre_tokenize(Piece piece, std::vector<Piece>& out) const;
+  void add_join(std::string_view left, std::string_view right);
   void model(std::string_view piece, std::vector<int32_t>& out) const;
+  void model_word(std::string_view piece, std::vector<int32_t>& out) const;
   void model_uncached(std::string_view piece, std::vector<int32_t>& out) const;
   std::vector<std::string> decode_tokens(std::vector<std::string> tokens, bool exact) const;
 };

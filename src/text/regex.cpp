@@ -14,13 +14,18 @@
 
 namespace mhsa::text {
 
-std::vector<Unit> decode_units(std::string_view text) {
-  std::vector<Unit> out;
+void decode_units(std::string_view text, std::vector<Unit>& out) {
+  static const auto kAscii = [] {  // each ASCII character's category and White_Space
+    std::array<std::pair<Category, bool>, 128> t{};
+    for (char32_t c = 0; c < 128; ++c) t[c] = {category(c), char_class(c) == CharClass::space};
+    return t;
+  }();
+  out.clear();
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c < 0x80) {
-      out.push_back({c, static_cast<uint32_t>(i), category(c), char_class(c) == CharClass::space});
+      out.push_back({c, static_cast<uint32_t>(i), kAscii[c].first, kAscii[c].second});
       ++i;
       continue;
     }
@@ -29,7 +34,6 @@ std::vector<Unit> decode_units(std::string_view text) {
     else out.push_back({0x110000u + c, static_cast<uint32_t>(i), Category::Cn, false});
     i += static_cast<size_t>(d.len);
   }
-  return out;
 }
 
 namespace {
@@ -414,6 +418,62 @@ class RegexParser {
 
 Regex::Regex(std::string_view pattern, std::string_view fn, std::string_view arg) {
   RegexParser(*this, pattern, fn, arg);
+  compute_first_sets();
+}
+
+// A node's parts come before it in nodes_, so one pass in order sees every part first. A
+// look-ahead is taken as nullable (it consumes nothing), so a sequence that starts with one is
+// never skipped.
+void Regex::compute_first_sets() {
+  for (Node& n : nodes_) {
+    const auto take = [&](const Node& kid) {
+      n.first_ascii[0] |= kid.first_ascii[0], n.first_ascii[1] |= kid.first_ascii[1];
+      n.first_any = n.first_any || kid.first_any;
+      for (const int set : kid.first_sets)
+        if (std::find(n.first_sets.begin(), n.first_sets.end(), set) == n.first_sets.end()) n.first_sets.push_back(set);
+    };
+    switch (n.op) {
+      case Op::set:
+        n.first_ascii[0] = sets_[static_cast<size_t>(n.set)].ascii[0], n.first_ascii[1] = sets_[static_cast<size_t>(n.set)].ascii[1];
+        n.first_sets = {n.set};
+        break;
+      case Op::seq:
+        n.nullable = true;
+        for (const int kid : n.kids) {
+          take(nodes_[static_cast<size_t>(kid)]);
+          if (!nodes_[static_cast<size_t>(kid)].nullable) {
+            n.nullable = false;
+            break;
+          }
+        }
+        break;
+      case Op::alt:
+        for (const int kid : n.kids) {
+          take(nodes_[static_cast<size_t>(kid)]);
+          n.nullable = n.nullable || nodes_[static_cast<size_t>(kid)].nullable;
+        }
+        break;
+      case Op::repeat:
+        take(nodes_[static_cast<size_t>(n.kids[0])]);
+        n.nullable = n.min == 0 || nodes_[static_cast<size_t>(n.kids[0])].nullable;
+        break;
+      default:
+        n.nullable = true;
+        break;
+    }
+  }
+}
+
+// False only when no match of n can start at units[pos].
+bool Regex::can_start(const Node& n, std::span<const Unit> units, size_t pos) const {
+  if (n.nullable) return true;
+  if (pos >= units.size()) return false;
+  const Unit& u = units[pos];
+  if (u.cp < 128) return (n.first_ascii[u.cp >> 6] >> (u.cp & 63)) & 1;
+  if (n.first_any) return true;
+  for (const int set : n.first_sets)
+    if (set_matches(sets_[static_cast<size_t>(set)], u.cp, u.cat, u.space)) return true;
+  return false;
 }
 
 namespace {
@@ -441,7 +501,7 @@ class Matcher {
       case Regex::Op::seq: return seq(n, 0, pos, k);
       case Regex::Op::alt:
         for (const int kid : n.kids)
-          if (match(kid, pos, k)) return true;
+          if (re_.can_start(re_.nodes_[static_cast<size_t>(kid)], u_, pos) && match(kid, pos, k)) return true;
         return false;
       case Regex::Op::repeat: {
         const Regex::Node& kid = re_.nodes_[static_cast<size_t>(n.kids[0])];
@@ -503,8 +563,7 @@ class Matcher {
   }
 };
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::span<const Unit> units) const {
-  std::vector<std::pair<size_t, size_t>> out;
+void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const {
   // Enough for every pattern of real files many times over; a pathological one stops early.
   Matcher m(*this, units, 1'000'000 + 1'000 * static_cast<uint64_t>(units.size()));
   size_t last_end = SIZE_MAX;
@@ -514,7 +573,7 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::span<const Unit> uni
       end = p;
       return true;
     };
-    if (m.match(root_, s, cont(done)) && !(end == s && s == last_end)) {
+    if (can_start(nodes_[static_cast<size_t>(root_)], units, s) && m.match(root_, s, cont(done)) && !(end == s && s == last_end)) {
       out.emplace_back(s, end);
       last_end = end;
       if (end > s) {
@@ -524,7 +583,6 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::span<const Unit> uni
     }
     ++s;
   }
-  return out;
 }
 
 }  // namespace mhsa::text

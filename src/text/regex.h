@@ -31,8 +31,8 @@ struct Unit {
   Category cat;
   bool space;
 };
-// The characters of `text`; text.size() < 2^32.
-std::vector<Unit> decode_units(std::string_view text);
+// The characters of `text` into `out` (replacing its contents); text.size() < 2^32.
+void decode_units(std::string_view text, std::vector<Unit>& out);
 
 class Regex {
  public:
@@ -40,10 +40,10 @@ class Regex {
   // the construct and its place.
   Regex(std::string_view pattern, std::string_view fn, std::string_view arg);
 
-  // Every match in `units`, in order, as [begin, end) indices (empty ones included, as cut
-  // points; none right after the previous match). Throws mhsa::Error when the backtracking
-  // exceeds its budget.
-  std::vector<std::pair<size_t, size_t>> find_all(std::span<const Unit> units) const;
+  // Appends every match in `units` to `out`, in order, as [begin, end) indices (empty ones
+  // included, as cut points; none right after the previous match). Throws mhsa::Error when the
+  // backtracking exceeds its budget.
+  void find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const;
 
   struct Item {
     enum class Kind : uint8_t { categories, space, range } kind;
@@ -63,10 +63,18 @@ class Regex {
     std::vector<int> kids;  // seq, alt: the parts; repeat, look-aheads: one
     int min = 1, max = 1;   // repeat; max -1: unbounded
     bool greedy = true;
+    // What can start a match of the node (set after parsing, for skipping alternatives): when
+    // not nullable (it cannot match empty), a code point below 128 must be in first_ascii and any
+    // other character must match one of first_sets (anything may, with first_any).
+    bool nullable = false, first_any = false;
+    uint64_t first_ascii[2] = {0, 0};
+    std::vector<int> first_sets;
   };
 
  private:
   friend class Matcher;
+  void compute_first_sets();
+  bool can_start(const Node& n, std::span<const Unit> units, size_t pos) const;
   std::vector<Node> nodes_;
   std::vector<Set> sets_;
   int root_ = -1;

@@ -167,12 +167,15 @@ std::string normalize(std::string_view text, NormalForm form) {
   };
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
-    if (c < 0x80) {
-      // An ASCII starter may compose with the marks after it: it starts the next segment.
+    if (c < 0x80) {  // a run of ASCII, copied as it is
       flush();
-      if (i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80) segment += c;
-      else out += static_cast<char>(c);
-      ++i;
+      size_t end = i + 1;
+      while (end < text.size() && static_cast<unsigned char>(text[end]) < 0x80) ++end;
+      // The run's last character may compose with the marks after it: it starts the next segment.
+      const bool more = end < text.size();
+      out.append(text.substr(i, end - i - (more ? 1 : 0)));
+      if (more) segment += static_cast<char32_t>(text[end - 1]);
+      i = end;
       continue;
     }
     const Utf8 d = decode_utf8(text, i);

@@ -23,9 +23,12 @@ using test::expect_error;
 // The matches of `pattern` in `text`, as strings.
 std::vector<std::string> matches(std::string_view pattern, const std::string& text) {
   const Regex re(pattern, "test", "pattern");
-  const std::vector<Unit> units = decode_units(text);
+  std::vector<Unit> units;
+  decode_units(text, units);
+  std::vector<std::pair<size_t, size_t>> found;
+  re.find_all(units, found);
   std::vector<std::string> out;
-  for (const auto& [b, e] : re.find_all(units)) {
+  for (const auto& [b, e] : found) {
     const size_t from = b < units.size() ? units[b].offset : text.size();
     const size_t to = e < units.size() ? units[e].offset : text.size();
     out.push_back(text.substr(from, to - from));
@@ -67,8 +70,10 @@ TEST(Regex, RefusesWhatItDoesNotSupport) {
 
 TEST(Regex, BacktrackingIsBounded) {
   const Regex re("(?:a|a)*b", "test", "pattern");  // exponential without a bound
-  const std::vector<Unit> units = decode_units(std::string(60, 'a'));
-  expect_error([&] { re.find_all(units); }, {"expected a regex that matches without heavy backtracking"});
+  std::vector<Unit> units;
+  decode_units(std::string(60, 'a'), units);
+  std::vector<std::pair<size_t, size_t>> found;
+  expect_error([&] { re.find_all(units, found); }, {"expected a regex that matches without heavy backtracking"});
 }
 
 TEST(Normalize, ComposesDecomposesAndReorders) {

@@ -270,6 +270,29 @@ def test_random_ids_decode_as_tokenizers(families, rng, name):
             assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), (ids, skip)
 
 
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_long_texts_encode_as_tokenizers(families, corpus, rng, name):
+    """Texts of kilobytes, as the speed benchmark encodes them: a model without a pre-tokenizer
+    sees each one as a single piece, which mhsa cuts into words where no merge can cross
+    (HfTokenizer::model); words repeat, so the cache answers most of them. Slices of English
+    text, and corpus and random strings run together."""
+    hf, ours = families[name]
+    english = "\n".join(training_text()[:-20])
+    cps = assigned_code_points()
+    texts = []
+    for _ in range(6):
+        at = int(rng.integers(len(english) - 8000))
+        texts.append(english[at:at + int(rng.integers(1000, 8000))])
+    for _ in range(6):
+        parts = [corpus[int(i)] for i in rng.integers(len(corpus), size=40)] + [random_text(rng, cps) for _ in range(5)]
+        rng.shuffle(parts)
+        texts.append("".join(p + [" ", "", "\n", "  "][int(rng.integers(4))] for p in parts))
+    if name in NORMALIZING:
+        texts = same_normalization(hf, ours, texts, NORMALIZING[name])
+    bad = differences(hf, ours, texts, False)
+    assert not bad, f"{name}: {len(bad)} of {len(texts)} long texts differ, first {bad[0][:200]!r}"
+
+
 # Every code point for a byte-level regex family (Llama 3) and a SentencePiece one (Llama 2); a
 # fresh quarter of them for the normalizing ones, a sixteenth for the rest (tokenizers itself
 # takes ~15 s a family over all of them).
