@@ -258,7 +258,7 @@ std::string HfTokenizer::Normalizer::apply(std::string s) const {
 
 HfTokenizer::PreTokenizer HfTokenizer::PreTokenizer::read(const json& j, const Where& w) {
   const std::string t = type_of(j, w);
-  PreTokenizer p{Type::sequence};
+  PreTokenizer p{.type = Type::sequence};
   if (t == "Sequence") {
     const json& list = get_array(j, "pretokenizers", w);
     for (size_t i = 0; i < list.size(); ++i) {
@@ -373,7 +373,7 @@ void HfTokenizer::PreTokenizer::apply(Pieces& pieces) const {
 
 HfTokenizer::Decoder HfTokenizer::Decoder::read(const json& j, const Where& w) {
   const std::string t = type_of(j, w);
-  Decoder d{Type::sequence};
+  Decoder d{.type = Type::sequence};
   if (t == "Sequence") {
     const json& list = get_array(j, "decoders", w);
     for (size_t i = 0; i < list.size(); ++i) d.parts.push_back(read(list[i], (w / "decoders")[i]));

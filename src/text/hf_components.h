@@ -83,11 +83,11 @@ struct HfTokenizer::Normalizer {
 
 struct HfTokenizer::PreTokenizer {
   enum class Type { sequence, split, byte_level, metaspace } type;
-  std::vector<PreTokenizer> parts;
-  hf::Pattern pattern;
+  std::vector<PreTokenizer> parts{};
+  hf::Pattern pattern{};
   Behavior behavior = Behavior::isolated;
   bool invert = false, add_prefix_space = false, use_regex = true, split = true;
-  std::string replacement;
+  std::string replacement{};
   enum class Prepend { always, first, never } prepend = Prepend::always;
 
   static PreTokenizer read(const hf::json& j, const hf::Where& w);
@@ -97,8 +97,8 @@ struct HfTokenizer::PreTokenizer {
 
 struct HfTokenizer::Decoder {
   enum class Type { sequence, byte_level, metaspace, replace, byte_fallback, fuse, strip } type;
-  std::vector<Decoder> parts;
-  std::string from, to;     // replace; metaspace: from = the replacement
+  std::vector<Decoder> parts{};
+  std::string from{}, to{};  // replace; metaspace: from = the replacement
   bool strip_first = true;  // metaspace: prepend_scheme != never
   char32_t content = 0;     // strip
   size_t start = 0, stop = 0;

@@ -158,7 +158,7 @@ class RegexParser {
   }
   int add_set(Regex::Set s) {
     re_.sets_.push_back(std::move(s));
-    return add({Regex::Op::set, static_cast<int>(re_.sets_.size()) - 1});
+    return add({.op = Regex::Op::set, .set = static_cast<int>(re_.sets_.size()) - 1});
   }
 
   // A literal (with its case variants under (?i)) as a set.
@@ -182,7 +182,7 @@ class RegexParser {
       alts.push_back(sequence(fold));
     }
     --depth_;
-    return alts.size() == 1 ? alts[0] : add({Regex::Op::alt, -1, std::move(alts)});
+    return alts.size() == 1 ? alts[0] : add({.op = Regex::Op::alt, .kids = std::move(alts)});
   }
 
   int sequence(bool fold) {
@@ -196,7 +196,7 @@ class RegexParser {
       int atom_node = atom(fold);
       parts.push_back(quantified(atom_node));
     }
-    return parts.size() == 1 ? parts[0] : add({Regex::Op::seq, -1, std::move(parts)});
+    return parts.size() == 1 ? parts[0] : add({.op = Regex::Op::seq, .kids = std::move(parts)});
   }
 
   std::optional<int> number() {
@@ -242,7 +242,7 @@ class RegexParser {
     if (!at_end() && peek() == '?') greedy = false, ++pos_;
     else if (!at_end() && peek() == '+') unsupported("possessive quantifier");
     if (!at_end() && (peek() == '?' || peek() == '*' || peek() == '+')) unsupported("a quantifier of a quantifier");
-    return add({Regex::Op::repeat, -1, {node}, min, max, greedy});
+    return add({.op = Regex::Op::repeat, .kids = {node}, .min = min, .max = max, .greedy = greedy});
   }
 
   uint32_t property() {  // after \p or \P: {Name}, {^Name} or a single letter
@@ -390,7 +390,7 @@ class RegexParser {
         if (at_end() || peek() != ')') refuse("a closing ')'", "the end of the pattern");
         ++pos_;
         if (op == Regex::Op::seq) return inner;
-        return add({op, -1, {inner}});
+        return add({.op = op, .kids = {inner}});
       }
       case '[': return bracket(fold);
       case '.': {

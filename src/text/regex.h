@@ -60,7 +60,7 @@ class Regex {
   struct Node {
     Op op;
     int set = -1;           // Op::set
-    std::vector<int> kids;  // seq, alt: the parts; repeat, look-aheads: one
+    std::vector<int> kids{};  // seq, alt: the parts; repeat, look-aheads: one
     int min = 1, max = 1;   // repeat; max -1: unbounded
     bool greedy = true;
     // What can start a match of the node (set after parsing, for skipping alternatives): when
@@ -68,7 +68,7 @@ class Regex {
     // other character must match one of first_sets (anything may, with first_any).
     bool nullable = false, first_any = false;
     uint64_t first_ascii[2] = {0, 0};
-    std::vector<int> first_sets;
+    std::vector<int> first_sets{};
   };
 
  private:
