@@ -90,7 +90,10 @@ using TextCallback = std::function<bool(std::string_view)>;
 
 class ChatSession {
  public:
-  // References model and tokenizer, which must outlive the session. Throws mhsa::Error when there
+  // References model and tokenizer, which must outlive the session. The tokenizer may have fewer
+  // tokens than the model's vocabulary (a padded embedding: Qwen2.5's 151665 of 151936); a
+  // generated id past the tokenizer's counts as a token of the answer but adds no text, as
+  // transformers' decode skips it. Throws mhsa::Error for a larger tokenizer, when there
   // is no chat template (neither options.chat_template nor the tokenizer's), the template does not
   // parse, or the generation options are out of range (as Model::generate checks them).
   ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOptions options = {});

@@ -105,8 +105,8 @@ ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOpt
   if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
   if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
     fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
-  if (tokenizer.vocab_size() != model.config().vocab_size)
-    fail(fn, "tokenizer", message("a tokenizer of the model's ", model.config().vocab_size, " tokens"),
+  if (tokenizer.vocab_size() > model.config().vocab_size)  // a padded embedding may have more rows
+    fail(fn, "tokenizer", message("a tokenizer of at most the model's ", model.config().vocab_size, " tokens"),
          message(tokenizer.vocab_size(), " tokens"));
   if (invalid_utf8_at(options_.system) != std::string_view::npos)
     fail(fn, "system", "UTF-8 text", "invalid UTF-8");
@@ -250,7 +250,9 @@ ChatTurn ChatSession::answer(const TextCallback& on_text, const std::atomic<bool
         }
         ++turn.generated_tokens;
         history.push_back(t);
-        if (const std::string piece = decoder.push(t); !piece.empty() && on_text && !on_text(piece)) {
+        // An id past the tokenizer's (a padded embedding's row) has no text, as in transformers' decode.
+        const std::string piece = t < tokenizer_->vocab_size() ? decoder.push(t) : std::string();
+        if (!piece.empty() && on_text && !on_text(piece)) {
           turn.finish = FinishReason::stopped;
           break;
         }

@@ -272,6 +272,13 @@ TEST(ChatSession, Errors) {
   const Model model = make_model(tok.vocab_size(), 64, 2);
   const Tokenizer no_template = make_tokenizer("");
   expect_error([&] { ChatSession x(model, no_template); }, {"ChatSession: tokenizer: expected a chat template"});
+  const Model small = make_model(tok.vocab_size() - 1, 64, 2);
+  expect_error([&] { ChatSession x(small, tok); },
+               {"ChatSession: tokenizer: expected a tokenizer of at most the model's " + std::to_string(tok.vocab_size() - 1) +
+                " tokens, got " + std::to_string(tok.vocab_size()) + " tokens"});
+  const Model padded = make_model(tok.vocab_size() + 7, 64, 2);  // a padded embedding (Qwen2.5's)
+  ChatSession p(padded, tok);
+  EXPECT_NO_THROW(p.send("hi"));
   ChatOptions bad;
   bad.chat_template = "{% if %}";
   expect_error([&] { ChatSession x(model, tok, bad); }, {"ChatTemplate: source: line 1"});
