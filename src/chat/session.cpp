@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "io/json.h"
+#include "mhsa/chat_template.h"
 #include "model/access.h"
 #include "text/hf_tokenizer.h"
 
@@ -111,7 +112,7 @@ ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOpt
   if (invalid_utf8_at(options_.system) != std::string_view::npos)
     fail(fn, "system", "UTF-8 text", "invalid UTF-8");
   if (!options_.chat_template.empty())
-    template_ = std::make_shared<const ChatTemplate>(options_.chat_template);
+    (void)ChatTemplate(options_.chat_template);  // a template that does not parse fails here, not at a turn
   else if (tokenizer.chat_template().empty())
     fail(fn, "tokenizer",
          "a chat template (chat_template in tokenizer_config.json, or chat_template.jinja) or options.chat_template",
@@ -157,10 +158,10 @@ void ChatSession::set_messages(std::vector<ChatMessage> messages) {
 }
 
 std::string ChatSession::render(bool add_generation_prompt) const {
-  const std::string m = messages_json(messages_);
-  if (!template_) return tokenizer_->apply_chat_template(m, add_generation_prompt);
-  const json vars = {{"bos_token", tokenizer_->bos_token()}, {"eos_token", tokenizer_->eos_token()}};
-  return template_->render(m, add_generation_prompt, vars.dump(-1, ' ', false, json::error_handler_t::replace));
+  ChatTemplateOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.chat_template = options_.chat_template;  // "": the tokenizer's
+  return tokenizer_->apply_chat_template(messages_json(messages_), o);
 }
 
 std::vector<int32_t> ChatSession::encode(bool add_generation_prompt) const {
