@@ -309,7 +309,7 @@ def test_a_given_template_sees_every_special_token_of_the_config(chat_dir, tmp_p
     template.write_text(source)
     messages = [{"role": "user", "content": line(rng)}]
     out = messages_answer(chat_dir, messages, "--chat-template", template, "-n", "1")
-    hf = transformers.AutoTokenizer.from_pretrained(str(chat_dir))
+    hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(chat_dir))
     ids = hf.apply_chat_template(messages, chat_template=source, add_generation_prompt=True, tokenize=True)
     if not isinstance(ids, list):  # newer transformers give a BatchEncoding
         ids = ids["input_ids"]

@@ -65,7 +65,9 @@ def qwen_dir(tmp_path_factory, seed):
         model.model.embed_tokens.weight.mul_(20.0)
         model.lm_head.weight[n:].mul_(3.0)
     model.save_pretrained(d, safe_serialization=True)
-    return d, model, transformers.AutoTokenizer.from_pretrained(str(d)), n
+    # PreTrainedTokenizerFast: the tokenizer.json as written (transformers 5's AutoTokenizer would build a
+    # Qwen2Tokenizer with Qwen's own pre-tokenizer for a qwen2 config, not this file's).
+    return d, model, transformers.PreTrainedTokenizerFast.from_pretrained(str(d)), n
 
 
 def run(*args, stdin=None):
