@@ -33,10 +33,12 @@ LoadedModel load_model(const std::filesystem::path& dir) {
   Model model = Model::load(dir);
   const int64_t n_vocab = model.config().vocab_size;
   Tokenizer tokenizer = Tokenizer::for_model(dir, n_vocab);  // BPE, or bytes
-  if (tokenizer.vocab_size() != n_vocab)
-    throw Error(detail::message("--model: expected a tokenizer of the model's ", n_vocab,
+  // The embedding may have more rows than the tokenizer has tokens (Qwen2.5: 151936 for 151665):
+  // ids past the tokenizer's decode to no text, as in transformers.
+  if (tokenizer.vocab_size() > n_vocab)
+    throw Error(detail::message("--model: expected a tokenizer of at most the model's ", n_vocab,
                                 " tokens (vocab_size in config.json), got one of ", tokenizer.vocab_size(),
-                                " tokens (vocab.json) in '", dir.string(), "'"));
+                                " tokens in '", dir.string(), "'"));
   return {dir, std::move(model), std::move(tokenizer)};
 }
 

@@ -134,7 +134,8 @@ void run(const GenerateArgs& a) {
       [&](int64_t, std::span<const int32_t> step) {
         tokens.push_back(step[0]);
         if (!a.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), step[0]) != eos_ids.end()) return false;
-        const bool stop = stream.add(tok.token_bytes(step[0]));
+        // An id past the tokenizer's (a padded embedding's row) has no text, as in transformers' decode.
+        const bool stop = stream.add(step[0] < tok.vocab_size() ? tok.token_bytes(step[0]) : std::string());
         if (!a.json) {
           write_stdout(stream.take(stop));
           flush_stdout();  // stops generating when the text cannot be written

@@ -17,13 +17,11 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "mhsa/chat_template.h"
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 
@@ -70,8 +68,9 @@ const char* finish_reason_name(FinishReason reason);
 struct ChatOptions {
   GenerationOptions generation;  // max_new_tokens and the sampler; stop_at_eos is not used
   std::string system;            // a system message at the start of every conversation ("": none)
-  // A Jinja chat template to use instead of the tokenizer's ("": the tokenizer's); rendered with
-  // bos_token and eos_token as variables.
+  // The name of one of the tokenizer's named templates, or a Jinja chat template to use instead of
+  // the tokenizer's ("": the tokenizer's); rendered as transformers' apply_chat_template(
+  // chat_template=...) renders it, with all of tokenizer_config.json's special tokens as variables.
   std::string chat_template;
 };
 
@@ -90,7 +89,10 @@ using TextCallback = std::function<bool(std::string_view)>;
 
 class ChatSession {
  public:
-  // References model and tokenizer, which must outlive the session. Throws mhsa::Error when there
+  // References model and tokenizer, which must outlive the session. The tokenizer may have fewer
+  // tokens than the model's vocabulary (a padded embedding: Qwen2.5's 151665 of 151936); a
+  // generated id past the tokenizer's counts as a token of the answer but adds no text, as
+  // transformers' decode skips it. Throws mhsa::Error for a larger tokenizer, when there
   // is no chat template (neither options.chat_template nor the tokenizer's), the template does not
   // parse, or the generation options are out of range (as Model::generate checks them).
   ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOptions options = {});
@@ -132,7 +134,6 @@ class ChatSession {
   const Model* model_;
   const Tokenizer* tokenizer_;
   ChatOptions options_;
-  std::shared_ptr<const ChatTemplate> template_;  // options.chat_template compiled, or null
   std::vector<int32_t> stop_ids_;
   std::vector<ChatMessage> messages_;
   ModelCache cache_;

@@ -6,6 +6,7 @@ a subclass of ``ValueError``.
 """
 
 from ._core import (
+    ChatSession,
     ChatTemplate,
     GPT2,
     GPT2Cache,
@@ -28,6 +29,7 @@ from ._core import (
 )
 
 __all__ = [
+    "ChatSession",
     "ChatTemplate",
     "Error",
     "GPT2",

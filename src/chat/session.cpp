@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "io/json.h"
+#include "mhsa/chat_template.h"
 #include "model/access.h"
 #include "text/hf_tokenizer.h"
 
@@ -105,13 +106,13 @@ ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOpt
   if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
   if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
     fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
-  if (tokenizer.vocab_size() != model.config().vocab_size)
-    fail(fn, "tokenizer", message("a tokenizer of the model's ", model.config().vocab_size, " tokens"),
+  if (tokenizer.vocab_size() > model.config().vocab_size)  // a padded embedding may have more rows
+    fail(fn, "tokenizer", message("a tokenizer of at most the model's ", model.config().vocab_size, " tokens"),
          message(tokenizer.vocab_size(), " tokens"));
   if (invalid_utf8_at(options_.system) != std::string_view::npos)
     fail(fn, "system", "UTF-8 text", "invalid UTF-8");
   if (!options_.chat_template.empty())
-    template_ = std::make_shared<const ChatTemplate>(options_.chat_template);
+    (void)ChatTemplate(options_.chat_template);  // a template that does not parse fails here, not at a turn
   else if (tokenizer.chat_template().empty())
     fail(fn, "tokenizer",
          "a chat template (chat_template in tokenizer_config.json, or chat_template.jinja) or options.chat_template",
@@ -157,10 +158,10 @@ void ChatSession::set_messages(std::vector<ChatMessage> messages) {
 }
 
 std::string ChatSession::render(bool add_generation_prompt) const {
-  const std::string m = messages_json(messages_);
-  if (!template_) return tokenizer_->apply_chat_template(m, add_generation_prompt);
-  const json vars = {{"bos_token", tokenizer_->bos_token()}, {"eos_token", tokenizer_->eos_token()}};
-  return template_->render(m, add_generation_prompt, vars.dump(-1, ' ', false, json::error_handler_t::replace));
+  ChatTemplateOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.chat_template = options_.chat_template;  // "": the tokenizer's
+  return tokenizer_->apply_chat_template(messages_json(messages_), o);
 }
 
 std::vector<int32_t> ChatSession::encode(bool add_generation_prompt) const {
@@ -250,7 +251,9 @@ ChatTurn ChatSession::answer(const TextCallback& on_text, const std::atomic<bool
         }
         ++turn.generated_tokens;
         history.push_back(t);
-        if (const std::string piece = decoder.push(t); !piece.empty() && on_text && !on_text(piece)) {
+        // An id past the tokenizer's (a padded embedding's row) has no text, as in transformers' decode.
+        const std::string piece = t < tokenizer_->vocab_size() ? decoder.push(t) : std::string();
+        if (!piece.empty() && on_text && !on_text(piece)) {
           turn.finish = FinishReason::stopped;
           break;
         }

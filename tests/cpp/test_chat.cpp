@@ -42,7 +42,8 @@ const std::string kTemplate =
     "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}";
 
-Tokenizer make_tokenizer(const std::string& chat_template = kTemplate) {
+// extra_config: more of tokenizer_config.json's keys (pad_token, ...).
+Tokenizer make_tokenizer(const std::string& chat_template = kTemplate, const json& extra_config = json::object()) {
   json vocab = json::object(), added = json::array();
   int id = 0;
   for (const std::string& s : kSpecials) {
@@ -61,7 +62,8 @@ Tokenizer make_tokenizer(const std::string& chat_template = kTemplate) {
   const json tj = {{"added_tokens", added},
                    {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", kMerges}, {"byte_fallback", true}}},
                    {"decoder", {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}}};
-  const json config = {{"chat_template", chat_template}, {"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  json config = {{"chat_template", chat_template}, {"bos_token", "<s>"}, {"eos_token", "</s>"}};
+  config.update(extra_config);
   return Tokenizer::parse_json(tj.dump(), config.dump());
 }
 
@@ -272,6 +274,13 @@ TEST(ChatSession, Errors) {
   const Model model = make_model(tok.vocab_size(), 64, 2);
   const Tokenizer no_template = make_tokenizer("");
   expect_error([&] { ChatSession x(model, no_template); }, {"ChatSession: tokenizer: expected a chat template"});
+  const Model small = make_model(tok.vocab_size() - 1, 64, 2);
+  expect_error([&] { ChatSession x(small, tok); },
+               {"ChatSession: tokenizer: expected a tokenizer of at most the model's " + std::to_string(tok.vocab_size() - 1) +
+                " tokens, got " + std::to_string(tok.vocab_size()) + " tokens"});
+  const Model padded = make_model(tok.vocab_size() + 7, 64, 2);  // a padded embedding (Qwen2.5's)
+  ChatSession p(padded, tok);
+  EXPECT_NO_THROW(p.send("hi"));
   ChatOptions bad;
   bad.chat_template = "{% if %}";
   expect_error([&] { ChatSession x(model, tok, bad); }, {"ChatTemplate: source: line 1"});
@@ -283,6 +292,28 @@ TEST(ChatSession, Errors) {
   ChatSession r(model, tok, raising);
   expect_error([&] { r.send("hi"); }, {"no"});
   EXPECT_TRUE(r.messages().empty());
+}
+
+TEST(ChatSession, GivenTemplateSeesEverySpecialTokenOfTheConfig) {
+  std::mt19937_64 rng(std::random_device{}());
+  const Tokenizer tok = make_tokenizer(kTemplate, {{"pad_token", "<|system|>"}, {"unk_token", "[INST]"}});
+  const Model model = make_model(tok.vocab_size(), 256, rng());
+  ChatOptions o;
+  o.generation.max_new_tokens = 1 + static_cast<int64_t>(rng() % 6);
+  o.chat_template =
+      "{{ pad_token }}{% for m in messages %}{{ bos_token }}{{ m.content }}{{ unk_token }}{% endfor %}"
+      "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+  ChatSession s(model, tok, o);
+  const ChatTurn t = s.send("the in");
+  EXPECT_EQ(s.render(false), "<|system|><s>the in[INST]<s>" + t.text + "[INST]");
+  ChatTemplateOptions to;
+  to.add_generation_prompt = true;
+  to.chat_template = o.chat_template;
+  const std::string m = json::array({{{"role", "user"}, {"content", "the in"}}, {{"role", "assistant"}, {"content", t.text}}}).dump();
+  EXPECT_EQ(s.render(true), tok.apply_chat_template(m, to));
+  // The end of an answer is the special token the template writes after one.
+  EXPECT_TRUE(std::find(s.end_of_turn_ids().begin(), s.end_of_turn_ids().end(), *tok.token_id("[INST]")) !=
+              s.end_of_turn_ids().end());
 }
 
 TEST(ChatSession, ParseMessages) {

@@ -200,8 +200,8 @@ def test_generate_and_explain_refuse_a_tokenizer_of_another_model(tmp_path):
         shutil.copy(DEFAULT_MODEL / f, tmp_path / f)
     shutil.copy(TOKENIZER / "encoder.json", tmp_path / "vocab.json")
     shutil.copy(TOKENIZER / "vocab.bpe", tmp_path / "merges.txt")
-    message = (f"mhsa: error: --model: expected a tokenizer of the model's 256 tokens (vocab_size in config.json), "
-               f"got one of 50257 tokens (vocab.json) in '{tmp_path}'\n")
+    message = (f"mhsa: error: --model: expected a tokenizer of at most the model's 256 tokens (vocab_size in "
+               f"config.json), got one of 50257 tokens in '{tmp_path}'\n")
     for args in (["generate", "--prompt", "Hello"], ["explain", "--prompt", "Hello", "--format", "text"]):
         r = run(*args, "--model", tmp_path)
         assert r.returncode == 2 and r.stderr == message, r.stderr

@@ -316,3 +316,18 @@ def test_answer_equals_transformers(chat_dir, rng):
     j = messages_answer(chat_dir, messages, "-n", n)
     assert j["prompt_tokens"] == len(ids) and j["completion_tokens"] == n
     assert j["content"] == hf.decode(out[0, len(ids):], skip_special_tokens=True)
+
+
+def test_a_given_template_sees_every_special_token_of_the_config(chat_dir, tmp_path, rng):
+    transformers = pytest.importorskip("transformers")
+    template = tmp_path / "t.jinja"
+    source = "{{ pad_token }}" + CHATML  # pad_token: only in tokenizer_config.json
+    template.write_text(source)
+    messages = [{"role": "user", "content": line(rng)}]
+    out = messages_answer(chat_dir, messages, "--chat-template", template, "-n", "1")
+    hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(chat_dir))
+    ids = hf.apply_chat_template(messages, chat_template=source, add_generation_prompt=True, tokenize=True)
+    if not isinstance(ids, list):  # newer transformers give a BatchEncoding
+        ids = ids["input_ids"]
+    assert ids[0] == hf.convert_tokens_to_ids("<|endoftext|>")
+    assert out["prompt_tokens"] == len(ids)
