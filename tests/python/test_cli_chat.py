@@ -304,7 +304,9 @@ def test_answer_equals_transformers(chat_dir, rng):
     generate's tokens, and their decoded text."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoTokenizer.from_pretrained(str(chat_dir))
+    # The saved tokenizer.json as it is (transformers 5's AutoTokenizer may rebuild a family's own
+    # pre-tokenizer for a llama/qwen2 directory instead).
+    hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(chat_dir))
     model = transformers.LlamaForCausalLM.from_pretrained(str(chat_dir), torch_dtype=torch.float32).eval()
     n = rng.randint(5, 30)
     messages = [{"role": "system", "content": line(rng)}, {"role": "user", "content": line(rng)},
