@@ -13,6 +13,14 @@
 
 namespace mhsa::kernels {
 
+// One matrix of a matmul_bt_parts call: C[M, N] (ldc) = A · B[N, K]ᵀ (ldb).
+struct BtPart {
+  const float* B;
+  int64_t ldb, N;
+  float* C;
+  int64_t ldc;
+};
+
 #define MHSA_DECLARE_ISA_KERNELS(isa)                                                                      \
   namespace isa {                                                                                          \
   void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,     \
@@ -43,6 +51,7 @@ namespace mhsa::kernels {
   void gelu_tanh_backward(int64_t n, const float* z, const float* du, float* dz);                           \
   void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,  \
                  float* C, int64_t ldc);                                                                   \
+  void matmul_bt_parts(int64_t M, int64_t K, const float* A, int64_t lda, const BtPart* parts, int count);    \
   void softmax_cross_entropy(int64_t rows, int64_t V, float* logits, int64_t ld, const int32_t* targets,     \
                              float scale, double* loss);                                                   \
   void adamw(int64_t n, float* w, const float* g, float* m, float* v, float lr, float decay, float beta1,    \
@@ -72,6 +81,9 @@ struct KernelTable {
   // C[M, N] = A[M, K] · B[N, K]ᵀ for small M (kernels/matmul_bt.cpp), a bandwidth-bound stream
   // over B; deterministic like gemm.
   decltype(&portable::matmul_bt) matmul_bt;
+  // matmul_bt of one A against several B matrices (q | k | v, gate | up) in one pass, their rows
+  // split evenly across the threads; each C element's bits are matmul_bt's.
+  decltype(&portable::matmul_bt_parts) matmul_bt_parts;
   // Training: the softmax cross-entropy head and AdamW (float64 twins in kernels/elementwise.h).
   decltype(&portable::softmax_cross_entropy) softmax_cross_entropy;
   decltype(&portable::adamw) adamw;

@@ -239,46 +239,49 @@ void attention_decode(const AttentionParams& p) {
     heads[r] = r / p.Tq;  // relative to the group's first head
     queries[r] = r % p.Tq;
   }
-#pragma omp parallel for collapse(3) schedule(dynamic, 1)
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t hk = 0; hk < p.Hkv; ++hk)
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        float* part = partials.data() + ((b * p.Hkv + hk) * splits + sp) * stride;
-        float* m = part + rows * Dv;
-        float* l = m + rows;
-        std::fill(m, m + rows, kNegInf);
-        int64_t abs_heads[kDecodeRows];
-        for (int64_t r = 0; r < rows; ++r) abs_heads[r] = hk * group + heads[r];
-        decode_slice(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), rows, abs_heads,
-                     queries.data(), part, m, l);
-      }
-  // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t hk = 0; hk < p.Hkv; ++hk)
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* first = partials.data() + (b * p.Hkv + hk) * splits * stride;
-        float big_m = kNegInf;
-        for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, first[sp * stride + rows * Dv + r]);
-        const int64_t h = hk * group + heads[r], i = queries[r];
-        float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2] : nullptr;
-        float sum = 0.0f;
-        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
+#pragma omp parallel  // one region: the slices, then (after the loop's barrier) their merge
+  {
+#pragma omp for collapse(3) schedule(dynamic, 1)
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t hk = 0; hk < p.Hkv; ++hk)
         for (int64_t sp = 0; sp < splits; ++sp) {
-          const float* part = first + sp * stride;
-          const float ms = part[rows * Dv + r], ls = part[rows * Dv + rows + r];
-          if (ls == 0.0f) continue;  // every key of the slice masked (a NaN slice has l NaN)
-          const float w = std::exp(ms - big_m);  // NaN when the row's scores so far are all NaN
-          sum += w * ls;
-          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
+          float* part = partials.data() + ((b * p.Hkv + hk) * splits + sp) * stride;
+          float* m = part + rows * Dv;
+          float* l = m + rows;
+          std::fill(m, m + rows, kNegInf);
+          int64_t abs_heads[kDecodeRows];
+          for (int64_t r = 0; r < rows; ++r) abs_heads[r] = hk * group + heads[r];
+          decode_slice(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), rows, abs_heads,
+                       queries.data(), part, m, l);
         }
-        const bool masked = sum == 0.0f;  // no visible key
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : out[d * p.out_stride[3]] * inv;
-        if (p.lse)
-          p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-              masked ? kNegInf : big_m + std::log(sum);
-      }
+    // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t hk = 0; hk < p.Hkv; ++hk)
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* first = partials.data() + (b * p.Hkv + hk) * splits * stride;
+          float big_m = kNegInf;
+          for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, first[sp * stride + rows * Dv + r]);
+          const int64_t h = hk * group + heads[r], i = queries[r];
+          float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2] : nullptr;
+          float sum = 0.0f;
+          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
+          for (int64_t sp = 0; sp < splits; ++sp) {
+            const float* part = first + sp * stride;
+            const float ms = part[rows * Dv + r], ls = part[rows * Dv + rows + r];
+            if (ls == 0.0f) continue;  // every key of the slice masked (a NaN slice has l NaN)
+            const float w = std::exp(ms - big_m);  // NaN when the row's scores so far are all NaN
+            sum += w * ls;
+            for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
+          }
+          const bool masked = sum == 0.0f;  // no visible key
+          const float inv = 1.0f / sum;
+          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : out[d * p.out_stride[3]] * inv;
+          if (p.lse)
+            p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+                masked ? kNegInf : big_m + std::log(sum);
+        }
+  }
 }
 
 }  // namespace

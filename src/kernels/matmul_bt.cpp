@@ -1,20 +1,28 @@
 // kernels/matmul_bt.cpp — C[M, N] = A[M, K] · B[N, K]ᵀ for a few rows M, compiled once per ISA:
-// the output projection of a language model (logits = h · wteᵀ with wte stored [V, C]) while
-// decoding, when it is a stream over the whole embedding matrix. Each row of B is read once,
-// from memory, and dotted with up to kRows rows of A held in L1; later groups of A rows find the
-// same block of B in L2. Threads split N. Not for large M: that is a GEMM (see model/gpt2.cpp).
+// the weight streams of decoding, where every projection is a pass over an [out, in] matrix (an
+// nn.Linear weight, or the LM head's logits = h · wteᵀ with wte stored [V, C]). Several matrices
+// that multiply the same A (q | k | v, gate | up) are one call: their rows form one row space
+// that the threads split evenly, in groups of kGroup rows, each thread one contiguous range, read
+// in order (one sequential stream: interleaving several rows' streams measured slower). Each row
+// of B is read once, from memory, and dotted with up to kRows rows of A held in L1. Every C
+// element is one FMA chain over k in vector steps and the same horizontal sum, whatever the
+// grouping and the thread count. Not for large M: that is a GEMM.
 #include <omp.h>
 
 #include <algorithm>
 
+#include "kernels/dispatch.h"
 #include "kernels/isa/simd.h"
 
 namespace mhsa::kernels::MHSA_ISA {
 namespace {
 
-constexpr int kRows = 4;         // rows of A per pass over a block of B
-constexpr int64_t kBlockN = 64;  // rows of B per block: 64·K floats, well inside L2 for K ≤ 2048
+constexpr int kRows = 4;   // rows of A per pass over a group of B rows
+constexpr int kGroup = 4;  // rows of B per group: the unit the threads split
+constexpr int64_t kParallel = int64_t{1} << 15;  // below this many multiply-adds per A row: one thread
 
+// out[r·ldc] = A row r · b for R rows of A: one FMA chain per row over k in vector steps, then
+// the fixed-order horizontal sum.
 template <int R>
 void dot_rows(int64_t K, const float* A, int64_t lda, const float* b, float* out, int64_t ldc) {
   Vec acc[R] = {};
@@ -31,29 +39,55 @@ void dot_rows(int64_t K, const float* A, int64_t lda, const float* b, float* out
   for (int r = 0; r < R; ++r) out[r * ldc] = reduce_sum(acc[r]);
 }
 
-}  // namespace
-
-void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-               int64_t ldc) {
-  const int64_t blocks = (N + kBlockN - 1) / kBlockN;
-#pragma omp parallel for schedule(static) if (N * K >= (int64_t{1} << 15))
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t n0 = blk * kBlockN, n1 = std::min(N, n0 + kBlockN);
-    for (int64_t m = 0; m < M; m += kRows) {
-      const int64_t rows = std::min<int64_t>(kRows, M - m);
-      for (int64_t n = n0; n < n1; ++n) {
+// C[M, rows] = A[M, K] · B[rows, K]ᵀ, B's rows in order (one sequential stream when they are
+// contiguous), each group of kGroup rows L1-resident while every kRows rows of A pass over it.
+void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t rows,
+                   float* C, int64_t ldc) {
+  for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
+    for (int64_t m = 0; m < M; m += kRows)
+      for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
+        const float* a = A + m * lda;
         const float* b = B + n * ldb;
         float* out = C + m * ldc + n;
-        const float* a = A + m * lda;
-        switch (rows) {
+        switch (std::min<int64_t>(kRows, M - m)) {
           case 4: dot_rows<4>(K, a, lda, b, out, ldc); break;
           case 3: dot_rows<3>(K, a, lda, b, out, ldc); break;
           case 2: dot_rows<2>(K, a, lda, b, out, ldc); break;
           default: dot_rows<1>(K, a, lda, b, out, ldc); break;
         }
       }
+}
+
+}  // namespace
+
+void matmul_bt_parts(int64_t M, int64_t K, const float* A, int64_t lda, const BtPart* parts, int count) {
+  int64_t groups = 0, total_rows = 0;  // every part's rows in groups of kGroup (its last one may be short)
+  for (int p = 0; p < count; ++p) {
+    groups += (parts[p].N + kGroup - 1) / kGroup;
+    total_rows += parts[p].N;
+  }
+#pragma omp parallel if (total_rows * K >= kParallel)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t g0 = groups * t / threads, g1 = groups * (t + 1) / threads;  // this thread's groups
+    int64_t first = 0;                                                          // the part's first group
+    for (int p = 0; p < count && first < g1; ++p) {
+      const BtPart& part = parts[p];
+      const int64_t part_groups = (part.N + kGroup - 1) / kGroup;
+      const int64_t lo = std::max(g0, first) - first, hi = std::min(g1, first + part_groups) - first;
+      if (lo < hi) {
+        const int64_t n0 = lo * kGroup, n1 = std::min(part.N, hi * kGroup);
+        range_product(M, K, A, lda, part.B + n0 * part.ldb, part.ldb, n1 - n0, part.C + n0, part.ldc);
+      }
+      first += part_groups;
     }
   }
+}
+
+void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+               int64_t ldc) {
+  const BtPart part{B, ldb, N, C, ldc};
+  matmul_bt_parts(M, K, A, lda, &part, 1);
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA

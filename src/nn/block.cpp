@@ -35,6 +35,10 @@ void linear(const Stack& s, const LinearRef& l, int64_t rows, const float* x, in
   linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
 }
 
+LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
+  return {&s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy};
+}
+
 void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
                  int64_t ldy, float* dx, int64_t lddx, bool accumulate, std::vector<Tensor>& grads) {
   linear_backward(rows, x, ldx, dy, ldy, s.p(l.w), l.layout, &grads[static_cast<size_t>(l.w)],
@@ -52,9 +56,9 @@ void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows
   if (L.qkv.w >= 0) {
     linear(s, L.qkv, rows, h, d.C, qkv, d.N);
   } else {
-    linear(s, L.q, rows, h, d.C, qkv, d.N);
-    linear(s, L.k, rows, h, d.C, qkv + d.Nq, d.N);
-    linear(s, L.v, rows, h, d.C, qkv + d.Nq + d.Nkv, d.N);
+    const LinearOut outs[] = {out_of(s, L.q, qkv, d.N), out_of(s, L.k, qkv + d.Nq, d.N),
+                              out_of(s, L.v, qkv + d.Nq + d.Nkv, d.N)};
+    linear_forward_many(rows, h, d.C, outs);
   }
   if (L.q_norm >= 0) {
     if (qkv0) *qkv0 = copy_of(qkv, rows, d.N);
@@ -158,8 +162,8 @@ void mlp_forward(const Stack& s, const LayerRefs& L, int64_t rows, const float* 
     return;
   }
   Tensor u({rows, d.F}), act({rows, d.F});
-  linear(s, L.gate, rows, h, d.C, z.data(), d.F);
-  linear(s, L.up, rows, h, d.C, u.data(), d.F);
+  const LinearOut outs[] = {out_of(s, L.gate, z.data(), d.F), out_of(s, L.up, u.data(), d.F)};
+  linear_forward_many(rows, h, d.C, outs);
   gated_forward(kind, rows, d.F, z.data(), u.data(), act.data());
   linear(s, L.down, rows, act.data(), d.F, m, d.C);
   if (tape) {

@@ -49,9 +49,19 @@ Tensor times_transposed(const float* g, int64_t B, int64_t T, int64_t n, const T
   return out;
 }
 
+namespace {
+
+constexpr int64_t kStreamRows = 8;  // up to here an [out, in] weight is streamed (decoding)
+
+void add_bias(int64_t rows, int64_t out, const float* b, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < out; ++c) y[r * ldy + c] += b[c];
+}
+
+}  // namespace
+
 void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, Layout layout, const float* b,
                     float* y, int64_t ldy) {
-  constexpr int64_t kStreamRows = 8;  // up to here an [out, in] weight is streamed (decoding)
   const kernels::KernelTable& k = kernels::kernels();
   if (layout == Layout::in_out) return k.gemm(rows, w.dim(1), w.dim(0), x, ldx, w.data(), w.dim(1), b, y, ldy);
   const int64_t out = w.dim(0), in = w.dim(1);
@@ -59,9 +69,27 @@ void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, 
     k.matmul_bt(rows, out, in, x, ldx, w.data(), in, y, ldy);
   else
     k.gemm_ex(rows, out, in, x, ldx, /*trans_a=*/false, w.data(), in, /*trans_b=*/true, y, ldy, /*accumulate=*/false);
-  if (b)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < out; ++c) y[r * ldy + c] += b[c];
+  if (b) add_bias(rows, out, b, y, ldy);
+}
+
+void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<const LinearOut> outs) {
+  constexpr size_t kMaxParts = 4;
+  const bool stream = rows <= kStreamRows && outs.size() <= kMaxParts &&
+                      std::all_of(outs.begin(), outs.end(), [&](const LinearOut& o) {
+                        return o.layout == Layout::out_in && o.w->dim(1) == outs[0].w->dim(1);
+                      });
+  if (!stream) {
+    for (const LinearOut& o : outs) linear_forward(rows, x, ldx, *o.w, o.layout, o.b, o.y, o.ldy);
+    return;
+  }
+  kernels::BtPart parts[kMaxParts];
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Tensor& w = *outs[i].w;
+    parts[i] = {w.data(), w.dim(1), w.dim(0), outs[i].y, outs[i].ldy};
+  }
+  kernels::kernels().matmul_bt_parts(rows, outs[0].w->dim(1), x, ldx, parts, static_cast<int>(outs.size()));
+  for (const LinearOut& o : outs)
+    if (o.b) add_bias(rows, o.w->dim(0), o.b, o.y, o.ldy);
 }
 
 void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Tensor& w,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "mhsa/tensor.h"
 
@@ -16,6 +17,19 @@ enum class Layout { in_out, out_in };  // W stored [in, out] (Conv1D) or [out, i
 // y [rows, out] (ldy) = x [rows, in] (ldx) · W + b   (b may be null; W's layout as given)
 void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, Layout layout, const float* b,
                     float* y, int64_t ldy);
+// One output of linear_forward_many: y [rows, out] (ldy) = x · W + b.
+struct LinearOut {
+  const Tensor* w;
+  Layout layout;
+  const float* b;  // may be null
+  float* y;
+  int64_t ldy;
+};
+// Several linears of the same x [rows, in] (q, k, v; gate, up): for a few rows and [out, in]
+// weights one stream over all of them (one pass, the threads splitting their rows evenly), else
+// linear_forward each. The bits are linear_forward's either way.
+void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<const LinearOut> outs);
+
 // From dy [rows, out] (ldy) and the forward's x [rows, in] (ldx): dw += ∂/∂W (when dw),
 // db += Σ_rows dy in float64 (when db), and dx [rows, in] (lddx) = dy·Wᵀ, or += with accumulate
 // (when dx).

@@ -154,6 +154,53 @@ TEST(Gpt2Kernels, TransposedStreamMatchesFloat64) {
     }
 }
 
+// Several matrices in one stream (q | k | v): strided B and C, parts that end inside a group of
+// rows, large enough to be split across threads. Each part against float64, and bit for bit the
+// separate matmul_bt calls whatever the thread count.
+TEST(Gpt2Kernels, TransposedStreamOfSeveralMatricesIsEachOne) {
+  auto gen = test_rng();
+  const int saved = omp_get_max_threads();
+  const int64_t K = 401, ldb = K + 2, Ns[] = {13, 5, 90}, ldc = 13 + 5 + 90 + 3;
+  for (cpu::Isa isa : cpu::usable_isas())
+    for (int64_t M : {1, 3, 6}) {
+      const kernels::KernelTable& k = kernels::kernels_for(isa);
+      const Tensor a = random_tensor(gen, {M, K + 1});
+      std::vector<Tensor> bs;
+      for (int64_t N : Ns) bs.push_back(random_tensor(gen, {N, ldb}));
+      Tensor want({M, ldc});  // the separate calls, side by side
+      int64_t col = 0;
+      for (size_t p = 0; p < bs.size(); col += Ns[p++])
+        k.matmul_bt(M, Ns[p], K, a.data(), K + 1, bs[p].data(), ldb, want.data() + col, ldc);
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        Tensor got({M, ldc});
+        kernels::BtPart parts[3];
+        col = 0;
+        for (size_t p = 0; p < bs.size(); col += Ns[p++]) parts[p] = {bs[p].data(), ldb, Ns[p], got.data() + col, ldc};
+        k.matmul_bt_parts(M, K, a.data(), K + 1, parts, 3);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t c = 0; c < col; ++c)
+            ASSERT_EQ(got.data()[m * ldc + c], want.data()[m * ldc + c])
+                << cpu::isa_name(isa) << " M " << M << " threads " << threads << " at " << m << ", " << c;
+      }
+      omp_set_num_threads(saved);
+      col = 0;
+      for (size_t p = 0; p < bs.size(); col += Ns[p++]) {  // each part against float64
+        const int64_t N = Ns[p];
+        Tensor bt({K, N}), ref({M, N}), part({M, N});
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t kk = 0; kk < K; ++kk) bt.data()[kk * N + n] = bs[p].data()[n * ldb + kk];
+        Tensor a_packed({M, K});
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t kk = 0; kk < K; ++kk) a_packed.data()[m * K + kk] = a.data()[m * (K + 1) + kk];
+        kernels::gemm_ref(M, N, K, a_packed.data(), K, bt.data(), N, nullptr, ref.data(), N);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) part.data()[m * N + n] = want.data()[m * ldc + col + n];
+        EXPECT_LE(rel_l2(part.data(), as_double(ref.data(), ref.numel())), 2e-6) << cpu::isa_name(isa) << " part " << p;
+      }
+    }
+}
+
 Gpt2Config tiny_config() {
   Gpt2Config c;
   c.vocab_size = 61;
