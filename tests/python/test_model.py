@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import mhsa
+from test_families import assert_same_greedy  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
@@ -96,11 +97,9 @@ def test_greedy_generation_matches_transformers(family, rng, tmp_path):
     m = mhsa.Model.load(tmp_path)
     prompt = rng.integers(3, 97, size=(1, 7))
     out = m.generate(prompt, max_new_tokens=10, stop_at_eos=False)
-    with torch.no_grad():
-        want = hf.generate(torch.tensor(prompt), max_new_tokens=10, min_new_tokens=10, do_sample=False,
-                           pad_token_id=0).numpy()
-    assert out.shape == want.shape
-    np.testing.assert_array_equal(out, want)
+    # Equal tokens, but for a near tie in transformers' own logits where they part (random tiny
+    # models have them: seed 3310628359 parts at a gap of float32 rounding).
+    assert_same_greedy(out, hf, prompt, 10)
 
 
 def test_generation_config_eos_stops_generation_as_in_transformers(rng, tmp_path):
@@ -121,7 +120,13 @@ def test_generation_config_eos_stops_generation_as_in_transformers(rng, tmp_path
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").float().eval()
     with torch.no_grad():
         want = hf.generate(torch.tensor(prompt), max_new_tokens=12, do_sample=False, pad_token_id=0).numpy()
-    np.testing.assert_array_equal(out, want)
+    if out.shape != want.shape or (out != want).any():  # only a near tie in transformers' logits may part them
+        n = min(out.shape[1], want.shape[1])
+        p = int(np.argmax(np.append(out[0, :n] != want[0, :n], True)))
+        assert p < n, f"same tokens, different lengths: {out} vs {want}"
+        with torch.no_grad():
+            logits = hf(torch.tensor(want[:, :p])).logits[0, -1].numpy()
+        assert logits[want[0, p]] - logits[out[0, p]] <= 1e-4 * np.abs(logits).max()
     # A bad file is refused naming it.
     (tmp_path / "generation_config.json").write_text('{"eos_token_id": "x"}')
     with pytest.raises(mhsa.Error, match="generation_config.json: eos_token_id"):
