@@ -67,6 +67,10 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
 
   int32_t bos_token_id = -1;       // −1: none
+  // The embedding row nn.Embedding(padding_idx) keeps out of training (its lookups add no
+  // gradient; a tied head's still do), as a negative pad_token_id counts from the end. −1: none
+  // (GPT-2's embedding has no padding row).
+  int32_t pad_token_id = -1;
   std::vector<int32_t> eos_token_ids;
 
   // Reads a Hugging Face config.json (any family above); throws mhsa::Error naming the key for a

@@ -52,6 +52,7 @@ py::dict full_config_dict(const ModelConfig& c) {
   d["window_left"] = c.window_left;
   d["tie_word_embeddings"] = c.tie_word_embeddings;
   d["bos_token_id"] = c.bos_token_id;
+  d["pad_token_id"] = c.pad_token_id;
   d["eos_token_ids"] = c.eos_token_ids;
   return d;
 }

@@ -269,6 +269,18 @@ void read_rotary_family(const Keys& k, ModelConfig& c) {
   c.rotary_dim = c.head_dim;
   c.tie_word_embeddings = k.flag("tie_word_embeddings", d.tie);
   read_special_tokens(k, c, d.bos, d.eos >= 0 ? std::vector<int32_t>{d.eos} : std::vector<int32_t>{});
+  // These families' embedding is nn.Embedding(padding_idx = pad_token_id): PyTorch's reading of a
+  // negative index (from the end), and the error it gives for one outside the vocabulary.
+  {
+    const auto none = std::numeric_limits<int64_t>::min();
+    int64_t pad = f == Family::gemma2 ? 0 : none;  // the config classes' defaults
+    if (k.present("pad_token_id"))
+      pad = k.has("pad_token_id") ? detail::json_integer<int64_t>(k.at("pad_token_id"), "ModelConfig::parse", k.arg("pad_token_id"))
+                                  : none;
+    if (pad != none && (pad < -c.vocab_size || pad >= c.vocab_size))
+      k.bad("pad_token_id", message("null or an id in [-vocab_size, vocab_size) = [", -c.vocab_size, ", ", c.vocab_size, ")"));
+    if (pad != none) c.pad_token_id = static_cast<int32_t>(pad < 0 ? pad + c.vocab_size : pad);
+  }
 
   // The MLP's activation: SiLU (SwiGLU) everywhere but Gemma 2 (GELU, tanh approximation: GeGLU).
   if (f == Family::gemma2) {
@@ -416,6 +428,8 @@ void check_scalars(const ModelConfig& c, std::string_view fn) {
   for (int32_t id : c.eos_token_ids)
     if (id < 0 || id >= c.vocab_size)
       fail(fn, "config.eos_token_ids", message("ids in [0, ", c.vocab_size, ")"), std::to_string(id));
+  if (c.pad_token_id < -1 || c.pad_token_id >= c.vocab_size)
+    fail(fn, "config.pad_token_id", message("an id in [0, ", c.vocab_size, ") or -1 (none)"), std::to_string(c.pad_token_id));
 }
 
 }  // namespace

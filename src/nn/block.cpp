@@ -329,7 +329,7 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
     tapes[l] = BlockTape();  // free this block's activations as soon as they are used
   }
   embedding_backward(rows, T, ids.data(), dx.data(), c.embedding_scale, (*grads)[static_cast<size_t>(s.embed)],
-                     s.pos >= 0 ? &(*grads)[static_cast<size_t>(s.pos)] : nullptr);
+                     s.pos >= 0 ? &(*grads)[static_cast<size_t>(s.pos)] : nullptr, c.pad_token_id);
   return loss;
 }
 

@@ -87,16 +87,17 @@ void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids
 }
 
 void embedding_backward(int64_t rows, int64_t T, const int32_t* ids, const float* dout, float scale, Tensor& dwte,
-                        Tensor* dwpe) {
+                        Tensor* dwpe, int32_t padding_row) {
   const int64_t C = dwte.dim(1);
   for (int64_t r = 0; r < rows; ++r) {  // rows in order: the same sums for any thread count
     const float* d = dout + r * C;
+    if (dwpe) add_into(dwpe->data() + (r % T) * C, d, C);
+    if (ids[r] == padding_row) continue;
     float* g = dwte.data() + ids[r] * C;
     if (scale == 1.0f)
       add_into(g, d, C);
     else
       for (int64_t c = 0; c < C; ++c) g[c] += scale * d[c];
-    if (dwpe) add_into(dwpe->data() + (r % T) * C, d, C);
   }
 }
 

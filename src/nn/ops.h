@@ -21,10 +21,10 @@ void add_into(float* x, const float* y, int64_t n);
 // out[r, :] = wte[ids[r], :]·scale (+ wpe[pos0 + r % T, :] when wpe is given)   out [rows, C]
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Tensor& wte,
                        const Tensor* wpe, float scale, float* out);
-// dwte[ids[r], :] += scale·dout[r, :], dwpe[r % T, :] += dout[r, :], rows in order (the same sums
-// for any thread count).
+// dwte[ids[r], :] += scale·dout[r, :] (but for ids[r] == padding_row: nn.Embedding's padding_idx),
+// dwpe[r % T, :] += dout[r, :], rows in order (the same sums for any thread count).
 void embedding_backward(int64_t rows, int64_t T, const int32_t* ids, const float* dout, float scale, Tensor& dwte,
-                        Tensor* dwpe);
+                        Tensor* dwpe, int32_t padding_row = -1);
 
 // ---- norms -----------------------------------------------------------------------------------
 // LayerNorm (with bias) or RMSNorm ((offset + w) as the gain; Gemma's offset is 1), from the model.

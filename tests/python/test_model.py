@@ -30,6 +30,7 @@ def tiny(family, rng, **over):
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
                   rms_norm_eps=1e-6, rope_theta=float(rng.choice([10000.0, 500000.0])),
                   tie_word_embeddings=bool(rng.integers(2)), bos_token_id=1, eos_token_id=2)
+    common.update(over)
     if family == "llama":
         cfg = transformers.LlamaConfig(**common, attention_bias=bool(rng.integers(2)))
         return cfg, transformers.LlamaForCausalLM
@@ -135,10 +136,17 @@ def test_generation_config_eos_stops_generation_as_in_transformers(rng, tmp_path
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
 def test_gradients_match_float64_autograd(family, rng, tmp_path):
-    hf = save_tiny(family, rng, tmp_path)
+    # pad_token_id: nn.Embedding's padding_idx, a row whose lookups add no gradient (Gemma 2's
+    # default is 0; -2 counts from the end; "default" leaves the key out of config.json).
+    pad = [None, 0, 5, -2, "default"][int(rng.integers(5))]
+    hf = save_tiny(family, rng, tmp_path, **({} if pad == "default" else {"pad_token_id": pad}))
     m = mhsa.Model.load(tmp_path)
+    row = hf.model.embed_tokens.padding_idx
+    assert m.config["pad_token_id"] == (-1 if row is None else row)
     B, T = 2, int(rng.integers(9, 17))
     ids = rng.integers(0, 97, size=(B, T))
+    if row is not None:
+        ids[0, 1] = ids[1, -1] = row
     targets = rng.integers(-1, 97, size=(B, T))
     loss, grads = m.loss_and_grad(ids, targets)
 
