@@ -155,6 +155,7 @@ def transformers_view(model):
         tie_word_embeddings=model.lm_head.weight is embed.weight,
         bos_token_id=cfg.bos_token_id if in_vocab(cfg.bos_token_id) else -1,
         eos_token_ids=eos_ids,
+        pad_token_id=-1 if embed.padding_idx is None else embed.padding_idx,  # torch's, negatives resolved
     )
     if not gemma:  # every other family scores with 1/sqrt(head_dim): mhsa's 0
         assert math.isclose(attn.scaling, attn.head_dim ** -0.5)
