@@ -67,9 +67,12 @@ bool WordCache::find(std::string_view word, uint64_t h, std::vector<int32_t>& ou
     } else if (std::memcmp(pool_.data() + s.offset, word.data(), word.size()) != 0) {
       continue;
     }
-    const size_t at = out.size();
-    out.resize(at + s.ids_len);
-    std::memcpy(out.data() + at, pool_.data() + s.offset + (inline_word ? 0 : s.word_len), s.ids_len * sizeof(int32_t));
+    const char* ids = pool_.data() + s.offset + (inline_word ? 0 : s.word_len);
+    for (size_t k = 0; k < s.ids_len; ++k) {  // a few ids: no library call
+      int32_t id;
+      std::memcpy(&id, ids + k * sizeof(int32_t), sizeof(int32_t));
+      out.push_back(id);
+    }
     return true;
   }
 }
