@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <climits>
 
 #include "core/check.h"
@@ -425,6 +426,15 @@ Regex::Regex(std::string_view pattern, std::string_view fn, std::string_view arg
   RegexParser(*this, pattern, fn, arg);
   compute_first_sets();
   direct_ = direct_tail(root_);
+  for (Node& n : nodes_) {
+    if (n.op != Op::alt || n.kids.size() > 64) continue;
+    n.ascii_kids.assign(128, 0);
+    for (size_t k = 0; k < n.kids.size(); ++k) {
+      const Node& kid = nodes_[static_cast<size_t>(n.kids[k])];
+      for (char32_t cp = 0; cp < 128; ++cp)
+        if (kid.nullable || ((kid.first_ascii[cp >> 6] >> (cp & 63)) & 1)) n.ascii_kids[cp] |= uint64_t{1} << k;
+    }
+  }
 }
 
 // Whether node `id`, matched with a continuation that always accepts, takes the direct path:
@@ -560,6 +570,11 @@ class Matcher {
       case Regex::Op::set: return pos < u_.size() && test(n.set, pos) ? pos + 1 : kFail;
       case Regex::Op::seq: return seq_tail(n, 0, pos);
       case Regex::Op::alt:
+        if (pos < u_.size() && u_[pos].cp < 128 && !n.ascii_kids.empty()) {
+          for (uint64_t bits = n.ascii_kids[u_[pos].cp]; bits; bits &= bits - 1)
+            if (const size_t end = tail(n.kids[static_cast<size_t>(std::countr_zero(bits))], pos); end != kFail) return end;
+          return kFail;
+        }
         for (const int kid : n.kids)
           if (re_.can_start(re_.nodes_[static_cast<size_t>(kid)], u_, pos))
             if (const size_t end = tail(kid, pos); end != kFail) return end;

@@ -72,6 +72,9 @@ class Regex {
     bool nullable = false, first_any = false;
     uint64_t first_ascii[2] = {0, 0};
     std::vector<int> first_sets{};
+    // An alternation of at most 64 parts: for each code point below 128, a bit per part that
+    // can_start() there (so the direct path tests one word instead of each part); else empty.
+    std::vector<uint64_t> ascii_kids{};
   };
 
  private:
