@@ -2,11 +2,17 @@
 // parser into a small node graph, and a backtracking matcher in continuation-passing style, so
 // alternatives and quantifiers are tried in Oniguruma's (Perl's) order and the first match found
 // is the leftmost-first one. A repeat of a single-character set, every repeat in these patterns,
-// runs as a loop without recursion.
+// runs as a loop without recursion. Patterns made only of sets, repeats of sets, look-aheads,
+// alternations in tail position and sequences (all of the Split patterns of real files) take a
+// direct path instead: the same search in the same order (a greedy repeat's backtracking skips
+// the places where what follows cannot start, so it never takes more steps than the general one),
+// but each node returns where its match ends (the continuation after the root always accepts,
+// so only a sequence's rest needs trying), with no continuation objects or indirect calls.
 #include "text/regex.h"
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <climits>
 
 #include "core/check.h"
@@ -419,6 +425,44 @@ class RegexParser {
 Regex::Regex(std::string_view pattern, std::string_view fn, std::string_view arg) {
   RegexParser(*this, pattern, fn, arg);
   compute_first_sets();
+  direct_ = direct_tail(root_);
+  for (Node& n : nodes_) {
+    if (n.op != Op::alt || n.kids.size() > 64) continue;
+    n.ascii_kids.assign(128, 0);
+    for (size_t k = 0; k < n.kids.size(); ++k) {
+      const Node& kid = nodes_[static_cast<size_t>(n.kids[k])];
+      for (char32_t cp = 0; cp < 128; ++cp)
+        if (kid.nullable || ((kid.first_ascii[cp >> 6] >> (cp & 63)) & 1)) n.ascii_kids[cp] |= uint64_t{1} << k;
+    }
+  }
+}
+
+// Whether node `id`, matched with a continuation that always accepts, takes the direct path:
+// a set, a repeat of a set, a look-ahead of such a node, an alternation of such nodes, or a
+// sequence of direct_step() nodes ending in such a node.
+bool Regex::direct_tail(int id) const {
+  const Node& n = nodes_[static_cast<size_t>(id)];
+  switch (n.op) {
+    case Op::set: return true;
+    case Op::repeat: return nodes_[static_cast<size_t>(n.kids[0])].op == Op::set;
+    case Op::alt: return std::all_of(n.kids.begin(), n.kids.end(), [&](int k) { return direct_tail(k); });
+    case Op::seq:
+      for (size_t i = 0; i + 1 < n.kids.size(); ++i)
+        if (!direct_step(n.kids[i])) return false;
+      return n.kids.empty() || direct_tail(n.kids.back());
+    default: return direct_tail(n.kids[0]);
+  }
+}
+// Whether node `id` takes the direct path inside a sequence, followed by the sequence's rest: a
+// set, a repeat of a set, or a look-ahead of a direct_tail() node.
+bool Regex::direct_step(int id) const {
+  const Node& n = nodes_[static_cast<size_t>(id)];
+  switch (n.op) {
+    case Op::set: return true;
+    case Op::repeat: return nodes_[static_cast<size_t>(n.kids[0])].op == Op::set;
+    case Op::look_ahead: case Op::negative_look_ahead: return direct_tail(n.kids[0]);
+    default: return false;
+  }
 }
 
 // A node's parts come before it in nodes_, so one pass in order sees every part first. A
@@ -493,8 +537,10 @@ class Matcher {
  public:
   Matcher(const Regex& re, std::span<const Unit> u, uint64_t budget) : re_(re), u_(u), budget_(budget) {}
 
+  static constexpr size_t kFail = SIZE_MAX;
+
   bool match(int id, size_t pos, Cont k) {
-    if (budget_-- == 0) detail::fail("Tokenizer::encode", "pattern", "a regex that matches without heavy backtracking", "one that took too many steps on this text");
+    step();
     const Regex::Node& n = re_.nodes_[static_cast<size_t>(id)];
     switch (n.op) {
       case Regex::Op::set: return pos < u_.size() && test(n.set, pos) && k(pos + 1);
@@ -515,18 +561,108 @@ class Matcher {
     }
   }
 
+  // The direct path (Regex::direct_tail): where the match of node `id` at `pos` ends when
+  // whatever follows it accepts, or kFail. It counts steps and depth as match() does.
+  size_t tail(int id, size_t pos) {
+    step();
+    const Regex::Node& n = re_.nodes_[static_cast<size_t>(id)];
+    switch (n.op) {
+      case Regex::Op::set: return pos < u_.size() && test(n.set, pos) ? pos + 1 : kFail;
+      case Regex::Op::seq: return seq_tail(n, 0, pos);
+      case Regex::Op::alt:
+        if (pos < u_.size() && u_[pos].cp < 128 && !n.ascii_kids.empty()) {
+          for (uint64_t bits = n.ascii_kids[u_[pos].cp]; bits; bits &= bits - 1)
+            if (const size_t end = tail(n.kids[static_cast<size_t>(std::countr_zero(bits))], pos); end != kFail) return end;
+          return kFail;
+        }
+        for (const int kid : n.kids)
+          if (re_.can_start(re_.nodes_[static_cast<size_t>(kid)], u_, pos))
+            if (const size_t end = tail(kid, pos); end != kFail) return end;
+        return kFail;
+      case Regex::Op::repeat: {
+        const size_t run = n.greedy ? run_of(n, pos) : static_cast<size_t>(n.min);
+        if (n.greedy) return run < static_cast<size_t>(n.min) ? kFail : pos + run;
+        for (size_t i = 0; i < run; ++i)
+          if (pos + i >= u_.size() || !test(re_.nodes_[static_cast<size_t>(n.kids[0])].set, pos + i)) return kFail;
+        return pos + run;
+      }
+      default: return look(n, pos) ? pos : kFail;
+    }
+  }
+
  private:
   const Regex& re_;
   std::span<const Unit> u_;
   uint64_t budget_;
   int depth_ = 0;
 
+  void step() {
+    if (budget_-- == 0) detail::fail("Tokenizer::encode", "pattern", "a regex that matches without heavy backtracking", "one that took too many steps on this text");
+  }
+  void enter() {
+    if (++depth_ > kMaxDepth) detail::fail("Tokenizer::encode", "pattern", "a regex that matches within a bounded depth", "one that nests too deeply on this text");
+  }
+  // How many characters from pos a greedy repeat of a set takes at most.
+  size_t run_of(const Regex::Node& n, size_t pos) const {
+    const size_t limit = n.max < 0 ? u_.size() - pos : std::min(u_.size() - pos, static_cast<size_t>(n.max));
+    const Regex::Set& set = re_.sets_[static_cast<size_t>(re_.nodes_[static_cast<size_t>(n.kids[0])].set)];
+    size_t run = 0;
+    while (run < limit && set_matches(set, u_[pos + run].cp, u_[pos + run].cat, u_[pos + run].space)) ++run;
+    return run;
+  }
+  bool look(const Regex::Node& n, size_t pos) {
+    enter();
+    const bool found = tail(n.kids[0], pos) != kFail;
+    --depth_;
+    return found == (n.op == Regex::Op::look_ahead);
+  }
+  // The direct path of a sequence from its part i.
+  size_t seq_tail(const Regex::Node& n, size_t i, size_t pos) {
+    if (i == n.kids.size()) return pos;
+    if (i + 1 == n.kids.size()) return tail(n.kids[i], pos);
+    enter();
+    const size_t end = seq_step(n, i, pos);
+    --depth_;
+    return end;
+  }
+  size_t seq_step(const Regex::Node& seq, size_t i, size_t pos) {
+    step();
+    const Regex::Node& n = re_.nodes_[static_cast<size_t>(seq.kids[i])];
+    switch (n.op) {
+      case Regex::Op::set: return pos < u_.size() && test(n.set, pos) ? seq_tail(seq, i + 1, pos + 1) : kFail;
+      case Regex::Op::repeat: {
+        const int set = re_.nodes_[static_cast<size_t>(n.kids[0])].set;
+        const size_t min = static_cast<size_t>(n.min);
+        if (n.greedy) {
+          const size_t run = run_of(n, pos);
+          if (run < min) return kFail;
+          // The rest is tried only where its first part can start (never nullable there, as at
+          // the end of a whitespace run for \s*[\r\n]+): the same result in fewer steps.
+          const Regex::Node& next = re_.nodes_[static_cast<size_t>(seq.kids[i + 1])];
+          for (size_t c = run + 1; c-- > min;)
+            if (re_.can_start(next, u_, pos + c))
+              if (const size_t end = seq_tail(seq, i + 1, pos + c); end != kFail) return end;
+          return kFail;
+        }
+        const size_t limit = n.max < 0 ? u_.size() - pos : std::min(u_.size() - pos, static_cast<size_t>(n.max));
+        size_t run = 0;
+        for (; run < min; ++run)
+          if (run >= limit || !test(set, pos + run)) return kFail;
+        for (;; ++run) {
+          if (const size_t end = seq_tail(seq, i + 1, pos + run); end != kFail) return end;
+          if (run >= limit || !test(set, pos + run)) return kFail;
+        }
+      }
+      default: return look(n, pos) ? seq_tail(seq, i + 1, pos) : kFail;
+    }
+  }
+
   bool test(int set, size_t pos) const {
     const Unit& u = u_[pos];
     return set_matches(re_.sets_[static_cast<size_t>(set)], u.cp, u.cat, u.space);
   }
   bool nested(int id, size_t pos, Cont k) {
-    if (++depth_ > kMaxDepth) detail::fail("Tokenizer::encode", "pattern", "a regex that matches within a bounded depth", "one that nests too deeply on this text");
+    enter();
     const bool r = match(id, pos, k);
     --depth_;
     return r;
@@ -564,6 +700,13 @@ class Matcher {
 };
 
 void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const {
+  find_all(units, out, direct_);
+}
+void Regex::find_all_ref(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const {
+  find_all(units, out, false);
+}
+
+void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out, bool direct) const {
   // Enough for every pattern of real files many times over; a pathological one stops early.
   Matcher m(*this, units, 1'000'000 + 1'000 * static_cast<uint64_t>(units.size()));
   size_t last_end = SIZE_MAX;
@@ -573,7 +716,14 @@ void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, 
       end = p;
       return true;
     };
-    if (can_start(nodes_[static_cast<size_t>(root_)], units, s) && m.match(root_, s, cont(done)) && !(end == s && s == last_end)) {
+    bool found = can_start(nodes_[static_cast<size_t>(root_)], units, s);
+    if (found && direct) {
+      end = m.tail(root_, s);
+      found = end != Matcher::kFail;
+    } else if (found) {
+      found = m.match(root_, s, cont(done));
+    }
+    if (found && !(end == s && s == last_end)) {
       out.emplace_back(s, end);
       last_end = end;
       if (end > s) {

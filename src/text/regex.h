@@ -44,6 +44,9 @@ class Regex {
   // included, as cut points; none right after the previous match). Throws mhsa::Error when the
   // backtracking exceeds its budget.
   void find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const;
+  // The same through the general matcher only (for tests: find_all takes a direct path, with no
+  // continuations, when every node is of the shapes it knows; both must agree exactly).
+  void find_all_ref(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const;
 
   struct Item {
     enum class Kind : uint8_t { categories, space, range } kind;
@@ -69,15 +72,22 @@ class Regex {
     bool nullable = false, first_any = false;
     uint64_t first_ascii[2] = {0, 0};
     std::vector<int> first_sets{};
+    // An alternation of at most 64 parts: for each code point below 128, a bit per part that
+    // can_start() there (so the direct path tests one word instead of each part); else empty.
+    std::vector<uint64_t> ascii_kids{};
   };
 
  private:
   friend class Matcher;
   void compute_first_sets();
+  bool direct_tail(int id) const;
+  bool direct_step(int id) const;
+  void find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out, bool direct) const;
   bool can_start(const Node& n, std::span<const Unit> units, size_t pos) const;
   std::vector<Node> nodes_;
   std::vector<Set> sets_;
   int root_ = -1;
+  bool direct_ = false;  // the root is direct_tail(): matched without continuations
   friend class RegexParser;
 };
 

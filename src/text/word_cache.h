@@ -1,9 +1,9 @@
 // text/word_cache.h — the bounded word → token ids cache of both tokenizers (tokenizer.cpp,
-// hf_tokenizer.cpp): open addressing over one array of 16-byte slots, each word's bytes with its
-// ids after them in one pool, so a lookup is a hash, a probe and one comparison (two places in
-// memory), with no allocation. Words of up to
-// kMaxWordBytes bytes; when it holds max_words words it starts afresh. Not thread-safe: callers
-// lock. Not a general hash map.
+// hf_tokenizer.cpp): open addressing over one array of 16-byte slots. A word of up to 8 bytes is
+// kept in its slot, and so is its id when it has one, so the common lookup (a short word that is
+// one token) reads one slot and nothing else; longer words and longer id lists live in one pool,
+// found by the slot. No allocation on a lookup. Words of up to kMaxWordBytes bytes; when it holds
+// max_words words it starts afresh. Not thread-safe: callers lock. Not a general hash map.
 #pragma once
 
 #include <cstddef>
@@ -23,15 +23,18 @@ class WordCache {
   static uint64_t hash(std::string_view word);
   // Appends the ids cached for `word` (whose hash() is `h`) to `out`; false when there are none.
   bool find(std::string_view word, uint64_t h, std::vector<int32_t>& out) const;
-  // Caches ids for a word of at most kMaxWordBytes bytes that find() does not have.
+  // Caches ids for a word of 1 to kMaxWordBytes bytes that find() does not have.
   void insert(std::string_view word, uint64_t h, std::span<const int32_t> ids);
 
  private:
+  static constexpr size_t kInline = 8;  // words this long or shorter are kept in their slot
   struct Slot {
-    uint64_t hash;    // 0: empty
-    uint32_t offset;  // into pool_: the word's bytes, then its ids
-    uint16_t word_len, ids_len;
+    uint64_t key;     // a short word's bytes (zero-padded), else its hash
+    uint32_t offset;  // the id of a short word with one id; else into pool_: the word's bytes
+                      // (long words only), then its ids
+    uint16_t word_len, ids_len;  // word_len 0: an empty slot
   };
+  static uint64_t short_key(std::string_view word);
   size_t max_words_, count_ = 0;
   std::vector<Slot> slots_;  // a power of two, at least twice max_words_
   std::string pool_;

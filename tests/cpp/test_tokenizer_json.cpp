@@ -6,14 +6,17 @@
 // tests/python/test_tokenizer_json.py's.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
+#include "core/check.h"
 #include "mhsa/error.h"
 #include "test_util.h"
 #include "text/hf_tokenizer.h"
 #include "text/normalize.h"
 #include "text/regex.h"
+#include "text/word_cache.h"
 
 namespace mhsa::text {
 namespace {
@@ -74,6 +77,65 @@ TEST(Regex, BacktrackingIsBounded) {
   decode_units(std::string(60, 'a'), units);
   std::vector<std::pair<size_t, size_t>> found;
   expect_error([&] { re.find_all(units, found); }, {"expected a regex that matches without heavy backtracking"});
+}
+
+// The direct path (no continuations) against the general matcher, on random strings over an
+// alphabet of letters, digits, spaces, newlines, apostrophes, punctuation and non-ASCII
+// characters of several categories, for real Split patterns and for constructs that push the
+// direct path's backtracking (lazy and bounded repeats, look-aheads, alternatives in sequences).
+TEST(Regex, DirectPathEqualsGeneralMatcher) {
+  const std::vector<std::string> patterns = {
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3})",
+      R"(a*?b|\s{2,3}?x|[ab]{1,2}(?=a)|(?!a)\p{L}+?|x?y??z*)",
+      R"(\s*\s+a|\p{L}{0,2}\p{L}\p{L}*?\d|'?(?=\S)|a(?!b)|)",
+  };
+  const std::vector<std::string> alphabet = {"a", "b", "x", "y", "z", "S", "s", "'", "t", "1", "7", " ", " ", "\n", "\r",
+                                             "\t", "!", "-", "\xc3\xa9", "\xc3\x89", "\xe2\x80\x83", "\xd9\xa3", "\xcc\x81",
+                                             "\xc5\xbf", "\xe4\xb8\xad", "\xff"};
+  auto rng = test::test_rng();
+  std::vector<Unit> units;
+  for (const std::string& p : patterns) {
+    const Regex re(p, "test", "pattern");
+    for (int trial = 0; trial < 300; ++trial) {
+      std::string text;
+      const size_t len = rng() % 40;
+      for (size_t i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
+      decode_units(text, units);
+      std::vector<std::pair<size_t, size_t>> direct, general;
+      re.find_all(units, direct);
+      re.find_all_ref(units, general);
+      std::string shown;  // the text with its bytes as hex
+      for (const char c : text) shown += detail::message(static_cast<int>(static_cast<unsigned char>(c)), " ");
+      ASSERT_EQ(direct, general) << p << " on bytes " << shown;
+    }
+  }
+}
+
+TEST(WordCache, AgreesWithAMapAndStartsAfreshWhenFull) {
+  auto rng = test::test_rng();
+  WordCache cache(200);
+  std::map<std::string, std::vector<int32_t>> model;
+  for (int step = 0; step < 5000; ++step) {
+    std::string word(1 + rng() % (rng() % 4 ? 10 : WordCache::kMaxWordBytes), ' ');
+    for (char& c : word) c = static_cast<char>("ab\0\xff"[rng() % 4]);
+    const uint64_t h = WordCache::hash(word);
+    std::vector<int32_t> found{-7};
+    if (cache.find(word, h, found)) {
+      ASSERT_TRUE(model.contains(word));
+      ASSERT_EQ(std::vector<int32_t>(found.begin() + 1, found.end()), model[word]);
+      continue;
+    }
+    ASSERT_FALSE(model.contains(word));
+    ASSERT_EQ(found.size(), 1u);
+    std::vector<int32_t> ids(1 + rng() % (rng() % 2 ? 1 : 5));
+    for (int32_t& id : ids) id = static_cast<int32_t>(rng() % (1u << 24));
+    if (model.size() == 200) model.clear();  // the cache's own reset
+    model[word] = ids;
+    cache.insert(word, h, ids);
+  }
 }
 
 TEST(Normalize, ComposesDecomposesAndReorders) {
