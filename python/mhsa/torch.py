@@ -154,8 +154,8 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if Dk != D or value.shape[-2] != Tk or value.shape[-3] != Hkv:
         return (f"key, value: expected [..., Hkv, Tk, {D}] and [..., Hkv, Tk, Dv], got {tuple(key.shape)} and "
                 f"{tuple(value.shape)}")
-    if Hq != Hkv and not (enable_gqa and Hq % Hkv == 0):
-        return f"key: expected {Hq} heads (or a divisor of {Hq} with enable_gqa=True), got {Hkv}"
+    if Hq != Hkv and Hkv != 1 and not (enable_gqa and Hq % Hkv == 0):  # one kv head broadcasts, as in PyTorch
+        return f"key: expected {Hq} heads, 1, or a divisor of {Hq} with enable_gqa=True, got {Hkv}"
     try:
         batch = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
         if attn_mask is not None:
