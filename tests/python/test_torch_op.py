@@ -49,7 +49,7 @@ def sdpa_grads(fn, tensors, dout, **kw):
 
 
 CASES = {  # batch, Hq, Hkv, Tq, Tk, D, Dv, causal, mask kind, mask shape (None: full), scale
-    "3d-Tq1": ((), 2, 2, 1, 3, 40, 40, False, None, None, None),
+    "3d-Tq1": ((), 3, 3, 1, 37, 40, 40, False, None, None, None),
     "causal-T67": ((2,), 3, 3, 67, 67, 64, 64, True, None, None, None),
     "causal-topleft-Tq9-Tk40": ((1,), 2, 2, 9, 40, 32, 32, True, None, None, None),
     "causal-topleft-Tq40-Tk9": ((2,), 2, 2, 40, 9, 32, 24, True, None, None, 0.3),
