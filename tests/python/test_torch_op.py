@@ -205,6 +205,20 @@ def test_compile_fullgraph_matches_eager(gen):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_compile_fullgraph_through_the_patch(gen):
+    """A model calling F.scaled_dot_product_attention, compiled while patched: mhsa's op is in the
+    graph (forward and backward ran), and the result is eager's."""
+    torch.manual_seed(0)
+    model = nano_gpt()
+    ids = torch.randint(0, 61, (2, 17), generator=gen)
+    before = dict(mt.calls)
+    with mt.patch():
+        y = torch.compile(model, fullgraph=True, backend="aot_eager")(ids)
+        y.square().mean().backward()
+        assert mt.calls["forward"] - before["forward"] == 2 and mt.calls["backward"] - before["backward"] == 2
+        torch.testing.assert_close(y, model(ids), rtol=1e-5, atol=1e-6)
+
+
 def tiny_model(family):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
