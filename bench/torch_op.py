@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""mhsa.torch against PyTorch's own CPU attention, in one process, in paired rounds.
+
+- op: scaled_dot_product_attention forward and forward+backward (autograd) on q, k, v
+  [B, H, T, D] (GPT-2 shapes, causal), mhsa.torch's op against torch's default CPU backend (its
+  flash kernel for float32).
+- step: one training step (forward, loss, backward) of a GPT-2 124M-shaped GPT2LMHeadModel
+  (transformers, attn_implementation="sdpa", dropout 0, random weights) at T tokens, with and
+  without mhsa.torch.patch().
+
+Each round times both sides back to back, alternating which goes first, and takes the median of
+each side's repetitions; the summary is the median of the per-round ratios and their range.
+Absolute times on a shared host drift; ratios from one run are steadier.
+
+Usage (after building the _core target; PYTHONPATH=build/python):
+    python3 bench/torch_op.py [--threads 2] [--rounds 5] [--what op,step] [--T 1024] [--batch 1]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+
+def median_seconds(fn, reps):
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def paired(name, ours, theirs, rounds, reps):
+    """Prints each round's times and the ratio theirs / ours (> 1: mhsa is faster)."""
+    ratios = []
+    for r in range(rounds):
+        order = [("mhsa", ours), ("torch", theirs)]
+        if r % 2:
+            order.reverse()
+        t = {side: median_seconds(fn, reps) for side, fn in order}
+        ratios.append(t["torch"] / t["mhsa"])
+        print(f"  {name} round {r}: mhsa {t['mhsa'] * 1e3:9.1f} ms  torch {t['torch'] * 1e3:9.1f} ms  "
+              f"ratio {ratios[-1]:.2f}", flush=True)
+    print(f"{name}: torch / mhsa = {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}, "
+          f"{rounds} rounds)", flush=True)
+
+
+def bench_op(args, torch, F, mt):
+    B, H, T, D = args.batch, 12, args.T, 64
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen).requires_grad_() for _ in range(3))
+    dout = torch.randn(B, H, T, D, generator=gen)
+    original = mt._ORIGINAL
+
+    def forward(fn):
+        def run():
+            with torch.no_grad():
+                fn(q, k, v, is_causal=True)
+        return run
+
+    def forward_backward(fn):
+        def run():
+            torch.autograd.grad(fn(q, k, v, is_causal=True), (q, k, v), dout)
+        return run
+
+    shape = f"B={B} H={H} T={T} D={D} causal"
+    paired(f"op forward {shape}", forward(mt.scaled_dot_product_attention), forward(original), args.rounds, 5)
+    paired(f"op forward+backward {shape}", forward_backward(mt.scaled_dot_product_attention),
+           forward_backward(original), args.rounds, 5)
+
+
+def bench_step(args, torch, F, mt):
+    import transformers
+    config = transformers.GPT2Config(n_positions=args.T, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.T))
+
+    def step(patched):
+        def run():
+            with mt.patch(patched):
+                model.zero_grad(set_to_none=True)
+                model(ids, labels=ids).loss.backward()
+        return run
+
+    before = mt.calls["backward"]
+    step(True)()
+    assert mt.calls["backward"] - before == config.n_layer, "the patch did not reach the model's attention"
+    paired(f"GPT-2 124M training step B={args.batch} T={args.T}", step(True), step(False), args.rounds, 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--what", default="op,step")
+    ap.add_argument("--T", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=1)
+    args = ap.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # mhsa's OpenMP, read at its import
+    import torch
+    import torch.nn.functional as F
+    torch.set_num_threads(args.threads)
+    import mhsa.torch as mt
+    print(f"torch {torch.__version__}, {args.threads} threads", flush=True)
+    for what in args.what.split(","):
+        {"op": bench_op, "step": bench_step}[what](args, torch, F, mt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
