@@ -31,7 +31,7 @@ std::size_t physical_memory_bytes() {
 
 namespace {
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
-constexpr std::size_t kHugeFrom = std::size_t{4} << 20;
+constexpr std::size_t kHugeFrom = std::size_t{2} << 20;
 constexpr std::size_t kCacheFrom = std::size_t{256} << 10;
 
 // Cached blocks are rounded to whole pages: 2 MiB from kHugeFrom on, else 4 KiB. The rounded
