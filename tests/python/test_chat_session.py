@@ -6,11 +6,9 @@ only the tokens the cache does not hold, and an exception in on_text must end th
 The head's row for <|im_end|> is zero, so that answers seldom end before they have some text.
 Random conversations each run; MHSA_TEST_SEED reproduces one."""
 
-import json
 import os
 import random
 import secrets
-from pathlib import Path
 
 import pytest
 
@@ -20,11 +18,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-ROOT = Path(__file__).resolve().parents[2]
-CHATML = (ROOT / "tests" / "data" / "chat_templates" / "chatml.jinja").read_text()
-WORDS = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Hello", " world", "!",
-         " é", " 中文", " 42"]
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+from tiny_chat_model import WORDS, hf_tokenizer, write_chat_dir  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,31 +34,13 @@ def rng(request, seed):
 
 @pytest.fixture(scope="module")
 def chat(tmp_path_factory, seed):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     d = tmp_path_factory.mktemp("qwen-chat")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=307, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["".join(WORDS)] * 20 + ["user assistant system"] * 5, trainer)
-    tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None, "pad_token": "<|endoftext|>",
-        "tokenizer_class": "PreTrainedTokenizerFast"}))
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(vocab_size=tok.get_vocab_size() + 13, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=512, eos_token_id=tok.token_to_id("<|im_end|>"),
-                                   tie_word_embeddings=False)
-    model = transformers.Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight.mul_(20.0)
-        model.lm_head.weight[tok.token_to_id("<|im_end|>")] = 0  # answers that do not end at once
-    model.save_pretrained(d, safe_serialization=True)
-    # PreTrainedTokenizerFast: the tokenizer.json as written (transformers 5's AutoTokenizer would build a
-    # Qwen2Tokenizer with Qwen's own pre-tokenizer for a qwen2 config, not this file's).
-    return mhsa.Model.load(d), mhsa.Tokenizer.load(d), model, transformers.PreTrainedTokenizerFast.from_pretrained(str(d))
+
+    def edit(model, tok):  # answers that do not end at once
+        model.lm_head.weight[tok.token_to_id("<|im_end|>")] = 0
+
+    model, _ = write_chat_dir(d, tokens=307, padding=13, max_positions=512, seed=seed, edit=edit)
+    return mhsa.Model.load(d), mhsa.Tokenizer.load(d), model, hf_tokenizer(d)
 
 
 def line(rng):

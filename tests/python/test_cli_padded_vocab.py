@@ -23,10 +23,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
-CHATML = (ROOT / "tests" / "data" / "chat_templates" / "chatml.jinja").read_text()
-WORDS = ["The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".", " Hello", " world", "!",
-         " é", " 中文", " 42"]
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+from tiny_chat_model import WORDS, hf_tokenizer, write_chat_dir  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,32 +39,14 @@ def rng(request, seed):
 
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory, seed):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     d = tmp_path_factory.mktemp("qwen-padded")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=311, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["".join(WORDS)] * 20 + ["user assistant system"] * 5, trainer)
-    tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "chat_template": CHATML, "eos_token": "<|im_end|>", "bos_token": None, "pad_token": "<|endoftext|>",
-        "tokenizer_class": "PreTrainedTokenizerFast"}))
-    n = tok.get_vocab_size()
-    padded = n + random.Random(seed).randint(5, 60)
-    torch.manual_seed(seed)
-    cfg = transformers.Qwen2Config(vocab_size=padded, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                   eos_token_id=tok.token_to_id("<|im_end|>"), tie_word_embeddings=False)
-    model = transformers.Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # varied tokens, and the padding's ids among them
-        model.model.embed_tokens.weight.mul_(20.0)
-        model.lm_head.weight[n:].mul_(3.0)
-    model.save_pretrained(d, safe_serialization=True)
-    # PreTrainedTokenizerFast: the tokenizer.json as written (transformers 5's AutoTokenizer would build a
-    # Qwen2Tokenizer with Qwen's own pre-tokenizer for a qwen2 config, not this file's).
-    return d, model, transformers.PreTrainedTokenizerFast.from_pretrained(str(d)), n
+
+    def edit(model, tok):  # the padding's ids among the greedy tokens
+        model.lm_head.weight[tok.get_vocab_size():].mul_(3.0)
+
+    model, tok = write_chat_dir(d, tokens=311, padding=random.Random(seed).randint(5, 60), max_positions=256,
+                                seed=seed, edit=edit)
+    return d, model, hf_tokenizer(d), tok.get_vocab_size()
 
 
 def run(*args, stdin=None):
