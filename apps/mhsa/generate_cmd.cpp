@@ -27,6 +27,7 @@
 #include "mhsa/tokenizer.h"
 #include "options.h"
 #include "output.h"
+#include "text/unicode_data.h"
 
 namespace mhsa::cli {
 namespace {
@@ -41,17 +42,6 @@ struct GenerateArgs {
   bool echo = false, echo_given = false;  // --echo / --no-echo; default: whether stdout is a terminal
   int threads = 0;
 };
-
-// Bytes at the end of `s` that begin a UTF-8 character not yet complete.
-size_t incomplete_utf8_tail(const std::string& s) {
-  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    return need > back ? back : 0;
-  }
-  return 0;
-}
 
 // The generated text so far and how much of it is printed; finds stop strings.
 class TextStream {
@@ -75,7 +65,7 @@ class TextStream {
   std::string take(bool finished) {
     size_t end = text_.size();
     if (!finished) {
-      end -= incomplete_utf8_tail(text_);
+      end -= text::incomplete_utf8_tail(text_);
       for (const std::string& s : stop_)  // a tail that is a proper prefix of a stop string
         for (size_t k = std::min(s.size() - 1, end); k > 0; --k)
           if (text_.compare(end - k, k, s, 0, k) == 0) {

@@ -12,7 +12,9 @@
 #include "io/json.h"
 #include "mhsa/chat_template.h"
 #include "model/access.h"
+#include "model/decoder.h"
 #include "text/hf_tokenizer.h"
+#include "text/unicode_data.h"
 
 namespace mhsa {
 namespace {
@@ -31,20 +33,9 @@ size_t invalid_utf8_at(std::string_view s) {
   return static_cast<size_t>(std::mismatch(s.begin(), s.end(), lossy.begin(), lossy.end()).first - s.begin());
 }
 
-// Bytes at the end of `s` that begin a UTF-8 character not yet complete.
-size_t incomplete_utf8_tail(std::string_view s) {
-  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
-    const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
-    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-    return need > back ? back : 0;
-  }
-  return 0;
-}
-
 // Text a decoder may still change: a cut character, or U+FFFD, which a byte-fallback or
 // byte-level decoder writes for a character whose remaining bytes are still to come.
-bool unfinished(std::string_view s) { return incomplete_utf8_tail(s) > 0 || s.ends_with("\xEF\xBF\xBD"); }
+bool unfinished(std::string_view s) { return text::incomplete_utf8_tail(s) > 0 || s.ends_with("\xEF\xBF\xBD"); }
 
 std::string messages_json(const std::vector<ChatMessage>& messages) {
   json a = json::array();
@@ -100,12 +91,7 @@ ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOpt
   constexpr std::string_view fn = "ChatSession";
   const GenerationOptions& o = options_.generation;
   if (o.max_new_tokens < 0) fail(fn, "max_new_tokens", "a count >= 0", std::to_string(o.max_new_tokens));
-  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
-    fail(fn, "temperature", "a finite value >= 0 (0 is greedy)", std::to_string(o.temperature));
-  if (o.top_k < 0) fail(fn, "top_k", "a count >= 0 (0 keeps every token)", std::to_string(o.top_k));
-  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
-  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
-    fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
+  detail::check_sampling(fn, o);
   if (tokenizer.vocab_size() > model.config().vocab_size)  // a padded embedding may have more rows
     fail(fn, "tokenizer", message("a tokenizer of at most the model's ", model.config().vocab_size, " tokens"),
          message(tokenizer.vocab_size(), " tokens"));

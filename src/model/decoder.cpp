@@ -34,6 +34,15 @@ void ModelCache::truncate(int64_t length) {
 
 namespace mhsa::detail {
 
+void check_sampling(std::string_view fn, const GenerationOptions& o) {
+  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
+    fail(fn, "temperature", "a finite value >= 0 (0 is greedy)", std::to_string(o.temperature));
+  if (o.top_k < 0) fail(fn, "top_k", "a count >= 0 (0 keeps every token)", std::to_string(o.top_k));
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
+  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
+    fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
+}
+
 Tensor random_tensor(std::vector<int64_t> dims, float std, uint64_t& state) {
   Tensor t(std::move(dims));
   const float a = std * std::sqrt(3.0f);
@@ -197,12 +206,7 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
          message("at most ", std::max<int64_t>(0, context - T), " (the context is ", context,
                  " tokens and the prompt has ", T, ")"),
          std::to_string(o.max_new_tokens));
-  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
-    fail(fn, "temperature", "a finite value >= 0 (0 is greedy)", std::to_string(o.temperature));
-  if (o.top_k < 0) fail(fn, "top_k", "a count >= 0 (0 keeps every token)", std::to_string(o.top_k));
-  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
-  if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
-    fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
+  check_sampling(fn, o);
   if (static_cast<int64_t>(prompts.size()) / T != B || static_cast<int64_t>(prompts.size()) % T != 0)  // B·T could overflow
     fail(fn, "prompts", message(B, "·", T, " ids (B·T)"), std::to_string(prompts.size()));
 

@@ -30,6 +30,9 @@ Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_
 std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int32_t> prompts, int64_t B, int64_t T,
                                            const GenerationOptions& o, const TokenCallback& on_token,
                                            GenerationStats* stats);
+// Throws mhsa::Error naming the option for a sampling setting out of range (temperature, top_k,
+// top_p, repetition_penalty).
+void check_sampling(std::string_view fn, const GenerationOptions& o);
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
                uint64_t& rng_state);
 // grads null: the loss only.

@@ -72,6 +72,16 @@ size_t run_end(std::string_view s, size_t i, CharClass cls) {
 
 }  // namespace
 
+size_t incomplete_utf8_tail(std::string_view s) {
+  for (size_t back = 1; back <= std::min<size_t>(3, s.size()); ++back) {
+    const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? back : 0;
+  }
+  return 0;
+}
+
 // Strict UTF-8, as Python decodes it: no overlong forms, no surrogates, nothing past U+10FFFF.
 // A byte that does not start a well-formed sequence is invalid on its own; the next byte starts
 // afresh.

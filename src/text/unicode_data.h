@@ -38,6 +38,9 @@ struct Utf8 {
 // invalid on its own; the next byte starts afresh.
 Utf8 decode_utf8(std::string_view s, size_t i);
 void append_utf8(std::string& out, char32_t cp);  // any code point below 0x110000
+// How many bytes at the end of s begin a UTF-8 character that is not complete yet (0 to 3): what
+// a stream must hold back until the next bytes come.
+size_t incomplete_utf8_tail(std::string_view s);
 
 // Unicode general categories; Cn (unassigned) for every code point the tables do not list.
 enum class Category : uint8_t {
