@@ -2,10 +2,11 @@
 # Runs every test: builds, runs the C++ suite (ctest: GoogleTest, CLI, install consumer) and the
 # Python suite against PyTorch (pytest), builds the Python wheel with `pip` and imports it from a
 # fresh virtual environment, then rebuilds the C++ tests with AddressSanitizer +
-# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it fuzzes the
-# safetensors reader for 30 seconds, the tokenizer for 20, config.json and the tokenizer's files
-# for 15 each, and tokenizer.json files for 15 (tests/fuzz), cross-builds the library for 64-bit ARM (portable kernels only) and
-# runs tests/arm/check.cpp under qemu-aarch64.
+# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it builds the
+# libFuzzer targets (tests/fuzz/CMakeLists.txt, into build-fuzz/) and fuzzes the safetensors reader
+# for 30 seconds, the tokenizer for 20, config.json, chat templates, the tokenizer's files and
+# tokenizer.json files for 15 each, cross-builds the library for 64-bit ARM (portable kernels
+# only) and runs tests/arm/check.cpp under qemu-aarch64.
 # Run scripts/setup.sh --test first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,49 +33,29 @@ build/venv/bin/python -m pip install --quiet --no-deps --force-reinstall build/w
 (cd build && venv/bin/python -c "import mhsa, numpy as np; x = np.ones((1, 3, 8), np.float32); \
 assert mhsa.MultiHeadAttention(8, 2)(x).shape == (1, 3, 8); print('wheel ok:', mhsa.__file__)")
 
-step "fuzzing the safetensors reader (libFuzzer + ASan + UBSan, 30 s)"
-clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/safetensors_fuzz.cpp \
-  src/io/safetensors.cpp src/io/file.cpp src/io/json.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_safetensors
-rm -rf build/fuzz_corpus && cp -r tests/fuzz/corpus build/fuzz_corpus
-build/fuzz_safetensors -max_total_time=30 -print_final_stats=1 build/fuzz_corpus 2>&1 | tail -n 3
-
-JINJA_SOURCES="src/text/chat_template.cpp src/text/jinja_parse.cpp src/text/jinja_eval.cpp src/text/jinja_lex.cpp
-  src/text/jinja_values.cpp src/text/jinja_builtins.cpp"
-TOKENIZER_SOURCES="src/text/tokenizer.cpp src/text/hf_tokenizer.cpp src/text/hf_components.cpp src/text/bpe.cpp src/text/word_cache.cpp src/text/regex.cpp src/text/unicode.cpp
-  src/text/unicode_data.cpp src/text/unicode_props.cpp $JINJA_SOURCES src/io/file.cpp src/io/json.cpp src/io/checkpoint_dir.cpp
-  src/core/error.cpp"
-step "fuzzing the tokenizer: any bytes encode and decode back (libFuzzer + ASan + UBSan, 20 s)"
-clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_fuzz.cpp \
-  $TOKENIZER_SOURCES -o build/fuzz_tokenizer
-rm -rf build/fuzz_tokenizer_corpus && cp -r tests/fuzz/tokenizer_corpus build/fuzz_tokenizer_corpus
-MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer \
-  build/fuzz_tokenizer -max_total_time=20 -print_final_stats=1 build/fuzz_tokenizer_corpus 2>&1 | tail -n 3
-
-step "fuzzing config.json and index reading: Gpt2Config::parse, ModelConfig::parse, parse_safetensors_index (libFuzzer + ASan + UBSan, 15 s)"
-clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/config_fuzz.cpp \
-  src/model/gpt2_config.cpp src/model/model_config.cpp src/io/sharded_safetensors.cpp src/io/safetensors.cpp \
-  src/io/file.cpp src/io/json.cpp src/core/error.cpp src/core/tensor.cpp -o build/fuzz_config
-rm -rf build/fuzz_config_corpus && cp -r tests/fuzz/config_corpus build/fuzz_config_corpus
-build/fuzz_config -max_total_time=15 -print_final_stats=1 build/fuzz_config_corpus 2>&1 | tail -n 3
-
-step "fuzzing chat templates: ChatTemplate parse + render (libFuzzer + ASan + UBSan, 15 s)"
-clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/jinja_fuzz.cpp \
-  $JINJA_SOURCES src/io/json.cpp src/core/error.cpp -o build/fuzz_jinja
-rm -rf build/fuzz_jinja_corpus && cp -r tests/fuzz/jinja_corpus build/fuzz_jinja_corpus
-build/fuzz_jinja -max_total_time=15 -print_final_stats=1 build/fuzz_jinja_corpus 2>&1 | tail -n 3
-
-step "fuzzing the tokenizer's vocab.json + merges.txt loading: Tokenizer::parse (libFuzzer + ASan + UBSan, 15 s)"
-clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_files_fuzz.cpp \
-  $TOKENIZER_SOURCES \
-  -o build/fuzz_tokenizer_files
-rm -rf build/fuzz_tokenizer_files_corpus && cp -r tests/fuzz/tokenizer_files_corpus build/fuzz_tokenizer_files_corpus
-build/fuzz_tokenizer_files -max_total_time=15 -print_final_stats=1 build/fuzz_tokenizer_files_corpus 2>&1 | tail -n 3
-
-step "fuzzing tokenizer.json loading and encoding: Tokenizer::parse_json (libFuzzer + ASan + UBSan, 15 s)"
-clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc tests/fuzz/tokenizer_json_fuzz.cpp \
-  $TOKENIZER_SOURCES -o build/fuzz_tokenizer_json
-rm -rf build/fuzz_tokenizer_json_corpus && cp -r tests/fuzz/tokenizer_json_corpus build/fuzz_tokenizer_json_corpus
-build/fuzz_tokenizer_json -max_total_time=15 -print_final_stats=1 build/fuzz_tokenizer_json_corpus 2>&1 | tail -n 3
+step "building the fuzzers (clang, libFuzzer + ASan + UBSan, tests/fuzz/CMakeLists.txt: each parser compiled once, ~3 min)"
+cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+cmake --build build-fuzz
+# fuzz NAME SECONDS [VAR=VALUE...]: runs build-fuzz/fuzz_NAME on a fresh copy of its seed corpus.
+fuzz() {
+  local name=$1 seconds=$2 seeds=tests/fuzz/$1_corpus
+  shift 2
+  [ "$name" = safetensors ] && seeds=tests/fuzz/corpus
+  rm -rf "build-fuzz/${name}_corpus" && cp -r "$seeds" "build-fuzz/${name}_corpus"
+  env "$@" "build-fuzz/fuzz_$name" -max_total_time="$seconds" -print_final_stats=1 "build-fuzz/${name}_corpus" 2>&1 | tail -n 3
+}
+step "fuzzing the safetensors reader (30 s)"
+fuzz safetensors 30
+step "fuzzing the tokenizer: any bytes encode and decode back (20 s)"
+fuzz tokenizer 20 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer
+step "fuzzing config.json and index reading: Gpt2Config::parse, ModelConfig::parse, parse_safetensors_index (15 s)"
+fuzz config 15
+step "fuzzing chat templates: ChatTemplate parse + render (15 s)"
+fuzz jinja 15
+step "fuzzing the tokenizer's vocab.json + merges.txt loading: Tokenizer::parse (15 s)"
+fuzz tokenizer_files 15
+step "fuzzing tokenizer.json loading and encoding: Tokenizer::parse_json (15 s)"
+fuzz tokenizer_json 15
 
 step "ARM (aarch64, portable kernels) under qemu"
 cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \

@@ -6,7 +6,7 @@ path), with autograd for the gradients; PyTorch's own float32 run sets the error
 two, broadcast between q and k), odd sizes, Tq != Tk with top-left is_causal, bool and float masks
 of every broadcastable shape, float masks that require grad, grouped heads, strided inputs, custom
 scale; fallbacks and errors; opcheck; torch.compile(fullgraph=True); transformers' GPT-2 and Llama
-under patch(); a small training loop with and without the patch.
+under patch(); a 200-step training loop against both of PyTorch's backends.
 """
 
 import math
@@ -285,26 +285,45 @@ def nano_gpt(vocab=61, T=32, C=48, H=4, layers=2):
                                torch.nn.LayerNorm(C), torch.nn.Linear(C, vocab))
 
 
+def markov_batches(gen, vocab=61, B=4, T=33, steps=200):
+    """steps batches of B sequences from one random order-1 Markov chain with peaked transitions
+    (fresh rows every step, something to learn)."""
+    trans = torch.softmax(torch.randn(vocab, vocab, generator=gen) * 3, dim=1)
+    for _ in range(steps):
+        x = torch.empty(B, T, dtype=torch.long)
+        x[:, 0] = torch.randint(0, vocab, (B,), generator=gen)
+        for t in range(1, T):
+            x[:, t] = torch.multinomial(trans[x[:, t - 1]], 1, generator=gen)[:, 0]
+        yield x
+
+
 def test_training_loop_matches_unpatched(gen):
-    """30 AdamW steps of a nanoGPT-style model on one random batch, with and without the patch:
-    the loss curves agree to 1e-3 relative (float32 sums in another order, grown by training)."""
-    data = torch.randint(0, 61, (4, 33), generator=gen)
-    curves = []
-    for patched in (False, True):
+    """200 AdamW steps of a nanoGPT-style model on fresh batches, three ways: PyTorch's flash
+    backend, PyTorch's math backend and mhsa through the patch. The noise is how far PyTorch's two
+    backends drift apart (float32 sums in another order, grown by training); mhsa's loss curve
+    must stay within 10× that (or 1e-5 relative) of the flash curve at every step."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    seed = int(torch.randint(0, 2**31, (1,), generator=gen))
+    curves = {}
+    for way in ("flash", "math", "mhsa"):
         torch.manual_seed(1)
         model = nano_gpt()
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses = []
         before = mt.calls["backward"]
-        with mt.patch(patched):
-            for _ in range(30):
+        backend = SDPBackend.MATH if way == "math" else SDPBackend.FLASH_ATTENTION
+        with mt.patch(way == "mhsa"), sdpa_kernel(backend):
+            for data in markov_batches(torch.Generator().manual_seed(seed)):
                 logits = model(data[:, :-1])
                 loss = F.cross_entropy(logits.flatten(0, 1), data[:, 1:].flatten())
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
-        assert mt.calls["backward"] - before == (60 if patched else 0)
-        curves.append(np.array(losses))
-    assert curves[0][-1] < curves[0][0] - 0.5  # it learns
-    np.testing.assert_allclose(curves[1], curves[0], rtol=1e-3)
+        assert mt.calls["backward"] - before == (400 if way == "mhsa" else 0)
+        curves[way] = np.array(losses)
+    flash = curves["flash"]
+    assert flash[-20:].mean() < flash[0] - 1.0  # it learns
+    noise = np.abs(curves["math"] - flash) / flash
+    drift = np.abs(curves["mhsa"] - flash) / flash
+    assert drift.max() <= max(10 * noise.max(), 1e-5), (drift.max(), noise.max())
