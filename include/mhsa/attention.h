@@ -53,6 +53,16 @@ struct AttentionWindow {
   int64_t right = -1;
 };
 
+// Dropout on the attention probabilities (training): each P_ij is kept with probability 1 − p
+// and then scaled by 1/(1 − p), or dropped (0); the row sums (lse) are not dropped. The keep
+// decisions are a counter-based hash of (seed, b, h, i, j), so the backward, given the same
+// options, regenerates the forward's mask, and results do not depend on threads or ISA. The same
+// seed gives the same mask; PyTorch users draw it from torch's generator (mhsa.torch does).
+struct AttentionDropout {
+  float p = 0.0f;  // in [0, 1); 0: none
+  uint64_t seed = 0;
+};
+
 struct AttentionOptions {
   bool causal = false;
   CausalAlignment causal_alignment = CausalAlignment::bottom_right;  // for causal and the window
@@ -61,6 +71,7 @@ struct AttentionOptions {
   std::optional<float> scale;           // default 1/sqrt(D)
   ConstTensorView attn_mask;            // optional additive mask; -inf removes a key
   std::span<const int64_t> kv_lengths;  // optional [B]: keys j >= kv_lengths[b] are masked
+  AttentionDropout dropout;             // default: none
   Backend backend = Backend::automatic;
 };
 
@@ -95,7 +106,7 @@ AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, Const
                                                      ConstTensorView v, ConstTensorView out, ConstTensorView lse,
                                                      const AttentionOptions& options = {});
 
-// The exact softmax matrix P = exp(scaled masked scores - lse) for the chosen query heads
+// The exact softmax matrix P = exp(scaled masked scores - lse) (before any dropout) for the chosen query heads
 // (all Hq heads when `heads` is empty), written to probs [B, heads, Tq, Tk]. `lse` [B, Hq, Tq]
 // comes from the forward pass; if it is not defined it is computed here. Masked entries are 0.
 void attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensorView lse,

@@ -4,8 +4,11 @@
   scale=None, enable_gqa=False)``: torch.nn.functional's function with its semantics (top-left
   ``is_causal`` when Tq != Tk, bool and float masks broadcast to ``[..., Hq, Tq, Tk]``, grouped
   query heads with ``enable_gqa``, leading batch dimensions broadcast between q, k and v) for CPU
-  float32 tensors. Strided tensors are read in place. Anything else (other devices or dtypes,
-  ``dropout_p > 0``) raises NotImplementedError; argument errors raise as PyTorch would.
+  float32 tensors. Strided tensors are read in place. ``dropout_p > 0`` drops probabilities with
+  mhsa's counter-based mask, its seed drawn from torch's default generator (so ``torch.manual_seed``
+  repeats a run) and kept for the backward, which regenerates the same mask. Anything else (other
+  devices or dtypes, a mask that needs a gradient together with dropout) raises
+  NotImplementedError; argument errors raise as PyTorch would.
 - The ops ``mhsa::sdpa`` (forward: out and lse), ``mhsa::sdpa_backward`` (dq, dk, dv from the
   saved lse) and ``mhsa::sdpa_mask_grad`` (the gradient of a float mask), with fake
   implementations (shapes only) so that ``torch.compile(fullgraph=True)`` traces them, and the
@@ -43,19 +46,26 @@ def _numpy(t: torch.Tensor):
 # ---- the ops: q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], mask [B|1, Hq|1, Tq, Tk]
 
 
+def _dropout(dropout_p: float, seed: Optional[torch.Tensor]) -> dict:
+    """The dropout keywords of mhsa's functions: the seed is a 0-d int64 tensor (drawn by torch, so
+    that torch.compile traces the draw), read here as the unsigned 64-bit seed mhsa takes."""
+    return {} if dropout_p == 0.0 else dict(dropout_p=dropout_p, dropout_seed=int(seed.item()) % 2**64)
+
+
 @torch.library.custom_op("mhsa::sdpa", mutates_args=(), device_types="cpu")
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
-          is_causal: bool, scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
+          is_causal: bool, scale: Optional[float], dropout_p: float,
+          seed: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """out [B, Hq, Tq, Dv] and lse [B, Hq, Tq] (causal aligned top-left, as PyTorch)."""
     calls["forward"] += 1
     out, lse = _core.scaled_dot_product_attention(
         _numpy(q), _numpy(k), _numpy(v), None if attn_mask is None else _numpy(attn_mask), is_causal, scale,
-        return_lse=True, causal_alignment="top_left")
+        return_lse=True, causal_alignment="top_left", **_dropout(dropout_p, seed))
     return torch.from_numpy(out), torch.from_numpy(lse)
 
 
 @_sdpa.register_fake
-def _(q, k, v, attn_mask, is_causal, scale):
+def _(q, k, v, attn_mask, is_causal, scale, dropout_p, seed):
     B, Hq, Tq, _ = q.shape
     return q.new_empty((B, Hq, Tq, v.shape[3])), q.new_empty((B, Hq, Tq))
 
@@ -63,17 +73,19 @@ def _(q, k, v, attn_mask, is_causal, scale):
 @torch.library.custom_op("mhsa::sdpa_backward", mutates_args=(), device_types="cpu")
 def _sdpa_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                    lse: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
-                   scale: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) from dout and the forward's inputs, out and lse."""
+                   scale: Optional[float], dropout_p: float,
+                   seed: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) from dout and the forward's inputs, out and lse (and its dropout seed)."""
     calls["backward"] += 1
     grads = _core.scaled_dot_product_attention_backward(
         _numpy(dout), _numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(lse),
-        None if attn_mask is None else _numpy(attn_mask), is_causal, scale, causal_alignment="top_left")
+        None if attn_mask is None else _numpy(attn_mask), is_causal, scale, causal_alignment="top_left",
+        **_dropout(dropout_p, seed))
     return tuple(torch.from_numpy(g) for g in grads)
 
 
 @_sdpa_backward.register_fake
-def _(dout, q, k, v, out, lse, attn_mask, is_causal, scale):
+def _(dout, q, k, v, out, lse, attn_mask, is_causal, scale, dropout_p, seed):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -102,19 +114,19 @@ def _(dout, q, k, v, out, attn_mask, is_causal, scale):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, attn_mask, is_causal, scale = inputs
+    q, k, v, attn_mask, is_causal, scale, dropout_p, seed = inputs
     out, lse = output
-    ctx.is_causal, ctx.scale = is_causal, scale
-    ctx.save_for_backward(q, k, v, attn_mask, out, lse)
+    ctx.is_causal, ctx.scale, ctx.dropout_p = is_causal, scale, dropout_p
+    ctx.save_for_backward(q, k, v, attn_mask, out, lse, seed)
 
 
 def _backward(ctx, dout, _dlse):  # lse is never handed to users: its gradient is not used
-    q, k, v, attn_mask, out, lse = ctx.saved_tensors
-    dq, dk, dv = _sdpa_backward(dout, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale)
+    q, k, v, attn_mask, out, lse, seed = ctx.saved_tensors
+    dq, dk, dv = _sdpa_backward(dout, q, k, v, out, lse, attn_mask, ctx.is_causal, ctx.scale, ctx.dropout_p, seed)
     dmask = None
-    if ctx.needs_input_grad[3]:
+    if ctx.needs_input_grad[3]:  # never with dropout (_unsupported refuses it)
         dmask = _sdpa_mask_grad(dout, q, k, v, out, attn_mask, ctx.is_causal, ctx.scale)
-    return dq, dk, dv, dmask, None, None
+    return dq, dk, dv, dmask, None, None, None, None
 
 
 _sdpa.register_autograd(_backward, setup_context=_setup_context)
@@ -139,8 +151,10 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
             return f"{name}: expected a non-empty tensor, got shape {tuple(t.shape)}"
         if t.is_nested:
             return f"{name}: expected a strided tensor, got a nested one"
-    if dropout_p != 0.0:
-        return f"dropout_p: expected 0.0 (mhsa has no dropout yet), got {dropout_p}"
+    if not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p < 1.0:
+        return f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}"
+    if dropout_p > 0.0 and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+        return "attn_mask: expected a mask that needs no gradient with dropout_p > 0, got one that requires grad"
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "cpu" or attn_mask.dtype not in (
                 torch.float32, torch.bool):
@@ -192,33 +206,37 @@ def _mask_4d(mask: torch.Tensor, batch, Hq: int, Tq: int, Tk: int) -> torch.Tens
     return mask.expand(mask.shape[0], heads, Tq, Tk)
 
 
-def _run(query, key, value, attn_mask, is_causal, scale):
+def _run(query, key, value, attn_mask, dropout_p, is_causal, scale):
     batch = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
     Hq, Tq, _ = query.shape[-3:]
     Tk = key.shape[-2]
     q, k, v = (_as_batch(t, batch) for t in (query, key, value))
     mask = None if attn_mask is None else _mask_4d(attn_mask, batch, Hq, Tq, Tk)
-    out, _ = _sdpa(q, k, v, mask, bool(is_causal), None if scale is None else float(scale))
+    dropout_p = float(dropout_p)
+    seed = torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64) if dropout_p > 0.0 else None
+    out, _ = _sdpa(q, k, v, mask, bool(is_causal), None if scale is None else float(scale), dropout_p, seed)
     return out.reshape(*batch, Hq, Tq, value.shape[-1])
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention computed by mhsa: CPU float32 tensors only
-    (NotImplementedError otherwise, and for dropout_p > 0); differentiable in query, key, value and
-    a float attn_mask; traceable by torch.compile."""
+    (NotImplementedError otherwise); differentiable in query, key, value and a float attn_mask (not
+    both a mask gradient and dropout); dropout's seed drawn from torch's default generator;
+    traceable by torch.compile."""
     why = _unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
-        known = ("expected a CPU float32", "dropout_p", "expected a non-empty", "expected a strided")
+        known = ("expected a CPU float32", "dropout_p", "expected a non-empty", "expected a strided",
+                 "with dropout_p > 0")
         kind = NotImplementedError if any(s in why for s in known) else RuntimeError
         raise kind(f"{_FN}: {why}")
-    return _run(query, key, value, attn_mask, is_causal, scale)
+    return _run(query, key, value, attn_mask, dropout_p, is_causal, scale)
 
 
 @functools.wraps(_ORIGINAL)
 def _patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if _unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) is None:
-        return _run(query, key, value, attn_mask, is_causal, scale)
+        return _run(query, key, value, attn_mask, dropout_p, is_causal, scale)
     return _ORIGINAL(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                      enable_gqa=enable_gqa)
 
@@ -233,8 +251,8 @@ def _set(enable: bool) -> None:
 
 
 class patch:
-    """Routes torch.nn.functional.scaled_dot_product_attention to mhsa (CPU float32, no dropout;
-    PyTorch's own for every other call). ``patch()`` switches it on for the process (``unpatch()``
+    """Routes torch.nn.functional.scaled_dot_product_attention to mhsa (CPU float32; PyTorch's own
+    for every other call). ``patch()`` switches it on for the process (``unpatch()``
     or ``patch(False)`` off); ``with patch(): ...`` switches it on for the block and then restores
     the state before it. Code that copied the function before the patch keeps PyTorch's."""
 

@@ -1,6 +1,6 @@
 // python/src/bind_attention.cpp — mhsa.scaled_dot_product_attention, its backward and
 // attention_probabilities: PyTorch's names and keywords (attn_mask, is_causal, scale, enable_gqa)
-// plus mhsa's own (kv_lengths, window, softcap, causal_alignment, return_lse). Not the layer
+// plus mhsa's own (kv_lengths, window, softcap, causal_alignment, return_lse, dropout_seed). Not the layer
 // (MultiHeadAttention is bound in bindings.cpp).
 #include <pybind11/stl.h>
 
@@ -49,6 +49,9 @@ void add_variants(std::string_view fn, CallOptions& c, const Window& window, std
   }
 }
 
+// Dropout on the probabilities: p in [0, 1) (checked by the library), the mask a function of the seed.
+void add_dropout(CallOptions& c, float p, uint64_t seed) { c.options.dropout = {p, seed}; }
+
 // PyTorch refuses Hq != Hkv unless enable_gqa=True; mhsa's grouped heads are always on, so only
 // that refusal is kept.
 void check_gqa(std::string_view fn, bool enable_gqa, const ConstTensorView& q, const ConstTensorView& k) {
@@ -60,7 +63,7 @@ void check_gqa(std::string_view fn, bool enable_gqa, const ConstTensorView& q, c
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::object& attn_mask,
                 bool is_causal, std::optional<float> scale, const py::object& kv_lengths, bool return_lse,
                 const Window& window, std::optional<float> softcap, const std::string& causal_alignment,
-                bool enable_gqa) {
+                bool enable_gqa, float dropout_p, uint64_t dropout_seed) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
   const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
   const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
@@ -68,6 +71,7 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
   check_gqa(fn, enable_gqa, q.view, k.view);
   CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   add_variants(fn, c, window, softcap, causal_alignment);
+  add_dropout(c, dropout_p, dropout_seed);
   const auto [B, Hq, Tq] = std::tuple(q.view.shape[0], q.view.shape[1], q.view.shape[2]);
   OutputArray out = new_array({B, Hq, Tq, v.view.shape[3]}, "scaled_dot_product_attention: out [B, Hq, Tq, Dv]");
   OutputArray lse = new_array({B, Hq, Tq}, "scaled_dot_product_attention: lse [B, Hq, Tq]");
@@ -83,7 +87,8 @@ py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, con
                         const py::object& v_obj, const py::object& out_obj, const py::object& lse_obj,
                         const py::object& attn_mask, bool is_causal, std::optional<float> scale,
                         const py::object& kv_lengths, const Window& window, std::optional<float> softcap,
-                        const std::string& causal_alignment, bool enable_gqa) {
+                        const std::string& causal_alignment, bool enable_gqa, float dropout_p,
+                        uint64_t dropout_seed) {
   constexpr std::string_view fn = "scaled_dot_product_attention_backward";
   const InputArray dout = float_array(dout_obj, fn, "dout", 4, "[B, Hq, Tq, Dv]");
   const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
@@ -94,6 +99,7 @@ py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, con
   check_gqa(fn, enable_gqa, q.view, k.view);
   CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   add_variants(fn, c, window, softcap, causal_alignment);
+  add_dropout(c, dropout_p, dropout_seed);
   const auto shape = [](const ConstTensorView& t) {
     return std::vector<int64_t>{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
   };
@@ -129,7 +135,7 @@ void bind_attention(py::module_& m) {
   m.def("scaled_dot_product_attention", &sdpa, "q"_a, "k"_a, "v"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(), "return_lse"_a = false, py::kw_only(),
         "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
-        "enable_gqa"_a = true,
+        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0,
         R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].
 
 float32 arrays with any strides. Hq % Hkv == 0 (grouped-query heads, always on; enable_gqa=False
@@ -140,12 +146,14 @@ The causal and window limits put query i at key position p = i + Tk - Tq with
 causal_alignment="bottom_right" (the default; right for a KV cache) or p = i with "top_left" (what
 torch's is_causal=True means when Tq != Tk). is_causal: query i sees keys j <= p. window=(left, right):
 keys p - left <= j <= p + right (-1 = unlimited); Hugging Face's sliding_window W is
-is_causal=True, window=(W - 1, -1). A row with no visible key gives 0. With return_lse, returns
-(out, lse [B, Hq, Tq]).)");
+is_causal=True, window=(W - 1, -1). A row with no visible key gives 0. dropout_p in [0, 1): each
+probability kept with chance 1 - dropout_p and scaled by 1/(1 - dropout_p), the mask a hash of
+dropout_seed and the position (the backward regenerates it from the same seed). With return_lse,
+returns (out, lse [B, Hq, Tq]).)");
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         "attn_mask"_a = py::none(), "is_causal"_a = false, "scale"_a = py::none(), "kv_lengths"_a = py::none(),
         py::kw_only(), "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
-        "enable_gqa"_a = true,
+        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0,
         R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
 inputs, out and lse (from return_lse=True), with the forward's options. dk and dv sum over the query heads
 of a group; rows with no visible key get zero gradients.)");

@@ -98,6 +98,10 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
     if (!std::isfinite(c) || !(c > 0.0f)) fail(fn, "softcap", "a finite number > 0 (or none)", message(c));
     p.softcap = c;
   }
+  if (!(opt.dropout.p >= 0.0f && opt.dropout.p < 1.0f))
+    fail(fn, "dropout.p", "a probability in [0, 1)", message(opt.dropout.p));
+  p.dropout = opt.dropout.p;
+  p.dropout_seed = opt.dropout.seed;
   p.causal = opt.causal;
   p.query_offset = opt.causal_alignment == CausalAlignment::top_left ? 0 : p.Tk - p.Tq;
   // A window is meaningful without causal too (bidirectional local attention); with causal its

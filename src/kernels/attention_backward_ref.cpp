@@ -4,6 +4,8 @@
 //   dV_j = Σ_i P_ij dO_i        dP_ij = dO_i·v_j        D_i = Σ_j P_ij dP_ij
 //   dS_ij = P_ij (dP_ij − D_i) cap'  dQ_i = σ Σ_j dS_ij k_j   dK_j = σ Σ_i dS_ij q_i
 // with soft-capping cap(x) = c·tanh(x/c), cap' = 1 − tanh²(x/c); without it cap(x) = x, cap' = 1.
+// Dropout's factors z_ij (0 or 1/(1 − p), regenerated from the seed) enter as the forward used
+// them: dV_j = Σ_i P_ij z_ij dO_i, and z_ij dP_ij in place of dP_ij in D_i and dS_ij.
 // dK and dV sum over the query heads that share a kv head. Scalar, float64 accumulation; one
 // (batch, kv head) per thread, so no two threads write the same gradient. The oracle for the
 // fast backward; never tuned.
@@ -33,6 +35,7 @@ void attention_backward_ref(const AttentionParams& p) {
     std::vector<double> prob(static_cast<size_t>(p.Tk)), dprob(static_cast<size_t>(p.Tk));         // [Tk]
     std::vector<double> dcap(static_cast<size_t>(p.Tk));                                           // [Tk] cap'
     std::vector<double> dq(static_cast<size_t>(p.D));                                              // [D]
+    std::vector<float> z(static_cast<size_t>(p.Tk), 1.0f);                                         // [Tk] dropout
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t hk = 0; hk < p.Hkv; ++hk) {
@@ -45,6 +48,7 @@ void attention_backward_ref(const AttentionParams& p) {
                 lse == -std::numeric_limits<double>::infinity() ? KeyRange{} : key_range(p, b, i);
             const float* qi = row(p.q, p.q_stride, b, h, i);
             const float* doi = row(p.dout, p.dout_stride, b, h, i);
+            if (p.dropout > 0.0f) dropout_scales(p, b, h, i, 0, p.Tk, z.data());
             double d_i = 0.0, sum = 0.0;
             for (int64_t j = begin; j < end; ++j) {
               const float* kj = row(p.k, p.k_stride, b, hk, j);
@@ -62,7 +66,7 @@ void attention_backward_ref(const AttentionParams& p) {
                                       j * p.mask_stride[3]];
               for (int64_t d = 0; d < p.Dv; ++d) dp += double(doi[d * p.dout_stride[3]]) * vj[d * p.v_stride[3]];
               prob[j] = std::exp(s - lse);
-              dprob[j] = dp;
+              dprob[j] = dp * z[j];
               sum += prob[j];
             }
             // Normalised by the row's own sum: the float lse's rounding cancels, and a row with one
@@ -79,7 +83,7 @@ void attention_backward_ref(const AttentionParams& p) {
                 dq[d] += ds * kj[d * p.k_stride[3]];
                 dk[j * p.D + d] += ds * qi[d * p.q_stride[3]];
               }
-              for (int64_t d = 0; d < p.Dv; ++d) dv[j * p.Dv + d] += prob[j] * doi[d * p.dout_stride[3]];
+              for (int64_t d = 0; d < p.Dv; ++d) dv[j * p.Dv + d] += prob[j] * z[j] * doi[d * p.dout_stride[3]];
             }
             float* dqi = row(p.dq, p.dq_stride, b, h, i);
             for (int64_t d = 0; d < p.D; ++d) dqi[d * p.dq_stride[3]] = static_cast<float>(dq[d]);

@@ -30,6 +30,10 @@ struct AttentionParams {
   // Tk − Tq aligned bottom-right, 0 aligned top-left.
   int64_t query_offset = 0;
   int64_t window_left = -1, window_right = -1;  // -1: unlimited; else at most Tq + Tk
+  // Dropout on the probabilities: P_ij·keep_ij/(1 − dropout) in out (the row sums, lse, are not
+  // dropped); keep_ij from dropout_scales. 0: none.
+  float dropout = 0.0f;
+  uint64_t dropout_seed = 0;
   float* out = nullptr;  // [B, Hq, Tq, Dv]; null when only lse is wanted
   Strides4 out_stride{};
   float* lse = nullptr;  // [B, Hq, Tq] (stride[3] unused), or null
@@ -60,6 +64,32 @@ inline KeyRange key_range(const AttentionParams& p, int64_t b, int64_t i) {
   if (p.window_right >= 0) end = std::min(end, pos + p.window_right + 1);
   const int64_t begin = p.window_left >= 0 ? std::clamp<int64_t>(pos - p.window_left, 0, p.Tk) : 0;
   return {begin, std::max(begin, end)};
+}
+
+// Dropout's factors for query row i of head h in batch b against keys [j0, j0 + n):
+// z[jj] = 1/(1 − dropout) where the key is kept, 0 where dropped. The decision is a counter-based
+// hash — splitmix64 of (seed, row), then murmur3's 32-bit finaliser of (row key + j·golden ratio),
+// kept when it reaches floor(dropout·2³²) — so the forward, the backward and the reference
+// regenerate the same mask for any thread count, ISA or block size. The loop vectorises.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline void dropout_scales(const AttentionParams& p, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t n,
+                           float* z) {
+  const uint64_t row = static_cast<uint64_t>((b * p.Hq + h) * p.Tq + i);
+  const auto key = static_cast<uint32_t>(splitmix64(p.dropout_seed ^ splitmix64(row)));
+  const auto threshold = static_cast<uint32_t>(std::min(4294967295.0, double(p.dropout) * 4294967296.0));
+  const float kept = 1.0f / (1.0f - p.dropout);
+  for (int64_t jj = 0; jj < n; ++jj) {
+    uint32_t x = key + static_cast<uint32_t>(j0 + jj) * 0x9E3779B9u;
+    x = (x ^ (x >> 16)) * 0x85EBCA6Bu;
+    x = (x ^ (x >> 13)) * 0xC2B2AE35u;
+    x ^= x >> 16;
+    z[jj] = x >= threshold ? kept : 0.0f;
+  }
 }
 
 // Plain reference kernels: scalar, float64 accumulation, the oracle for every fast kernel.

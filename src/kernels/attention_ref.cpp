@@ -1,7 +1,8 @@
 // kernels/attention_ref.cpp — the reference attention kernels, written like the equations:
 //   s_ij = cap(scale · q_i·k_j) + mask_ij   (for the keys j the causal, window and padding limits
 //   cap(x) = softcap·tanh(x / softcap), or x without soft-capping   leave: key_range)
-//   lse_i = log Σ_j exp(s_ij),  P_ij = exp(s_ij − lse_i),  out_i = Σ_j P_ij v_j
+//   lse_i = log Σ_j exp(s_ij),  P_ij = exp(s_ij − lse_i),  out_i = Σ_j P_ij z_ij v_j
+// with z_ij dropout's factor (dropout_scales: 0 or 1/(1 − p)), 1 without dropout.
 // Scalar, float64 accumulation, one query row at a time with an O(Tk) score buffer. They are the
 // oracle for the fast kernels and the fallback for shapes those do not take; never tuned.
 // Rows are independent, so the OpenMP split over rows cannot change any result.
@@ -43,6 +44,7 @@ void attention_forward_ref(const AttentionParams& p) {
   {
     std::vector<double> scores(static_cast<size_t>(p.Tk));  // [Tk] one query row
     std::vector<double> acc(static_cast<size_t>(p.Dv));      // [Dv]
+    std::vector<float> z(static_cast<size_t>(p.Tk), 1.0f);   // [Tk] dropout factors
 #pragma omp for collapse(3) schedule(static)
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t h = 0; h < p.Hq; ++h)
@@ -57,13 +59,14 @@ void attention_forward_ref(const AttentionParams& p) {
           double sum = 0.0;
           std::fill(acc.begin(), acc.end(), 0.0);
           const bool masked = row_max == kNegInf;  // every visible score -inf
+          if (p.dropout > 0.0f) dropout_scales(p, b, h, i, 0, p.Tk, z.data());
           if (!masked) {
             for (int64_t j = begin; j < end; ++j) {
               const double w = std::exp(scores[j] - row_max);
               sum += w;
               if (p.out) {
                 const float* vj = p.v + b * p.v_stride[0] + hk * p.v_stride[1] + j * p.v_stride[2];
-                for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * static_cast<double>(vj[d * p.v_stride[3]]);
+                for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * z[j] * static_cast<double>(vj[d * p.v_stride[3]]);
               }
             }
           }

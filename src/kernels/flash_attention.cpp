@@ -9,7 +9,7 @@
 //   P = e^(S − m') (vector exp fused with the row sum); l += Σ P
 //   O += P V  [Br, Dv]               register-blocked again, each block's sum added to O (blocked
 //                                    summation: the error does not grow with Tk)
-// and finally out = O / l, lse = m + log l. Memory is O(Br·Bc + Tk·D) per thread, never Tq×Tk.
+// and finally out = O / l, lse = m + log l. Dropout, when asked, scales P after its row sum. Memory is O(Br·Bc + Tk·D) per thread, never Tq×Tk.
 // Blocks of keys wholly outside every row's key range are skipped (the causal upper triangle, the
 // keys before a sliding window): a causal window of W keys costs ~T·(W + Br + Bc) pairs, not T²/2.
 //
@@ -75,9 +75,10 @@ struct Scratch {
   AlignedFloats o;  // [kBr, dv_pad]  unnormalised output
   std::vector<float> m, l;           // [kBr] running max and sum
   std::vector<int64_t> begin, end;   // [kBr] each row's visible keys (key_range)
+  AlignedFloats z;                   // [kBc] one row's dropout factors
   Scratch(int64_t D, int64_t dv_pad)
       : q(static_cast<size_t>(kBr * D)), s(static_cast<size_t>(kBr * kBc)), o(static_cast<size_t>(kBr * dv_pad)),
-        m(kBr), l(kBr), begin(kBr), end(kBr) {}
+        m(kBr), l(kBr), begin(kBr), end(kBr), z(kBc) {}
 };
 
 // Online-softmax update of one row of scores s[0, n) (n a multiple of kLanes), first multiplied
@@ -155,6 +156,10 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
       float* s = w.s.data() + r * kBc;
       const float scale = finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], nullptr);
       softmax_row(s, kBc, scale, w.m[r], w.l[r], w.o.data() + r * dv_pad, dv_pad);
+      if (p.dropout > 0.0f) {  // after the row sum: dropout changes what P·V adds, not l
+        dropout_scales(p, b, h, i0 + r, j0, kBc, w.z.data());
+        for (int64_t jj = 0; jj < kBc; jj += kLanes) store(s + jj, load(s + jj) * load(w.z.data() + jj));
+      }
     }
     // P is 0 before every row's window: P·V starts at the first key some row sees.
     const int64_t skip = std::clamp<int64_t>(min_begin - j0, 0, kBc), keys = std::min(kBc, max_end - j0) - skip;

@@ -8,6 +8,8 @@
 //   dP = dO Vtᵀ                                                          scores microkernel
 //   dS = σ P ∘ (dP − D) ∘ cap',  D = rowsum(dO ∘ O) precomputed once (cap' = 1 − tanh², or 1)
 //   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K                                accumulate microkernel
+// With dropout (factors Z: 0 or 1/(1 − p), regenerated from the seed), dV += (P∘Z)ᵀ dO and
+// dS = σ P ∘ (dP∘Z − D) ∘ cap'; D = rowsum(dO ∘ O) holds as it is.
 // Memory per task: the group's packed Q, dO, dQ and the head's packed K and V — O(T·D), no T×T.
 // Key blocks that no row of a query block sees (above the causal diagonal, before a sliding
 // window) are skipped.
@@ -35,6 +37,7 @@ struct Task {
   AlignedFloats kn;            // [key_blocks·kBc, d_pad]: keys as rows
   AlignedFloats s, dp, pt, dst;  // [kBr, kBc] x2, [kBc, kBr] x2
   AlignedFloats dcap;            // [kBr, kBc] soft-capping's 1 − tanh², empty without it
+  AlignedFloats z;               // [kBc] one row's dropout factors, empty without dropout
   AlignedFloats dk, dv;          // [kBc, d_pad], [kBc, dv_pad]
   std::vector<float> out_row;    // [Dv] one row of the forward's output
   Task(const AttentionParams& p)
@@ -44,7 +47,8 @@ struct Task {
         dq(static_cast<size_t>(rows * d_pad)), lse(static_cast<size_t>(rows)), di(static_cast<size_t>(rows)),
         begin(static_cast<size_t>(rows)), end(static_cast<size_t>(rows)), kt(static_cast<size_t>(key_blocks * p.D * kBc)),
         vt(static_cast<size_t>(key_blocks * p.Dv * kBc)), kn(static_cast<size_t>(key_blocks * kBc * d_pad)),
-        s(kBr * kBc), dp(kBr * kBc), pt(kBc * kBr), dst(kBc * kBr), dcap(p.softcap > 0.0f ? kBr * kBc : 0), dk(static_cast<size_t>(kBc * d_pad)),
+        s(kBr * kBc), dp(kBr * kBc), pt(kBc * kBr), dst(kBc * kBr), dcap(p.softcap > 0.0f ? kBr * kBc : 0),
+        z(p.dropout > 0.0f ? kBc : 0), dk(static_cast<size_t>(kBc * d_pad)),
         dv(static_cast<size_t>(kBc * dv_pad)), out_row(static_cast<size_t>(p.Dv)) {}
 };
 
@@ -140,10 +144,17 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
         if (pending != 1.0f)
           for (int64_t jj = 0; jj < kBc; jj += kLanes) store(s + jj, load(s + jj) * splat(pending));
         const Vec lse = splat(t.lse[row]), di = splat(t.di[row]), ds_scale = splat(p.scale);
-        for (int64_t jj = 0; jj < kBc; jj += kLanes) {  // P into the dP buffer's place, dS into s
-          const Vec prob = hi > lo ? exp(load(s + jj) - lse) : Vec{};
-          Vec ds = prob * (load(dp + jj) - di);
+        const float* z = nullptr;
+        if (p.dropout > 0.0f) {
+          dropout_scales(p, b, h, i, j0, kBc, t.z.data());
+          z = t.z.data();
+        }
+        for (int64_t jj = 0; jj < kBc; jj += kLanes) {  // P (dropped) into the dP buffer's place, dS into s
+          Vec prob = hi > lo ? exp(load(s + jj) - lse) : Vec{}, dpz = load(dp + jj);
+          if (z) dpz *= load(z + jj);
+          Vec ds = prob * (dpz - di);
           if (dcap) ds *= load(dcap + jj);
+          if (z) prob *= load(z + jj);
           store(s + jj, ds * ds_scale);
           store(dp + jj, prob);
         }

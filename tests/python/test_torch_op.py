@@ -5,8 +5,9 @@ path), with autograd for the gradients; PyTorch's own float32 run sets the error
 (conftest.check_against_torch: the FlashAttention rule). Covered: leading batch dims (none, one,
 two, broadcast between q and k), odd sizes, Tq != Tk with top-left is_causal, bool and float masks
 of every broadcastable shape, float masks that require grad, grouped heads, strided inputs, custom
-scale; fallbacks and errors; opcheck; torch.compile(fullgraph=True); transformers' GPT-2 and Llama
-under patch(); a 200-step training loop against both of PyTorch's backends.
+scale; dropout against float64 with mhsa's own mask; fallbacks and errors; opcheck;
+torch.compile(fullgraph=True); transformers' GPT-2 and Llama under patch(); a 200-step training
+loop against both of PyTorch's backends.
 """
 
 import math
@@ -121,7 +122,8 @@ def test_unsupported_calls_raise_directly_and_fall_back_when_patched(gen):
     half = q.to(torch.bfloat16)
     cases = [((q.double(), q.double(), q.double()), {}, NotImplementedError, "float64"),
              ((half, half, half), {}, NotImplementedError, "bfloat16"),
-             ((q, q, q), dict(dropout_p=0.1), NotImplementedError, "dropout_p")]
+             ((q, q, q), dict(attn_mask=randn(gen, 5, 5).requires_grad_(), dropout_p=0.1), NotImplementedError,
+              "dropout_p > 0")]
     for args, kw, error, word in cases:
         with pytest.raises(error, match=word):
             mt.scaled_dot_product_attention(*args, **kw)
@@ -142,6 +144,76 @@ def test_unsupported_calls_raise_directly_and_fall_back_when_patched(gen):
             mt.scaled_dot_product_attention(*args, **kw)
     with mt.patch(), pytest.raises(RuntimeError):  # PyTorch's own error
         F.scaled_dot_product_attention(*bad[0][0], **bad[0][1])
+
+
+def dropout_reference(q, k, v, keep, p, causal, dtype):
+    """(P∘keep/(1 − p)) V in dtype, P the softmax of q·kᵀ/√D (top-left causal), grouped heads."""
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kk, vv = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ kk.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        Tq, Tk = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(Tq, Tk, dtype=torch.bool).triu(1), -math.inf)
+    return (torch.softmax(scores, dim=-1) * keep.to(dtype) / (1 - p)) @ vv, (q, k, v)
+
+
+@pytest.mark.parametrize("p,causal", [(0.1, True), (0.5, False)])
+def test_dropout_matches_float64_with_the_same_mask(gen, p, causal):
+    """Dropout: the mask mhsa drew (read back by running the op on v = identity with the same torch
+    seed: out = P∘Z) applied in float64 gives the reference; the forward and every gradient meet
+    the FlashAttention rule against it, the same torch seed repeats the result bit for bit, and the
+    kept fraction is 1 − p."""
+    B, Hq, Hkv, Tq, Tk, D = 2, 4, 2, 37, 53, 40
+    q, k, v = randn(gen, B, Hq, Tq, D), randn(gen, B, Hkv, Tk, D), randn(gen, B, Hkv, Tk, D)
+    dout = randn(gen, B, Hq, Tq, D)
+    seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+    kw = dict(dropout_p=p, is_causal=causal, enable_gqa=True)
+    torch.manual_seed(seed)
+    eye = torch.eye(Tk).expand(B, Hkv, Tk, Tk)
+    keep = mt.scaled_dot_product_attention(q, k, eye, **kw) != 0
+    visible = torch.ones(Tq, Tk, dtype=torch.bool) if not causal else torch.ones(Tq, Tk, dtype=torch.bool).tril()
+    rate = keep[..., visible].float().mean().item()
+    assert abs(rate - (1 - p)) < 0.05, rate
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(seed)
+        runs.append(sdpa_grads(mt.scaled_dot_product_attention, [t.clone().requires_grad_() for t in (q, k, v)],
+                               dout, **kw))
+    (ours, ours_g), (again, again_g) = runs
+    assert torch.equal(ours, again) and all(torch.equal(a, b) for a, b in zip(ours_g, again_g))
+    results = {}
+    for dtype in (torch.float64, torch.float32):
+        out, leaves = dropout_reference(q, k, v, keep, p, causal, dtype)
+        results[dtype] = (out, torch.autograd.grad(out, leaves, dout.to(dtype)))
+    (ref, ref_g), (t32, t32_g) = results[torch.float64], results[torch.float32]
+    check_against_torch(ours, t32, ref)
+    for o, t, r in zip(ours_g, t32_g, ref_g):
+        check_against_torch(o, t, r)
+    torch.manual_seed(seed + 1)
+    assert not torch.equal(mt.scaled_dot_product_attention(q, k, v, **kw), ours)  # another seed, another mask
+
+
+def test_dropout_under_patch_and_compile(gen):
+    """A GPT-2 block's call, dropout_p = 0.1 (transformers' default in training), goes to mhsa
+    under the patch, and torch.compile(fullgraph=True) of it draws the seed inside the graph:
+    compiled and eager agree for the same torch seed."""
+    q, k, v = (randn(gen, 2, 3, 17, 16).requires_grad_() for _ in range(3))
+    before = mt.calls["forward"]
+    with mt.patch():
+        torch.manual_seed(3)
+        eager = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+    assert mt.calls["forward"] == before + 1
+
+    def f(q, k, v):
+        return mt.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(3)
+    got = compiled(q, k, v)
+    torch.testing.assert_close(got, eager, rtol=0, atol=0)
+    got.sum().backward()
+    assert torch.isfinite(q.grad).all()
 
 
 def test_one_kv_head_broadcasts_as_in_pytorch(gen):
@@ -168,8 +240,10 @@ def test_patch_is_a_switch_and_a_context_manager():
 def test_opcheck(gen):
     q, k, v = randn(gen, 2, 4, 7, 16), randn(gen, 2, 2, 9, 16), randn(gen, 2, 2, 9, 8)
     mask = randn(gen, 1, 4, 7, 9)
-    for args in [(q, k, v, None, True, None), (q, k, v, mask, False, 0.5)]:
-        args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) else a for a in args)
+    seed = torch.tensor(12345)
+    for args in [(q, k, v, None, True, None, 0.0, None), (q, k, v, mask, False, 0.5, 0.0, None),
+                 (q, k, v, None, True, None, 0.25, seed)]:
+        args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
         torch.library.opcheck(torch.ops.mhsa.sdpa.default, args)
 
 

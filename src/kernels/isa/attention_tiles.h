@@ -144,12 +144,13 @@ inline float finish_scores(float* s, int64_t n, int64_t lo, int64_t hi, float sc
 }
 
 // The forward's split-K decode path (flash_attention.cpp) takes few queries against many keys:
-// Tq <= kDecodeQueries and at most kDecodeRows query rows per kv head, rows of unit stride.
+// Tq <= kDecodeQueries and at most kDecodeRows query rows per kv head, rows of unit stride, no
+// dropout (a training-time option; decoding never drops).
 constexpr int64_t kDecodeQueries = 8;
 constexpr int64_t kDecodeRows = 32;
 inline bool takes_decode_path(const AttentionParams& p) {
   const bool unit_rows = p.q_stride[3] == 1 && p.k_stride[3] == 1 && (!p.out || p.v_stride[3] == 1);
-  return unit_rows && p.Tq <= kDecodeQueries && p.Tq * (p.Hq / p.Hkv) <= kDecodeRows;
+  return unit_rows && p.dropout == 0.0f && p.Tq <= kDecodeQueries && p.Tq * (p.Hq / p.Hkv) <= kDecodeRows;
 }
 
 // The decode path's q·k (few query rows, keys read in place): kLanes products at a time, the
