@@ -5,15 +5,19 @@
   [B, H, T, D] (GPT-2 shapes, causal), mhsa.torch's op against torch's default CPU backend (its
   flash kernel for float32).
 - step: one training step (forward, loss, backward) of a GPT-2 124M-shaped GPT2LMHeadModel
-  (transformers, attn_implementation="sdpa", dropout 0, random weights) at T tokens, with and
+  (transformers, attn_implementation="sdpa", random weights, train mode) at T tokens, with and
   without mhsa.torch.patch().
+
+--dropout P sets dropout_p for the op and GPT-2's attn_pdrop, resid_pdrop and embd_pdrop for the
+step (GPT-2's own config has 0.1; the default here is 0). PyTorch's CPU flash kernel has no
+dropout: with P > 0 its sdpa runs the math path (the T×T matrix), mhsa's kernels do not.
 
 Each round times both sides back to back, alternating which goes first, and takes the median of
 each side's repetitions; the summary is the median of the per-round ratios and their range.
 Absolute times on a shared host drift; ratios from one run are steadier.
 
 Usage (after building the _core target; PYTHONPATH=build/python):
-    python3 bench/torch_op.py [--threads 2] [--rounds 5] [--what op,step] [--T 1024] [--batch 1]
+    python3 bench/torch_op.py [--threads 2] [--rounds 5] [--what op,step] [--T 1024] [--batch 1] [--dropout 0.1]
 """
 
 import argparse
@@ -58,15 +62,15 @@ def bench_op(args, torch, F, mt):
     def forward(fn):
         def run():
             with torch.no_grad():
-                fn(q, k, v, is_causal=True)
+                fn(q, k, v, is_causal=True, dropout_p=args.dropout)
         return run
 
     def forward_backward(fn):
         def run():
-            torch.autograd.grad(fn(q, k, v, is_causal=True), (q, k, v), dout)
+            torch.autograd.grad(fn(q, k, v, is_causal=True, dropout_p=args.dropout), (q, k, v), dout)
         return run
 
-    shape = f"B={B} H={H} T={T} D={D} causal"
+    shape = f"B={B} H={H} T={T} D={D} causal dropout={args.dropout}"
     paired(f"op forward {shape}", forward(mt.scaled_dot_product_attention), forward(original), args.rounds, 5)
     paired(f"op forward+backward {shape}", forward_backward(mt.scaled_dot_product_attention),
            forward_backward(original), args.rounds, 5)
@@ -74,10 +78,11 @@ def bench_op(args, torch, F, mt):
 
 def bench_step(args, torch, F, mt):
     import transformers
-    config = transformers.GPT2Config(n_positions=args.T, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    p = args.dropout
+    config = transformers.GPT2Config(n_positions=args.T, attn_pdrop=p, resid_pdrop=p, embd_pdrop=p)
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(config)
+    model = transformers.GPT2LMHeadModel(config).train()
     ids = torch.randint(0, config.vocab_size, (args.batch, args.T))
 
     def step(patched):
@@ -90,7 +95,7 @@ def bench_step(args, torch, F, mt):
     before = mt.calls["backward"]
     step(True)()
     assert mt.calls["backward"] - before == config.n_layer, "the patch did not reach the model's attention"
-    paired(f"GPT-2 124M training step B={args.batch} T={args.T}", step(True), step(False), args.rounds, 1)
+    paired(f"GPT-2 124M training step B={args.batch} T={args.T} dropout={p}", step(True), step(False), args.rounds, 1)
 
 
 def main():
@@ -100,6 +105,7 @@ def main():
     ap.add_argument("--what", default="op,step")
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--dropout", type=float, default=0.0)
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # mhsa's OpenMP, read at its import
     import torch
