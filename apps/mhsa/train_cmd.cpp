@@ -3,7 +3,8 @@
 // checkpoints into --out (with train_log.jsonl), and stops cleanly on Ctrl-C (the checkpoint of
 // the last finished step is written first). The library checks the options, the directory and
 // the run (mhsa/train.h); this file adds the flags that say what to do with what --out holds
-// (--resume, --force, --allow-data-change).
+// (--resume, --force, --allow-data-change). Under `mpirun -np N` rank 0 prints; a rank that fails
+// prints its error and ends the whole job (train/distributed.h).
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include "mhsa/error.h"
 #include "mhsa/train.h"
 #include "options.h"
+#include "train/distributed.h"
 
 namespace mhsa::cli {
 namespace {
@@ -46,6 +48,7 @@ std::string duration(double s) {
 
 void run(const TrainArgs& a, bool steps_given) {
   use_threads(a.threads);
+  detail::Ranks& ranks = detail::Ranks::world();
   TrainOptions options = a.options;
   options.tied_head = !a.untied_head;
   if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
@@ -85,10 +88,15 @@ void run(const TrainArgs& a, bool steps_given) {
   double val = -1;
   try {
     val = train_gpt(a.data, a.out, options, a.start, progress);
-  } catch (const Error&) {
+  } catch (const Error& e) {
     if (tty && first_step >= 0) std::fprintf(stderr, "\n");  // the error (a diverged run) below the progress bar
-    throw;
+    if (ranks.size() == 1) throw;
+    // The other ranks would wait for this one forever: end the job (the last checkpoint stays).
+    std::fprintf(stderr, "mhsa: error: rank %d of %d: %s\n", ranks.rank(), ranks.size(), e.what());
+    std::fflush(stderr);
+    ranks.abort(2);
   }
+  if (ranks.rank() != 0) return;
   std::fprintf(stderr, "\n");
   char val_text[64] = "no validation yet";
   if (val >= 0) std::snprintf(val_text, sizeof val_text, "validation %.4f bits per byte", val);

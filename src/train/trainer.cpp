@@ -5,9 +5,12 @@
 // which windows form a batch) is a function of the seed and the step, so a resumed run repeats an
 // uninterrupted one bit for bit.
 //
-// A step is three phases with nothing shared between them but the gradients: accumulate_gradients
-// (forward and backward over the step's micro-batches), clip_gradients (the global norm), the
-// optimiser update. A data-parallel run reduces the gradients between the first two.
+// A step is three phases with nothing shared between them but the gradients: step_gradients
+// (forward and backward over the step's rows, reduced across the ranks of a data-parallel run:
+// train/gradient_tree.h), clip_gradients (the global norm), the optimiser update. Under
+// `mpirun -np N` every rank computes its share of each step's rows and holds the whole model and
+// optimiser; rank 0 alone validates, reports progress, logs and writes checkpoints, and its
+// on_step answer (go on or stop) is every rank's.
 #include "mhsa/train.h"
 
 #include <chrono>
@@ -18,6 +21,9 @@
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
 #include "train/checkpoint.h"
+#include "train/distributed.h"
+#include "train/gradient_tree.h"
+#include "train/options.h"
 #include "train/trainable.h"
 
 namespace mhsa {
@@ -25,6 +31,7 @@ namespace {
 
 using detail::fail;
 using detail::message;
+using detail::Ranks;
 namespace fs = std::filesystem;
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a well-spread hash of (seed, step, row)
@@ -54,32 +61,25 @@ double windows_bits_per_byte(const Model& model, const std::vector<int32_t>& tok
   return total / double(starts.size()) / std::log(2.0);
 }
 
-// The step's mean loss over its accumulate micro-batches of B windows each; adds the mean of their
-// gradients into grads. Row r = a·B + b of the step reads the window at a position drawn from
-// (seed, step, r): any subset of rows can be computed apart.
-double accumulate_gradients(const detail::TrainableModel& model, const std::vector<int32_t>& train,
-                            const TrainOptions& o, int64_t step, std::vector<Tensor>& grads) {
-  const int64_t T = o.context, B = o.batch;
+// The step's mean loss over its batch × accumulate rows; grads receives their mean gradient. Row r
+// reads the window at a position drawn from (seed, step, r), and its gradient is computed alone
+// (train/gradient_tree.h sums the rows in a fixed order): this rank computes only its own rows,
+// and one process or N ranks give the same bits.
+double step_gradients(Ranks& ranks, const detail::TrainableModel& model, const std::vector<int32_t>& train,
+                      const TrainOptions& o, int64_t step, std::vector<Tensor>& grads) {
+  const int64_t T = o.context;
   const int64_t positions = static_cast<int64_t>(train.size()) - T - 1;
-  double loss = 0;
-  for (int64_t a = 0; a < o.accumulate; ++a) {
-    std::vector<int32_t> ids(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
-    for (int64_t b = 0; b < B; ++b) {
-      const uint64_t h = mix(mix(mix(o.seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(a * B + b));
-      const int64_t at = static_cast<int64_t>(h % static_cast<uint64_t>(positions + 1));
-      for (int64_t t = 0; t < T; ++t) {
-        ids[static_cast<size_t>(b * T + t)] = train[static_cast<size_t>(at + t)];
-        targets[static_cast<size_t>(b * T + t)] = train[static_cast<size_t>(at + t + 1)];
-      }
+  std::vector<int32_t> ids(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
+  const auto row_gradient = [&](int64_t r, std::vector<Tensor>& g) {
+    const uint64_t h = mix(mix(mix(o.seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(r));
+    const int64_t at = static_cast<int64_t>(h % static_cast<uint64_t>(positions + 1));
+    for (int64_t t = 0; t < T; ++t) {
+      ids[static_cast<size_t>(t)] = train[static_cast<size_t>(at + t)];
+      targets[static_cast<size_t>(t)] = train[static_cast<size_t>(at + t + 1)];
     }
-    loss += model.loss_and_gradients(ids, targets, B, T, grads);
-  }
-  if (o.accumulate > 1) {
-    loss /= static_cast<double>(o.accumulate);
-    for (Tensor& g : grads)
-      for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] /= static_cast<float>(o.accumulate);
-  }
-  return loss;
+    return model.loss_and_gradients(ids, targets, 1, T, g);
+  };
+  return detail::tree_gradients(ranks, o.batch * o.accumulate, row_gradient, grads);
 }
 
 }  // namespace
@@ -104,17 +104,22 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   const fs::path state_file = out / "train_state.safetensors";
   if (how.resume && !fs::exists(state_file))
     fail(fn, "--resume", "a checkpoint in " + out.string(), "no train_state.safetensors");
+  Ranks& ranks = Ranks::world();
+  const bool lead = ranks.rank() == 0;  // the rank that owns `out`
   std::error_code ec;
   if (!how.resume && !how.force)
     for (const char* name : {"train_state.safetensors", "model.safetensors", "config.json"})
       if (fs::exists(out / name, ec))
         fail(fn, "out", "a directory without a checkpoint (--resume continues it, --force replaces it)",
              message("'", out.string(), "' holding ", name));
-  detail::check_writable(out, fn, "out");  // before the first step, not at the first checkpoint
-  const detail::WriterClaim claim(out, fn, "out");
-  std::vector<std::string> temporaries = detail::checkpoint_files();
-  temporaries.push_back("train_log.jsonl");
-  detail::remove_temporaries(out, temporaries);  // a killed run's: we hold the directory
+  std::optional<detail::WriterClaim> claim;
+  if (lead) {
+    detail::check_writable(out, fn, "out");  // before the first step, not at the first checkpoint
+    claim.emplace(out, fn, "out");
+    std::vector<std::string> temporaries = detail::checkpoint_files();
+    temporaries.push_back("train_log.jsonl");
+    detail::remove_temporaries(out, temporaries);  // a killed run's: we hold the directory
+  }
 
   // The run's start: a new model, or the checkpoint's model, optimiser state and history.
   int64_t start = 0;
@@ -165,7 +170,13 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   detail::checked_count(message(fn, ": eval_batches [eval_batches, batch]"), {o.eval_batches, B}, 1);
   double last_val = history.val_bpb.empty() ? -1 : history.val_bpb.back().second;
   int64_t saved_step = how.resume ? start : 0;  // the checkpoint in `out` this run would fall back on
-  detail::TrainLog log(out, how.resume, start, fn);
+  // Every rank must be running the same run: the same options, step and text as rank 0 (on hosts
+  // that do not share --out or --data, a stale checkpoint or another text would differ).
+  const std::string run = message("step ", start, " of ", detail::options_json(o).dump(), " on ", corpus.fingerprint);
+  if (const std::string lead_run = ranks.broadcast(run); lead_run != run)
+    fail(fn, message("rank ", ranks.rank(), " of ", ranks.size()), "the run rank 0 starts (" + lead_run + ")", run);
+  std::optional<detail::TrainLog> log;
+  if (lead) log.emplace(out, how.resume, start, fn);
   // A loss ten times that of guessing uniformly (ln V nats) is no training run any more: one that
   // diverged can stay finite for many steps (1e15 bits per byte) and would save its garbage.
   const double uniform = std::log(static_cast<double>(tokenizer->vocab_size()));
@@ -183,7 +194,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   for (int64_t step = start; step < o.steps; ++step) {
     const auto t0 = clock::now();
     std::vector<Tensor> grads = model->zero_gradients();
-    const double loss = accumulate_gradients(*model, corpus.train, o, step, grads);
+    const double loss = step_gradients(ranks, *model, corpus.train, o, step, grads);
     TrainProgress p;
     p.step = step + 1;
     p.steps = o.steps;
@@ -202,14 +213,18 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     p.tokens_per_s = double(B * T * o.accumulate) / std::chrono::duration<double>(clock::now() - t0).count();
     const bool last = step + 1 == o.steps;
     const bool evaluate = (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last;
-    if (evaluate) {
+    if (evaluate && lead) {
       last_val = quick_val();
       history.val_bpb.emplace_back(step + 1, last_val);
       p.val_bits_per_byte = last_val;
     }
-    log.write(p);
-    const bool go_on = !on_step || on_step(p);
-    if (!go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0)) {
+    bool go_on = true;
+    if (lead) {
+      log->write(p);
+      go_on = !on_step || on_step(p);
+    }
+    go_on = ranks.broadcast(go_on);
+    if (lead && (!go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
       // Finite weights can still be a diverged model (lr 1e30 gives weights near 1e30): what is
       // saved must give a finite loss (this step's validation, or one held-out window).
       const double check = evaluate ? last_val : windows_bits_per_byte(*model, corpus.val, {0}, T);
