@@ -31,14 +31,17 @@ class Ranks {
   // the others are filled in.
   void all_gather(std::span<float> data, std::span<const int64_t> counts);
   void all_gather(std::span<double> data, std::span<const int64_t> counts);
+  // Every rank's part (counts[q] elements from rank q) into all on rank 0, in rank order; all is
+  // not touched on other ranks.
+  void gather(std::span<const float> part, std::span<float> all, std::span<const int64_t> counts);
   // Rank 0's value, on every rank.
   bool broadcast(bool value);
   std::string broadcast(const std::string& value);
   // Ends every rank of the job with this exit status (MPI_Abort; exit() on a single rank). For the
   // CLI's error path only: the library itself never ends the process.
   [[noreturn]] void abort(int status);
-  // The bytes this rank has received from other ranks so far (the payloads of all_to_all and
-  // all_gather): what a step's reduction costs, for measurement and tests.
+  // The bytes this rank has received from other ranks so far (the payloads of all_to_all,
+  // all_gather and gather): what a step's reduction costs, for measurement and tests.
   int64_t bytes_received() const { return bytes_received_; }
 
  private:

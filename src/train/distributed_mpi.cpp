@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <vector>
@@ -44,7 +45,7 @@ struct Layout {
 };
 
 template <class T>
-void gather(std::span<T> data, std::span<const int64_t> counts, MPI_Datatype type, int rank, int64_t& received) {
+void gather_all(std::span<T> data, std::span<const int64_t> counts, MPI_Datatype type, int rank, int64_t& received) {
   const Layout l(counts, static_cast<int64_t>(data.size()));
   MPI_Allgatherv(MPI_IN_PLACE, 0, type, data.data(), l.counts.data(), l.displs.data(), type, MPI_COMM_WORLD);
   for (size_t q = 0; q < counts.size(); ++q)
@@ -85,11 +86,25 @@ void Ranks::all_to_all(std::span<const float> send, std::span<const int64_t> sen
 }
 
 void Ranks::all_gather(std::span<float> data, std::span<const int64_t> counts) {
-  if (size_ > 1) gather(data, counts, MPI_FLOAT, rank_, bytes_received_);
+  if (size_ > 1) gather_all(data, counts, MPI_FLOAT, rank_, bytes_received_);
 }
 
 void Ranks::all_gather(std::span<double> data, std::span<const int64_t> counts) {
-  if (size_ > 1) gather(data, counts, MPI_DOUBLE, rank_, bytes_received_);
+  if (size_ > 1) gather_all(data, counts, MPI_DOUBLE, rank_, bytes_received_);
+}
+
+void Ranks::gather(std::span<const float> part, std::span<float> all, std::span<const int64_t> counts) {
+  if (size_ == 1) {
+    std::copy(part.begin(), part.end(), all.begin());
+    return;
+  }
+  const Layout l(counts, rank_ == 0 ? static_cast<int64_t>(all.size()) : INT64_MAX);
+  if (static_cast<int64_t>(part.size()) != counts[static_cast<size_t>(rank_)])
+    fail("Ranks::gather", "part", message(counts[static_cast<size_t>(rank_)], " elements"), std::to_string(part.size()));
+  MPI_Gatherv(part.data(), l.counts[static_cast<size_t>(rank_)], MPI_FLOAT, all.data(), l.counts.data(),
+              l.displs.data(), MPI_FLOAT, 0, MPI_COMM_WORLD);
+  if (rank_ == 0)
+    for (int q = 1; q < size_; ++q) bytes_received_ += counts[static_cast<size_t>(q)] * static_cast<int64_t>(sizeof(float));
 }
 
 bool Ranks::broadcast(bool value) {

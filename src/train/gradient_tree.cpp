@@ -90,7 +90,7 @@ std::pair<int64_t, int64_t> rows_of(int64_t rows, int q, int n) { return {rows *
 
 double tree_gradients(Ranks& ranks, int64_t rows,
                       const std::function<double(int64_t row, std::vector<Tensor>& g)>& row_gradient,
-                      std::vector<Tensor>& grads) {
+                      std::span<const int64_t> slice, std::vector<Tensor>& grads) {
   const int n = ranks.size(), me = ranks.rank();
   const Node root{0, rows};
   std::vector<std::vector<Node>> nodes(static_cast<size_t>(n));  // each rank's nodes, left to right
@@ -103,8 +103,8 @@ double tree_gradients(Ranks& ranks, int64_t rows,
   std::vector<double> losses(static_cast<size_t>(rows));
   LocalSums local(row_gradient, std::move(scratch), losses);
   const int64_t size = local.size();
-  std::vector<int64_t> slice(static_cast<size_t>(n + 1));  // rank q finishes gradient elements [slice[q], slice[q+1])
-  for (int q = 0; q <= n; ++q) slice[static_cast<size_t>(q)] = size * q / n;
+  if (slice.size() != static_cast<size_t>(n) + 1 || slice.front() != 0 || slice.back() != size)
+    fail("tree_gradients", "slice", message(n + 1, " bounds from 0 to ", size), std::to_string(slice.size()));
   const auto length = [&](int q) { return slice[static_cast<size_t>(q) + 1] - slice[static_cast<size_t>(q)]; };
 
   // This rank's node sums, then each rank's slice of them (rank-major, node order within).
@@ -130,18 +130,21 @@ double tree_gradients(Ranks& ranks, int64_t rows,
   ranks.all_to_all(send, send_counts, recv, recv_counts);
   send = {};
 
-  // The rest of the tree over this rank's slice, then every slice to every rank.
+  // The rest of the tree over this rank's slice.
   std::map<Node, const float*> sent;
   const float* from = recv.data();
   for (int q = 0; q < n; ++q)
     for (const Node& node : nodes[static_cast<size_t>(q)]) sent.emplace(node, from), from += length(me);
   SliceTree tree(std::move(sent), length(me));
-  std::vector<float> full(static_cast<size_t>(size));
-  const float* root_sum = tree.sum(root);
-  std::copy(root_sum, root_sum + length(me), full.begin() + slice[static_cast<size_t>(me)]);
-  std::vector<int64_t> lengths;
-  for (int q = 0; q < n; ++q) lengths.push_back(length(q));
-  ranks.all_gather(std::span<float>(full), lengths);
+  const float* x = tree.sum(root);
+  const float count = static_cast<float>(rows);
+  int64_t at_element = 0;
+  for (Tensor& g : grads) {  // this rank's slice of the tensors laid end to end
+    const int64_t lo = std::max(at_element, slice[static_cast<size_t>(me)]);
+    const int64_t hi = std::min(at_element + g.numel(), slice[static_cast<size_t>(me)] + length(me));
+    for (int64_t i = lo; i < hi; ++i) g.data()[i - at_element] = *x++ / count;
+    at_element += g.numel();
+  }
   std::vector<int64_t> row_counts;
   for (int q = 0; q < n; ++q) {
     const auto [a, b] = rows_of(rows, q, n);
@@ -149,13 +152,6 @@ double tree_gradients(Ranks& ranks, int64_t rows,
   }
   ranks.all_gather(std::span<double>(losses), row_counts);
 
-  const float count = static_cast<float>(rows);
-  const float* x = full.data();
-  for (Tensor& g : grads) {
-    float* y = g.data();
-    for (int64_t i = 0; i < g.numel(); ++i) y[i] = x[i] / count;
-    x += g.numel();
-  }
   double loss = 0;
   for (double l : losses) loss += l;
   return loss / static_cast<double>(rows);

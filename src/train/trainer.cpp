@@ -8,9 +8,10 @@
 // A step is three phases with nothing shared between them but the gradients: step_gradients
 // (forward and backward over the step's rows, reduced across the ranks of a data-parallel run:
 // train/gradient_tree.h), clip_gradients (the global norm), the optimiser update. Under
-// `mpirun -np N` every rank computes its share of each step's rows and holds the whole model and
-// optimiser; rank 0 alone validates, reports progress, logs and writes checkpoints, and its
-// on_step answer (go on or stop) is every rank's.
+// `mpirun -np N` every rank computes its share of each step's rows, holds the whole model and
+// updates its shard of it with its shard of AdamW's state (ZeRO-1: train/sharded_adamw.h); rank 0
+// alone validates, reports progress, logs and writes checkpoints (the optimiser's shards gathered),
+// and its on_step answer (go on or stop) is every rank's.
 #include "mhsa/train.h"
 
 #include <chrono>
@@ -24,6 +25,7 @@
 #include "train/distributed.h"
 #include "train/gradient_tree.h"
 #include "train/options.h"
+#include "train/sharded_adamw.h"
 #include "train/trainable.h"
 
 namespace mhsa {
@@ -61,12 +63,13 @@ double windows_bits_per_byte(const Model& model, const std::vector<int32_t>& tok
   return total / double(starts.size()) / std::log(2.0);
 }
 
-// The step's mean loss over its batch × accumulate rows; grads receives their mean gradient. Row r
-// reads the window at a position drawn from (seed, step, r), and its gradient is computed alone
-// (train/gradient_tree.h sums the rows in a fixed order): this rank computes only its own rows,
-// and one process or N ranks give the same bits.
+// The step's mean loss over its batch × accumulate rows; grads receives this rank's slice of their
+// mean gradient. Row r reads the window at a position drawn from (seed, step, r), and its gradient
+// is computed alone (train/gradient_tree.h sums the rows in a fixed order): this rank computes only
+// its own rows, and one process or N ranks give the same bits.
 double step_gradients(Ranks& ranks, const detail::TrainableModel& model, const std::vector<int32_t>& train,
-                      const TrainOptions& o, int64_t step, std::vector<Tensor>& grads) {
+                      const TrainOptions& o, int64_t step, std::span<const int64_t> slice,
+                      std::vector<Tensor>& grads) {
   const int64_t T = o.context;
   const int64_t positions = static_cast<int64_t>(train.size()) - T - 1;
   std::vector<int32_t> ids(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
@@ -79,7 +82,7 @@ double step_gradients(Ranks& ranks, const detail::TrainableModel& model, const s
     }
     return model.loss_and_gradients(ids, targets, 1, T, g);
   };
-  return detail::tree_gradients(ranks, o.batch * o.accumulate, row_gradient, grads);
+  return detail::tree_gradients(ranks, o.batch * o.accumulate, row_gradient, slice, grads);
 }
 
 }  // namespace
@@ -126,7 +129,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   detail::History history;
   std::string recorded_data;  // the checkpoint's text fingerprint ("" before fingerprints were kept)
   std::unique_ptr<detail::TrainableModel> model;
-  std::optional<AdamW> adam;
+  std::optional<detail::ShardedAdamW> adam;  // this rank's shard of AdamW's state (ZeRO-1)
   std::optional<Tokenizer> tokenizer;
   if (how.resume) {
     const detail::ResumePoint checkpoint(state_file, fn);
@@ -149,12 +152,14 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     model = detail::new_trainable_model(o, *tokenizer, 0);
     if (fs::exists(out / "config.json"))  // absent only after a crash mid-way through a new run's first swap
       model->check_config(out / "config.json", fn);
-    adam.emplace(model->parameters(), o.adamw);
-    checkpoint.restore(*model, *adam);
+    AdamW whole(model->parameters(), o.adamw);
+    checkpoint.restore(*model, whole);
+    adam.emplace(model->parameters(), o.adamw, ranks);
+    adam->load(whole);
   } else {
     tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(o.tokenizer));
     model = detail::new_trainable_model(o, *tokenizer, mix(o.seed));
-    adam.emplace(model->parameters(), o.adamw);
+    adam.emplace(model->parameters(), o.adamw, ranks);
   }
   const TextCorpus corpus = TextCorpus::load(data, o.val_fraction, o.context, *tokenizer);
   if (!recorded_data.empty() && corpus.fingerprint != recorded_data && !how.allow_data_change)
@@ -194,13 +199,13 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   for (int64_t step = start; step < o.steps; ++step) {
     const auto t0 = clock::now();
     std::vector<Tensor> grads = model->zero_gradients();
-    const double loss = step_gradients(ranks, *model, corpus.train, o, step, grads);
+    const double loss = step_gradients(ranks, *model, corpus.train, o, step, adam->bounds(), grads);
     TrainProgress p;
     p.step = step + 1;
     p.steps = o.steps;
     p.loss = loss;
     p.loss_bits_per_byte = loss / std::log(2.0) / history.bytes_per_token;
-    p.grad_norm = clip_gradients(grads, o.clip);
+    p.grad_norm = adam->clip(grads, o.clip);  // clip_gradients' norm, over every rank's shard
     if (!std::isfinite(loss) || !std::isfinite(p.grad_norm))
       fail(fn, message("step ", step + 1), "a finite loss and gradient norm",
            message("loss ", loss, ", gradient norm ", p.grad_norm, ": ", detail::divergence(out, saved_step)));
@@ -224,7 +229,13 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
       go_on = !on_step || on_step(p);
     }
     go_on = ranks.broadcast(go_on);
-    if (lead && (!go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
+    const bool save = !go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0);
+    std::optional<AdamW> whole;  // rank 0: the optimiser's shards gathered into one state to save
+    if (save) {
+      if (lead) whole.emplace(model->parameters(), o.adamw);
+      adam->gather(lead ? &*whole : nullptr);
+    }
+    if (save && lead) {
       // Finite weights can still be a diverged model (lr 1e30 gives weights near 1e30): what is
       // saved must give a finite loss (this step's validation, or one held-out window).
       const double check = evaluate ? last_val : windows_bits_per_byte(*model, corpus.val, {0}, T);
@@ -232,7 +243,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
         fail(fn, message("step ", step + 1), "weights that give a finite loss, to save",
              message("a held-out loss of ", check, ": ", detail::divergence(out, saved_step)));
       // A new run's first checkpoint replaces whatever the directory held (--force).
-      detail::save_checkpoint(out, *model, *adam, o, step + 1, history, corpus.fingerprint,
+      detail::save_checkpoint(out, *model, *whole, o, step + 1, history, corpus.fingerprint,
                               !how.resume && saved_step == 0, saved_step);
       saved_step = step + 1;
     }

@@ -3,9 +3,9 @@
 // the root divided by the row count), checked bit for bit against that definition written out
 // here, with synthetic row gradients of widely spread magnitudes (so that any other order of
 // addition gives other bits). Run alone it is one rank; ctest also runs it under
-// `mpirun -np 2` and `-np 3`, where each rank must compute only its own rows, every rank must get
-// the same bits, and the bytes a rank receives must stay at the ring all-reduce's minimum,
-// 2(N-1)/N of the gradient, when the ranks divide the rows into whole tree nodes.
+// `mpirun -np 2` and `-np 3` (mpi_data_parallel_*), where each rank must compute only its own rows, get the same bits
+// for its slice, and receive no more than a reduce-scatter's minimum, (N-1)/N of the gradient,
+// when the ranks divide the rows into whole tree nodes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,8 +63,11 @@ void check_tree_sum(int64_t rows, const std::vector<std::vector<int64_t>>& shape
       }
     return 0.25 * static_cast<double>(r) + 1.0;
   };
+  const int n = ranks.size(), me = ranks.rank();
+  std::vector<int64_t> slice;  // an even split
+  for (int q = 0; q <= n; ++q) slice.push_back(size * q / n);
   const int64_t bytes_before = ranks.bytes_received();
-  const double loss = detail::tree_gradients(ranks, rows, row_gradient, grads);
+  const double loss = detail::tree_gradients(ranks, rows, row_gradient, slice, grads);
 
   const auto [first, last] = detail::rows_of(rows, ranks.rank(), ranks.size());
   std::vector<int64_t> mine;
@@ -76,12 +79,14 @@ void check_tree_sum(int64_t rows, const std::vector<std::vector<int64_t>>& shape
   const std::vector<float> want = tree(seed, 0, rows, size);
   int64_t i = 0, differ = 0;
   for (const Tensor& g : grads)
-    for (int64_t k = 0; k < g.numel(); ++k, ++i) differ += g.data()[k] != want[static_cast<size_t>(i)] / float(rows);
-  EXPECT_EQ(differ, 0) << "of " << size << " elements, rows " << rows << ", rank " << ranks.rank();
+    for (int64_t k = 0; k < g.numel(); ++k, ++i) {
+      const bool own = slice[static_cast<size_t>(me)] <= i && i < slice[static_cast<size_t>(me) + 1];
+      differ += g.data()[k] != (own ? want[static_cast<size_t>(i)] / float(rows) : 0.0f);
+    }
+  EXPECT_EQ(differ, 0) << "of " << size << " elements, rows " << rows << ", rank " << me;
 
-  const int n = ranks.size();
   if (n > 1 && rows % n == 0 && (n & (n - 1)) == 0) {  // one tree node per rank: the minimum traffic
-    const double minimum = 2.0 * (n - 1) / n * double(size) * sizeof(float);
+    const double minimum = double(n - 1) / n * double(size) * sizeof(float);  // a reduce-scatter's
     const double losses = double(rows - rows / n) * sizeof(double), rounding = 2.0 * n * sizeof(float);
     EXPECT_LE(double(ranks.bytes_received() - bytes_before), minimum + losses + rounding);
   }
