@@ -112,22 +112,29 @@ double tree_gradients(Ranks& ranks, int64_t rows,
   const int64_t m = static_cast<int64_t>(mine.size());
   std::vector<float> sums(static_cast<size_t>(checked_count("train: gradient nodes", {m, size}, sizeof(float))));
   for (size_t k = 0; k < mine.size(); ++k) local.sum(mine[k], sums.data() + static_cast<int64_t>(k) * size, 0);
-  std::vector<float> send(sums.size());
+  // With one node the slices already lie in rank order; one rank sends to itself.
+  std::vector<float> send(m == 1 ? 0 : sums.size());
   std::vector<int64_t> send_counts, recv_counts;
   float* at = send.data();
   for (int q = 0; q < n; ++q) {
     send_counts.push_back(m * length(q));
-    for (int64_t k = 0; k < m; ++k) {
+    for (int64_t k = 0; k < m && m != 1; ++k) {
       const float* from = sums.data() + k * size + slice[static_cast<size_t>(q)];
       at = std::copy(from, from + length(q), at);
     }
     recv_counts.push_back(static_cast<int64_t>(nodes[static_cast<size_t>(q)].size()) * length(me));
   }
+  if (m == 1) send = std::move(sums);
   sums = {};
-  int64_t received = 0;
-  for (int64_t c : recv_counts) received += c;
-  std::vector<float> recv(static_cast<size_t>(received));
-  ranks.all_to_all(send, send_counts, recv, recv_counts);
+  std::vector<float> recv;
+  if (n == 1) {
+    recv = std::move(send);
+  } else {
+    int64_t received = 0;
+    for (int64_t c : recv_counts) received += c;
+    recv.resize(static_cast<size_t>(received));
+    ranks.all_to_all(send, send_counts, recv, recv_counts);
+  }
   send = {};
 
   // The rest of the tree over this rank's slice.

@@ -1,7 +1,8 @@
 // tests/cpp/test_sharded_adamw.cpp — train/sharded_adamw (ZeRO stage 1): each rank holding only
 // its shard of AdamW's moments gives, on every rank, the bits of clip_gradients + AdamW::step over
 // the whole model: the same global norm, the same weights after a few steps, and (gathered on rank
-// 0) the same moments; each rank's moments are 1/N of the whole. Tensors larger than the norm's
+// 0) the same moments; each rank's moments are 1/N of the whole, and a step receives only the
+// other ranks' shards of the weights. Tensors larger than the norm's
 // 65536-element chunks, odd sizes, a matrix (weight decay) and vectors (none). Run alone it is one
 // rank; ctest runs it under `mpirun -np 2` and `-np 3` too (mpi_data_parallel_*).
 #include <gtest/gtest.h>
@@ -38,6 +39,8 @@ TEST(ShardedAdamW, GivesTheWholeOptimizersBitsWithOneNthOfItsMoments) {
   }
   const AdamWOptions options{0.9f, 0.95f, 1e-8f, 0.1f};
   detail::ShardedAdamW sharded(p_ours, options, ranks);
+  int64_t total = 0;
+  for (const Tensor& t : ours) total += t.numel();
   AdamW whole(p_theirs, options);
   for (int step = 0; step < 3; ++step) {
     std::vector<Tensor> g_ours, g_theirs;
@@ -45,16 +48,18 @@ TEST(ShardedAdamW, GivesTheWholeOptimizersBitsWithOneNthOfItsMoments) {
     g_ours = g_theirs;
     const double clip = step == 1 ? 1e9 : 0.5;  // step 1: no clipping
     EXPECT_EQ(sharded.clip(g_ours, clip), clip_gradients(g_theirs, clip));
+    const int64_t before = ranks.bytes_received();
     sharded.step(p_ours, g_ours, 1e-2f);
+    const int64_t own = sharded.bounds()[size_t(ranks.rank()) + 1] - sharded.bounds()[size_t(ranks.rank())];
+    EXPECT_EQ(ranks.bytes_received() - before, ranks.size() == 1 ? 0 : (total - own) * int64_t(sizeof(float)))
+        << "the weights gathered: every other rank's shard, once";
     whole.step(p_theirs, g_theirs, 1e-2f);
     for (size_t i = 0; i < ours.size(); ++i)
       EXPECT_EQ(0, std::memcmp(ours[i].data(), theirs[i].data(), sizeof(float) * size_t(ours[i].numel())))
           << "tensor " << i << " after step " << step << " on rank " << ranks.rank();
   }
-  int64_t size = 0;
-  for (const Tensor& t : ours) size += t.numel();
-  const int n = ranks.size();
-  EXPECT_NEAR(double(sharded.moment_bytes()), 2.0 * sizeof(float) * double(size) / n, 2.0 * sizeof(float) * 65536);
+  EXPECT_NEAR(double(sharded.moment_bytes()), 2.0 * sizeof(float) * double(total) / ranks.size(),
+              2.0 * sizeof(float) * 65536);
 
   std::optional<AdamW> gathered;
   if (ranks.rank() == 0) gathered.emplace(p_theirs, options);
