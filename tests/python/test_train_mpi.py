@@ -2,7 +2,7 @@
 over loopback TCP give the same bits as one process of two threads with the same global batch (each
 step's loss, the weights and AdamW's moments), run after run; a checkpoint resumes with another
 number of ranks; a rank that fails or dies ends the whole job and the last checkpoint stays
-loadable. Skipped where mpirun is not installed or the build has no MPI (CI installs Open MPI)."""
+loadable; Ctrl-C on mpirun stops with a checkpoint. Skipped where mpirun is not installed or the build has no MPI (CI installs Open MPI)."""
 
 import json
 import os
@@ -138,3 +138,20 @@ def test_a_killed_rank_ends_the_job_and_the_checkpoint_stays(text, tmp_path):
     assert step >= 2
     train("--data", text, "--out", out, "--resume", "--steps", step + 2, ranks=2)
     assert state(out)[0] == step + 2
+
+
+def test_ctrl_c_on_mpirun_stops_with_a_checkpoint(text, tmp_path):
+    """mpirun passes SIGTERM to the ranks: rank 0's decision to stop is every rank's, and the
+    checkpoint of the last finished step is written."""
+    out = tmp_path / "m"
+    p = subprocess.Popen([*MPI, "-np", "2", str(CLI), "train", "--data", str(text), "--out", str(out), *SMALL,
+                          "--steps", str(10 ** 6), "-t", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (out / "train_log.jsonl").exists() or not (out / "train_log.jsonl").read_text().count("\n") >= 3:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert "interrupted at step" in stdout, stderr
+    step = int(stdout.split("interrupted at step ")[1].split(":")[0])
+    assert state(out)[0] == step >= 3 and len(log(out)[0]) == step
