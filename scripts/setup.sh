@@ -25,6 +25,8 @@ say "apt-get install: compiler, CMake, Ninja, OpenMP, GoogleTest, Google Benchma
 $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
+say "apt-get install: Open MPI (data-parallel training: mpirun -np N mhsa train)"
+$sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin >/dev/null
 
 if [ "$with_tests" -eq 1 ]; then  # the ARM check (qemu), the fuzzer (libFuzzer), a browser, the default model's text
   say "apt-get install: the test tools (aarch64 cross compiler, qemu, clang's libFuzzer, Chromium, the KJV text)"

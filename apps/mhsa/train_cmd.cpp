@@ -3,7 +3,8 @@
 // checkpoints into --out (with train_log.jsonl), and stops cleanly on Ctrl-C (the checkpoint of
 // the last finished step is written first). The library checks the options, the directory and
 // the run (mhsa/train.h); this file adds the flags that say what to do with what --out holds
-// (--resume, --force, --allow-data-change).
+// (--resume, --force, --allow-data-change). Under `mpirun -np N` rank 0 prints; a rank that fails
+// prints its error and ends the whole job (train/distributed.h).
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +19,7 @@
 #include "mhsa/error.h"
 #include "mhsa/train.h"
 #include "options.h"
+#include "train/distributed.h"
 
 namespace mhsa::cli {
 namespace {
@@ -46,6 +48,7 @@ std::string duration(double s) {
 
 void run(const TrainArgs& a, bool steps_given) {
   use_threads(a.threads);
+  detail::Ranks& ranks = detail::Ranks::world();
   TrainOptions options = a.options;
   options.tied_head = !a.untied_head;
   if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
@@ -85,10 +88,15 @@ void run(const TrainArgs& a, bool steps_given) {
   double val = -1;
   try {
     val = train_gpt(a.data, a.out, options, a.start, progress);
-  } catch (const Error&) {
+  } catch (const Error& e) {
     if (tty && first_step >= 0) std::fprintf(stderr, "\n");  // the error (a diverged run) below the progress bar
-    throw;
+    if (ranks.size() == 1) throw;
+    // The other ranks would wait for this one forever: end the job (the last checkpoint stays).
+    std::fprintf(stderr, "mhsa: error: rank %d of %d: %s\n", ranks.rank(), ranks.size(), e.what());
+    std::fflush(stderr);
+    ranks.abort(2);
   }
+  if (ranks.rank() != 0) return;
   std::fprintf(stderr, "\n");
   char val_text[64] = "no validation yet";
   if (val >= 0) std::snprintf(val_text, sizeof val_text, "validation %.4f bits per byte", val);
@@ -132,7 +140,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--rope-theta", o.rope_theta, "llama: RoPE base")->default_val(o.rope_theta)->check(number_above(0));
   cmd->add_flag("--untied-head", a->untied_head, "llama: an output matrix of its own (default: the token embedding)");
   cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(integer_at_least(1));
-  cmd->add_option("--batch", o.batch, "sequences per micro-batch")->default_val(o.batch)->check(integer_at_least(1));
+  cmd->add_option("--batch", o.batch, "sequences per step (x --accumulate), shared among mpirun's ranks")->default_val(o.batch)->check(integer_at_least(1));
   cmd->add_option("--accumulate", o.accumulate, "micro-batches per step")->default_val(o.accumulate)->check(integer_at_least(1));
   cmd->add_option("--lr", o.lr, "peak learning rate")->default_val(o.lr)->check(number_above(0));
   cmd->add_option("--warmup", o.warmup, "warm-up steps")->default_val(o.warmup)->check(integer_at_least(0));

@@ -12,7 +12,9 @@
 // run at a time holds the directory (train.lock). Beside the checkpoint, train_log.jsonl records
 // every step (loss, learning rate, gradient norm, tokens/s) and validation as one JSON object a
 // line. A run that diverges (a loss or gradient that is not finite) stops with an error and never
-// saves its weights. Not a general training framework: two architectures, one machine.
+// saves its weights. Under `mpirun -np N` (a build with MPI) the ranks share every step's batch
+// and AdamW's state and give one process's bits (docs/distributed.md). Not a general training
+// framework: two architectures, data parallelism only.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // train/optimizer.cpp — the optimiser side of a training step (see mhsa/train.h): AdamW, global
 // gradient-norm clipping and the learning-rate schedule. The state is one pair of moments per
-// parameter tensor, updated tensor by tensor, so a data-parallel trainer can give each rank the
-// tensors (or ranges) it owns; the gradient norm is a float64 sum in a fixed order.
+// parameter tensor, updated tensor by tensor (a data-parallel run shards them: train/sharded_adamw.h);
+// the gradient norm is a float64 sum in a fixed order.
 #include "mhsa/train.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "kernels/dispatch.h"
 #include "train/options.h"
+#include "train/sharded_adamw.h"
 
 namespace mhsa {
 
@@ -53,22 +54,13 @@ void AdamW::step(const std::vector<std::pair<std::string, Tensor*>>& params, con
 }
 
 // The squares are summed in float64 over fixed chunks of each tensor, in parallel, and the chunks'
-// sums in order: the same norm for any thread count.
+// sums in order (train/sharded_adamw.h: a sharded run sums the same chunks): the same norm for any
+// thread count.
 double clip_gradients(std::vector<Tensor>& grads, double max_norm) {
-  constexpr int64_t kChunk = int64_t{1} << 16;
+  constexpr int64_t kChunk = detail::kNormChunk;
   double sum = 0;
-  for (const Tensor& g : grads) {
-    const int64_t n = g.numel(), chunks = (n + kChunk - 1) / kChunk;
-    std::vector<double> part(static_cast<size_t>(chunks));
-    const float* x = g.data();
-#pragma omp parallel for schedule(static) if (chunks > 1)
-    for (int64_t c = 0; c < chunks; ++c) {
-      double s = 0;
-      for (int64_t i = c * kChunk, end = std::min(n, i + kChunk); i < end; ++i) s += double(x[i]) * x[i];
-      part[static_cast<size_t>(c)] = s;
-    }
-    for (double s : part) sum += s;
-  }
+  for (const Tensor& g : grads)
+    for (double s : detail::chunk_square_sums(g.data(), g.numel())) sum += s;
   const double norm = std::sqrt(sum);
   if (max_norm > 0 && norm > max_norm) {
     const float scale = static_cast<float>(max_norm / norm);

@@ -5,9 +5,13 @@
 // which windows form a batch) is a function of the seed and the step, so a resumed run repeats an
 // uninterrupted one bit for bit.
 //
-// A step is three phases with nothing shared between them but the gradients: accumulate_gradients
-// (forward and backward over the step's micro-batches), clip_gradients (the global norm), the
-// optimiser update. A data-parallel run reduces the gradients between the first two.
+// A step is three phases with nothing shared between them but the gradients: step_gradients
+// (forward and backward over the step's rows, reduced across the ranks of a data-parallel run:
+// train/gradient_tree.h), clip_gradients (the global norm), the optimiser update. Under
+// `mpirun -np N` every rank computes its share of each step's rows, holds the whole model and
+// updates its shard of it with its shard of AdamW's state (ZeRO-1: train/sharded_adamw.h); rank 0
+// alone validates, reports progress, logs and writes checkpoints (the optimiser's shards gathered),
+// and its on_step answer (go on or stop) is every rank's.
 #include "mhsa/train.h"
 
 #include <chrono>
@@ -18,6 +22,10 @@
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
 #include "train/checkpoint.h"
+#include "train/distributed.h"
+#include "train/gradient_tree.h"
+#include "train/options.h"
+#include "train/sharded_adamw.h"
 #include "train/trainable.h"
 
 namespace mhsa {
@@ -25,6 +33,7 @@ namespace {
 
 using detail::fail;
 using detail::message;
+using detail::Ranks;
 namespace fs = std::filesystem;
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser: a well-spread hash of (seed, step, row)
@@ -54,32 +63,26 @@ double windows_bits_per_byte(const Model& model, const std::vector<int32_t>& tok
   return total / double(starts.size()) / std::log(2.0);
 }
 
-// The step's mean loss over its accumulate micro-batches of B windows each; adds the mean of their
-// gradients into grads. Row r = a·B + b of the step reads the window at a position drawn from
-// (seed, step, r): any subset of rows can be computed apart.
-double accumulate_gradients(const detail::TrainableModel& model, const std::vector<int32_t>& train,
-                            const TrainOptions& o, int64_t step, std::vector<Tensor>& grads) {
-  const int64_t T = o.context, B = o.batch;
+// The step's mean loss over its batch × accumulate rows; grads receives this rank's slice of their
+// mean gradient. Row r reads the window at a position drawn from (seed, step, r), and its gradient
+// is computed alone (train/gradient_tree.h sums the rows in a fixed order): this rank computes only
+// its own rows, and one process or N ranks give the same bits.
+double step_gradients(Ranks& ranks, const detail::TrainableModel& model, const std::vector<int32_t>& train,
+                      const TrainOptions& o, int64_t step, std::span<const int64_t> slice,
+                      std::vector<Tensor>& grads) {
+  const int64_t T = o.context;
   const int64_t positions = static_cast<int64_t>(train.size()) - T - 1;
-  double loss = 0;
-  for (int64_t a = 0; a < o.accumulate; ++a) {
-    std::vector<int32_t> ids(static_cast<size_t>(B * T)), targets(static_cast<size_t>(B * T));
-    for (int64_t b = 0; b < B; ++b) {
-      const uint64_t h = mix(mix(mix(o.seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(a * B + b));
-      const int64_t at = static_cast<int64_t>(h % static_cast<uint64_t>(positions + 1));
-      for (int64_t t = 0; t < T; ++t) {
-        ids[static_cast<size_t>(b * T + t)] = train[static_cast<size_t>(at + t)];
-        targets[static_cast<size_t>(b * T + t)] = train[static_cast<size_t>(at + t + 1)];
-      }
+  std::vector<int32_t> ids(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
+  const auto row_gradient = [&](int64_t r, std::vector<Tensor>& g) {
+    const uint64_t h = mix(mix(mix(o.seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(r));
+    const int64_t at = static_cast<int64_t>(h % static_cast<uint64_t>(positions + 1));
+    for (int64_t t = 0; t < T; ++t) {
+      ids[static_cast<size_t>(t)] = train[static_cast<size_t>(at + t)];
+      targets[static_cast<size_t>(t)] = train[static_cast<size_t>(at + t + 1)];
     }
-    loss += model.loss_and_gradients(ids, targets, B, T, grads);
-  }
-  if (o.accumulate > 1) {
-    loss /= static_cast<double>(o.accumulate);
-    for (Tensor& g : grads)
-      for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] /= static_cast<float>(o.accumulate);
-  }
-  return loss;
+    return model.loss_and_gradients(ids, targets, 1, T, g);
+  };
+  return detail::tree_gradients(ranks, o.batch * o.accumulate, row_gradient, slice, grads);
 }
 
 }  // namespace
@@ -104,24 +107,29 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   const fs::path state_file = out / "train_state.safetensors";
   if (how.resume && !fs::exists(state_file))
     fail(fn, "--resume", "a checkpoint in " + out.string(), "no train_state.safetensors");
+  Ranks& ranks = Ranks::world();
+  const bool lead = ranks.rank() == 0;  // the rank that owns `out`
   std::error_code ec;
   if (!how.resume && !how.force)
     for (const char* name : {"train_state.safetensors", "model.safetensors", "config.json"})
       if (fs::exists(out / name, ec))
         fail(fn, "out", "a directory without a checkpoint (--resume continues it, --force replaces it)",
              message("'", out.string(), "' holding ", name));
-  detail::check_writable(out, fn, "out");  // before the first step, not at the first checkpoint
-  const detail::WriterClaim claim(out, fn, "out");
-  std::vector<std::string> temporaries = detail::checkpoint_files();
-  temporaries.push_back("train_log.jsonl");
-  detail::remove_temporaries(out, temporaries);  // a killed run's: we hold the directory
+  std::optional<detail::WriterClaim> claim;
+  if (lead) {
+    detail::check_writable(out, fn, "out");  // before the first step, not at the first checkpoint
+    claim.emplace(out, fn, "out");
+    std::vector<std::string> temporaries = detail::checkpoint_files();
+    temporaries.push_back("train_log.jsonl");
+    detail::remove_temporaries(out, temporaries);  // a killed run's: we hold the directory
+  }
 
   // The run's start: a new model, or the checkpoint's model, optimiser state and history.
   int64_t start = 0;
   detail::History history;
   std::string recorded_data;  // the checkpoint's text fingerprint ("" before fingerprints were kept)
   std::unique_ptr<detail::TrainableModel> model;
-  std::optional<AdamW> adam;
+  std::optional<detail::ShardedAdamW> adam;  // this rank's shard of AdamW's state (ZeRO-1)
   std::optional<Tokenizer> tokenizer;
   if (how.resume) {
     const detail::ResumePoint checkpoint(state_file, fn);
@@ -144,12 +152,14 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     model = detail::new_trainable_model(o, *tokenizer, 0);
     if (fs::exists(out / "config.json"))  // absent only after a crash mid-way through a new run's first swap
       model->check_config(out / "config.json", fn);
-    adam.emplace(model->parameters(), o.adamw);
-    checkpoint.restore(*model, *adam);
+    AdamW whole(model->parameters(), o.adamw);
+    checkpoint.restore(*model, whole);
+    adam.emplace(model->parameters(), o.adamw, ranks);
+    adam->load(whole);
   } else {
     tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(o.tokenizer));
     model = detail::new_trainable_model(o, *tokenizer, mix(o.seed));
-    adam.emplace(model->parameters(), o.adamw);
+    adam.emplace(model->parameters(), o.adamw, ranks);
   }
   const TextCorpus corpus = TextCorpus::load(data, o.val_fraction, o.context, *tokenizer);
   if (!recorded_data.empty() && corpus.fingerprint != recorded_data && !how.allow_data_change)
@@ -165,7 +175,13 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   detail::checked_count(message(fn, ": eval_batches [eval_batches, batch]"), {o.eval_batches, B}, 1);
   double last_val = history.val_bpb.empty() ? -1 : history.val_bpb.back().second;
   int64_t saved_step = how.resume ? start : 0;  // the checkpoint in `out` this run would fall back on
-  detail::TrainLog log(out, how.resume, start, fn);
+  // Every rank must be running the same run: the same options, step and text as rank 0 (on hosts
+  // that do not share --out or --data, a stale checkpoint or another text would differ).
+  const std::string run = message("step ", start, " of ", detail::options_json(o).dump(), " on ", corpus.fingerprint);
+  if (const std::string lead_run = ranks.broadcast(run); lead_run != run)
+    fail(fn, message("rank ", ranks.rank(), " of ", ranks.size()), "the run rank 0 starts (" + lead_run + ")", run);
+  std::optional<detail::TrainLog> log;
+  if (lead) log.emplace(out, how.resume, start, fn);
   // A loss ten times that of guessing uniformly (ln V nats) is no training run any more: one that
   // diverged can stay finite for many steps (1e15 bits per byte) and would save its garbage.
   const double uniform = std::log(static_cast<double>(tokenizer->vocab_size()));
@@ -183,13 +199,13 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   for (int64_t step = start; step < o.steps; ++step) {
     const auto t0 = clock::now();
     std::vector<Tensor> grads = model->zero_gradients();
-    const double loss = accumulate_gradients(*model, corpus.train, o, step, grads);
+    const double loss = step_gradients(ranks, *model, corpus.train, o, step, adam->bounds(), grads);
     TrainProgress p;
     p.step = step + 1;
     p.steps = o.steps;
     p.loss = loss;
     p.loss_bits_per_byte = loss / std::log(2.0) / history.bytes_per_token;
-    p.grad_norm = clip_gradients(grads, o.clip);
+    p.grad_norm = adam->clip(grads, o.clip);  // clip_gradients' norm, over every rank's shard
     if (!std::isfinite(loss) || !std::isfinite(p.grad_norm))
       fail(fn, message("step ", step + 1), "a finite loss and gradient norm",
            message("loss ", loss, ", gradient norm ", p.grad_norm, ": ", detail::divergence(out, saved_step)));
@@ -202,14 +218,24 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     p.tokens_per_s = double(B * T * o.accumulate) / std::chrono::duration<double>(clock::now() - t0).count();
     const bool last = step + 1 == o.steps;
     const bool evaluate = (o.eval_every > 0 && (step + 1) % o.eval_every == 0) || last;
-    if (evaluate) {
+    if (evaluate && lead) {
       last_val = quick_val();
       history.val_bpb.emplace_back(step + 1, last_val);
       p.val_bits_per_byte = last_val;
     }
-    log.write(p);
-    const bool go_on = !on_step || on_step(p);
-    if (!go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0)) {
+    bool go_on = true;
+    if (lead) {
+      log->write(p);
+      go_on = !on_step || on_step(p);
+    }
+    go_on = ranks.broadcast(go_on);
+    const bool save = !go_on || last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0);
+    std::optional<AdamW> whole;  // rank 0: the optimiser's shards gathered into one state to save
+    if (save) {
+      if (lead) whole.emplace(model->parameters(), o.adamw);
+      adam->gather(lead ? &*whole : nullptr);
+    }
+    if (save && lead) {
       // Finite weights can still be a diverged model (lr 1e30 gives weights near 1e30): what is
       // saved must give a finite loss (this step's validation, or one held-out window).
       const double check = evaluate ? last_val : windows_bits_per_byte(*model, corpus.val, {0}, T);
@@ -217,7 +243,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
         fail(fn, message("step ", step + 1), "weights that give a finite loss, to save",
              message("a held-out loss of ", check, ": ", detail::divergence(out, saved_step)));
       // A new run's first checkpoint replaces whatever the directory held (--force).
-      detail::save_checkpoint(out, *model, *adam, o, step + 1, history, corpus.fingerprint,
+      detail::save_checkpoint(out, *model, *whole, o, step + 1, history, corpus.fingerprint,
                               !how.resume && saved_step == 0, saved_step);
       saved_step = step + 1;
     }
