@@ -79,11 +79,7 @@ void Pattern::find(std::string_view s, std::vector<std::pair<size_t, size_t>>& o
     return;
   }
   thread_local std::vector<Unit> units;  // reused: a text's characters, 16 bytes each
-  decode_units(s, units);
-  const size_t first = out.size();
-  regex->find_all(units, out);
-  const auto offset = [&](size_t u) { return u < units.size() ? units[u].offset : s.size(); };
-  for (size_t i = first; i < out.size(); ++i) out[i] = {offset(out[i].first), offset(out[i].second)};
+  regex->find_all(s, units, out);
 }
 
 }  // namespace hf

@@ -1,5 +1,6 @@
 // text/tokenizer.cpp — mhsa::Tokenizer: GPT-2's byte-level BPE (loading and validating the vocab
-// and merges, the pre-tokeniser, a hand-written scanner for GPT-2's regex, encoding and decoding;
+// and merges, the pre-tokeniser, hand-written scanners for GPT-2's regex and Llama 3's and
+// Qwen2's Split regex, encoding and decoding;
 // equal to tiktoken's and Hugging Face tokenizers' for GPT-2, tests/python), and the front of
 // tokenizer.json files, whose work hf_tokenizer.cpp does.
 #include "mhsa/tokenizer.h"
@@ -54,16 +55,24 @@ struct ClassedChar {
   int len;
 };
 
-ClassedChar unit_at(std::string_view s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return {kAsciiClass[c], 1};
+[[gnu::noinline]] ClassedChar non_ascii_at(std::string_view s, size_t i) {
   const Utf8 d = decode_utf8(s, i);
   return {d.valid ? char_class(d.cp) : CharClass::other, d.len};
+}
+inline ClassedChar unit_at(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  return c < 0x80 ? ClassedChar{kAsciiClass[c], 1} : non_ascii_at(s, i);
 }
 
 size_t run_end(std::string_view s, size_t i, CharClass cls) {
   while (i < s.size()) {
-    const ClassedChar u = unit_at(s, i);
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {  // ASCII, in a tight loop
+      if (kAsciiClass[c] != cls) break;
+      ++i;
+      continue;
+    }
+    const ClassedChar u = non_ascii_at(s, i);
     if (u.cls != cls) break;
     i += static_cast<size_t>(u.len);
   }
@@ -132,6 +141,58 @@ size_t pretoken_end(std::string_view s, size_t begin) {
     last = end;
     end += static_cast<size_t>(u.len);
   }
+  return end < s.size() && count > 1 ? last : end;
+}
+
+size_t split_pretoken_end(std::string_view s, size_t begin, size_t max_digits) {
+  const ClassedChar first = unit_at(s, begin);
+  const size_t next = begin + static_cast<size_t>(first.len);
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d): the letters compared by their simple case folds (U+017F LONG S
+  // is an s), as Oniguruma's (?i) does.
+  const auto folded = [&](size_t i, int& len) -> char32_t {
+    if (i >= s.size()) return 0;
+    const Utf8 d = decode_utf8(s, i);
+    len = d.len;
+    return d.valid ? simple_fold(d.cp) : 0;
+  };
+  if (s[begin] == '\'') {
+    int len1 = 0, len2 = 0;
+    const char32_t a = folded(next, len1);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return next + static_cast<size_t>(len1);
+    if (a == 'r' || a == 'v' || a == 'l') {
+      const char32_t b = folded(next + static_cast<size_t>(len1), len2);
+      if (b == (a == 'l' ? 'l' : 'e')) return next + static_cast<size_t>(len1 + len2);
+    }
+  }
+  if (first.cls == CharClass::letter) return run_end(s, next, CharClass::letter);  // \p{L}+
+  if (first.cls == CharClass::number) {                                            // \p{N}{1,max_digits}
+    size_t end = next;
+    for (size_t n = 1; n < max_digits && end < s.size(); ++n) {
+      const ClassedChar u = unit_at(s, end);
+      if (u.cls != CharClass::number) break;
+      end += static_cast<size_t>(u.len);
+    }
+    return end;
+  }
+  const bool newline = s[begin] == '\r' || s[begin] == '\n';
+  // [^\r\n\p{L}\p{N}]\p{L}+
+  if (!newline && next < s.size() && unit_at(s, next).cls == CharClass::letter) return run_end(s, next, CharClass::letter);
+  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+  const size_t start = s[begin] == ' ' && next < s.size() && unit_at(s, next).cls == CharClass::other ? next : begin;
+  if (unit_at(s, start).cls == CharClass::other) {
+    size_t end = run_end(s, start, CharClass::other);
+    while (end < s.size() && (s[end] == '\r' || s[end] == '\n')) ++end;
+    return end;
+  }
+  // Whitespace from `begin`: `\s*[\r\n]+` ends after its last \r or \n; else `\s+(?!\S)` backs
+  // off one character before a non-space, unless there is only one (`\s+`).
+  size_t end = begin, last = begin, count = 0, after_newline = 0;
+  for (ClassedChar u; end < s.size() && (u = unit_at(s, end)).cls == CharClass::space; ++count) {
+    last = end;
+    if (s[end] == '\r' || s[end] == '\n') after_newline = end + 1;
+    end += static_cast<size_t>(u.len);
+  }
+  if (after_newline) return after_newline;
   return end < s.size() && count > 1 ? last : end;
 }
 
