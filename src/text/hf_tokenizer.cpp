@@ -436,8 +436,8 @@ void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& o
       out.push_back(it->second);
       return;
     }
-  std::vector<int32_t> symbols;
-  symbols.reserve(piece.size());
+  thread_local std::vector<int32_t> symbols;  // reused: no allocation per word
+  symbols.clear();
   bool pending_unk = false;
   const auto unknown = [&](std::string_view ch) {
     if (byte_fallback_) {

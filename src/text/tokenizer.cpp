@@ -419,7 +419,8 @@ void Tokenizer::Impl::read_merges(std::string_view text, const std::string& name
 }
 
 void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  std::vector<int32_t> symbols(piece.size());
+  thread_local std::vector<int32_t> symbols;  // reused: no allocation per word
+  symbols.resize(piece.size());
   for (size_t i = 0; i < piece.size(); ++i) symbols[i] = byte_ids[static_cast<unsigned char>(piece[i])];
   text::bpe_merge(symbols, merges, out);
 }

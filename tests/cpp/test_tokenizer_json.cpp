@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "mhsa/error.h"
 #include "test_util.h"
+#include "text/bpe.h"
 #include "text/hf_tokenizer.h"
 #include "text/normalize.h"
 #include "text/regex.h"
@@ -175,6 +176,24 @@ TEST(Unicode, CharClassLettersAndNumbersAreTheCategories) {
     const CharClass cls = char_class(cp);
     ASSERT_EQ(cls == CharClass::letter, letter) << "U+" << std::hex << static_cast<uint32_t>(cp);
     ASSERT_EQ(cls == CharClass::number, number) << "U+" << std::hex << static_cast<uint32_t>(cp);
+  }
+}
+
+TEST(BpeMerges, AgreesWithAMapAsItGrows) {
+  auto rng = test::test_rng();
+  BpeMerges merges;
+  std::map<std::pair<int32_t, int32_t>, BpeMerges::Merge> model;
+  for (int step = 0; step < 20000; ++step) {
+    const bool wide = rng() % 8 == 0;  // ids up to 2^31 - 1, else a few (many collisions)
+    const auto id = [&] { return static_cast<int32_t>(wide ? rng() % (uint64_t{1} << 31) : rng() % 150); };
+    const int32_t left = id(), right = id();
+    const BpeMerges::Merge m{static_cast<int32_t>(rng() % 100000), static_cast<int32_t>(rng() % 100000)};
+    ASSERT_EQ(merges.add(left, right, m), model.emplace(std::pair{left, right}, m).second);
+    const int32_t a = id(), b = id();
+    const BpeMerges::Merge* found = merges.find(a, b);
+    const auto it = model.find({a, b});
+    ASSERT_EQ(found != nullptr, it != model.end());
+    if (found) ASSERT_TRUE(found->rank == it->second.rank && found->id == it->second.id);
   }
 }
 
