@@ -88,6 +88,7 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
   if (const json* p = optional_member(root, "pre_tokenizer")) {
     pre_tokenizer_ = std::make_unique<PreTokenizer>(PreTokenizer::read(*p, file / "pre_tokenizer"));
     byte_level_ = pre_tokenizer_->ends_byte_level();
+    scan_ = pre_tokenizer_->scanner();
   }
   if (const json* d = optional_member(root, "decoder"))
     decoder_ = std::make_unique<Decoder>(Decoder::read(*d, file / "decoder"));
@@ -507,6 +508,11 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
     for (const Span& t : inner) {
       if (t.token >= 0) {
         ids.push_back(t.token);
+        continue;
+      }
+      if (scan_) {  // each pre-token to the model as the scanner finds it: no list of pieces
+        const std::string_view part = std::string_view(section).substr(t.begin, t.end - t.begin);
+        for (size_t pos = 0, end; pos < part.size(); pos = end) model(part.substr(pos, (end = scan_(part, pos)) - pos), ids);
         continue;
       }
       pieces.text.assign(section, t.begin, t.end - t.begin);

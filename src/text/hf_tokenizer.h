@@ -98,6 +98,7 @@ class HfTokenizer {
   // pipeline
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  Regex::Scanner scan_ = nullptr;  // the pre-tokenizer's PreTokenizer::scanner()
   std::unique_ptr<Decoder> decoder_;
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's tokens around a single sequence
 

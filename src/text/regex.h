@@ -52,7 +52,9 @@ class Regex {
   // Llama 3's or Qwen2's, recognised by its exact text, else through find_all on the text's
   // characters (decoded into `units`, scratch).
   void find_all(std::string_view text, std::vector<Unit>& units, std::vector<std::pair<size_t, size_t>>& out) const;
-  bool has_scanner() const { return scanner_ != nullptr; }
+  // That scanner, or null: the end of the match at a byte position (every position starts one).
+  using Scanner = size_t (*)(std::string_view text, size_t begin);
+  Scanner scanner() const { return scanner_; }
 
   struct Item {
     enum class Kind : uint8_t { categories, space, range } kind;
@@ -94,8 +96,7 @@ class Regex {
   std::vector<Set> sets_;
   int root_ = -1;
   bool direct_ = false;  // the root is direct_tail(): matched without continuations
-  // The end of the match at a byte position, for a pattern that matches at every position.
-  size_t (*scanner_)(std::string_view, size_t) = nullptr;
+  Scanner scanner_ = nullptr;
   friend class RegexParser;
 };
 
