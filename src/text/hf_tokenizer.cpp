@@ -418,14 +418,34 @@ void HfTokenizer::model_word(std::string_view piece, std::vector<int32_t>& out) 
   if (piece.empty()) return;
   if (piece.size() > WordCache::kMaxWordBytes) return model_uncached(piece, out);
   const uint64_t h = WordCache::hash(piece);
-  {
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.find(piece, h, out)) return;
-  }
-  const size_t first = out.size();
-  model_uncached(piece, out);
   std::lock_guard lock(cache_mutex_);
-  cache_.insert(piece, h, std::span(out).subspan(first));
+  cached(piece, h, out);
+}
+
+// The word's ids from the cache, or found and cached; the caller holds cache_mutex_.
+void HfTokenizer::cached(std::string_view word, uint64_t h, std::vector<int32_t>& out) const {
+  if (cache_.find(word, h, out)) return;
+  const size_t first = out.size();
+  model_uncached(word, out);
+  cache_.insert(word, h, std::span(out).subspan(first));
+}
+
+// model() of each of a few pieces in turn, their cache slots asked for all at once beforehand and
+// the lock taken once.
+void HfTokenizer::model_words(std::span<const std::string_view> words, std::vector<int32_t>& out) const {
+  std::array<uint64_t, kBatch> h;
+  for (size_t i = 0; i < words.size(); ++i)
+    if (words[i].size() <= WordCache::kMaxWordBytes) cache_.prefetch(h[i] = WordCache::hash(words[i]));
+  std::unique_lock lock(cache_mutex_);
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i].size() <= WordCache::kMaxWordBytes) {
+      cached(words[i], h[i], out);
+      continue;
+    }
+    lock.unlock();  // model() takes it for each part of a long piece
+    model(words[i], out);
+    lock.lock();
+  }
 }
 
 // tokenizers' BPE::tokenize: the whole piece when ignore_merges finds it in the vocab; else one
@@ -510,9 +530,14 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
         ids.push_back(t.token);
         continue;
       }
-      if (scan_) {  // each pre-token to the model as the scanner finds it: no list of pieces
+      if (scan_) {  // the pre-tokens to the model kBatch at a time as the scanner finds them: no list of pieces
         const std::string_view part = std::string_view(section).substr(t.begin, t.end - t.begin);
-        for (size_t pos = 0, end; pos < part.size(); pos = end) model(part.substr(pos, (end = scan_(part, pos)) - pos), ids);
+        std::array<std::string_view, kBatch> words;
+        for (size_t pos = 0; pos < part.size();) {
+          size_t n = 0;
+          for (size_t end; n < kBatch && pos < part.size(); pos = end) words[n++] = part.substr(pos, (end = scan_(part, pos)) - pos);
+          model_words(std::span(words).first(n), ids);
+        }
         continue;
       }
       pieces.text.assign(section, t.begin, t.end - t.begin);

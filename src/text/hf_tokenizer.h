@@ -102,6 +102,7 @@ class HfTokenizer {
   std::unique_ptr<Decoder> decoder_;
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's tokens around a single sequence
 
+  static constexpr size_t kBatch = 32;  // pre-tokens looked up together (model_words)
   mutable std::mutex cache_mutex_;
   mutable WordCache cache_;  // pre-token (or word, see model()) → its ids
 
@@ -113,6 +114,8 @@ class HfTokenizer {
   void add_join(std::string_view left, std::string_view right);
   void model(std::string_view piece, std::vector<int32_t>& out) const;
   void model_word(std::string_view piece, std::vector<int32_t>& out) const;
+  void model_words(std::span<const std::string_view> words, std::vector<int32_t>& out) const;
+  void cached(std::string_view word, uint64_t h, std::vector<int32_t>& out) const;
   void model_uncached(std::string_view piece, std::vector<int32_t>& out) const;
   std::vector<std::string> decode_tokens(std::vector<std::string> tokens, bool exact) const;
 };
