@@ -566,8 +566,8 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special)
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab_size())
-      fail("Tokenizer::decode", message("ids[", i, "]"), message("an id in [0, ", vocab_size(), ")"), std::to_string(ids[i]));
+    if (ids[i] < 0) fail("Tokenizer::decode", message("ids[", i, "]"), "a token id >= 0", std::to_string(ids[i]));
+    if (ids[i] >= vocab_size()) continue;  // past the vocabulary: skipped, as tokenizers does
     const auto id = static_cast<size_t>(ids[i]);
     if (kinds_[id] == Kind::none || (skip_special && kinds_[id] == Kind::special)) continue;
     tokens.push_back(tokens_[id]);

@@ -562,14 +562,13 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   const auto n = static_cast<int32_t>(impl_->tokens.size());
   size_t bytes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= n)
-      fail("Tokenizer::decode", message("ids[", i, "]"), message("an id in [0, ", n, ")"), std::to_string(ids[i]));
-    bytes += impl_->tokens[static_cast<size_t>(ids[i])].size();
+    if (ids[i] < 0) fail("Tokenizer::decode", message("ids[", i, "]"), "a token id >= 0", std::to_string(ids[i]));
+    if (ids[i] < n) bytes += impl_->tokens[static_cast<size_t>(ids[i])].size();
   }
   std::string out;
   out.reserve(bytes);
-  for (const int32_t id : ids)
-    if (!(skip_special_tokens && id == impl_->eos)) out += impl_->tokens[static_cast<size_t>(id)];
+  for (const int32_t id : ids)  // ids past the vocabulary are skipped, as Hugging Face's decode does
+    if (id < n && !(skip_special_tokens && id == impl_->eos)) out += impl_->tokens[static_cast<size_t>(id)];
   return out;
 }
 
