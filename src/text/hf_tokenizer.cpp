@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cstring>
 #include <functional>
 
 #include "core/check.h"
@@ -191,6 +192,11 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
     added_by_byte_[n][first].push_back(static_cast<int32_t>(i));
     added_starts_[n][first] = true;
   }
+  for (int n = 0; n < 2; ++n) {
+    const auto count = std::count(added_starts_[n].begin(), added_starts_[n].end(), true);
+    const auto first = std::find(added_starts_[n].begin(), added_starts_[n].end(), true) - added_starts_[n].begin();
+    added_first_[n] = count == 0 ? -2 : count > 1 ? -1 : static_cast<int>(first);
+  }
   for (auto& table : added_by_byte_)
     for (auto& list : table)
       std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) { return added_[static_cast<size_t>(x)].content.size() > added_[static_cast<size_t>(y)].content.size(); });
@@ -317,8 +323,13 @@ Utf8 last_char(std::string_view s, size_t end) {
 void HfTokenizer::split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const {
   const auto& table = added_by_byte_[normalized ? 1 : 0];
   const auto& starts = added_starts_[normalized ? 1 : 0];
+  const int first = added_first_[normalized ? 1 : 0];
   size_t start_offset = 0;
-  for (size_t pos = 0; pos < text.size();) {
+  for (size_t pos = first == -2 ? text.size() : 0; pos < text.size();) {
+    if (first >= 0) {  // one byte starts every added token (often '<'): the library's search for it
+      const void* at = std::memchr(text.data() + pos, first, text.size() - pos);
+      pos = at ? static_cast<size_t>(static_cast<const char*>(at) - text.data()) : text.size();
+    }
     while (pos < text.size() && !starts[static_cast<unsigned char>(text[pos])]) ++pos;  // no token starts here
     if (pos == text.size()) break;
     const AddedToken* hit = nullptr;
@@ -521,8 +532,9 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
       ids.push_back(s.token);
       continue;
     }
-    std::string section(text.substr(s.begin, s.end - s.begin));
-    if (normalizer_) section = normalizer_->apply(std::move(section));
+    std::string normalized;  // the section when a normalizer rewrites it
+    std::string_view section = text.substr(s.begin, s.end - s.begin);
+    if (normalizer_) section = normalized = normalizer_->apply(std::string(section));
     inner.clear();
     split_added(section, true, allow_special, inner);
     for (const Span& t : inner) {
@@ -531,7 +543,7 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
         continue;
       }
       if (scan_) {  // the pre-tokens to the model kBatch at a time as the scanner finds them: no list of pieces
-        const std::string_view part = std::string_view(section).substr(t.begin, t.end - t.begin);
+        const std::string_view part = section.substr(t.begin, t.end - t.begin);
         std::array<std::string_view, kBatch> words;
         for (size_t pos = 0; pos < part.size();) {
           size_t n = 0;

@@ -83,6 +83,8 @@ class HfTokenizer {
   std::vector<AddedToken> added_;
   std::vector<std::vector<int32_t>> added_by_byte_[2];  // [normalized][first byte] → added_ indices, longest first
   std::array<bool, 256> added_starts_[2]{};             // [normalized][byte]: some added token starts with it
+  int added_first_[2] = {-2, -2};  // [normalized]: the one byte every added token starts with; -1:
+                                   // several bytes; -2: no added token
   // model
   BpeMerges merges_;
   bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
