@@ -5,6 +5,9 @@
 // the BPE model (byte-level or with byte fallback) behind a cache of words, the post-processor's
 // template; and decode through the decoder chain. Each step mirrors the tokenizers crate's
 // semantics, including its edge cases (lstrip/rstrip/single_word, fuse_unk, ignore_merges).
+// When the pre-tokenizer is one hand-scanned pattern (Llama 3's, Qwen2's, GPT-2's), the pieces
+// go from the scanner to the model a batch at a time, never listed whole (the fast path of most
+// real files; the list is what every other pre-tokenizer makes).
 #include "text/hf_tokenizer.h"
 
 #include <algorithm>
