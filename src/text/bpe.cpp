@@ -2,7 +2,8 @@
 // the positions of the initial symbols (a merge keeps the left one's position) and candidate
 // pairs sit in a heap; a candidate whose pair has changed since it was pushed is skipped when it
 // surfaces. O(n log n), so a megabyte with no spaces is one pre-token and still quick. The list
-// and the heap live in buffers of the calling thread, reused: no allocation per word.
+// and the heap live in buffers of the calling thread, reused (unless a huge piece grew them): no
+// allocation per word.
 #include "text/bpe.h"
 
 #include <algorithm>
@@ -37,6 +38,9 @@ bool BpeMerges::add(int32_t left, int32_t right, Merge m) {
   ++count_;
   return true;
 }
+
+// The longest pieces whose buffers a thread keeps for the next.
+constexpr size_t kKeptSymbols = size_t{1} << 16;
 
 void bpe_merge(std::span<const int32_t> symbols, const BpeMerges& merges, std::vector<int32_t>& out) {
   const auto n = static_cast<int32_t>(symbols.size());
@@ -79,6 +83,7 @@ void bpe_merge(std::span<const int32_t> symbols, const BpeMerges& merges, std::v
     if (push(pos)) std::push_heap(heap.begin(), heap.end(), std::greater<>{});
   }
   for (int32_t i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next) out.push_back(sym[static_cast<size_t>(i)].id);
+  if (sym.capacity() > kKeptSymbols) sym = {}, heap = {};  // a huge piece's buffers are not kept
 }
 
 }  // namespace mhsa::text

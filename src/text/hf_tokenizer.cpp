@@ -519,6 +519,7 @@ void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& o
   }
   if (pending_unk) symbols.push_back(*unk_);
   bpe_merge(symbols, merges_, out);
+  if (symbols.capacity() > WordCache::kMaxWordBytes * 1024) symbols = {};  // a huge piece's buffer is not kept
 }
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens, bool allow_special) const {

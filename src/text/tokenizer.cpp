@@ -423,6 +423,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
   symbols.resize(piece.size());
   for (size_t i = 0; i < piece.size(); ++i) symbols[i] = byte_ids[static_cast<unsigned char>(piece[i])];
   text::bpe_merge(symbols, merges, out);
+  if (symbols.capacity() > text::WordCache::kMaxWordBytes * 1024) symbols = {};  // a huge piece's buffer is not kept
 }
 
 // Pre-token → ids cache: English text encodes several times faster with it. Longer pre-tokens
