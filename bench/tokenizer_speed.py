@@ -2,6 +2,7 @@
 """Encoding speed of mhsa.Tokenizer against Hugging Face tokenizers and tiktoken, in one run.
 
     PYTHONPATH=build/python python3 bench/tokenizer_speed.py [--text FILE ...] [--unit file|paragraph] [--repeats 3]
+                                                            [--only ENGINE ...] [--tokenizers NAME ...]
 
 English text (by default vim's documentation, /usr/share/vim/vim*/doc/*.txt, 9.5 MB as read).
 The same documents go to every engine, one encode call each: a file each by default, or with
@@ -23,8 +24,9 @@ Tokenizers:
   llama2-style   SentencePiece-style BPE (Prepend/Replace normalizers, byte fallback, no
                  pre-tokenizer) (mhsa, tokenizers; tiktoken has no such model);
   gemma-style    Replace normalizer, a String Split, byte fallback (mhsa, tokenizers).
-The trained files are tests/python/test_tokenizer_json.py's. Nothing here passes or fails: it
-prints a table.
+The trained files are tests/python/test_tokenizer_json.py's. --only keeps the engines whose name
+starts with one of its words (--only mhsa: mhsa's rows alone), --tokenizers the named ones
+(--tokenizers llama3-style qwen2-style). Nothing here passes or fails: it prints a table.
 """
 
 import argparse
@@ -74,6 +76,8 @@ def main():
     ap.add_argument("--text", nargs="*", default=sorted(glob.glob("/usr/share/vim/vim*/doc/*.txt")))
     ap.add_argument("--unit", choices=["file", "paragraph"], default="file")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="engines whose name starts with one of these (default: all)")
+    ap.add_argument("--tokenizers", nargs="*", help="these tokenizers (default: all)")
     args = ap.parse_args()
     texts = [pathlib.Path(p).read_text(encoding="utf-8", errors="replace") for p in args.text]
     if args.unit == "paragraph":
@@ -119,6 +123,10 @@ def main():
                                                                    special_tokens={}).encode_ordinary, False)
     print(f"{'tokenizer':14s} {'engine':24s} {'MB/CPU s':>9s} {'MB/s wall':>9s}")
     for case, runners in cases.items():
+        if args.tokenizers and case not in args.tokenizers:
+            continue
+        if args.only:
+            runners = {k: v for k, v in runners.items() if any(k.startswith(o) for o in args.only)}
         times = {k: [] for k in runners}
         for _ in range(args.repeats):
             for k, (make, batch) in runners.items():

@@ -81,7 +81,8 @@ class Tokenizer {
   static std::vector<std::string_view> pretokenize(std::string_view text);
   // ids → text. GPT-2's files: the exact bytes (possibly invalid UTF-8 at a cut); tokenizer.json:
   // the decoder chain's text, equal to Hugging Face's decode (valid UTF-8). skip_special_tokens
-  // leaves out special tokens. Throws for an id out of range.
+  // leaves out special tokens. Ids past the vocabulary are left out too, as Hugging Face's decode
+  // does; a negative id throws.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
   // The bytes one token adds in the middle of a text; throws for an id out of range.
   std::string token_bytes(int32_t id) const;

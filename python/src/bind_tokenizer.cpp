@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string_view>
@@ -43,7 +44,8 @@ std::string_view text_bytes(py::handle text, std::string_view fn, py::object& ow
   return {data, static_cast<size_t>(size)};
 }
 
-// Token ids from a list, tuple or 1-D integer array, checked against the vocab.
+// Token ids from a list, tuple or 1-D integer array, each in [0, 2^32) as tokenizers' u32 ids;
+// those past the vocabulary are left out, as tokenizers' decode leaves them out.
 std::vector<int32_t> token_ids(const Tokenizer& t, py::handle obj, std::string_view fn) {
   if (py::isinstance<py::str>(obj) || py::isinstance<py::bytes>(obj) || !py::isinstance<py::iterable>(obj))
     throw Error(detail::message(fn, ": ids: expected a sequence of token ids, got ", type_name(obj)));
@@ -55,10 +57,9 @@ std::vector<int32_t> token_ids(const Tokenizer& t, py::handle obj, std::string_v
     const py::int_ value = py::reinterpret_steal<py::int_>(PyNumber_Index(item.ptr()));
     int overflow = 0;
     const long long id = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-    if (overflow != 0 || id < 0 || id >= t.vocab_size())
-      throw Error(detail::message(fn, ": ids[", i, "]: expected an id in [0, ", t.vocab_size(), "), got ",
-                                  std::string(py::str(value))));
-    ids.push_back(static_cast<int32_t>(id));
+    if (overflow != 0 || id < 0 || id > UINT32_MAX)
+      throw Error(detail::message(fn, ": ids[", i, "]: expected a token id in [0, 2^32), got ", std::string(py::str(value))));
+    if (id < t.vocab_size()) ids.push_back(static_cast<int32_t>(id));
     ++i;
   }
   return ids;
@@ -117,7 +118,7 @@ tokenizers), False for GPT-2's files (tiktoken's encode_ordinary).)")
           },
           "ids"_a, "skip_special_tokens"_a = false,
           "The text of token ids (tokenizer.json: as Hugging Face decodes it); bytes that are not valid UTF-8 (a cut "
-          "character) become U+FFFD.")
+          "character) become U+FFFD. Ids past the vocabulary are left out, as Hugging Face's decode does.")
       .def(
           "decode_bytes",
           [](const Tokenizer& t, py::handle ids, bool skip_special_tokens) {

@@ -79,11 +79,7 @@ void Pattern::find(std::string_view s, std::vector<std::pair<size_t, size_t>>& o
     return;
   }
   thread_local std::vector<Unit> units;  // reused: a text's characters, 16 bytes each
-  decode_units(s, units);
-  const size_t first = out.size();
-  regex->find_all(units, out);
-  const auto offset = [&](size_t u) { return u < units.size() ? units[u].offset : s.size(); };
-  for (size_t i = first; i < out.size(); ++i) out[i] = {offset(out[i].first), offset(out[i].second)};
+  regex->find_all(s, units, out);
 }
 
 }  // namespace hf
@@ -299,6 +295,18 @@ HfTokenizer::PreTokenizer HfTokenizer::PreTokenizer::read(const json& j, const W
   }
   return p;
 }
+Regex::Scanner HfTokenizer::PreTokenizer::scanner() const {
+  const auto no_op = [](const PreTokenizer& p) { return p.type == Type::byte_level && !p.add_prefix_space && !p.use_regex; };
+  switch (type) {
+    case Type::split: return behavior == Behavior::isolated && !invert && pattern.regex ? pattern.regex->scanner() : nullptr;
+    case Type::byte_level: return !add_prefix_space && use_regex ? pretoken_end : nullptr;
+    case Type::sequence:
+      if (parts.size() == 1 || (parts.size() == 2 && no_op(parts[1]))) return parts[0].scanner();
+      return nullptr;
+    default: return nullptr;
+  }
+}
+
 bool HfTokenizer::PreTokenizer::ends_byte_level() const {
   if (type == Type::byte_level) return true;
   return type == Type::sequence && !parts.empty() && parts.back().ends_byte_level();

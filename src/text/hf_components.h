@@ -93,6 +93,10 @@ struct HfTokenizer::PreTokenizer {
   static PreTokenizer read(const hf::json& j, const hf::Where& w);
   bool ends_byte_level() const;
   void apply(hf::Pieces& pieces) const;
+  // When the whole pre-tokenizer is one hand-scanned pattern (regex.h's Regex::scanner): a Split
+  // of it, Isolated, not inverted, or ByteLevel's own regex without a prefix space, alone or with
+  // a ByteLevel that changes no piece after it. Its pieces are then the scanner's matches.
+  Regex::Scanner scanner() const;
 };
 
 struct HfTokenizer::Decoder {

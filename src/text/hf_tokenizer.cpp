@@ -5,11 +5,15 @@
 // the BPE model (byte-level or with byte fallback) behind a cache of words, the post-processor's
 // template; and decode through the decoder chain. Each step mirrors the tokenizers crate's
 // semantics, including its edge cases (lstrip/rstrip/single_word, fuse_unk, ignore_merges).
+// When the pre-tokenizer is one hand-scanned pattern (Llama 3's, Qwen2's, GPT-2's), the pieces
+// go from the scanner to the model a batch at a time, never listed whole (the fast path of most
+// real files; the list is what every other pre-tokenizer makes).
 #include "text/hf_tokenizer.h"
 
 #include <algorithm>
 #include <array>
 #include <climits>
+#include <cstring>
 #include <functional>
 
 #include "core/check.h"
@@ -88,6 +92,7 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
   if (const json* p = optional_member(root, "pre_tokenizer")) {
     pre_tokenizer_ = std::make_unique<PreTokenizer>(PreTokenizer::read(*p, file / "pre_tokenizer"));
     byte_level_ = pre_tokenizer_->ends_byte_level();
+    scan_ = pre_tokenizer_->scanner();
   }
   if (const json* d = optional_member(root, "decoder"))
     decoder_ = std::make_unique<Decoder>(Decoder::read(*d, file / "decoder"));
@@ -189,6 +194,11 @@ HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view confi
     const auto first = static_cast<unsigned char>(added_[i].content[0]);
     added_by_byte_[n][first].push_back(static_cast<int32_t>(i));
     added_starts_[n][first] = true;
+  }
+  for (int n = 0; n < 2; ++n) {
+    const auto count = std::count(added_starts_[n].begin(), added_starts_[n].end(), true);
+    const auto first = std::find(added_starts_[n].begin(), added_starts_[n].end(), true) - added_starts_[n].begin();
+    added_first_[n] = count == 0 ? -2 : count > 1 ? -1 : static_cast<int>(first);
   }
   for (auto& table : added_by_byte_)
     for (auto& list : table)
@@ -316,8 +326,13 @@ Utf8 last_char(std::string_view s, size_t end) {
 void HfTokenizer::split_added(std::string_view text, bool normalized, bool allow_special, std::vector<Span>& out) const {
   const auto& table = added_by_byte_[normalized ? 1 : 0];
   const auto& starts = added_starts_[normalized ? 1 : 0];
+  const int first = added_first_[normalized ? 1 : 0];
   size_t start_offset = 0;
-  for (size_t pos = 0; pos < text.size();) {
+  for (size_t pos = first == -2 ? text.size() : 0; pos < text.size();) {
+    if (first >= 0) {  // one byte starts every added token (often '<'): the library's search for it
+      const void* at = std::memchr(text.data() + pos, first, text.size() - pos);
+      pos = at ? static_cast<size_t>(static_cast<const char*>(at) - text.data()) : text.size();
+    }
     while (pos < text.size() && !starts[static_cast<unsigned char>(text[pos])]) ++pos;  // no token starts here
     if (pos == text.size()) break;
     const AddedToken* hit = nullptr;
@@ -417,14 +432,34 @@ void HfTokenizer::model_word(std::string_view piece, std::vector<int32_t>& out) 
   if (piece.empty()) return;
   if (piece.size() > WordCache::kMaxWordBytes) return model_uncached(piece, out);
   const uint64_t h = WordCache::hash(piece);
-  {
-    std::lock_guard lock(cache_mutex_);
-    if (cache_.find(piece, h, out)) return;
-  }
-  const size_t first = out.size();
-  model_uncached(piece, out);
   std::lock_guard lock(cache_mutex_);
-  cache_.insert(piece, h, std::span(out).subspan(first));
+  cached(piece, h, out);
+}
+
+// The word's ids from the cache, or found and cached; the caller holds cache_mutex_.
+void HfTokenizer::cached(std::string_view word, uint64_t h, std::vector<int32_t>& out) const {
+  if (cache_.find(word, h, out)) return;
+  const size_t first = out.size();
+  model_uncached(word, out);
+  cache_.insert(word, h, std::span(out).subspan(first));
+}
+
+// model() of each of a few pieces in turn, their cache slots asked for all at once beforehand and
+// the lock taken once.
+void HfTokenizer::model_words(std::span<const std::string_view> words, std::vector<int32_t>& out) const {
+  std::array<uint64_t, kBatch> h;
+  for (size_t i = 0; i < words.size(); ++i)
+    if (words[i].size() <= WordCache::kMaxWordBytes) cache_.prefetch(h[i] = WordCache::hash(words[i]));
+  std::unique_lock lock(cache_mutex_);
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (words[i].size() <= WordCache::kMaxWordBytes) {
+      cached(words[i], h[i], out);
+      continue;
+    }
+    lock.unlock();  // model() takes it for each part of a long piece
+    model(words[i], out);
+    lock.lock();
+  }
 }
 
 // tokenizers' BPE::tokenize: the whole piece when ignore_merges finds it in the vocab; else one
@@ -436,8 +471,8 @@ void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& o
       out.push_back(it->second);
       return;
     }
-  std::vector<int32_t> symbols;
-  symbols.reserve(piece.size());
+  thread_local std::vector<int32_t> symbols;  // reused: no allocation per word
+  symbols.clear();
   bool pending_unk = false;
   const auto unknown = [&](std::string_view ch) {
     if (byte_fallback_) {
@@ -484,6 +519,7 @@ void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& o
   }
   if (pending_unk) symbols.push_back(*unk_);
   bpe_merge(symbols, merges_, out);
+  if (symbols.capacity() > WordCache::kMaxWordBytes * 1024) symbols = {};  // a huge piece's buffer is not kept
 }
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens, bool allow_special) const {
@@ -500,13 +536,24 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
       ids.push_back(s.token);
       continue;
     }
-    std::string section(text.substr(s.begin, s.end - s.begin));
-    if (normalizer_) section = normalizer_->apply(std::move(section));
+    std::string normalized;  // the section when a normalizer rewrites it
+    std::string_view section = text.substr(s.begin, s.end - s.begin);
+    if (normalizer_) section = normalized = normalizer_->apply(std::string(section));
     inner.clear();
     split_added(section, true, allow_special, inner);
     for (const Span& t : inner) {
       if (t.token >= 0) {
         ids.push_back(t.token);
+        continue;
+      }
+      if (scan_) {  // the pre-tokens to the model kBatch at a time as the scanner finds them: no list of pieces
+        const std::string_view part = section.substr(t.begin, t.end - t.begin);
+        std::array<std::string_view, kBatch> words;
+        for (size_t pos = 0; pos < part.size();) {
+          size_t n = 0;
+          for (size_t end; n < kBatch && pos < part.size(); pos = end) words[n++] = part.substr(pos, (end = scan_(part, pos)) - pos);
+          model_words(std::span(words).first(n), ids);
+        }
         continue;
       }
       pieces.text.assign(section, t.begin, t.end - t.begin);
@@ -535,8 +582,8 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special)
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab_size())
-      fail("Tokenizer::decode", message("ids[", i, "]"), message("an id in [0, ", vocab_size(), ")"), std::to_string(ids[i]));
+    if (ids[i] < 0) fail("Tokenizer::decode", message("ids[", i, "]"), "a token id >= 0", std::to_string(ids[i]));
+    if (ids[i] >= vocab_size()) continue;  // past the vocabulary: skipped, as tokenizers does
     const auto id = static_cast<size_t>(ids[i]);
     if (kinds_[id] == Kind::none || (skip_special && kinds_[id] == Kind::special)) continue;
     tokens.push_back(tokens_[id]);

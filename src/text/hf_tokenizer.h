@@ -83,6 +83,8 @@ class HfTokenizer {
   std::vector<AddedToken> added_;
   std::vector<std::vector<int32_t>> added_by_byte_[2];  // [normalized][first byte] → added_ indices, longest first
   std::array<bool, 256> added_starts_[2]{};             // [normalized][byte]: some added token starts with it
+  int added_first_[2] = {-2, -2};  // [normalized]: the one byte every added token starts with; -1:
+                                   // several bytes; -2: no added token
   // model
   BpeMerges merges_;
   bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
@@ -98,9 +100,11 @@ class HfTokenizer {
   // pipeline
   std::unique_ptr<Normalizer> normalizer_;
   std::unique_ptr<PreTokenizer> pre_tokenizer_;
+  Regex::Scanner scan_ = nullptr;  // the pre-tokenizer's PreTokenizer::scanner()
   std::unique_ptr<Decoder> decoder_;
   std::vector<int32_t> prefix_, suffix_;  // the post-processor's tokens around a single sequence
 
+  static constexpr size_t kBatch = 32;  // pre-tokens looked up together (model_words)
   mutable std::mutex cache_mutex_;
   mutable WordCache cache_;  // pre-token (or word, see model()) → its ids
 
@@ -112,6 +116,8 @@ class HfTokenizer {
   void add_join(std::string_view left, std::string_view right);
   void model(std::string_view piece, std::vector<int32_t>& out) const;
   void model_word(std::string_view piece, std::vector<int32_t>& out) const;
+  void model_words(std::span<const std::string_view> words, std::vector<int32_t>& out) const;
+  void cached(std::string_view word, uint64_t h, std::vector<int32_t>& out) const;
   void model_uncached(std::string_view piece, std::vector<int32_t>& out) const;
   std::vector<std::string> decode_tokens(std::vector<std::string> tokens, bool exact) const;
 };

@@ -8,6 +8,8 @@
 // the places where what follows cannot start, so it never takes more steps than the general one),
 // but each node returns where its match ends (the continuation after the root always accepts,
 // so only a sequence's rest needs trying), with no continuation objects or indirect calls.
+// GPT-2's, Llama 3's and Qwen2's patterns, recognised by their text, skip both: a hand-written
+// scanner reads the bytes (find_all on a string_view; tests check it against the general matcher).
 #include "text/regex.h"
 
 #include <algorithm>
@@ -424,6 +426,12 @@ class RegexParser {
 
 Regex::Regex(std::string_view pattern, std::string_view fn, std::string_view arg) {
   RegexParser(*this, pattern, fn, arg);
+  if (pattern == R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)")
+    scanner_ = pretoken_end;
+  else if (pattern == R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")
+    scanner_ = [](std::string_view text, size_t begin) { return split_pretoken_end(text, begin, 3); };
+  else if (pattern == R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)")
+    scanner_ = [](std::string_view text, size_t begin) { return split_pretoken_end(text, begin, 1); };
   compute_first_sets();
   direct_ = direct_tail(root_);
   for (Node& n : nodes_) {
@@ -704,6 +712,18 @@ void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, 
 }
 void Regex::find_all_ref(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const {
   find_all(units, out, false);
+}
+
+void Regex::find_all(std::string_view text, std::vector<Unit>& units, std::vector<std::pair<size_t, size_t>>& out) const {
+  if (scanner_) {
+    for (size_t pos = 0, end; pos < text.size(); pos = end) out.emplace_back(pos, end = scanner_(text, pos));
+    return;
+  }
+  decode_units(text, units);
+  const size_t first = out.size();
+  find_all(units, out);
+  const auto offset = [&](size_t u) { return u < units.size() ? units[u].offset : text.size(); };
+  for (size_t i = first; i < out.size(); ++i) out[i] = {offset(out[i].first), offset(out[i].second)};
 }
 
 void Regex::find_all(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out, bool direct) const {

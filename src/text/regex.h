@@ -47,6 +47,14 @@ class Regex {
   // The same through the general matcher only (for tests: find_all takes a direct path, with no
   // continuations, when every node is of the shapes it knows; both must agree exactly).
   void find_all_ref(std::span<const Unit> units, std::vector<std::pair<size_t, size_t>>& out) const;
+  // Every match in `text` as byte ranges, appended to `out`: through a hand-written scanner of
+  // the bytes (unicode_data.h's pretoken_end, split_pretoken_end) when the pattern is GPT-2's,
+  // Llama 3's or Qwen2's, recognised by its exact text, else through find_all on the text's
+  // characters (decoded into `units`, scratch).
+  void find_all(std::string_view text, std::vector<Unit>& units, std::vector<std::pair<size_t, size_t>>& out) const;
+  // That scanner, or null: the end of the match at a byte position (every position starts one).
+  using Scanner = size_t (*)(std::string_view text, size_t begin);
+  Scanner scanner() const { return scanner_; }
 
   struct Item {
     enum class Kind : uint8_t { categories, space, range } kind;
@@ -88,6 +96,7 @@ class Regex {
   std::vector<Set> sets_;
   int root_ = -1;
   bool direct_ = false;  // the root is direct_tail(): matched without continuations
+  Scanner scanner_ = nullptr;
   friend class RegexParser;
 };
 

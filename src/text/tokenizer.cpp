@@ -1,5 +1,6 @@
 // text/tokenizer.cpp — mhsa::Tokenizer: GPT-2's byte-level BPE (loading and validating the vocab
-// and merges, the pre-tokeniser, a hand-written scanner for GPT-2's regex, encoding and decoding;
+// and merges, the pre-tokeniser, hand-written scanners for GPT-2's regex and Llama 3's and
+// Qwen2's Split regex, encoding and decoding;
 // equal to tiktoken's and Hugging Face tokenizers' for GPT-2, tests/python), and the front of
 // tokenizer.json files, whose work hf_tokenizer.cpp does.
 #include "mhsa/tokenizer.h"
@@ -54,16 +55,24 @@ struct ClassedChar {
   int len;
 };
 
-ClassedChar unit_at(std::string_view s, size_t i) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return {kAsciiClass[c], 1};
+[[gnu::noinline]] ClassedChar non_ascii_at(std::string_view s, size_t i) {
   const Utf8 d = decode_utf8(s, i);
   return {d.valid ? char_class(d.cp) : CharClass::other, d.len};
+}
+inline ClassedChar unit_at(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  return c < 0x80 ? ClassedChar{kAsciiClass[c], 1} : non_ascii_at(s, i);
 }
 
 size_t run_end(std::string_view s, size_t i, CharClass cls) {
   while (i < s.size()) {
-    const ClassedChar u = unit_at(s, i);
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {  // ASCII, in a tight loop
+      if (kAsciiClass[c] != cls) break;
+      ++i;
+      continue;
+    }
+    const ClassedChar u = non_ascii_at(s, i);
     if (u.cls != cls) break;
     i += static_cast<size_t>(u.len);
   }
@@ -132,6 +141,58 @@ size_t pretoken_end(std::string_view s, size_t begin) {
     last = end;
     end += static_cast<size_t>(u.len);
   }
+  return end < s.size() && count > 1 ? last : end;
+}
+
+size_t split_pretoken_end(std::string_view s, size_t begin, size_t max_digits) {
+  const ClassedChar first = unit_at(s, begin);
+  const size_t next = begin + static_cast<size_t>(first.len);
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d): the letters compared by their simple case folds (U+017F LONG S
+  // is an s), as Oniguruma's (?i) does.
+  const auto folded = [&](size_t i, int& len) -> char32_t {
+    if (i >= s.size()) return 0;
+    const Utf8 d = decode_utf8(s, i);
+    len = d.len;
+    return d.valid ? simple_fold(d.cp) : 0;
+  };
+  if (s[begin] == '\'') {
+    int len1 = 0, len2 = 0;
+    const char32_t a = folded(next, len1);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return next + static_cast<size_t>(len1);
+    if (a == 'r' || a == 'v' || a == 'l') {
+      const char32_t b = folded(next + static_cast<size_t>(len1), len2);
+      if (b == (a == 'l' ? 'l' : 'e')) return next + static_cast<size_t>(len1 + len2);
+    }
+  }
+  if (first.cls == CharClass::letter) return run_end(s, next, CharClass::letter);  // \p{L}+
+  if (first.cls == CharClass::number) {                                            // \p{N}{1,max_digits}
+    size_t end = next;
+    for (size_t n = 1; n < max_digits && end < s.size(); ++n) {
+      const ClassedChar u = unit_at(s, end);
+      if (u.cls != CharClass::number) break;
+      end += static_cast<size_t>(u.len);
+    }
+    return end;
+  }
+  const bool newline = s[begin] == '\r' || s[begin] == '\n';
+  // [^\r\n\p{L}\p{N}]\p{L}+
+  if (!newline && next < s.size() && unit_at(s, next).cls == CharClass::letter) return run_end(s, next, CharClass::letter);
+  // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+  const size_t start = s[begin] == ' ' && next < s.size() && unit_at(s, next).cls == CharClass::other ? next : begin;
+  if (unit_at(s, start).cls == CharClass::other) {
+    size_t end = run_end(s, start, CharClass::other);
+    while (end < s.size() && (s[end] == '\r' || s[end] == '\n')) ++end;
+    return end;
+  }
+  // Whitespace from `begin`: `\s*[\r\n]+` ends after its last \r or \n; else `\s+(?!\S)` backs
+  // off one character before a non-space, unless there is only one (`\s+`).
+  size_t end = begin, last = begin, count = 0, after_newline = 0;
+  for (ClassedChar u; end < s.size() && (u = unit_at(s, end)).cls == CharClass::space; ++count) {
+    last = end;
+    if (s[end] == '\r' || s[end] == '\n') after_newline = end + 1;
+    end += static_cast<size_t>(u.len);
+  }
+  if (after_newline) return after_newline;
   return end < s.size() && count > 1 ? last : end;
 }
 
@@ -358,9 +419,11 @@ void Tokenizer::Impl::read_merges(std::string_view text, const std::string& name
 }
 
 void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  std::vector<int32_t> symbols(piece.size());
+  thread_local std::vector<int32_t> symbols;  // reused: no allocation per word
+  symbols.resize(piece.size());
   for (size_t i = 0; i < piece.size(); ++i) symbols[i] = byte_ids[static_cast<unsigned char>(piece[i])];
   text::bpe_merge(symbols, merges, out);
+  if (symbols.capacity() > text::WordCache::kMaxWordBytes * 1024) symbols = {};  // a huge piece's buffer is not kept
 }
 
 // Pre-token → ids cache: English text encodes several times faster with it. Longer pre-tokens
@@ -500,14 +563,13 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   const auto n = static_cast<int32_t>(impl_->tokens.size());
   size_t bytes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= n)
-      fail("Tokenizer::decode", message("ids[", i, "]"), message("an id in [0, ", n, ")"), std::to_string(ids[i]));
-    bytes += impl_->tokens[static_cast<size_t>(ids[i])].size();
+    if (ids[i] < 0) fail("Tokenizer::decode", message("ids[", i, "]"), "a token id >= 0", std::to_string(ids[i]));
+    if (ids[i] < n) bytes += impl_->tokens[static_cast<size_t>(ids[i])].size();
   }
   std::string out;
   out.reserve(bytes);
-  for (const int32_t id : ids)
-    if (!(skip_special_tokens && id == impl_->eos)) out += impl_->tokens[static_cast<size_t>(id)];
+  for (const int32_t id : ids)  // ids past the vocabulary are skipped, as Hugging Face's decode does
+    if (id < n && !(skip_special_tokens && id == impl_->eos)) out += impl_->tokens[static_cast<size_t>(id)];
   return out;
 }
 

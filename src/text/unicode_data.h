@@ -83,5 +83,9 @@ uint8_t combining_class(char32_t cp);
 // there, its alternatives tried in order. Any bytes are accepted: a byte that does not start a
 // well-formed UTF-8 sequence is one "other" character.
 size_t pretoken_end(std::string_view text, size_t begin);
+// The same for Llama 3's Split pattern (max_digits 3) and Qwen2's (max_digits 1):
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max_digits}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+size_t split_pretoken_end(std::string_view text, size_t begin, size_t max_digits);
 
 }  // namespace mhsa::text

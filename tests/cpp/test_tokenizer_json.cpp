@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "mhsa/error.h"
 #include "test_util.h"
+#include "text/bpe.h"
 #include "text/hf_tokenizer.h"
 #include "text/normalize.h"
 #include "text/regex.h"
@@ -111,6 +112,88 @@ TEST(Regex, DirectPathEqualsGeneralMatcher) {
       for (const char c : text) shown += detail::message(static_cast<int>(static_cast<unsigned char>(c)), " ");
       ASSERT_EQ(direct, general) << p << " on bytes " << shown;
     }
+  }
+}
+
+// GPT-2's, Llama 3's and Qwen2's patterns go to hand-written scanners of the bytes; each must
+// give what the general matcher gives, on random strings of characters of every kind: any ASCII
+// character, runs of digits, spaces, \r and \n, characters of every general category and
+// White_Space outside ASCII (U+017F LONG S and U+212A KELVIN SIGN for (?i)), random code points
+// anywhere, and invalid UTF-8.
+TEST(Regex, ScannersEqualGeneralMatcher) {
+  const std::vector<std::string> patterns = {
+      R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+  };
+  std::vector<std::string> alphabet = {"'", "'", " ", " ", " ", "\n", "\r", "\t", "1", "2", "s", "S", "t", "r", "E", "v",
+                                       "l", "L", "m", "D", "x", "!", "."};
+  for (const char32_t cp : {0xE9, 0xC9, 0x17F, 0x212A, 0x1C5, 0x2B0, 0x4E2D, 0x10400,  // letters
+                            0x301, 0x903, 0x20DD,                                         // marks
+                            0x663, 0x2160, 0xB2,                                          // numbers
+                            0x2014, 0xAB, 0x20AC, 0x1F600, 0x200D, 0xFEFF, 0xE000, 0x378,  // others
+                            0xA0, 0x85, 0x2003, 0x2028, 0x3000, 0x1680}) {                 // White_Space
+    alphabet.emplace_back();
+    append_utf8(alphabet.back(), cp);
+  }
+  for (const char* bad : {"\xff", "\x80", "\xc3", "\xed\xa0\x80", "\xf4\x90\x80\x80"}) alphabet.emplace_back(bad);
+  auto rng = test::test_rng();
+  std::vector<Unit> units;
+  for (const std::string& p : patterns) {
+    const Regex re(p, "test", "pattern");
+    ASSERT_NE(re.scanner(), nullptr) << p;
+    for (int trial = 0; trial < 3000; ++trial) {
+      std::string text;
+      const size_t len = rng() % 30;
+      for (size_t i = 0; i < len; ++i) {
+        const uint64_t kind = rng() % 4;
+        if (kind == 0) text += static_cast<char>(rng() % 128);
+        else if (kind == 1) append_utf8(text, static_cast<char32_t>(0x80 + rng() % (0x110000 - 0x80)));
+        else text += alphabet[rng() % alphabet.size()];
+      }
+      std::vector<std::pair<size_t, size_t>> scanned, general;
+      re.find_all(text, units, scanned);
+      decode_units(text, units);
+      re.find_all_ref(units, general);
+      for (auto& [b, e] : general) {
+        b = b < units.size() ? units[b].offset : text.size();
+        e = e < units.size() ? units[e].offset : text.size();
+      }
+      std::string shown;  // the text with its bytes as hex
+      for (const char c : text) shown += detail::message(static_cast<int>(static_cast<unsigned char>(c)), " ");
+      ASSERT_EQ(scanned, general) << p << " on bytes " << shown;
+    }
+  }
+  EXPECT_EQ(Regex(R"(\p{N}{1,3}| ?\p{L}+|\s+)", "test", "pattern").scanner(), nullptr);
+}
+
+// The scanners classify characters with char_class, the regex with the general categories: for
+// every code point, char_class's letters are \p{L} and its numbers \p{N}.
+TEST(Unicode, CharClassLettersAndNumbersAreTheCategories) {
+  for (char32_t cp = 0; cp < 0x110000; ++cp) {
+    const Category c = category(cp);
+    const bool letter = c <= Category::Lo, number = c >= Category::Nd && c <= Category::No;
+    const CharClass cls = char_class(cp);
+    ASSERT_EQ(cls == CharClass::letter, letter) << "U+" << std::hex << static_cast<uint32_t>(cp);
+    ASSERT_EQ(cls == CharClass::number, number) << "U+" << std::hex << static_cast<uint32_t>(cp);
+  }
+}
+
+TEST(BpeMerges, AgreesWithAMapAsItGrows) {
+  auto rng = test::test_rng();
+  BpeMerges merges;
+  std::map<std::pair<int32_t, int32_t>, BpeMerges::Merge> model;
+  for (int step = 0; step < 20000; ++step) {
+    const bool wide = rng() % 8 == 0;  // ids up to 2^31 - 1, else a few (many collisions)
+    const auto id = [&] { return static_cast<int32_t>(wide ? rng() % (uint64_t{1} << 31) : rng() % 150); };
+    const int32_t left = id(), right = id();
+    const BpeMerges::Merge m{static_cast<int32_t>(rng() % 100000), static_cast<int32_t>(rng() % 100000)};
+    ASSERT_EQ(merges.add(left, right, m), model.emplace(std::pair{left, right}, m).second);
+    const int32_t a = id(), b = id();
+    const BpeMerges::Merge* found = merges.find(a, b);
+    const auto it = model.find({a, b});
+    ASSERT_EQ(found != nullptr, it != model.end());
+    if (found) ASSERT_TRUE(found->rank == it->second.rank && found->id == it->second.id);
   }
 }
 

@@ -265,9 +265,17 @@ def test_random_ids_decode_as_tokenizers(families, rng, name):
     n = hf.get_vocab_size(with_added_tokens=True)
     runs = [[int(i)] for i in rng.integers(0, n, 300)]
     runs += [[int(i) for i in rng.integers(0, n, int(rng.integers(1, 20)))] for _ in range(300)]
+    # Ids past the vocabulary (up to tokenizers' u32 limit) among them: tokenizers leaves them out.
+    runs += [[int(i) if rng.random() < 0.7 else int(rng.integers(n, 2**32)) for i in rng.integers(0, n, int(rng.integers(1, 20)))]
+             for _ in range(200)]
     for ids in runs:
         for skip in (False, True):
             assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip), (ids, skip)
+    for bad in ([1, -1], [2**32]):  # outside u32: both refuse
+        with pytest.raises(OverflowError):
+            hf.decode(bad)
+        with pytest.raises(mhsa.Error, match=r"expected a token id in \[0, 2\^32\)"):
+            ours.decode(bad)
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
