@@ -87,7 +87,7 @@ std::vector<std::string> stop_strings(const json& body) {
 // The settings both endpoints share.
 void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest& p) {
   if (const json* v = field(b, "model"); v && string_field(*v, "model") != m.id)
-    throw ApiError{404, message("The model ", json_excerpt(*v), " does not exist: this server serves \"", m.id, "\""),
+    throw ApiError{404, message("The model ", detail::printable(v->get<std::string>()), " does not exist: this server serves ", m.id),
                    "invalid_request_error", "model", "model_not_found"};
   if (integer(b, "n", 1, 1, 128) != 1) unsupported("n", "more than one choice");
   if (!chat && integer(b, "best_of", 1, 1, 20) != 1) unsupported("best_of", "more than one candidate");

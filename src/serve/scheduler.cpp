@@ -3,6 +3,8 @@
 // greedy request gives `mhsa generate`'s tokens, whatever else is running beside it.
 #include "serve/scheduler.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <exception>
 #include <new>
@@ -106,7 +108,11 @@ struct Scheduler::Sequence {
 
 Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOptions options)
     : model_(model), tokenizer_(tokenizer), options_(options) {
-  thread_ = std::thread([this] { run(); });
+  // OpenMP's thread count is per thread: the scheduler's forwards use the creator's (-t), not the default.
+  thread_ = std::thread([this, threads = omp_get_max_threads()] {
+    omp_set_num_threads(threads);
+    run();
+  });
 }
 
 Scheduler::~Scheduler() { shutdown(); }

@@ -90,7 +90,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // Keeps references to model and tokenizer; starts the scheduler thread.
+  // Keeps references to model and tokenizer; starts the scheduler thread, which runs the model with
+  // the caller's OpenMP thread count (omp_get_max_threads()).
   Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOptions options);
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
