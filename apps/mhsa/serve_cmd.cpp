@@ -62,6 +62,7 @@ class Metrics {
   }
   void finished(const serve::Job& job) {
     const double total = job.total_seconds(), first = job.first_text_seconds();
+    if (total == 0) return;  // cancelled, and not yet dropped by the scheduler
     std::lock_guard lock(mutex_);
     latency_sum_ += total;
     ++latency_count_;

@@ -87,7 +87,7 @@ def chat_dir(tmp_path_factory, seed):
     def edit(model, tok):  # answers that do not end at once
         model.lm_head.weight[tok.token_to_id("<|im_end|>")] = 0
 
-    write_chat_dir(d, tokens=307, padding=0, max_positions=2048, seed=seed, edit=edit)
+    write_chat_dir(d, tokens=307, padding=0, max_positions=32768, seed=seed, edit=edit)
     return d
 
 
@@ -100,7 +100,7 @@ def gpt2(gpt2_dir):
 
 @pytest.fixture(scope="module")
 def chat(chat_dir):
-    s = Server(chat_dir, "--parallel", 2)
+    s = Server(chat_dir, "--parallel", 2, "--ctx-size", 2048)
     yield s
     assert s.stop() == 0
 
@@ -354,7 +354,7 @@ def test_full_queue_503_and_disconnect_cancels(chat_dir):
     s = Server(chat_dir, "--parallel", 1, "--queue", 1)
     try:
         c = s.client(timeout=120)
-        long = dict(model=s.id, prompt="The", max_tokens=2000, temperature=0)
+        long = dict(model=s.id, prompt="The", max_tokens=32000, temperature=0)  # seconds, unless cancelled
         first = c.completions.create(stream=True, **long)
         next(iter(first))  # running
         waiting = ThreadPoolExecutor(1).submit(lambda: c.completions.create(**dict(long, max_tokens=5)))
@@ -365,6 +365,10 @@ def test_full_queue_503_and_disconnect_cancels(chat_dir):
         first.close()  # the client leaves: its request is cancelled, the queued one runs
         assert waiting.result(timeout=60).usage.completion_tokens == 5
         assert metric(s, "mhsa_requests_cancelled_total") >= 1
+        for _ in range(100):  # the gauges are updated just after the last request is told it finished
+            if metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_queue_length") == 0:
+                break
+            time.sleep(0.05)
         assert metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_queue_length") == 0
     finally:
         assert s.stop() == 0
@@ -372,7 +376,7 @@ def test_full_queue_503_and_disconnect_cancels(chat_dir):
 
 def test_sigterm_while_streaming_exits_0(chat_dir):
     s = Server(chat_dir)
-    stream = s.client().completions.create(model=s.id, prompt="The", max_tokens=2000, temperature=0, stream=True)
+    stream = s.client().completions.create(model=s.id, prompt="The", max_tokens=32000, temperature=0, stream=True)
     next(iter(stream))
     s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(timeout=30) == 0
