@@ -10,6 +10,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -133,6 +134,10 @@ class Server {
     const size_t threads = static_cast<size_t>(a.parallel) + static_cast<size_t>(a.queue) + 4;
     http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http_.set_payload_max_length(kMaxBodyBytes);
+    http_.set_socket_options([](socket_t sock) {  // not httplib's SO_REUSEPORT: a port in use is an error
+      const int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (args_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (same_secret(req.get_header_value("Authorization"), "Bearer " + args_.api_key))
