@@ -3,6 +3,7 @@
 // implement are refused when set to anything but their neutral value, never silently dropped.
 #include "serve_api.h"
 
+#include <algorithm>
 #include <limits>
 #include <random>
 #include <vector>

@@ -120,6 +120,10 @@ void send_error(httplib::Response& res, const ApiError& e) {
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 // Equal strings, in time that does not depend on where they differ.
 bool same_secret(const std::string& a, const std::string& b) {
   unsigned char diff = a.size() != b.size();
@@ -201,9 +205,7 @@ class Server {
     } catch (const ApiError& e) {
       return send_error(res, e);
     }
-    const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", ++next_id_), std::chrono::duration_cast<std::chrono::seconds>(
-                                                                                 std::chrono::system_clock::now().time_since_epoch())
-                                                                                 .count()};
+    const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", ++next_id_), unix_time()};
     const int64_t prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
     auto job = std::make_shared<serve::Job>(std::move(p.request));
     if (!scheduler_.submit(job))
@@ -240,7 +242,11 @@ class Server {
             *first = false;
             return true;
           }
-          if (u.finish == Finish::running) return sink.is_writable() || (job->cancel(), false);
+          if (u.finish == Finish::running) {  // nothing new yet: is the client still there?
+            if (sink.is_writable()) return true;
+            job->cancel();
+            return false;
+          }
           if (u.finish == Finish::cancelled || u.finish == Finish::error) {
             send(sse(error_json({503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
                                  "server_error", "", ""})));
@@ -263,7 +269,7 @@ class Server {
   httplib::Server http_;
   Metrics metrics_;
   std::atomic<int64_t> next_id_{0};
-  const int64_t started_ = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const int64_t started_ = unix_time();
 };
 
 void run(const ServeArgs& a) {
