@@ -157,7 +157,8 @@ def test_stop_strings(gpt2, gpt2_dir, rng):
     prompt = words(rng, 3)
     full = gpt2.client().completions.create(model=gpt2.id, prompt=prompt, max_tokens=40, temperature=0).choices[0].text
     assert len(full) > 15
-    at = rng.randint(5, len(full) - 4)
+    # (not across a U+FFFD: mhsa generate matches stop strings in the raw bytes)
+    at = rng.choice([i for i in range(5, len(full) - 3) if "\ufffd" not in full[i:i + 3]])
     stop = full[at:at + 3]
     expected = full[:full.find(stop)]
     for stops in (stop, ["never seen \u2603", stop]):
@@ -169,7 +170,7 @@ def test_stop_strings(gpt2, gpt2_dir, rng):
     assert generate(gpt2_dir, prompt, 40, "--stop", stop)["text"] == expected
 
 
-def test_seeds(gpt2, gpt2_dir, rng):
+def test_seeds(gpt2, gpt2_dir, chat, rng):
     prompt, s = words(rng, 3), rng.randrange(2**32)
     c = gpt2.client()
     ask = lambda seed: c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=12, temperature=1.0,  # noqa: E731
@@ -177,7 +178,12 @@ def test_seeds(gpt2, gpt2_dir, rng):
     a = ask(s)
     assert ask(s) == a
     assert generate(gpt2_dir, prompt, 12, "--temperature", 1.0, "--top-p", 0.95, "--seed", s)["text"] == a
-    assert len({ask(s + k) for k in range(1, 3)} | {a}) > 1  # other seeds, other texts
+    # Other seeds, other texts (on the chat model: this GPT-2's scaled, tied embeddings make it too sure)
+    sample = lambda seed: chat.client().completions.create(model=chat.id, prompt=prompt, max_tokens=12,  # noqa: E731
+                                                           temperature=1.0, seed=seed).choices[0].text
+    b = sample(s)
+    assert sample(s) == b
+    assert len({sample(s + k) for k in range(1, 4)} | {b}) > 1
 
 
 def test_concurrent_greedy_requests_get_what_they_get_alone(gpt2, rng):
