@@ -21,10 +21,10 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 say "apt-get update (Debian's package lists)"
 $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
-say "apt-get install: compiler, CMake, Ninja, OpenMP, GoogleTest, Google Benchmark, CLI11, nlohmann-json"
+say "apt-get install: compiler, CMake, Ninja, OpenMP, GoogleTest, Google Benchmark, CLI11, nlohmann-json, cpp-httplib"
 $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libcli11-dev nlohmann-json3-dev python3-dev >/dev/null
+  libcli11-dev nlohmann-json3-dev python3-dev libcpp-httplib-dev >/dev/null
 say "apt-get install: Open MPI (data-parallel training: mpirun -np N mhsa train)"
 $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin >/dev/null
 
@@ -36,7 +36,7 @@ fi
 
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)
-[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers tiktoken tokenizers playwright pillow pexpect)
+[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers tiktoken tokenizers playwright pillow pexpect openai)
 if [ "$with_tests" -eq 1 ]; then
   say "pip install: ${pip_packages[*]} (PyTorch alone is ~1 GB: several minutes on a fresh machine)"
 else

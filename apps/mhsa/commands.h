@@ -11,6 +11,8 @@ void add_attention_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // `mhsa chat`: a conversation with a model through its chat template, or one answer to a JSON file.
 void add_chat_command(CLI::App& app);
+// `mhsa serve`: an OpenAI-compatible HTTP server (completions, chat completions, streaming).
+void add_serve_command(CLI::App& app);
 // `mhsa tokenize`: GPT-2 token ids of a text, with a model directory's tokenizer.
 void add_tokenize_command(CLI::App& app);
 // `mhsa generate`: continues a prompt with a GPT-2 model directory, streaming the text.

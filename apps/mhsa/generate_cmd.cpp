@@ -27,7 +27,7 @@
 #include "mhsa/tokenizer.h"
 #include "options.h"
 #include "output.h"
-#include "text/unicode_data.h"
+#include "text/text_stream.h"
 
 namespace mhsa::cli {
 namespace {
@@ -41,50 +41,6 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool echo = false, echo_given = false;  // --echo / --no-echo; default: whether stdout is a terminal
   int threads = 0;
-};
-
-// The generated text so far and how much of it is printed; finds stop strings.
-class TextStream {
- public:
-  explicit TextStream(const std::vector<std::string>& stop) : stop_(stop) {}
-
-  // Adds a token's bytes; returns true when a stop string has appeared (the text is cut before it).
-  bool add(std::string_view bytes) {
-    text_ += bytes;
-    for (const std::string& s : stop_) {
-      const size_t from = text_.size() >= bytes.size() + s.size() ? text_.size() - bytes.size() - s.size() + 1 : 0;
-      const size_t at = text_.find(s, from);
-      if (!s.empty() && at != std::string::npos) {
-        text_.resize(at);
-        stopped_ = true;
-      }
-    }
-    return stopped_;
-  }
-  // The bytes that can be printed now (all of them once finished).
-  std::string take(bool finished) {
-    size_t end = text_.size();
-    if (!finished) {
-      end -= text::incomplete_utf8_tail(text_);
-      for (const std::string& s : stop_)  // a tail that is a proper prefix of a stop string
-        for (size_t k = std::min(s.size() - 1, end); k > 0; --k)
-          if (text_.compare(end - k, k, s, 0, k) == 0) {
-            end -= k;
-            break;
-          }
-      end = std::max(end, printed_);
-    }
-    std::string out = text_.substr(printed_, end - printed_);
-    printed_ = end;
-    return out;
-  }
-  const std::string& text() const { return text_; }
-
- private:
-  const std::vector<std::string>& stop_;
-  std::string text_;
-  size_t printed_ = 0;
-  bool stopped_ = false;
 };
 
 void run(const GenerateArgs& a) {
@@ -116,7 +72,7 @@ void run(const GenerateArgs& a) {
   }
   GenerationOptions o = a.options;
   o.stop_at_eos = !a.ignore_eos;
-  TextStream stream(a.stop);
+  text::TextStream stream(a.stop);
   std::vector<int32_t> tokens;
   GenerationStats stats;
   model.generate(

@@ -1,0 +1,295 @@
+// apps/mhsa/serve_api.cpp — see serve_api.h. Fields are checked as OpenAI checks them (types,
+// ranges, n = 1); unknown fields are ignored, as OpenAI ignores them; options mhsa does not
+// implement are refused when set to anything but their neutral value, never silently dropped.
+#include "serve_api.h"
+
+#include <algorithm>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/check.h"
+#include "io/json.h"
+#include "mhsa/error.h"
+
+namespace mhsa::cli {
+namespace {
+
+using json = nlohmann::json;
+using detail::json_excerpt;
+using detail::message;
+
+constexpr size_t kMaxStops = 4;  // as OpenAI
+
+[[noreturn]] void bad(const std::string& param, const std::string& expected, const json& got) {
+  throw ApiError{400, message(param, ": expected ", expected, ", got ", json_excerpt(got)), "invalid_request_error",
+                 param, ""};
+}
+
+[[noreturn]] void unsupported(const std::string& param, const std::string& what) {
+  throw ApiError{400, message(param, ": ", what, " is not supported by mhsa serve"), "invalid_request_error", param,
+                 "unsupported_parameter"};
+}
+
+// The field, or null when absent or null (OpenAI treats null as absent).
+const json* field(const json& body, const char* key) {
+  const auto it = body.find(key);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number(const json& body, const char* key, double fallback, double lo, double hi, bool lo_open = false) {
+  const json* v = field(body, key);
+  if (!v) return fallback;
+  const std::string range = message("a number in ", lo_open ? "(" : "[", lo, ", ", hi, "]");
+  if (!v->is_number()) bad(key, range, *v);
+  const double x = v->get<double>();
+  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) bad(key, range, *v);
+  return x;
+}
+
+int64_t integer(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
+  const json* v = field(body, key);
+  if (!v) return fallback;
+  const std::string range = message("an integer in [", lo, ", ", hi, "]");
+  if (!v->is_number_integer()) bad(key, range, *v);
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) bad(key, range, *v);
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi) bad(key, range, *v);
+  return x;
+}
+
+bool boolean(const json& body, const char* key, bool fallback) {
+  const json* v = field(body, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad(key, "true or false", *v);
+  return v->get<bool>();
+}
+
+std::string string_field(const json& v, const std::string& param) {
+  if (!v.is_string()) bad(param, "a string", v);
+  return v.get<std::string>();
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  const json* v = field(body, "stop");
+  std::vector<std::string> out;
+  if (!v) return out;
+  if (v->is_string()) {
+    out.push_back(v->get<std::string>());
+  } else if (v->is_array() && v->size() <= kMaxStops) {
+    for (size_t i = 0; i < v->size(); ++i) out.push_back(string_field((*v)[i], message("stop[", i, "]")));
+  } else {
+    bad("stop", message("a string or an array of at most ", kMaxStops, " strings"), *v);
+  }
+  std::erase(out, std::string());  // an empty stop string never matches
+  return out;
+}
+
+// The settings both endpoints share.
+void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest& p) {
+  if (const json* v = field(b, "model"); v && string_field(*v, "model") != m.id)
+    throw ApiError{404, message("The model ", detail::printable(v->get<std::string>()), " does not exist: this server serves ", m.id),
+                   "invalid_request_error", "model", "model_not_found"};
+  if (integer(b, "n", 1, 1, 128) != 1) unsupported("n", "more than one choice");
+  if (!chat && integer(b, "best_of", 1, 1, 20) != 1) unsupported("best_of", "more than one candidate");
+  if (!chat && boolean(b, "echo", false)) unsupported("echo", "echoing the prompt");
+  if (const json* v = field(b, "suffix"); !chat && v && string_field(*v, "suffix") != "") unsupported("suffix", "a suffix");
+  if (const json* v = field(b, "logprobs"); v) {
+    if (chat ? boolean(b, "logprobs", false) : integer(b, "logprobs", 0, 0, 5) >= 0)
+      unsupported("logprobs", "returning log-probabilities");
+  }
+  if (field(b, "top_logprobs")) unsupported("top_logprobs", "returning log-probabilities");
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (number(b, key, 0.0, -2.0, 2.0) != 0.0) unsupported(key, "a non-zero penalty");
+  if (const json* v = field(b, "logit_bias"); v && !(v->is_object() && v->empty())) {
+    if (!v->is_object()) bad("logit_bias", "an object", *v);
+    unsupported("logit_bias", "a logit bias");
+  }
+
+  GenerationOptions& o = p.request.options;
+  o.temperature = static_cast<float>(number(b, "temperature", 1.0, 0.0, 2.0));
+  o.top_p = static_cast<float>(number(b, "top_p", 1.0, 0.0, 1.0, true));
+  if (const json* v = field(b, "seed")) {
+    if (!v->is_number_integer()) bad("seed", "an integer", *v);
+    o.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
+  } else {
+    o.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }
+  p.request.stop = stop_strings(b);
+  p.stream = boolean(b, "stream", false);
+  if (const json* v = field(b, "stream_options")) {
+    if (!v->is_object()) bad("stream_options", "an object", *v);
+    p.include_usage = boolean(*v, "include_usage", false);
+  }
+}
+
+// The prompt's ids, as `mhsa generate` encodes a prompt.
+std::vector<int32_t> completion_prompt(const json& b, const ServedModel& m) {
+  const Tokenizer& tok = *m.tokenizer;
+  const json* v = field(b, "prompt");
+  if (!v) throw ApiError{400, "prompt: expected a string or an array of token ids, got none", "invalid_request_error", "prompt", ""};
+  const auto one = [&](const json& p) -> const json& {  // ["text"] or [[ids]]: one prompt
+    if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) return p[0];
+    if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) unsupported("prompt", "more than one prompt");
+    return p;
+  };
+  const json& prompt = one(*v);
+  std::vector<int32_t> ids;
+  if (prompt.is_string()) {
+    const std::string text = prompt.get<std::string>();
+    ids = tok.encode(text, EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()});
+  } else if (prompt.is_array()) {
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const json& t = prompt[i];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.model->config().vocab_size)
+        bad(message("prompt[", i, "]"), message("a token id in [0, ", m.model->config().vocab_size, ")"), t);
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+  } else {
+    bad("prompt", "a string or an array of token ids", prompt);
+  }
+  if (ids.empty()) {  // as mhsa generate: start from end-of-text (or a newline for a byte-level model)
+    const std::vector<int32_t>& eos = m.model->config().eos_token_ids;
+    const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
+    if (eos.empty() && !bytes) bad("prompt", "some text (this model has no end-of-text token)", prompt);
+    ids.push_back(bytes ? int32_t{'\n'} : eos[0]);
+  }
+  return ids;
+}
+
+// The conversation's ids through the chat template, and the tokens that end an answer.
+std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vector<int32_t>& end_ids) {
+  if (!m.chat)
+    throw ApiError{400, "this model has no chat template (chat_template in tokenizer_config.json or chat_template.jinja): use /v1/completions",
+                   "invalid_request_error", "messages", "no_chat_template"};
+  const json* v = field(b, "messages");
+  if (!v || !v->is_array() || v->empty())
+    bad("messages", "a non-empty array of {\"role\", \"content\"} objects", v ? *v : json());
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& msg = (*v)[i];
+    const std::string where = message("messages[", i, "]");
+    if (!msg.is_object()) bad(where, "an object with \"role\" and \"content\"", msg);
+    const json* role = field(msg, "role");
+    if (!role) bad(where + ".role", "a string", json());
+    ChatMessage out{string_field(*role, where + ".role"), ""};
+    if (const json* content = field(msg, "content"); content && content->is_array()) {  // parts: text only
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& part = (*content)[k];
+        const std::string at = message(where, ".content[", k, "]");
+        if (!part.is_object() || !part.contains("type")) bad(at, "a {\"type\": \"text\", \"text\": ...} object", part);
+        if (string_field(part["type"], at + ".type") != "text") unsupported(at + ".type", "content other than text");
+        if (!part.contains("text")) bad(at + ".text", "a string", json());
+        out.content += string_field(part["text"], at + ".text");
+      }
+    } else if (content) {
+      out.content = string_field(*content, where + ".content");
+    }
+    messages.push_back(std::move(out));
+  }
+  std::lock_guard lock(*m.chat_mutex);
+  try {
+    m.chat->set_messages(std::move(messages));
+    end_ids = m.chat->end_of_turn_ids();
+    return m.chat->encode(true);
+  } catch (const Error& e) {  // the template's raise_exception, a bound on its work
+    throw ApiError{400, message("messages: ", e.what()), "invalid_request_error", "messages", ""};
+  }
+}
+
+json usage(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+json finish_value(serve::Finish f) { return f == serve::Finish::running ? json(nullptr) : json(serve::finish_name(f)); }
+
+json envelope(const ResponseIds& ids, const ServedModel& m, const char* object) {
+  return {{"id", ids.id}, {"object", object}, {"created", ids.created}, {"model", m.id}};
+}
+
+}  // namespace
+
+json error_json(const ApiError& e) {
+  const auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+  return {{"error", {{"message", e.message}, {"type", e.type}, {"param", or_null(e.param)}, {"code", or_null(e.code)}}}};
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat) {
+  json b;
+  try {
+    b = detail::parse_json(body, "request", "body", "a JSON object");
+  } catch (const Error& e) {
+    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
+  }
+  if (!b.is_object()) bad("body", "a JSON object", b);
+  ParsedRequest p;
+  parse_common(b, m, chat, p);
+  serve::Request& r = p.request;
+  if (chat) {
+    r.prompt = chat_prompt(b, m, r.end_ids);
+  } else {
+    r.prompt = completion_prompt(b, m);
+    r.end_ids = m.model->config().eos_token_ids;  // as mhsa generate
+  }
+  const int64_t prompt = static_cast<int64_t>(r.prompt.size()), room = m.context - prompt;
+  if (room < 1)
+    throw ApiError{400, message("This model's maximum context length is ", m.context, " tokens. However, your ",
+                                chat ? "messages resulted in " : "prompt has ", prompt,
+                                " tokens, which leaves no room for a completion. Please shorten the ",
+                                chat ? "messages." : "prompt."),
+                   "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
+  const char* key = chat && field(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  const int64_t max_tokens = integer(b, key, chat ? room : std::min<int64_t>(16, room), 0,
+                                     std::numeric_limits<int64_t>::max());
+  if (max_tokens > room)
+    throw ApiError{400, message("This model's maximum context length is ", m.context, " tokens. However, you requested ",
+                                prompt + max_tokens, " tokens (", prompt, " in the ", chat ? "messages" : "prompt",
+                                ", ", max_tokens, " in the completion). Please reduce the length of the ",
+                                chat ? "messages" : "prompt", " or ", key, " (at most ", room, " here)."),
+                   "invalid_request_error", key, "context_length_exceeded"};
+  r.options.max_new_tokens = max_tokens;
+  r.options.stop_at_eos = true;
+  return p;
+}
+
+json completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
+                     serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens) {
+  json j = envelope(ids, m, chat ? "chat.completion" : "text_completion");
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_value(finish)}};
+  if (chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  j["choices"] = json::array({choice});
+  j["usage"] = usage(prompt_tokens, completion_tokens);
+  return j;
+}
+
+json chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text, serve::Finish finish,
+                bool first) {
+  json j = envelope(ids, m, chat ? "chat.completion.chunk" : "text_completion");
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_value(finish)}};
+  if (chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (first && finish == serve::Finish::running)) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  j["choices"] = json::array({choice});
+  return j;
+}
+
+json usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
+                      int64_t completion_tokens) {
+  json j = envelope(ids, m, chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = json::array();
+  j["usage"] = usage(prompt_tokens, completion_tokens);
+  return j;
+}
+
+}  // namespace mhsa::cli

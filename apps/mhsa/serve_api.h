@@ -1,0 +1,66 @@
+// apps/mhsa/serve_api.h — the OpenAI API's requests and responses for `mhsa serve`: a JSON body
+// checked field by field into a serve::Request (or an ApiError with the status and the
+// OpenAI-style error body), and the JSON of completions, chat completions and their stream chunks.
+// No HTTP here (serve_cmd.cpp) and no scheduling (src/serve/scheduler.h).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "mhsa/chat.h"
+#include "mhsa/model.h"
+#include "mhsa/tokenizer.h"
+#include "serve/scheduler.h"
+
+namespace mhsa::cli {
+
+// An answer other than 200: the status and the body {"error": {message, type, param, code}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param, code;  // "" is written as null
+};
+nlohmann::json error_json(const ApiError& e);
+// JSON text, any invalid UTF-8 replaced.
+std::string dump(const nlohmann::json& j);
+
+// What the endpoints share: the model, its tokenizer, the chat template (a ChatSession used only
+// to render and encode conversations; null when the tokenizer has none) and the context limit.
+struct ServedModel {
+  std::string id;  // the name in /v1/models and in responses
+  const Model* model = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+  ChatSession* chat = nullptr;
+  std::mutex* chat_mutex = nullptr;  // ChatSession is one thread's at a time
+  int64_t context = 0;               // --ctx-size: prompt + completion at most
+};
+
+// A checked request.
+struct ParsedRequest {
+  serve::Request request;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+};
+
+// Parses the body of POST /v1/completions (chat = false) or /v1/chat/completions. Throws ApiError.
+ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat);
+
+// The response of a finished request; the stream's chunks (text, the last with the finish reason;
+// the usage chunk of stream_options.include_usage).
+struct ResponseIds {
+  std::string id;  // "cmpl-…", "chatcmpl-…"
+  int64_t created = 0;
+};
+nlohmann::json completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
+                               serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens);
+nlohmann::json chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
+                          serve::Finish finish, bool first);
+nlohmann::json usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
+                                int64_t completion_tokens);
+
+}  // namespace mhsa::cli

@@ -1,0 +1,342 @@
+// apps/mhsa/serve_cmd.cpp — `mhsa serve`: an OpenAI-compatible HTTP server over one model
+// (POST /v1/completions, POST /v1/chat/completions with server-sent-event streaming, GET
+// /v1/models, /health, /metrics), on Debian's cpp-httplib. HTTP threads parse and validate
+// (serve_api.cpp) and stream; one scheduler thread owns the model (src/serve/scheduler.h).
+//
+// Binds to 127.0.0.1 unless --host says otherwise; --port 0 takes a free port. The line
+// "mhsa serve: listening on http://HOST:PORT ..." on stdout says it is ready. SIGINT or SIGTERM:
+// stop accepting, cancel what runs, exit 0. A streaming client that disconnects cancels its
+// request (its KV cache is freed at the next step); a non-streaming one runs to its end.
+#include <omp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "core/check.h"
+#include "default_model.h"
+#include "mhsa/chat.h"
+#include "mhsa/error.h"
+#include "options.h"
+#include "serve/scheduler.h"
+#include "serve_api.h"
+
+namespace mhsa::cli {
+namespace {
+
+using json = nlohmann::json;
+using detail::message;
+using serve::Finish;
+
+constexpr size_t kMaxBodyBytes = size_t{1} << 20;
+constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
+
+struct ServeArgs {
+  std::string model, host = "127.0.0.1", api_key;
+  int port = 8080, parallel = 4, queue = 16, threads = 0;
+  int64_t ctx_size = 0;
+};
+
+// Request counts by path and status, and the latencies of finished generations: /metrics.
+class Metrics {
+ public:
+  void count(const std::string& path, int status) {
+    static const char* const known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"};
+    std::string label = "other";
+    for (const char* k : known)
+      if (path == k) label = k;
+    std::lock_guard lock(mutex_);
+    ++requests_[{label, status}];
+  }
+  void finished(const serve::Job& job) {
+    const double total = job.total_seconds(), first = job.first_text_seconds();
+    if (total == 0) return;  // cancelled, and not yet dropped by the scheduler
+    std::lock_guard lock(mutex_);
+    latency_sum_ += total;
+    ++latency_count_;
+    if (first > 0) {
+      first_sum_ += first;
+      ++first_count_;
+    }
+  }
+  std::string text(const serve::SchedulerStats& s, int parallel) const {
+    std::string out;
+    const auto metric = [&](const char* name, const char* type, const char* help) {
+      out += message("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+    };
+    std::lock_guard lock(mutex_);
+    metric("mhsa_requests_total", "counter", "HTTP requests answered, by path and status.");
+    for (const auto& [key, n] : requests_)
+      out += message("mhsa_requests_total{path=\"", key.first, "\",status=\"", key.second, "\"} ", n, "\n");
+    metric("mhsa_prompt_tokens_total", "counter", "Prompt tokens run through the model.");
+    out += message("mhsa_prompt_tokens_total ", s.prompt_tokens, "\n");
+    metric("mhsa_generated_tokens_total", "counter", "Tokens generated.");
+    out += message("mhsa_generated_tokens_total ", s.generated_tokens, "\n");
+    metric("mhsa_requests_cancelled_total", "counter", "Generations cancelled (client gone, shutdown).");
+    out += message("mhsa_requests_cancelled_total ", s.cancelled, "\n");
+    metric("mhsa_scheduler_steps_total", "counter", "Scheduler steps (each advances every active sequence once).");
+    out += message("mhsa_scheduler_steps_total ", s.steps, "\n");
+    metric("mhsa_scheduler_busy_seconds_total", "counter", "Seconds the scheduler spent running the model.");
+    out += message("mhsa_scheduler_busy_seconds_total ", s.busy_seconds, "\n");
+    metric("mhsa_queue_length", "gauge", "Requests waiting for a place among the active sequences.");
+    out += message("mhsa_queue_length ", s.queued, "\n");
+    metric("mhsa_batch_size", "gauge", "Active sequences, advanced together at each step.");
+    out += message("mhsa_batch_size ", s.active, "\n");
+    metric("mhsa_batch_size_max", "gauge", "--parallel: active sequences at most.");
+    out += message("mhsa_batch_size_max ", parallel, "\n");
+    metric("mhsa_request_duration_seconds", "summary", "From a generation's arrival to its last token.");
+    out += message("mhsa_request_duration_seconds_sum ", latency_sum_, "\nmhsa_request_duration_seconds_count ",
+                   latency_count_, "\n");
+    metric("mhsa_time_to_first_token_seconds", "summary", "From a generation's arrival to its first text.");
+    out += message("mhsa_time_to_first_token_seconds_sum ", first_sum_, "\nmhsa_time_to_first_token_seconds_count ",
+                   first_count_, "\n");
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::pair<std::string, int>, int64_t> requests_;
+  double latency_sum_ = 0, first_sum_ = 0;
+  int64_t latency_count_ = 0, first_count_ = 0;
+};
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(dump(error_json(e)), "application/json");
+}
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Equal strings, in time that does not depend on where they differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() != b.size();
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i % std::max<size_t>(b.size(), 1)]);
+  return diff == 0;
+}
+
+class Server {
+ public:
+  Server(const ServeArgs& a, ServedModel served, serve::Scheduler& scheduler)
+      : args_(a), m_(std::move(served)), scheduler_(scheduler) {
+    const size_t threads = static_cast<size_t>(a.parallel) + static_cast<size_t>(a.queue) + 4;
+    http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http_.set_payload_max_length(kMaxBodyBytes);
+    http_.set_socket_options([](socket_t sock) {  // not httplib's SO_REUSEPORT: a port in use is an error
+      const int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
+    http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (args_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if (same_secret(req.get_header_value("Authorization"), "Bearer " + args_.api_key))
+        return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, {401, "Incorrect or missing API key: expected the header 'Authorization: Bearer <key>' with the key given to --api-key",
+                       "invalid_request_error", "", "invalid_api_key"});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http_.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // already an API error
+      ApiError e{res.status, message("HTTP error ", res.status), res.status >= 500 ? "server_error" : "invalid_request_error", "", ""};
+      if (res.status == 404)
+        e.message = message("Unknown request: ", req.method, " ", dump(json(req.path.substr(0, 200))),
+                            " (endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics)");
+      if (res.status == 413) e.message = message("The request body is larger than ", kMaxBodyBytes, " bytes");
+      send_error(res, e);
+      return httplib::Server::HandlerResponse::Handled;
+    }));
+    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      std::string what = "unknown";
+      try {
+        std::rethrow_exception(ep);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      send_error(res, {500, "Internal error: " + what, "server_error", "", ""});
+    });
+    http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) { metrics_.count(req.path, res.status); });
+    http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
+    http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
+    http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      const json model = {{"id", m_.id}, {"object", "model"}, {"created", started_}, {"owned_by", "mhsa"},
+                          {"context_length", m_.context}};
+      res.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
+    });
+    http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_.text(scheduler_.stats(), args_.parallel), "text/plain; version=0.0.4");
+    });
+  }
+
+  // The port bound (the one chosen for --port 0). Throws mhsa::Error when it cannot bind.
+  int bind() {
+    const int port = args_.port == 0 ? http_.bind_to_any_port(args_.host) : http_.bind_to_port(args_.host, args_.port) ? args_.port : -1;
+    if (port <= 0)
+      throw Error(message("mhsa serve: --host/--port: expected an address to listen on, got ", args_.host, ":", args_.port,
+                          " (cannot bind: in use, or not an address of this machine)"));
+    return port;
+  }
+  void listen() { http_.listen_after_bind(); }
+  void stop() { http_.stop(); }
+
+ private:
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    ParsedRequest p;
+    try {
+      p = parse_request(req.body, m_, chat);
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
+    const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", ++next_id_), unix_time()};
+    const int64_t prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
+    auto job = std::make_shared<serve::Job>(std::move(p.request));
+    if (!scheduler_.submit(job))
+      return send_error(res, {503, message("The server is busy (", args_.queue, " requests already waiting) or shutting down; retry later"),
+                              "server_error", "", "overloaded"});
+    if (!p.stream) {
+      std::string text;
+      serve::Job::Update u;
+      do {
+        u = job->wait(std::chrono::seconds(1));
+        text += u.text;
+      } while (u.finish == Finish::running);
+      metrics_.finished(*job);
+      if (u.finish == Finish::cancelled) return send_error(res, {503, "The server is shutting down", "server_error", "", "shutting_down"});
+      if (u.finish == Finish::error) return send_error(res, {503, "The request could not be run: " + u.error, "server_error", "", ""});
+      res.set_content(dump(completion_json(ids, m_, chat, text, u.finish, prompt_tokens, u.completion_tokens)),
+                      "application/json");
+      return;
+    }
+    const bool usage = p.include_usage;
+    auto first = std::make_shared<bool>(true);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, ids, chat, usage, prompt_tokens, first](size_t, httplib::DataSink& sink) {
+          const serve::Job::Update u = job->wait(kPoll);
+          const auto send = [&](const std::string& s) {
+            if (sink.write(s.data(), s.size())) return true;
+            job->cancel();  // the client is gone
+            return false;
+          };
+          if ((*first || !u.text.empty()) && u.finish == Finish::running) {
+            if (!send(sse(chunk_json(ids, m_, chat, u.text, Finish::running, *first)))) return false;
+            *first = false;
+            return true;
+          }
+          if (u.finish == Finish::running) {  // nothing new yet: is the client still there?
+            if (sink.is_writable()) return true;
+            job->cancel();
+            return false;
+          }
+          if (u.finish == Finish::cancelled || u.finish == Finish::error) {
+            send(sse(error_json({503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
+                                 "server_error", "", ""})));
+          } else if (send(sse(chunk_json(ids, m_, chat, u.text, u.finish, *first))) &&
+                     (!usage || send(sse(usage_chunk_json(ids, m_, chat, prompt_tokens, u.completion_tokens))))) {
+            send("data: [DONE]\n\n");
+          }
+          sink.done();
+          return true;
+        },
+        [this, job](bool) {
+          job->cancel();  // a no-op once it has finished
+          metrics_.finished(*job);
+        });
+  }
+
+  const ServeArgs& args_;
+  const ServedModel m_;
+  serve::Scheduler& scheduler_;
+  httplib::Server http_;
+  Metrics metrics_;
+  std::atomic<int64_t> next_id_{0};
+  const int64_t started_ = unix_time();
+};
+
+void run(const ServeArgs& a) {
+  // SIGINT and SIGTERM go to one thread that waits for them, so that shutdown runs outside a signal
+  // handler: they are blocked here, before any thread (OpenMP's, the scheduler's, the server's)
+  // starts and inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client gone while we write: an error from write, not a signal
+  use_threads(a.threads);
+  const LoadedModel loaded = load_model(model_dir(a.model));
+  const int64_t max_positions = loaded.model.config().max_positions;
+  if (a.ctx_size > max_positions)
+    throw Error(message("mhsa serve: --ctx-size: expected at most ", max_positions, " (the model's context), got ", a.ctx_size));
+  std::unique_ptr<ChatSession> chat;
+  if (!loaded.tokenizer.chat_template().empty()) {
+    ChatOptions o;
+    o.generation.max_new_tokens = 0;
+    chat = std::make_unique<ChatSession>(loaded.model, loaded.tokenizer, o);
+  }
+  std::mutex chat_mutex;
+  std::string id = loaded.dir.filename().string();
+  if (id.empty()) id = loaded.dir.parent_path().filename().string();
+  ServedModel served{id, &loaded.model, &loaded.tokenizer, chat.get(), &chat_mutex, a.ctx_size > 0 ? a.ctx_size : max_positions};
+
+  serve::Scheduler scheduler(loaded.model, loaded.tokenizer, {a.parallel, a.queue});
+  Server server(a, served, scheduler);
+  const int port = server.bind();
+  std::atomic<bool> quit{false};
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    quit.store(true);
+    scheduler.shutdown();  // running requests end as cancelled
+    server.stop();
+  });
+  std::printf("mhsa serve: listening on http://%s:%d (model %s, context %lld tokens, %d parallel, %d threads)\n",
+              a.host.c_str(), port, id.c_str(), static_cast<long long>(served.context), a.parallel, omp_get_max_threads());
+  std::fflush(stdout);
+  server.listen();
+  if (!quit.load()) pthread_kill(waiter.native_handle(), SIGTERM);  // listen ended on its own: release the waiter
+  waiter.join();
+  std::printf("mhsa serve: stopped\n");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over HTTP with OpenAI's API (completions, chat completions, streaming)");
+  cmd->add_option("--model", a->model,
+                  "model directory (Hugging Face layout: GPT-2, Llama, Qwen, Mistral, Gemma 2); default: the embedded "
+                  "byte-level model");
+  cmd->add_option("--host", a->host, "address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
+  cmd->add_option("--port", a->port, "port to listen on (0: a free one, printed)")->default_val(8080)->check(integer_in(0, 65535));
+  cmd->add_option("--parallel", a->parallel, "requests generated together at most")->default_val(4)->check(integer_in(1, 256));
+  cmd->add_option("--queue", a->queue, "requests waiting at most (then 503)")->default_val(16)->check(integer_in(1, 4096));
+  cmd->add_option("--ctx-size", a->ctx_size, "prompt + completion tokens at most (0: the model's context)")
+      ->default_val(0)
+      ->check(integer_at_least(0));
+  cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (all but /health)");
+  add_threads_option(cmd, a->threads);
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace mhsa::cli

@@ -1,0 +1,122 @@
+// serve/scheduler.h — the engine behind `mhsa serve`: one thread owns the model and advances the
+// active sequences, each with its own KV cache, one step at a time in turn (a prompt chunk or one
+// new token), admitting queued requests between steps as sequences finish. HTTP threads only
+// submit Jobs and read their text as it is made; a Job cancelled by its client (a disconnect) or
+// by shutdown leaves at the next step and its cache is freed.
+//
+// Not yet continuous batching: the steps of different sequences are separate forwards, taken
+// round-robin; a batched step (one forward over every active sequence, with per-sequence key
+// lengths and positions) would replace the loop in step_all() without changing Jobs. No paged KV
+// cache, no prefix sharing between requests. Internal (not installed).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mhsa/model.h"
+#include "mhsa/tokenizer.h"
+
+namespace mhsa::serve {
+
+struct Request {
+  std::vector<int32_t> prompt;       // token ids: non-empty, fewer than the context
+  GenerationOptions options;         // max_new_tokens (prompt + it within the context), sampler, seed
+  std::vector<int32_t> end_ids;      // tokens that end the text (EOS, end of turn); not part of it
+  std::vector<std::string> stop;     // stop strings: the text ends before the first one found
+};
+
+enum class Finish { running, stop, length, cancelled, error };
+const char* finish_name(Finish f);  // "stop", "length", "cancelled", "error"
+
+// One request's progress, shared by the scheduler (which writes it) and one HTTP thread (which
+// reads it). Thread-safe.
+class Job {
+ public:
+  using clock = std::chrono::steady_clock;
+  explicit Job(Request request) : request_(std::move(request)), created_(clock::now()) {}
+  const Request& request() const { return request_; }
+
+  struct Update {
+    std::string text;  // what is new since the last update: valid UTF-8, never part of a stop string
+    Finish finish = Finish::running;
+    std::string error;  // with Finish::error
+    int64_t completion_tokens = 0;
+  };
+  // Waits until there is new text or the job has finished, at most `timeout`; takes what is new.
+  Update wait(std::chrono::milliseconds timeout);
+  // Asks the scheduler to drop the job (its client left); idempotent.
+  void cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  // Seconds from creation to the first text, and to the end (0 until then).
+  double first_text_seconds() const;
+  double total_seconds() const;
+
+  // The scheduler's side.
+  void emit(std::string_view text, int64_t completion_tokens);
+  void finish(Finish f, std::string error = {});
+
+ private:
+  const Request request_;
+  const clock::time_point created_;
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::string pending_;
+  Finish finish_ = Finish::running;
+  std::string error_;
+  int64_t completion_tokens_ = 0;
+  clock::time_point first_text_{}, finished_{};
+};
+
+struct SchedulerOptions {
+  int parallel = 4;   // sequences advanced together at most
+  int max_queue = 16; // requests waiting for a place at most (then submit refuses: 503)
+};
+
+// Counters for /metrics (totals since start, and the present state).
+struct SchedulerStats {
+  int64_t queued = 0, active = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, finished = 0, cancelled = 0;
+  double busy_seconds = 0;
+};
+
+class Scheduler {
+ public:
+  // Keeps references to model and tokenizer; starts the scheduler thread, which runs the model with
+  // the caller's OpenMP thread count (omp_get_max_threads()).
+  Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOptions options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a job; false (nothing queued) when the queue is full or the scheduler has stopped.
+  bool submit(std::shared_ptr<Job> job);
+  // Cancels every job, queued or running, and joins the thread; later submits are refused.
+  void shutdown();
+  SchedulerStats stats() const;
+
+ private:
+  struct Sequence;
+  void run();
+  bool step(Sequence& s);  // one forward and at most one token; false when the sequence is done
+
+  const Model& model_;
+  const Tokenizer& tokenizer_;
+  const SchedulerOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stopping_ = false;
+  SchedulerStats stats_;  // under mutex_
+  std::thread thread_;
+};
+
+}  // namespace mhsa::serve

@@ -1,0 +1,157 @@
+// tests/cpp/test_serve.cpp — the serving scheduler on a random Llama with byte tokens: requests
+// interleaved with others give exactly the text Model::generate gives each alone (greedy and
+// seeded sampling, prompts of odd lengths, several in flight), stop strings cut the text, a full
+// queue refuses, cancellation and shutdown end jobs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mhsa/model.h"
+#include "mhsa/tokenizer.h"
+#include "serve/scheduler.h"
+#include "text/hf_tokenizer.h"
+
+namespace mhsa {
+namespace {
+
+using serve::Finish;
+using serve::Job;
+using serve::Request;
+using serve::Scheduler;
+
+Model make_model(int64_t context, uint64_t seed) {
+  const nlohmann::json c = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 256},
+                            {"hidden_size", 32}, {"intermediate_size", 48}, {"num_hidden_layers", 2},
+                            {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                            {"max_position_embeddings", context}};
+  Model m = Model::random(ModelConfig::parse(c.dump()), seed);
+  for (auto& [name, t] : m.parameters())  // lively logits: no near-ties for greedy choices
+    if (name.find("embed_tokens") != std::string::npos || name.find("lm_head") != std::string::npos)
+      for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] *= 30.0f;
+  return m;
+}
+
+struct Result {
+  std::string text;
+  Finish finish = Finish::running;
+  int64_t tokens = 0;
+};
+
+Result collect(Job& job) {
+  Result r;
+  const auto deadline = Job::clock::now() + std::chrono::seconds(60);
+  while (Job::clock::now() < deadline) {
+    Job::Update u = job.wait(std::chrono::milliseconds(1000));
+    r.text += u.text;
+    r.tokens = u.completion_tokens;
+    if (u.finish != Finish::running) {
+      r.finish = u.finish;
+      return r;
+    }
+  }
+  ADD_FAILURE() << "the job did not finish";
+  return r;
+}
+
+TEST(Serve, InterleavedRequestsEqualGenerateAlone) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(160, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  Scheduler scheduler(model, tok, {3, 16});
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::vector<int32_t>> expected;
+  for (int i = 0; i < 7; ++i) {
+    Request r;
+    const size_t n = std::uniform_int_distribution<size_t>(1, 37)(gen);
+    for (size_t k = 0; k < n; ++k) r.prompt.push_back(std::uniform_int_distribution<int32_t>('a', 'z')(gen));
+    r.options.max_new_tokens = std::uniform_int_distribution<int64_t>(1, 40)(gen);
+    r.options.temperature = i % 2 ? 0.0f : 0.9f;
+    r.options.top_p = i % 3 ? 1.0f : 0.8f;
+    r.options.seed = gen();
+    r.options.stop_at_eos = false;
+    expected.push_back(model.generate(r.prompt, 1, static_cast<int64_t>(n), r.options)[0]);
+    jobs.push_back(std::make_shared<Job>(r));
+    ASSERT_TRUE(scheduler.submit(jobs.back()));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Result r = collect(*jobs[i]);
+    EXPECT_EQ(r.finish, Finish::length) << i;
+    EXPECT_EQ(r.tokens, static_cast<int64_t>(expected[i].size())) << i;
+    EXPECT_EQ(r.text, text::lossy_utf8(tok.decode(expected[i], true))) << i;  // invalid bytes as U+FFFD
+  }
+  serve::SchedulerStats st = scheduler.stats();  // counted just after the last job is told it finished
+  for (int i = 0; i < 1000 && st.finished < 7; ++i, st = scheduler.stats())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(st.finished, 7);
+  EXPECT_EQ(st.queued, 0);
+  EXPECT_EQ(st.active, 0);
+}
+
+TEST(Serve, StopStringsAndEndTokens) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(128, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  Scheduler scheduler(model, tok, {2, 4});
+  Request r;
+  r.prompt = {'h', 'e', 'l', 'l', 'o'};
+  r.options.max_new_tokens = 60;
+  r.options.stop_at_eos = false;
+  const std::vector<int32_t> ids = model.generate(r.prompt, 1, 5, r.options)[0];
+  // A stop string from the middle of the greedy text: the text ends before its first occurrence.
+  const std::string full = text::lossy_utf8(tok.decode(ids, true));
+  ASSERT_GE(full.size(), 23u);
+  const std::string stop = full.substr(20, 3);
+  Request with_stop = r;
+  with_stop.stop = {"\x01\x02 never", stop};
+  auto job = std::make_shared<Job>(with_stop);
+  ASSERT_TRUE(scheduler.submit(job));
+  Result res = collect(*job);
+  EXPECT_EQ(res.finish, Finish::stop);
+  EXPECT_EQ(res.text, full.substr(0, full.find(stop)));
+  // An end token: the text stops before it, finish "stop".
+  Request with_end = r;
+  with_end.end_ids = {ids[10]};
+  job = std::make_shared<Job>(with_end);
+  ASSERT_TRUE(scheduler.submit(job));
+  res = collect(*job);
+  EXPECT_EQ(res.finish, Finish::stop);
+  const size_t first = static_cast<size_t>(std::find(ids.begin(), ids.end(), ids[10]) - ids.begin());
+  EXPECT_EQ(res.tokens, static_cast<int64_t>(first));
+}
+
+TEST(Serve, FullQueueRefusesAndCancelEndsJobs) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(1024, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  Scheduler scheduler(model, tok, {1, 1});
+  Request r;
+  r.prompt = {'a', 'b', 'c'};
+  r.options.max_new_tokens = 1000;
+  r.options.stop_at_eos = false;
+  std::vector<std::shared_ptr<Job>> jobs;  // the accepted ones
+  for (int i = 0; i < 4; ++i) {
+    auto job = std::make_shared<Job>(r);
+    if (scheduler.submit(job)) jobs.push_back(job);
+  }
+  ASSERT_GE(jobs.size(), 1u);
+  EXPECT_LE(jobs.size(), 2u);  // one running, one waiting
+  jobs[0]->cancel();
+  const Result first = collect(*jobs[0]);
+  EXPECT_EQ(first.finish, Finish::cancelled);
+  EXPECT_LT(first.tokens, 1000);
+  ASSERT_TRUE(scheduler.submit(std::make_shared<Job>(r)) || jobs.size() == 2);
+  scheduler.shutdown();  // the others, queued or running, are cancelled too
+  if (jobs.size() == 2) EXPECT_EQ(collect(*jobs[1]).finish, Finish::cancelled);
+  EXPECT_FALSE(scheduler.submit(std::make_shared<Job>(r)));
+}
+
+}  // namespace
+}  // namespace mhsa

@@ -1,0 +1,401 @@
+"""`mhsa serve` end to end: the server started as a user starts it (`--port 0`, the URL read from its
+first line), driven by the official `openai` client — completions, chat completions, streaming, stop
+strings, seeds, usage — with `mhsa generate` and `mhsa chat --messages` as the oracles (greedy, and
+sampled with a seed); concurrent requests get what they get alone; hostile HTTP (bad JSON, wrong
+types, huge numbers, a 10 MB body, a request cut off, a wrong API key, a full queue, a client that
+leaves mid-stream) gets the documented status and the server keeps serving; SIGTERM exits 0."""
+
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
+TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_chat_model import WORDS, write_chat_dir  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def seed():
+    return int(os.environ.get("MHSA_TEST_SEED") or secrets.randbits(32))
+
+
+@pytest.fixture
+def rng(request, seed):
+    request.node.user_properties.append(("MHSA_TEST_SEED", seed))
+    return random.Random(seed)
+
+
+class Server:
+    """`mhsa serve` as a subprocess; url is read from the line it prints when ready."""
+
+    def __init__(self, model, *args):
+        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", str(model), "--port", "0", *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
+        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read()}"
+        self.url, self.port = m.group(1), int(m.group(2))
+        self.id = Path(model).name
+
+    def client(self, **kw):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpt2-serve")
+    torch.manual_seed(4321)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128)).eval()
+    with torch.no_grad():  # a livelier random model: varied tokens
+        model.transformer.wte.weight.mul_(20.0)
+    model.save_pretrained(d, safe_serialization=True)
+    shutil.copy(TOKENIZER / "encoder.json", d / "vocab.json")
+    shutil.copy(TOKENIZER / "vocab.bpe", d / "merges.txt")
+    return d
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory, seed):
+    d = tmp_path_factory.mktemp("qwen-serve")
+
+    def edit(model, tok):  # answers that do not end at once
+        model.lm_head.weight[tok.token_to_id("<|im_end|>")] = 0
+
+    write_chat_dir(d, tokens=307, padding=0, max_positions=32768, seed=seed, edit=edit)
+    return d
+
+
+@pytest.fixture(scope="module")
+def gpt2(gpt2_dir):
+    s = Server(gpt2_dir, "--parallel", 3)
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def chat(chat_dir):
+    s = Server(chat_dir, "--parallel", 2, "--ctx-size", 2048)
+    yield s
+    assert s.stop() == 0
+
+
+def generate(d, prompt, n, *args):
+    r = subprocess.run([str(CLI), "generate", "-t", "1", "--model", str(d), "--prompt", prompt, "-n", str(n), "--json",
+                        *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def chat_answer(d, messages, *args):
+    r = subprocess.run([str(CLI), "chat", "-t", "1", "--model", str(d), "--messages", "-", "--json", *map(str, args)],
+                       input=json.dumps(messages), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def words(rng, k):
+    return "".join(rng.choice(WORDS) for _ in range(k)).strip() or "Hello"
+
+
+# ---- the openai client --------------------------------------------------------------------------
+
+def test_completion_greedy_equals_generate(gpt2, gpt2_dir, rng):
+    prompt, n = words(rng, rng.randint(1, 7)), rng.randint(5, 30)
+    ref = generate(gpt2_dir, prompt, n)
+    r = gpt2.client().completions.create(model=gpt2.id, prompt=prompt, max_tokens=n, temperature=0)
+    assert r.object == "text_completion" and r.model == gpt2.id and len(r.choices) == 1
+    assert r.choices[0].text == ref["text"]
+    assert r.choices[0].finish_reason == ("length" if len(ref["tokens"]) == n else "stop")
+    assert r.usage.prompt_tokens == ref["prompt_tokens"]
+    assert r.usage.completion_tokens == len(ref["tokens"])
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    ids = gpt2.client().completions.create(model=gpt2.id, prompt=ref["prompt_ids"], max_tokens=n, temperature=0)
+    assert ids.choices[0].text == ref["text"]  # a prompt of token ids
+
+
+def test_streamed_completion_equals_whole(gpt2, rng):
+    prompt, n = words(rng, 4), rng.randint(10, 40)
+    c = gpt2.client()
+    whole = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=n, temperature=0)
+    chunks = list(c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=n, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert text == whole.choices[0].text
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == whole.choices[0].finish_reason and all(f is None for f in finishes[:-1])
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_stop_strings(gpt2, gpt2_dir, rng):
+    prompt = words(rng, 3)
+    full = gpt2.client().completions.create(model=gpt2.id, prompt=prompt, max_tokens=40, temperature=0).choices[0].text
+    assert len(full) > 15
+    # Not across a U+FFFD if possible: mhsa generate matches stop strings in the raw bytes.
+    clean = [i for i in range(5, len(full) - 3) if "\ufffd" not in full[i:i + 3]]
+    at = rng.choice(clean or range(5, len(full) - 3))
+    stop = full[at:at + 3]
+    expected = full[:full.find(stop)]
+    for stops in (stop, ["never seen \u2603", stop]):
+        r = gpt2.client().completions.create(model=gpt2.id, prompt=prompt, max_tokens=40, temperature=0, stop=stops)
+        assert r.choices[0].text == expected and r.choices[0].finish_reason == "stop"
+        streamed = gpt2.client().completions.create(model=gpt2.id, prompt=prompt, max_tokens=40, temperature=0,
+                                                    stop=stops, stream=True)
+        assert "".join(ch.choices[0].text for ch in streamed) == expected
+    if "\ufffd" not in stop:
+        assert generate(gpt2_dir, prompt, 40, "--stop", stop)["text"] == expected
+
+
+def test_seeds(gpt2, gpt2_dir, chat, rng):
+    prompt, s = words(rng, 3), rng.randrange(2**32)
+    c = gpt2.client()
+    ask = lambda seed: c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=12, temperature=1.0,  # noqa: E731
+                                            top_p=0.95, seed=seed).choices[0].text  # (50257 tokens sorted per sampled token: slow)
+    a = ask(s)
+    assert ask(s) == a
+    assert generate(gpt2_dir, prompt, 12, "--temperature", 1.0, "--top-p", 0.95, "--seed", s)["text"] == a
+    # Other seeds, other texts (on the chat model: this GPT-2's scaled, tied embeddings make it too sure)
+    sample = lambda seed: chat.client().completions.create(model=chat.id, prompt=prompt, max_tokens=12,  # noqa: E731
+                                                           temperature=1.0, seed=seed).choices[0].text
+    b = sample(s)
+    assert sample(s) == b
+    assert len({sample(s + k) for k in range(1, 4)} | {b}) > 1
+
+
+def test_concurrent_greedy_requests_get_what_they_get_alone(gpt2, rng):
+    c = gpt2.client()
+    jobs = [(words(rng, rng.randint(1, 8)), rng.randint(1, 40)) for _ in range(8)]
+    alone = [c.completions.create(model=gpt2.id, prompt=p, max_tokens=n, temperature=0).choices[0].text for p, n in jobs]
+
+    def ask(job):
+        p, n = job
+        if n % 2:
+            return "".join(ch.choices[0].text for ch in c.completions.create(
+                model=gpt2.id, prompt=p, max_tokens=n, temperature=0, stream=True))
+        return c.completions.create(model=gpt2.id, prompt=p, max_tokens=n, temperature=0).choices[0].text
+
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, jobs))
+    assert together == alone
+
+
+def test_chat_completion_equals_mhsa_chat(chat, chat_dir, rng):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": words(rng, 5)}]
+    n = rng.randint(3, 25)
+    ref = chat_answer(chat_dir, messages, "-n", n)
+    c = chat.client()
+    r = c.chat.completions.create(model=chat.id, messages=messages, max_tokens=n, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == ref["content"]
+    assert r.choices[0].finish_reason == ref["finish_reason"]
+    assert r.usage.prompt_tokens == ref["prompt_tokens"] and r.usage.completion_tokens == ref["completion_tokens"]
+    chunks = list(c.chat.completions.create(model=chat.id, messages=messages, max_tokens=n, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == ref["content"]
+    assert chunks[-1].choices[0].finish_reason == ref["finish_reason"]
+    # max_completion_tokens (the newer name), content as text parts, a seed
+    parts = [messages[0], {"role": "user", "content": [{"type": "text", "text": messages[1]["content"]}]}]
+    r2 = c.chat.completions.create(model=chat.id, messages=parts, max_completion_tokens=n, temperature=0)
+    assert r2.choices[0].message.content == ref["content"]
+    s = rng.randrange(2**32)
+    sampled = chat_answer(chat_dir, messages, "-n", n, "--temperature", 0.8, "--seed", s)
+    r3 = c.chat.completions.create(model=chat.id, messages=messages, max_tokens=n, temperature=0.8, seed=s)
+    assert r3.choices[0].message.content == sampled["content"]
+
+
+def test_models_health_metrics(gpt2):
+    models = gpt2.client().models.list()
+    assert [m.id for m in models.data] == [gpt2.id]
+    with urllib.request.urlopen(gpt2.url + "/health") as r:
+        assert json.load(r) == {"status": "ok"}
+    gpt2.client().completions.create(model=gpt2.id, prompt="Hello", max_tokens=3, temperature=0)
+    with urllib.request.urlopen(gpt2.url + "/metrics") as r:
+        text = r.read().decode()
+    for name in ("mhsa_requests_total{", "mhsa_generated_tokens_total", "mhsa_queue_length", "mhsa_batch_size",
+                 "mhsa_request_duration_seconds_sum", "mhsa_time_to_first_token_seconds_count"):
+        assert name in text
+    assert int(re.search(r'mhsa_requests_total\{path="/v1/completions",status="200"\} (\d+)', text).group(1)) >= 1
+
+
+# ---- errors --------------------------------------------------------------------------------------
+
+def post(url, body, headers=None):
+    """(status, parsed JSON body) of a raw POST; body bytes or a JSON-able value."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def assert_error(status_body, status, param=None, code=None):
+    got, body = status_body
+    assert got == status, body
+    e = body["error"]
+    assert set(e) == {"message", "type", "param", "code"} and e["message"]
+    if param is not None:
+        assert e["param"] == param or e["param"].startswith(param + "["), e
+    if code is not None:
+        assert e["code"] == code, e
+
+
+def healthy(s):
+    r = s.client().completions.create(model=s.id, prompt="Hello", max_tokens=2, temperature=0)
+    assert r.usage.completion_tokens <= 2
+
+
+def test_client_mistakes_are_400_not_500(gpt2):
+    u = gpt2.url + "/v1/completions"
+    assert_error(post(u, b'{"prompt": "Hello", '), 400, code="invalid_json")
+    assert_error(post(u, b"\xff\xfe not json"), 400)
+    assert_error(post(u, [1, 2]), 400, param="body")
+    for field, value in [("temperature", "hot"), ("temperature", 2.5), ("top_p", 0), ("max_tokens", -1),
+                         ("max_tokens", 1.5), ("max_tokens", "10"), ("stream", "yes"), ("seed", "x"),
+                         ("stop", 7), ("stop", ["a", "b", "c", "d", "e"]), ("prompt", 5), ("prompt", [1, -2]),
+                         ("prompt", [10**12]), ("n", 2), ("logprobs", 3), ("echo", True), ("presence_penalty", 1)]:
+        assert_error(post(u, {"prompt": "Hello", field: value}), 400, param=field)
+    assert_error(post(u, {"prompt": "Hello", "max_tokens": 10**30}), 400, param="max_tokens")
+    assert_error(post(u, {"prompt": "Hello", "max_tokens": 10**6}), 400, code="context_length_exceeded")
+    assert_error(post(u, {"prompt": " fox" * 200}), 400, code="context_length_exceeded")
+    assert_error(post(u, {"prompt": "Hello", "model": "gpt-4"}), 404, code="model_not_found")
+    assert_error(post(u, {}), 400, param="prompt")
+    assert_error(post(gpt2.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}), 400,
+                 code="no_chat_template")
+    assert_error(post(gpt2.url + "/v1/nothing", {}), 404)
+    ok = post(u, {"prompt": "Hello", "max_tokens": 2, "temperature": 0, "unknown_field": {"x": [1]}, "user": "me"})
+    assert ok[0] == 200 and ok[1]["usage"]["completion_tokens"] == 2  # unknown fields are ignored
+    with pytest.raises(openai.BadRequestError):
+        gpt2.client().completions.create(model=gpt2.id, prompt="Hello", n=2)
+    healthy(gpt2)
+
+
+def test_chat_mistakes(chat):
+    u = chat.url + "/v1/chat/completions"
+    for messages, param in [("hi", "messages"), ([], "messages"), ([{"content": "x"}], "messages[0].role"),
+                            ([{"role": "user", "content": 5}], "messages[0].content"),
+                            ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type")]:
+        assert_error(post(u, {"messages": messages}), 400, param=param)
+    assert_error(post(u, {"messages": [{"role": "user", "content": "hi " * 3000}]}), 400, code="context_length_exceeded")
+    healthy(chat)
+
+
+def raw(port, data, shutdown=True):
+    """Sends bytes on a fresh connection and returns what comes back ('' when closed without reply)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(data)
+        if shutdown:
+            s.shutdown(socket.SHUT_WR)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except ConnectionResetError:
+            pass
+        return out.decode("latin-1")
+
+
+def test_hostile_http(gpt2):
+    # A 10 MB body: 413.
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            f"Content-Length: {10 << 20}\r\n\r\n").encode()
+    reply = raw(gpt2.port, head + b"{" * (10 << 20), shutdown=False)
+    assert reply.startswith("HTTP/1.1 413"), reply[:200]
+    assert '"error"' in reply
+    # Cut short after its headers: no answer, the server goes on.
+    raw(gpt2.port, head + b"{" * 1000)  # (the server waits for the rest until its read timeout, 5 s)
+    # A request cut off half-way, then closed; garbage; an absurd header.
+    raw(gpt2.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
+    raw(gpt2.port, b"\x00\x01\x02 garbage \r\n\r\n")
+    assert raw(gpt2.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+               shutdown=False).startswith("HTTP/1.1 200")
+    healthy(gpt2)
+
+
+def test_api_key(gpt2_dir):
+    s = Server(gpt2_dir, "--api-key", "s3cret")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client(api_key="wrong").completions.create(model=s.id, prompt="Hello", max_tokens=2)
+        assert_error(post(s.url + "/v1/completions", {"prompt": "Hello"}), 401, code="invalid_api_key")
+        with urllib.request.urlopen(s.url + "/health") as r:  # open to probes
+            assert r.status == 200
+        r = s.client(api_key="s3cret").completions.create(model=s.id, prompt="Hello", max_tokens=2, temperature=0)
+        assert r.usage.completion_tokens == 2
+    finally:
+        assert s.stop() == 0
+
+
+def metric(s, name):
+    with urllib.request.urlopen(s.url + "/metrics") as r:
+        return float(re.search(rf"^{name} (\S+)$", r.read().decode(), re.M).group(1))
+
+
+def test_full_queue_503_and_disconnect_cancels(chat_dir):
+    s = Server(chat_dir, "--parallel", 1, "--queue", 1)
+    try:
+        c = s.client(timeout=120)
+        long = dict(model=s.id, prompt="The", max_tokens=32000, temperature=0)  # seconds, unless cancelled
+        first = c.completions.create(stream=True, **long)
+        next(iter(first))  # running
+        waiting = ThreadPoolExecutor(1).submit(lambda: c.completions.create(**dict(long, max_tokens=5)))
+        time.sleep(0.3)  # queued behind the first
+        with pytest.raises(openai.APIStatusError) as e:
+            c.completions.create(**long)
+        assert e.value.status_code == 503
+        first.close()  # the client leaves: its request is cancelled, the queued one runs
+        assert waiting.result(timeout=60).usage.completion_tokens == 5
+        assert metric(s, "mhsa_requests_cancelled_total") >= 1
+        for _ in range(100):  # the gauges are updated just after the last request is told it finished
+            if metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_queue_length") == 0:
+                break
+            time.sleep(0.05)
+        assert metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_queue_length") == 0
+    finally:
+        assert s.stop() == 0
+
+
+def test_sigterm_while_streaming_exits_0(chat_dir):
+    s = Server(chat_dir)
+    stream = s.client().completions.create(model=s.id, prompt="The", max_tokens=32000, temperature=0, stream=True)
+    next(iter(stream))
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=30) == 0
+    assert "stopped" in s.proc.stdout.read()
+
+
+def test_usage_errors_exit_2(gpt2, gpt2_dir):
+    for args, text in [(["--port", 70000], "--port: expected an integer in [0, 65535]"),
+                       (["--parallel", 0], "--parallel: expected an integer in [1, 256]"),
+                       (["--ctx-size", 129], "--ctx-size: expected at most 128 (the model's context), got 129"),
+                       (["--port", gpt2.port], "cannot bind")]:
+        r = subprocess.run([str(CLI), "serve", "-t", "1", "--model", str(gpt2_dir), *map(str, args)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and text in r.stderr, r.stderr
