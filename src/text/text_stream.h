@@ -16,7 +16,10 @@ namespace mhsa::text {
 
 class TextStream {
  public:
-  explicit TextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {}
+  // Empty stop strings are dropped (they would match everywhere and nowhere).
+  explicit TextStream(std::vector<std::string> stop) : stop_(std::move(stop)) {
+    std::erase_if(stop_, [](const std::string& s) { return s.empty(); });
+  }
 
   // Adds a token's bytes; returns true when a stop string has appeared (the text is cut before it).
   bool add(std::string_view bytes) {
@@ -24,7 +27,7 @@ class TextStream {
     for (const std::string& s : stop_) {
       const size_t from = text_.size() >= bytes.size() + s.size() ? text_.size() - bytes.size() - s.size() + 1 : 0;
       const size_t at = text_.find(s, from);
-      if (!s.empty() && at != std::string::npos) {
+      if (at != std::string::npos) {
         text_.resize(at);
         stopped_ = true;
       }
