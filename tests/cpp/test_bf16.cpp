@@ -1,0 +1,152 @@
+// tests/cpp/test_bf16.cpp — the kernels over bfloat16 weights (kernels/bf16.h, dispatch.h's
+// matmul_bt_bf16, matmul_bt_parts_bf16, gemm_bt_bf16) on every usable ISA: against the float64
+// twin on odd sizes, bitwise equal to the float kernels on the widened B, bitwise identical for
+// any thread count; and the float -> bfloat16 rounding (nearest-even, NaN kept).
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/dispatch.h"
+#include "test_util.h"
+
+namespace mhsa::test {
+namespace {
+
+using kernels::bf16_to_float;
+using kernels::float_to_bf16;
+
+struct Operands {
+  int64_t M, N, K, lda, ldb;
+  std::vector<float> a;         // [M, lda]
+  std::vector<uint16_t> b;      // [N, ldb] bfloat16
+  std::vector<float> b_wide;    // [N, ldb] the same values as float
+};
+
+Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K) {
+  Operands o{M, N, K, K + 3, K + 5, {}, {}, {}};
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  o.a.resize(static_cast<size_t>(M * o.lda));
+  for (float& x : o.a) x = d(gen);
+  o.b.resize(static_cast<size_t>(N * o.ldb));
+  o.b_wide.resize(o.b.size());
+  for (size_t i = 0; i < o.b.size(); ++i) {
+    o.b[i] = float_to_bf16(d(gen));
+    o.b_wide[i] = bf16_to_float(o.b[i]);
+  }
+  return o;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// max |got − ref| / (|A row| · |B row|): the error relative to the dot product's scale.
+double scaled_error(const Operands& o, const std::vector<float>& got, const std::vector<float>& ref, int64_t ldc) {
+  double worst = 0;
+  for (int64_t i = 0; i < o.M; ++i)
+    for (int64_t j = 0; j < o.N; ++j) {
+      double na = 0, nb = 0;
+      for (int64_t k = 0; k < o.K; ++k) {
+        na += double{o.a[i * o.lda + k]} * o.a[i * o.lda + k];
+        nb += double{o.b_wide[j * o.ldb + k]} * o.b_wide[j * o.ldb + k];
+      }
+      const double e = std::abs(double{got[i * ldc + j]} - ref[i * ldc + j]) / std::sqrt(na * nb);
+      worst = std::max(worst, e);
+    }
+  return worst;
+}
+
+TEST(Bf16, RoundingIsNearestEvenAndKeepsNaN) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1); a hair above rounds up.
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(std::nextafter(1.0f + 0x1p-8f, 2.0f)), 0x3f81);
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);  // halfway from an odd one: up to even
+  EXPECT_EQ(float_to_bf16(-2.5f), 0xc020);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  uint32_t signalling = 0xff800001u;  // a NaN whose payload is only in the low bits
+  float s;
+  std::memcpy(&s, &signalling, sizeof s);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(s))));
+  EXPECT_EQ(bf16_to_float(float_to_bf16(std::numeric_limits<float>::infinity())),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(bf16_to_float(float_to_bf16(std::numeric_limits<float>::max())), std::numeric_limits<float>::infinity());
+  auto gen = test_rng();
+  std::normal_distribution<float> d(0.0f, 100.0f);
+  for (int i = 0; i < 1000; ++i) {  // the nearest bfloat16: no other is closer
+    const float x = d(gen);
+    const uint16_t h = float_to_bf16(x);
+    const double e = std::abs(double{bf16_to_float(h)} - x);
+    EXPECT_LE(e, std::abs(double{bf16_to_float(static_cast<uint16_t>(h + 1))} - x));
+    EXPECT_LE(e, std::abs(double{bf16_to_float(static_cast<uint16_t>(h - 1))} - x));
+  }
+}
+
+TEST(Bf16, MatmulBtMatchesTheReferenceAndTheFloatKernel) {
+  auto gen = test_rng();
+  for (int64_t M : {1, 3, 17})
+    for (int64_t K : {40, 97, 768})
+      for (int64_t N : {1, 61, 1025}) {
+        const Operands o = make(gen, M, N, K);
+        const int64_t ldc = N + 2;
+        std::vector<float> ref(static_cast<size_t>(M * ldc), 0.0f);
+        kernels::matmul_bt_bf16_ref(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, ref.data(), ldc);
+        for (cpu::Isa isa : cpu::usable_isas()) {
+          const kernels::KernelTable& k = kernels::kernels_for(isa);
+          std::vector<float> got(ref.size(), 0.0f), wide(ref.size(), 0.0f), packed(ref.size(), 0.0f),
+              packed_wide(ref.size(), 0.0f);
+          k.matmul_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, got.data(), ldc);
+          k.matmul_bt(M, N, K, o.a.data(), o.lda, o.b_wide.data(), o.ldb, wide.data(), ldc);
+          k.gemm_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, packed.data(), ldc);
+          k.gemm_ex(M, N, K, o.a.data(), o.lda, false, o.b_wide.data(), o.ldb, true, packed_wide.data(), ldc, false);
+          const std::string what = ::testing::PrintToString(static_cast<int>(isa)) + " M=" + std::to_string(M) +
+                                   " K=" + std::to_string(K) + " N=" + std::to_string(N);
+          EXPECT_LE(scaled_error(o, got, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
+          EXPECT_LE(scaled_error(o, packed, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
+          EXPECT_TRUE(same_bits(got, wide)) << what << ": matmul_bt_bf16 vs matmul_bt on the widened B";
+          EXPECT_TRUE(same_bits(packed, packed_wide)) << what << ": gemm_bt_bf16 vs gemm_ex on the widened B";
+        }
+      }
+}
+
+TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) {
+  auto gen = test_rng();
+  const int saved = omp_get_max_threads();
+  const int64_t M = 3, K = 97;
+  const Operands q = make(gen, M, 61, K), kv = make(gen, M, 1025, K), one = make(gen, M, 1, K);
+  const Operands big = make(gen, 17, 300, 768);
+  for (cpu::Isa isa : cpu::usable_isas()) {
+    const kernels::KernelTable& k = kernels::kernels_for(isa);
+    std::vector<std::vector<float>> parts_out, single_out, gemm_out;
+    for (int threads : {1, 2}) {
+      omp_set_num_threads(threads);
+      std::vector<float> c(static_cast<size_t>(M * (61 + 1025 + 1)), 0.0f);  // [M, q | kv | one]
+      const int64_t ldc = 61 + 1025 + 1;
+      const kernels::BtPart16 parts[] = {{q.b.data(), q.ldb, 61, c.data(), ldc},
+                                         {kv.b.data(), kv.ldb, 1025, c.data() + 61, ldc},
+                                         {one.b.data(), one.ldb, 1, c.data() + 61 + 1025, ldc}};
+      k.matmul_bt_parts_bf16(M, K, q.a.data(), q.lda, parts, 3);
+      parts_out.push_back(c);
+      std::vector<float> s(c.size(), 0.0f);
+      k.matmul_bt_bf16(M, 61, K, q.a.data(), q.lda, q.b.data(), q.ldb, s.data(), ldc);
+      k.matmul_bt_bf16(M, 1025, K, q.a.data(), q.lda, kv.b.data(), kv.ldb, s.data() + 61, ldc);
+      k.matmul_bt_bf16(M, 1, K, q.a.data(), q.lda, one.b.data(), one.ldb, s.data() + 61 + 1025, ldc);
+      single_out.push_back(s);
+      std::vector<float> g(static_cast<size_t>(17 * 300), 0.0f);
+      k.gemm_bt_bf16(17, 300, 768, big.a.data(), big.lda, big.b.data(), big.ldb, g.data(), 300);
+      gemm_out.push_back(g);
+    }
+    EXPECT_TRUE(same_bits(parts_out[0], single_out[0])) << static_cast<int>(isa) << ": parts vs one call each";
+    EXPECT_TRUE(same_bits(parts_out[0], parts_out[1])) << static_cast<int>(isa) << ": 1 vs 2 threads";
+    EXPECT_TRUE(same_bits(single_out[0], single_out[1])) << static_cast<int>(isa) << ": 1 vs 2 threads";
+    EXPECT_TRUE(same_bits(gemm_out[0], gemm_out[1])) << static_cast<int>(isa) << ": gemm 1 vs 2 threads";
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace
+}  // namespace mhsa::test
