@@ -16,6 +16,9 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+inline float widen(float x) { return x; }
+inline float widen(uint16_t h) { return bf16_to_float(h); }
+
 // Rounded to nearest, ties to even (as torch's .to(torch.bfloat16)); NaN stays NaN (quiet, sign
 // kept), ±inf and values that round past the largest bfloat16 become ±inf.
 inline uint16_t float_to_bf16(float f) {

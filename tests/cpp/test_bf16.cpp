@@ -1,16 +1,28 @@
 // tests/cpp/test_bf16.cpp — the kernels over bfloat16 weights (kernels/bf16.h, dispatch.h's
 // matmul_bt_bf16, matmul_bt_parts_bf16, gemm_bt_bf16) on every usable ISA: against the float64
 // twin on odd sizes, bitwise equal to the float kernels on the widened B, bitwise identical for
-// any thread count; and the float -> bfloat16 rounding (nearest-even, NaN kept).
+// any thread count; the float -> bfloat16 rounding (nearest-even, NaN kept); and models loaded
+// with WeightType::bf16 (GPT-2 and a grouped-query SwiGLU Llama): their logits, losses and greedy
+// tokens against the float32 model run on the same weights pre-rounded to bfloat16, and the
+// refusal to compute gradients.
 #include <omp.h>
+
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "kernels/bf16.h"
 #include "kernels/dispatch.h"
+#include "mhsa/error.h"
+#include "mhsa/model.h"
+#include "mhsa/safetensors.h"
 #include "test_util.h"
 
 namespace mhsa::test {
@@ -146,6 +158,106 @@ TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) {
     EXPECT_TRUE(same_bits(gemm_out[0], gemm_out[1])) << static_cast<int>(isa) << ": gemm 1 vs 2 threads";
   }
   omp_set_num_threads(saved);
+}
+
+// A random model of `config` (embeddings scaled up for lively logits, so that greedy choices are
+// not near-ties) saved as a Hugging Face directory, removed at the end.
+struct SavedModel {
+  std::filesystem::path dir;
+  SavedModel(const nlohmann::json& config, uint64_t seed)
+      : dir(std::filesystem::temp_directory_path() /
+            ("mhsa_bf16_" + std::to_string(seed) + "_" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json") << config.dump();
+    Model m = Model::random(ModelConfig::parse(config.dump()), seed);
+    std::vector<std::pair<std::string, ConstTensorView>> tensors;
+    for (auto& [name, t] : m.parameters()) {
+      if (name.find("wte") != std::string::npos || name.find("embed_tokens") != std::string::npos)
+        for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] *= 30.0f;
+      tensors.emplace_back(name, t->view());
+    }
+    save_safetensors((dir / "model.safetensors").string(), tensors);
+  }
+  ~SavedModel() { std::filesystem::remove_all(dir); }
+};
+
+// What a bf16 model keeps in bfloat16: every matrix but learned positions.
+bool stored_16bit(const std::string& name, const Tensor& t) { return t.shape().size() == 2 && name != "wpe.weight"; }
+
+double max_rel(const Tensor& got, const Tensor& want) {
+  double scale = 0, worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(double{want.data()[i]}));
+  for (int64_t i = 0; i < want.numel(); ++i)
+    worst = std::max(worst, std::abs(double{got.data()[i]} - want.data()[i]));
+  return worst / scale;
+}
+
+void check_family(const nlohmann::json& config) {
+  auto gen = test_rng();
+  const SavedModel saved(config, gen());
+  const Model half = Model::load(saved.dir, WeightType::bf16);
+  Model rounded = Model::load(saved.dir);
+  EXPECT_EQ(half.weight_type(), WeightType::bf16);
+  EXPECT_EQ(rounded.weight_type(), WeightType::f32);
+  int64_t rounded_count = 0;
+  for (auto& [name, t] : rounded.parameters()) {
+    const Tensor* h = half.parameter(name);
+    ASSERT_NE(h, nullptr) << name;
+    if (!stored_16bit(name, *t)) {
+      EXPECT_EQ(h->shape(), t->shape()) << name << " stays float32";
+      continue;
+    }
+    EXPECT_FALSE(h->defined()) << name << " lives in bfloat16 storage";
+    for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = bf16_to_float(float_to_bf16(t->data()[i]));
+    ++rounded_count;
+  }
+  EXPECT_GT(rounded_count, 2);
+  const int64_t V = half.config().vocab_size;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+  for (int64_t T : {1, 5, 13}) {  // the stream (T <= 8 rows) and the GEMM paths
+    std::vector<int32_t> ids(static_cast<size_t>(2 * T)), targets(ids.size());
+    for (auto& i : ids) i = tok(gen);
+    for (auto& i : targets) i = tok(gen);
+    const Tensor a = half.forward(ids, 2, T), b = rounded.forward(ids, 2, T);
+    EXPECT_LE(max_rel(a, b), 1e-5) << "T=" << T;
+    const double la = half.loss(ids, targets, 2, T), lb = rounded.loss(ids, targets, 2, T);
+    EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "T=" << T;
+  }
+  std::vector<int32_t> prompt(7);
+  for (auto& i : prompt) i = tok(gen);
+  GenerationOptions o;
+  o.max_new_tokens = 12;
+  o.stop_at_eos = false;
+  EXPECT_EQ(half.generate(prompt, 1, 7, o), rounded.generate(prompt, 1, 7, o));
+  EXPECT_THROW(half.zero_gradients(), Error);
+  std::vector<Tensor> grads;
+  EXPECT_THROW(half.loss_and_gradients(prompt, prompt, 1, 7, grads), Error);
+}
+
+TEST(Bf16Model, Gpt2MatchesTheFloatModelOnRoundedWeights) {
+  check_family({{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 97}, {"n_embd", 48},
+                {"n_layer", 2}, {"n_head", 3}, {"n_positions", 64}});
+}
+
+TEST(Bf16Model, LlamaMatchesTheFloatModelOnRoundedWeights) {
+  check_family({{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 101},
+                {"hidden_size", 40}, {"intermediate_size", 72}, {"num_hidden_layers", 2},
+                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"max_position_embeddings", 64},
+                {"tie_word_embeddings", false}});
+}
+
+TEST(Bf16Model, BadWeightTypeNamesTheOptionAndTheChoices) {
+  EXPECT_EQ(parse_weight_type("bf16", "--dtype"), WeightType::bf16);
+  EXPECT_EQ(parse_weight_type("f32", "--dtype"), WeightType::f32);
+  try {
+    parse_weight_type("fp16", "--dtype");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--dtype"), std::string::npos) << m;
+    EXPECT_NE(m.find("\"bf16\""), std::string::npos) << m;
+    EXPECT_NE(m.find("fp16"), std::string::npos) << m;
+  }
 }
 
 }  // namespace
