@@ -66,7 +66,8 @@ using TokenCallback = std::function<bool(int64_t, std::span<const int32_t>)>;
 // norms, biases and learned positions stay float32; every product is still summed in float32).
 // bf16 halves the bytes a decode step streams; it is for inference only (no gradients).
 enum class WeightType { f32, bf16 };
-// "f32" or "bf16"; anything else throws mhsa::Error naming `what` (the option) and both names.
+// "f32" or "bf16"; anything else throws mhsa::Error "<what>: expected "f32" or "bf16", got '…'"
+// (what: the option, "--dtype").
 WeightType parse_weight_type(std::string_view name, std::string_view what);
 std::string_view weight_type_name(WeightType dtype);
 

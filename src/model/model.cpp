@@ -139,7 +139,7 @@ void keep(std::vector<std::pair<std::string, Tensor>>& params, Model::Layout& L,
 WeightType parse_weight_type(std::string_view name, std::string_view what) {
   if (name == "f32") return WeightType::f32;
   if (name == "bf16") return WeightType::bf16;
-  fail(what, "dtype", "\"f32\" or \"bf16\"", detail::quote(name));
+  throw Error(message(what, ": expected \"f32\" or \"bf16\", got ", detail::quote(name)));
 }
 
 std::string_view weight_type_name(WeightType dtype) { return dtype == WeightType::bf16 ? "bf16" : "f32"; }
