@@ -31,6 +31,7 @@ namespace {
 
 struct BenchArgs {
   std::string model;   // a model directory: time its pp/tg cases instead of the standard ones
+  std::string dtype;   // its weights: f32 or bf16
   std::string filter;  // comma-separated substrings: the cases whose name contains one of them run
   std::string json;    // write the results here too
   double min_seconds = 1.0;
@@ -256,18 +257,21 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 }
 
 // A model directory's cases (--model): prompt processing of min(512, context) tokens and decoding
-// of min(128, context), as the GPT-2 cases above, named "<family>_pp512" and "<family>_tg128".
+// of min(128, context), as the GPT-2 cases above, named "<family>_pp512" and "<family>_tg128"
+// ("<family>_bf16_..." with --dtype bf16, whose weight matrices count 2 bytes a value).
 // No tokenizer: the ids are arbitrary. Work is counted from the config: every projection and the
 // LM head (2 FLOPs per weight per token) and the attention pairs each layer's window leaves; a
 // decoded token reads every layer's weights, the head and the cache.
-std::vector<Case> model_cases(const std::string& dir) {
-  auto model = std::make_shared<const Model>(Model::load(dir));
+std::vector<Case> model_cases(const std::string& dir, const std::string& dtype) {
+  const WeightType wt = parse_weight_type(dtype, "--dtype");
+  auto model = std::make_shared<const Model>(Model::load(dir, wt));
   const ModelConfig& c = model->config();
   const double C = double(c.hidden_size), V = double(c.vocab_size), F = double(c.intermediate_size);
   const double q = double(c.num_heads * c.head_dim), kv = double(c.num_kv_heads * c.head_dim);
   const double mlp = (c.mlp == MlpKind::gelu ? 2.0 : 3.0) * C * F;
   const double layer_weights = C * (2 * q + 2 * kv) + mlp;  // the matrices only (norms, biases: < 1%)
-  const std::string family = family_name(c.family);
+  const std::string family = std::string(family_name(c.family)) + (wt == WeightType::bf16 ? "_bf16" : "");
+  const double weight_bytes = wt == WeightType::bf16 ? 2.0 : 4.0;  // the matrices' bytes per value
   const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions);
   const std::string pp_name = family + "_pp" + std::to_string(pp), tg_name = family + "_tg" + std::to_string(tg);
   Case prefill{pp_name, [=](double min_seconds) {
@@ -298,7 +302,7 @@ std::vector<Case> model_cases(const std::string& dir) {
                     min_seconds);
                 const double weights = c.num_layers * layer_weights + V * C;
                 const double cache = c.num_layers * 2.0 * kv * (tg + 1) / 2.0;  // read per step, on average
-                return Result{tg_name, "GB/s", s, tg * (weights + cache) * sizeof(float), double(tg)};
+                return Result{tg_name, "GB/s", s, tg * (weights * weight_bytes + cache * sizeof(float)), double(tg)};
               }};
   return {prefill, decode};
 }
@@ -319,7 +323,7 @@ void run(const BenchArgs& a) {
   std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
   if (!a.json.empty()) json.emplace(a.json, "--json");
   // A model directory is loaded before the measurements: a bad one fails at once.
-  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model) : std::vector<Case>{
+  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype) : std::vector<Case>{
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),
@@ -373,6 +377,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--model", args->model,
                   "time prompt processing (pp512) and decoding (tg128) of this model directory (any family) "
                   "instead of the standard cases");
+  add_dtype_option(cmd, args->dtype);
   cmd->add_option("--filter", args->filter, "run only the cases whose name contains this (or one of these, comma-separated)");
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")

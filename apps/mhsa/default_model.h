@@ -24,6 +24,7 @@ struct LoadedModel {
   Model model;
   Tokenizer tokenizer;
 };
-LoadedModel load_model(const std::filesystem::path& dir);
+// dtype: the --dtype option's value ("f32" or "bf16").
+LoadedModel load_model(const std::filesystem::path& dir, const std::string& dtype = "f32");
 
 }  // namespace mhsa::cli

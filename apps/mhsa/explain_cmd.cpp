@@ -50,7 +50,7 @@ constexpr int64_t kTraceEnds = 8;               // the walk-through shows the fi
 constexpr int64_t kTextColumns = 96;            // the terminal heatmap pools longer prompts to this
 
 struct ExplainArgs {
-  std::string model;
+  std::string model, dtype;
   std::string prompt;
   int64_t layer = 0;
   int64_t head = 0;
@@ -351,7 +351,7 @@ void run(ExplainArgs a) {
   use_threads(a.threads);
   if (a.format == "html" && a.out.empty() && a.json.empty())
     throw Error("mhsa explain: --out: expected a file for the HTML report (or --json FILE, or --format text), got none");
-  const LoadedModel loaded = load_model(model_dir(a.model));  // --model, or the embedded default model
+  const LoadedModel loaded = load_model(model_dir(a.model), a.dtype);  // --model, or the embedded default model
   const Model& model = loaded.model;
   const Tokenizer& tok = loaded.tokenizer;
   const ModelConfig& c = model.config();
@@ -396,6 +396,7 @@ void add_explain_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a model (GPT-2, Llama, Qwen, Mistral, Gemma 2) attends to on a prompt");
   cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)")->required();
   cmd->add_option("--model", a->model, "model directory (default: the embedded byte-level model)");
+  add_dtype_option(cmd, a->dtype);
   cmd->add_option("--layer", a->layer, "the layer to walk through step by step (and --format text's)")
       ->default_val(0)
       ->check(any_integer());

@@ -33,7 +33,7 @@ namespace mhsa::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model;
+  std::string model, dtype;
   std::string prompt;
   GenerationOptions options;
   std::vector<std::string> stop;
@@ -45,7 +45,7 @@ struct GenerateArgs {
 
 void run(const GenerateArgs& a) {
   use_threads(a.threads);
-  const LoadedModel loaded = load_model(model_dir(a.model));
+  const LoadedModel loaded = load_model(model_dir(a.model), a.dtype);
   const Model& model = loaded.model;
   const Tokenizer& tok = loaded.tokenizer;
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
@@ -116,6 +116,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--model", a->model,
                   "model directory: config.json, model.safetensors (+ vocab.json, merges.txt for GPT-2's tokens); "
                   "default: the embedded byte-level model");
+  add_dtype_option(cmd, a->dtype);
   cmd->add_option("--prompt", a->prompt, "the text to continue ('-' reads stdin; empty starts from end-of-text)");
   cmd->add_option("-n,--max-new-tokens", a->options.max_new_tokens, "tokens to generate at most")
       ->default_val(64)

@@ -123,6 +123,14 @@ CLI::Option* add_threads_option(CLI::App* cmd, int& threads) {
       ->check(integer_in(0, most));
 }
 
+CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype) {
+  return cmd
+      ->add_option("--dtype", dtype,
+                   "weights in memory: f32, or bf16 (16-bit weight matrices: about half the bytes per decoded "
+                   "token; inference only)")
+      ->default_val("f32");
+}
+
 void use_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }

@@ -21,6 +21,14 @@ struct BtPart {
   int64_t ldc;
 };
 
+// matmul_bt_parts_bf16's part: B [N, K] (ldb) stored as bfloat16 (kernels/bf16.h).
+struct BtPart16 {
+  const uint16_t* B;
+  int64_t ldb, N;
+  float* C;
+  int64_t ldc;
+};
+
 #define MHSA_DECLARE_ISA_KERNELS(isa)                                                                      \
   namespace isa {                                                                                          \
   void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,     \
@@ -52,6 +60,12 @@ struct BtPart {
   void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,  \
                  float* C, int64_t ldc);                                                                   \
   void matmul_bt_parts(int64_t M, int64_t K, const float* A, int64_t lda, const BtPart* parts, int count);    \
+  void matmul_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,        \
+                      int64_t ldb, float* C, int64_t ldc);                                                   \
+  void matmul_bt_parts_bf16(int64_t M, int64_t K, const float* A, int64_t lda, const BtPart16* parts,         \
+                            int count);                                                                      \
+  void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,          \
+                    int64_t ldb, float* C, int64_t ldc);                                                     \
   void softmax_cross_entropy(int64_t rows, int64_t V, float* logits, int64_t ld, const int32_t* targets,     \
                              float scale, double* loss);                                                   \
   void adamw(int64_t n, float* w, const float* g, float* m, float* v, float lr, float decay, float beta1,    \
@@ -98,6 +112,12 @@ struct KernelTable {
   decltype(&portable::softcap) softcap;
   decltype(&portable::softcap_backward) softcap_backward;
   decltype(&portable::rope) rope;
+  // 16-bit weights: matmul_bt, matmul_bt_parts and gemm_ex's C = A·Bᵀ (gemm_bt_bf16, for many
+  // rows: B widened while packed) with B [N, K] stored as bfloat16; each bitwise the float
+  // kernel's on the widened B (widening is exact). Twin: matmul_bt_bf16_ref (kernels/bf16.h).
+  decltype(&portable::matmul_bt_bf16) matmul_bt_bf16;
+  decltype(&portable::matmul_bt_parts_bf16) matmul_bt_parts_bf16;
+  decltype(&portable::gemm_bt_bf16) gemm_bt_bf16;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

@@ -19,12 +19,16 @@
 // gemm_ex adds what backward passes need: either operand stored transposed, and C += A·B (the
 // chains start from C). It always takes the packed path (the transposes are in packing only), so
 // its chains are the plain ones; for M <= kFreshMaxM they differ from gemm's blocked chains.
-// Not a BLAS: no alpha/beta, no other types. Block sizes and their measurements
+// gemm_bt_bf16 is gemm_ex's C = A·Bᵀ with B [N, K] stored as bfloat16 (16-bit weights): B is
+// widened while it is packed (exact), so no float copy of B exists beyond the packed panels, and
+// its bits are gemm_ex's on the widened B. Not a BLAS: no alpha/beta, no other types. Block sizes and their measurements
 // are below the micro-kernel.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include <omp.h>
@@ -180,10 +184,19 @@ void pack_b_panel(int64_t K, int64_t n, const float* B, int64_t ldb, float* pane
   }
 }
 
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) {
+  const uint32_t w = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &w, sizeof(float));
+  return f;
+}
+
 // pack_b_panel for B stored transposed ([N, K], ldb; B points at stored row j): op(B)[k, j + jj]
-// = B[jj·ldb + k]. A kKC-long stretch of each of the n rows at a time, so the panel being
-// written stays in L1.
-void pack_b_panel_transposed(int64_t K, int64_t n, const float* B, int64_t ldb, float* panel) {
+// = B[jj·ldb + k] (float, or bfloat16 widened). A kKC-long stretch of each of the n rows at a
+// time, so the panel being written stays in L1.
+template <class TB>
+void pack_b_panel_transposed(int64_t K, int64_t n, const TB* B, int64_t ldb, float* panel) {
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t k_end = std::min(K, k0 + kKC);
     for (int64_t jj = 0; jj < kNR; ++jj) {
@@ -191,8 +204,8 @@ void pack_b_panel_transposed(int64_t K, int64_t n, const float* B, int64_t ldb, 
         for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = 0.0f;
         continue;
       }
-      const float* src = B + jj * ldb;
-      for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = src[k];
+      const TB* src = B + jj * ldb;
+      for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = widen(src[k]);
     }
   }
 }
@@ -357,8 +370,9 @@ void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 
 // The packed path (BLIS): B packed once into column panels, A a cache block at a time. Either
 // operand may be stored transposed (only packing differs); accumulate: C's contents start the
-// chains (bias unused).
-void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const float* B,
+// chains (bias unused). A bfloat16 B (TB = uint16_t) must be stored transposed.
+template <class TB>
+void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const TB* B,
                  int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc, bool accumulate) {
   const int64_t panels = (N + kNR - 1) / kNR;
   thread_local Scratch packed_b;
@@ -374,10 +388,10 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
-      if (trans_b)
-        pack_b_panel_transposed(K, n, B + j * ldb, ldb, b_packed + p * K * kNR);
-      else
-        pack_b_panel(K, n, B + j, ldb, b_packed + p * K * kNR);
+      if constexpr (std::is_same_v<TB, float>) {
+        if (!trans_b) pack_b_panel(K, n, B + j, ldb, b_packed + p * K * kNR);
+      }
+      if (trans_b) pack_b_panel_transposed(K, n, B + j * ldb, ldb, b_packed + p * K * kNR);
       for (int64_t jj = 0; jj < kNR; ++jj) bias_packed[j + jj] = bias && jj < n ? bias[j + jj] : 0.0f;
     }
     Buffer a_packed = aligned_floats(mc * kc_max);  // [mc/kMR][kc][kMR]
@@ -430,6 +444,16 @@ void gemm_ex(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool 
   }
   if (!trans_a && !trans_b && !accumulate) return gemm(M, N, K, A, lda, B, ldb, nullptr, C, ldc);
   gemm_packed(M, N, K, A, lda, trans_a, B, ldb, trans_b, nullptr, C, ldc, accumulate);
+}
+
+void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                  float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  gemm_packed(M, N, K, A, lda, false, B, ldb, true, nullptr, C, ldc, false);
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA

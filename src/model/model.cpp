@@ -7,6 +7,7 @@
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "mhsa/safetensors.h"
 #include "model/access.h"
 #include "model/decoder.h"
@@ -17,17 +18,22 @@ using detail::fail;
 using detail::message;
 namespace fs = std::filesystem;
 
-// The model's nn::Stack but for its config and parameter pointers (set per call: a Model moves).
-struct Model::Layout : nn::Stack {};
+// The model's nn::Stack but for its config and parameter pointers (set per call: a Model moves),
+// and a bf16 model's 16-bit weights (indexed like the parameters; empty matrices elsewhere).
+struct Model::Layout : nn::Stack {
+  std::vector<nn::Bf16Matrix> half16;
+};
 
 namespace {
 
 enum class Init { weight, zero, one };
+enum class Half { no, as_is, transposed };  // kept as bfloat16 in a bf16 model ([out, in]), or not
 
 struct Spec {
   std::string name;
   std::vector<int64_t> shape;
   Init init;
+  Half half = Half::no;
 };
 
 // The parameters of a family and the part each plays: GPT-2's names (Conv1D weights [in, out]),
@@ -46,6 +52,7 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
     nn::LinearRef r;
     r.layout = layout;
     r.w = add(name + ".weight", gpt2 ? std::vector<int64_t>{in, out} : std::vector<int64_t>{out, in}, Init::weight);
+    specs.back().half = gpt2 ? Half::transposed : Half::as_is;
     if (bias) r.b = add(name + ".bias", {out}, Init::zero);
     return r;
   };
@@ -57,6 +64,7 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
   L.layers.assign(static_cast<size_t>(c.num_layers), nn::LayerRefs());
   if (gpt2) {
     L.embed = add("wte.weight", {V, C}, Init::weight);
+    specs.back().half = Half::as_is;
     L.pos = add("wpe.weight", {c.max_positions, C}, Init::weight);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       nn::LayerRefs& r = L.layers[static_cast<size_t>(l)];
@@ -71,6 +79,7 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
     norm("ln_f", C, &L.final_norm_w, &L.final_norm_b);
   } else {
     L.embed = add("model.embed_tokens.weight", {V, C}, Init::weight);
+    specs.back().half = Half::as_is;
     for (int64_t l = 0; l < c.num_layers; ++l) {
       nn::LayerRefs& r = L.layers[static_cast<size_t>(l)];
       const std::string h = message("model.layers.", l, ".");
@@ -101,21 +110,48 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
     }
     norm("model.norm", C, &L.final_norm_w, &L.final_norm_b);
   }
-  if (untied_head) L.head = add("lm_head.weight", {V, C}, Init::weight);
+  if (untied_head) {
+    L.head = add("lm_head.weight", {V, C}, Init::weight);
+    specs.back().half = Half::as_is;
+  }
   if (c.positions == PositionKind::rotary) L.rope = nn::make_rope(c);
   return specs;
 }
 
 std::string shape_text(const std::vector<int64_t>& s) { return shape_string(ConstTensorView(nullptr, s)); }
 
+// Adds parameter `spec` with value t: as it is, or in a bf16 model rounded into L.half16 (and
+// an empty tensor in its place).
+void keep(std::vector<std::pair<std::string, Tensor>>& params, Model::Layout& L, WeightType dtype, const Spec& spec,
+          Tensor t) {
+  if (dtype == WeightType::bf16) {
+    L.half16.resize(params.size() + 1);
+    if (spec.half != Half::no) {
+      L.half16.back() = nn::Bf16Matrix::rounded(t, spec.half == Half::transposed);
+      t = Tensor();
+    }
+  }
+  params.emplace_back(spec.name, std::move(t));
+}
+
 }  // namespace
+
+WeightType parse_weight_type(std::string_view name, std::string_view what) {
+  if (name == "f32") return WeightType::f32;
+  if (name == "bf16") return WeightType::bf16;
+  throw Error(message(what, ": expected \"f32\" or \"bf16\", got ", detail::quote(name)));
+}
+
+std::string_view weight_type_name(WeightType dtype) { return dtype == WeightType::bf16 ? "bf16" : "f32"; }
+
+WeightType Model::weight_type() const { return layout_ && !layout_->half16.empty() ? WeightType::bf16 : WeightType::f32; }
 
 Model::Model() = default;
 Model::Model(Model&&) noexcept = default;
 Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
-Model Model::load(const fs::path& dir) {
+Model Model::load(const fs::path& dir, WeightType dtype) {
   constexpr std::string_view fn = "Model::load";
   if (!fs::is_directory(dir))
     fail(fn, "dir", "a model directory (config.json, model.safetensors)", "'" + dir.string() + "'");
@@ -151,12 +187,12 @@ Model Model::load(const fs::path& dir) {
   const std::vector<Spec> specs = plan(c, untied, *layout);
   m.params_.reserve(specs.size());
   for (const Spec& s : specs)
-    m.params_.emplace_back(s.name, s.name == "lm_head.weight" && head.defined() ? std::move(head) : get(s.name, s.shape));
+    keep(m.params_, *layout, dtype, s, s.name == "lm_head.weight" && head.defined() ? std::move(head) : get(s.name, s.shape));
   m.layout_ = std::move(layout);
   return m;
 }
 
-Model Model::random(const ModelConfig& config, uint64_t seed) {
+Model Model::random(const ModelConfig& config, uint64_t seed, WeightType dtype) {
   config.validate("Model::random");
   Model m;
   m.config_ = config;
@@ -166,7 +202,7 @@ Model Model::random(const ModelConfig& config, uint64_t seed) {
   for (const Spec& s : specs) {
     Tensor t = s.init == Init::weight ? detail::random_tensor(s.shape, 0.02f, state) : Tensor(s.shape);
     if (s.init == Init::one) std::fill(t.data(), t.data() + t.numel(), 1.0f);
-    m.params_.emplace_back(s.name, std::move(t));
+    keep(m.params_, *layout, dtype, s, std::move(t));
   }
   m.layout_ = std::move(layout);
   return m;
@@ -176,6 +212,7 @@ nn::Stack ModelAccess::stack(const Model& m) {
   nn::Stack s = *m.layout_;
   s.config = &m.config_;
   for (const auto& [name, t] : m.params_) s.params.push_back(&t);
+  for (const nn::Bf16Matrix& h : m.layout_->half16) s.half.push_back(h.data.empty() ? nullptr : &h);
   return s;
 }
 
@@ -199,7 +236,16 @@ const Tensor* Model::parameter(std::string_view name) const {
   return nullptr;
 }
 
+namespace {
+void require_f32(const Model& m, std::string_view fn) {
+  if (m.weight_type() != WeightType::f32)
+    fail(fn, "model", "float32 weights (16-bit weights are for inference only: load with dtype f32 to train)",
+         "bf16 weights");
+}
+}  // namespace
+
 std::vector<Tensor> Model::zero_gradients() const {
+  require_f32(*this, "Model::zero_gradients");
   std::vector<Tensor> g;
   for (const auto& [name, t] : params_) g.emplace_back(t.shape());
   return g;
@@ -253,6 +299,7 @@ int32_t Model::sample(std::span<float> logits, std::span<const int32_t> history,
 
 double Model::loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
                                  std::vector<Tensor>& grads) const {
+  require_f32(*this, "Model::loss_and_gradients");
   return with_decoder(*this, true, [&](const detail::Decoder& d) {
     return detail::loss_and_gradients(d, ids, targets, B, T, &grads);
   });

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace mhsa::nn {
 namespace {
 
@@ -32,11 +34,12 @@ Tensor copy_of(const float* x, int64_t rows, int64_t cols) {
 float* grad_or_null(std::vector<Tensor>& grads, int i) { return i >= 0 ? grads[static_cast<size_t>(i)].data() : nullptr; }
 
 void linear(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  if (const Bf16Matrix* w16 = s.p16(l.w)) return linear_forward(rows, x, ldx, *w16, s.data_or_null(l.b), y, ldy);
   linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
 }
 
 LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
-  return {&s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy};
+  return {&s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy, s.p16(l.w)};
 }
 
 void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
@@ -276,6 +279,9 @@ RopeTable rope_positions(const Stack& s, int64_t rows, int64_t T, int64_t pos0) 
 }
 
 void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x) {
+  if (const Bf16Matrix* w16 = s.p16(s.embed))
+    return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w16,
+                             s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
   embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), s.p(s.embed), s.pos >= 0 ? &s.p(s.pos) : nullptr,
                     s.config->embedding_scale, x);
 }
@@ -300,7 +306,10 @@ Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, in
   Tensor h({out_rows, C});
   norm_forward(s.norm(), out_rows, C, xs, ldx, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), h.data(), C);
   Tensor logits({B, last_only ? 1 : T, V});
-  lm_head_forward(out_rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits.data());
+  if (const Bf16Matrix* w16 = s.output_matrix16())
+    lm_head_forward(out_rows, h.data(), C, *w16, c.final_logit_softcap, logits.data());
+  else
+    lm_head_forward(out_rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits.data());
   return logits;
 }
 
@@ -308,6 +317,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
                   int64_t counted, std::vector<Tensor>* grads) {
   const ModelConfig& c = *s.config;
   const int64_t C = c.hidden_size, rows = B * T;
+  if (grads && !s.half.empty())
+    detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)", "bf16 weights");
   std::vector<BlockTape> tapes(grads ? s.layers.size() : 0);
   Tensor x({B, T, C});
   embed_forward(s, ids, T, 0, x.data());
@@ -318,6 +329,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
   Tensor dhf = grads ? Tensor({rows, C}) : Tensor();
   Tensor* dw = grads ? &(*grads)[static_cast<size_t>(s.head >= 0 ? s.head : s.embed)] : nullptr;
+  if (const Bf16Matrix* w16 = s.output_matrix16())
+    return lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted);
   const double loss = lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(), counted,
                                    grads ? dhf.data() : nullptr, dw);
   if (!grads) return loss;

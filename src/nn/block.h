@@ -50,10 +50,16 @@ struct Stack {
   int final_norm_w = -1, final_norm_b = -1;
   int head = -1;                      // the output matrix [V, C]; −1: tied to the embedding
   Rope rope;                          // rotary positions (PositionKind::rotary)
+  // 16-bit weights: indexed like params (empty for a float model); where set, that parameter is
+  // this bfloat16 matrix [out, in] (linear layers read as Layout::out_in whatever their
+  // LinearRef says) and its float tensor is empty. Inference only.
+  std::vector<const Bf16Matrix*> half;
 
   const Tensor& p(int i) const { return *params[static_cast<size_t>(i)]; }
+  const Bf16Matrix* p16(int i) const { return half.empty() || i < 0 ? nullptr : half[static_cast<size_t>(i)]; }
   const float* data_or_null(int i) const { return i >= 0 ? params[static_cast<size_t>(i)]->data() : nullptr; }
   const Tensor& output_matrix() const { return p(head >= 0 ? head : embed); }
+  const Bf16Matrix* output_matrix16() const { return p16(head >= 0 ? head : embed); }
   NormSpec norm() const;
 };
 

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "mhsa/tensor.h"
+#include "nn/bf16_matrix.h"
 
 namespace mhsa::nn {
 
@@ -17,17 +18,22 @@ enum class Layout { in_out, out_in };  // W stored [in, out] (Conv1D) or [out, i
 // y [rows, out] (ldy) = x [rows, in] (ldx) · W + b   (b may be null; W's layout as given)
 void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, Layout layout, const float* b,
                     float* y, int64_t ldy);
-// One output of linear_forward_many: y [rows, out] (ldy) = x · W + b.
+// The same with W [out, in] kept as bfloat16 (widened in the kernels, float32 sums).
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const Bf16Matrix& w, const float* b, float* y,
+                    int64_t ldy);
+// One output of linear_forward_many: y [rows, out] (ldy) = x · W + b, W the float w (in its
+// layout) or, when w16 is set, that bfloat16 matrix.
 struct LinearOut {
   const Tensor* w;
   Layout layout;
   const float* b;  // may be null
   float* y;
   int64_t ldy;
+  const Bf16Matrix* w16 = nullptr;
 };
 // Several linears of the same x [rows, in] (q, k, v; gate, up): for a few rows and [out, in]
 // weights one stream over all of them (one pass, the threads splitting their rows evenly), else
-// linear_forward each. The bits are linear_forward's either way.
+// linear_forward each (all float or all bfloat16). The bits are linear_forward's either way.
 void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<const LinearOut> outs);
 
 // From dy [rows, out] (ldy) and the forward's x [rows, in] (ldx): dw += ∂/∂W (when dw),

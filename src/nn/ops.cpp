@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/bf16.h"
 #include "kernels/dispatch.h"
 #include "nn/linear.h"
 
@@ -14,6 +15,7 @@ namespace {
 
 constexpr int64_t kLossRows = 256;   // rows of logits alive at once in lm_head_loss: kLossRows × V floats
 constexpr int64_t kStreamRows = 8;   // up to here the head is a stream over w; beyond, a GEMM
+constexpr int64_t kHeadChunk = 1024; // vocabulary rows per GEMM of a bfloat16 head (its packed B: 3 MiB at C = 768)
 
 bool parallel_worth_it(int64_t elements) { return elements >= (int64_t{1} << 16); }
 
@@ -68,22 +70,38 @@ void add_into(float* x, const float* y, int64_t n) {
 
 // ---- embedding -------------------------------------------------------------------------------
 
-void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Tensor& wte,
-                       const Tensor* wpe, float scale, float* out) {
-  const int64_t C = wte.dim(1);
+namespace {
+
+// embedding_forward with row r of wte read as te(r)[0:C].
+template <class Row>
+void embed_rows(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, int64_t C, Row te, const Tensor* wpe,
+                float scale, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* te = wte.data() + ids[r] * C;
+    const auto* e = te(ids[r]);
     float* o = out + r * C;
     if (wpe) {
       const float* pe = wpe->data() + (pos0 + r % T) * C;
       if (scale == 1.0f)
-        for (int64_t c = 0; c < C; ++c) o[c] = te[c] + pe[c];
+        for (int64_t c = 0; c < C; ++c) o[c] = kernels::widen(e[c]) + pe[c];
       else
-        for (int64_t c = 0; c < C; ++c) o[c] = te[c] * scale + pe[c];
+        for (int64_t c = 0; c < C; ++c) o[c] = kernels::widen(e[c]) * scale + pe[c];
     } else {
-      for (int64_t c = 0; c < C; ++c) o[c] = te[c] * scale;
+      for (int64_t c = 0; c < C; ++c) o[c] = kernels::widen(e[c]) * scale;
     }
   }
+}
+
+}  // namespace
+
+void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Tensor& wte,
+                       const Tensor* wpe, float scale, float* out) {
+  const int64_t C = wte.dim(1);
+  embed_rows(rows, T, pos0, ids, C, [&](int64_t i) { return wte.data() + i * C; }, wpe, scale, out);
+}
+
+void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Bf16Matrix& wte,
+                       const Tensor* wpe, float scale, float* out) {
+  embed_rows(rows, T, pos0, ids, wte.cols, [&](int64_t i) { return wte.row(i); }, wpe, scale, out);
 }
 
 void embedding_backward(int64_t rows, int64_t T, const int32_t* ids, const float* dout, float scale, Tensor& dwte,
@@ -160,6 +178,33 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Tensor& w,
     }
   }
   if (softcap > 0) softcap_forward(rows, V, softcap, logits);
+}
+
+void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Bf16Matrix& w, float softcap, float* logits) {
+  const kernels::KernelTable& k = kernels::kernels();
+  if (rows <= kStreamRows)
+    k.matmul_bt_bf16(rows, w.rows, w.cols, h, ldh, w.data.data(), w.cols, logits, w.rows);
+  else  // a block of vocabulary at a time: the GEMM widens w's rows into its packed panels
+    for (int64_t v0 = 0; v0 < w.rows; v0 += kHeadChunk)
+      k.gemm_bt_bf16(rows, std::min(kHeadChunk, w.rows - v0), w.cols, h, ldh, w.row(v0), w.cols, logits + v0, w.rows);
+  if (softcap > 0) softcap_forward(rows, w.rows, softcap, logits);
+}
+
+double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
+                    int64_t counted) {
+  const kernels::KernelTable& k = kernels::kernels();
+  const int64_t V = w.rows;
+  double total = 0;
+  const double inv = 1.0 / static_cast<double>(counted);
+  std::vector<double> row_loss(static_cast<size_t>(std::min(kLossRows, rows)));
+  for (int64_t r0 = 0; r0 < rows; r0 += kLossRows) {
+    const int64_t R = std::min(kLossRows, rows - r0);
+    Tensor logits({R, V});
+    lm_head_forward(R, h + r0 * w.cols, w.cols, w, softcap, logits.data());
+    k.softmax_cross_entropy(R, V, logits.data(), V, targets + r0, static_cast<float>(inv), row_loss.data());
+    for (int64_t r = 0; r < R; ++r) total += row_loss[static_cast<size_t>(r)];  // rows in order
+  }
+  return total * inv;
 }
 
 double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap, const int32_t* targets,

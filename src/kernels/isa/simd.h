@@ -50,6 +50,37 @@ inline Vec load_partial(const float* p, int n, float fill) {
 inline void store_partial(float* p, Vec v, int n) {
   for (int i = 0; i < n; ++i) p[i] = v[i];
 }
+// kLanes bfloat16 values (the upper halves of float32s) from p, widened exactly: zero-extend each
+// to 32 bits and shift it into the high half (one vpmovzxwd + vpslld on x86).
+inline Vec load_bf16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (Vec)_mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+#elif defined(__AVX2__)
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (Vec)_mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+#else
+  using Half = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+  using Word = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+  Half h;
+  std::memcpy(&h, p, sizeof(Half));
+  const Word w = __builtin_convertvector(h, Word) << 16;
+  Vec v;
+  std::memcpy(&v, &w, sizeof(Vec));
+  return v;
+#endif
+}
+// First n < kLanes bfloat16 values from p widened, the rest 0.
+inline Vec load_partial_bf16(const uint16_t* p, int n) {
+  Vec v = splat(0.0f);
+  for (int i = 0; i < n; ++i) {
+    const uint32_t w = uint32_t{p[i]} << 16;
+    float f;
+    std::memcpy(&f, &w, sizeof(float));
+    v[i] = f;
+  }
+  return v;
+}
 inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
 // Square root of every lane (the hardware instruction; the vector extensions have none).
 inline Vec sqrt(Vec x) {
