@@ -54,8 +54,9 @@ inline void store_partial(float* p, Vec v, int n) {
 // to 32 bits and shift it into the high half (one vpmovzxwd + vpslld on x86).
 inline Vec load_bf16(const uint16_t* p) {
 #if defined(__AVX512F__)
-  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return (Vec)_mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  // The zero-masked forms: GCC 12's plain ones start from _mm512_undefined and warn when inlined.
+  const __m512i w = _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (Vec)_mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, w, 16));
 #elif defined(__AVX2__)
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return (Vec)_mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
