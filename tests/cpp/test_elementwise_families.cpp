@@ -141,7 +141,8 @@ TEST(ElementwiseFamilies, LayerNormBackward) {
                                                  dx.data(), c.ld, dgp, dbp);
               return Outputs{dx, dg, db};
             },
-            2e-6);
+            4e-6);  // dx is a difference of float32 sums over centred values (mean 3): a 5-value row
+                    // measured 2.2e-6 (MHSA_TEST_SEED=234384200); a wrong formula is off by > 1e-3
     }
 }
 
