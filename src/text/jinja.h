@@ -101,12 +101,18 @@ struct Node {
   std::vector<std::unique_ptr<Node>> kids; // operands, bodies (see jinja_parse.cpp per kind)
   std::vector<std::string> names;          // kwarg names (calls), targets (for/set), params (macro)
   bool flag = false;                       // Test: negated; For/Set: tuple target
+  std::vector<std::string> missing;        // the template's Block, For, Macro: names its frame
+                                           // starts with as undefined (jinja_scopes.cpp)
 };
 using NodePtr = std::unique_ptr<Node>;
 
 // Parses `source` (the template text) into a Block. Throws mhsa::Error
 // "ChatTemplate: source: line L, column C: expected ..., got ...".
 NodePtr parse(std::string_view source);
+
+// Fills Node::missing for the template and every loop and macro in it, as jinja2's compiler
+// scopes names (called by parse).
+void analyze_scopes(Node& root);
 
 // Renders a parsed template with `vars` (a JSON object: messages, add_generation_prompt, ...) as
 // its context, the transformers globals beside them.

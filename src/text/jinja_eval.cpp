@@ -35,6 +35,16 @@ void Dict::set(const std::string& key, Value v) {
   items.emplace_back(key, std::move(v));
 }
 
+namespace {
+// The value of a name with no binding (built by appends: GCC 12 warns on "'" + name + "'").
+Value undefined_name(std::string_view name) {
+  std::string what = "'";
+  what += name;
+  what += "' is undefined";
+  return Value::undefined(std::move(what));
+}
+}  // namespace
+
 const Value* Scope::lookup(std::string_view name) const {
   for (const Scope* s = this; s; s = s->parent.get())
     for (const auto& [k, v] : s->vars)
@@ -309,7 +319,7 @@ Value Evaluator::eval(const Node& n) {
     case N::Literal: return n.value;
     case N::Name: {
       if (const Value* v = scope->lookup(n.str)) return *v;
-      return Value::undefined("'" + n.str + "' is undefined");
+      return undefined_name(n.str);
     }
     case N::ListLit:
     case N::TupleLit: {
@@ -448,6 +458,7 @@ Value Evaluator::call_macro(const Node& at, const Func& f, Args args, Kwargs kwa
     fail_at(at, detail::message("expected macro calls nested at most ", kMaxCallDepth, " deep, got deeper (recursion?)"));
   auto local = std::make_shared<Scope>();
   local->parent = f.closure;
+  for (const auto& name : m.missing) local->set(name, undefined_name(name));
   std::vector<bool> given(nparams, false);
   for (size_t k = 0; k < args.size(); ++k) local->set(m.names[k], std::move(args[k])), given[k] = true;
   for (auto& [name, v] : kwargs) {
@@ -540,6 +551,7 @@ Evaluator::Flow Evaluator::exec_for(const Node& n) {
       lv.dict->items = std::move(loop);
       lv.dict->is_namespace = true;  // attributes only, no dict methods
       s->set("loop", std::move(lv));
+      for (const auto& name : n.missing) s->set(name, undefined_name(name));
       scope = s;
       const Flow f = exec(*n.kids[1]);
       scope = outer;
@@ -640,6 +652,7 @@ std::string render(const Node& root, const nlohmann::ordered_json& vars) {
   auto context = std::make_shared<Scope>();
   context->parent = globals;
   for (const auto& [k, v] : vars.items()) context->set(k, from_json(v));
+  for (const auto& name : root.missing) context->set(name, undefined_name(name));
   std::string out;
   Evaluator ev;
   ev.scope = context;

@@ -633,6 +633,10 @@ class Parser {
 
 }  // namespace
 
-NodePtr parse(std::string_view source) { return Parser(lex(source)).parse_template(); }
+NodePtr parse(std::string_view source) {
+  NodePtr root = Parser(lex(source)).parse_template();
+  analyze_scopes(*root);
+  return root;
+}
 
 }  // namespace mhsa::jinja
