@@ -10,8 +10,7 @@
 //   O += P V  [Br, Dv]               register-blocked again, each block's sum added to O (blocked
 //                                    summation: the error does not grow with Tk)
 // and finally out = O / l, lse = m + log l. Dropout, when asked, scales P after its row sum.
-// Memory: O(Br·Bc) per thread and the packed keys and values of one or more (batch, kv head)
-// pairs (up to 32 MiB of them, at least one pair's O(Tk·D)), never Tq×Tk.
+// Memory is O(Br·Bc + Tk·D) per thread, never Tq×Tk.
 // Blocks of keys wholly outside every row's key range are skipped (the causal upper triangle, the
 // keys before a sliding window): a causal window of W keys costs ~T·(W + Br + Bc) pairs, not T²/2.
 //
@@ -47,7 +46,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kBr = 8 * kRows;           // query rows per block
 constexpr int64_t kBc = 4 * kCols * kLanes;  // keys per block: a multiple of the S microkernel width
 constexpr int64_t kSplitKeys = 512;      // keys per split-K slice (fixed: results do not depend on threads)
-constexpr int64_t kPackedFloats = int64_t{8} << 20;  // 32 MiB of packed keys and values at a time
 
 // One (batch, kv head)'s keys and values, packed for the microkernels.
 struct PackedKV {
@@ -298,40 +296,27 @@ void attention_forward(const AttentionParams& p) {
   if (takes_decode_path(p)) return attention_decode(p);
   const int64_t group = p.Hq / p.Hkv;
   const int64_t q_blocks = (p.Tq + kBr - 1) / kBr;
-  const int64_t key_blocks = (p.Tk + kBc - 1) / kBc;
-  const int64_t dv_pad = p.out ? round_up(p.Dv, kLanes) : 0;  // no values when only lse is wanted
-  // (batch, kv head) pairs packed together: as many as fit in kPackedFloats (all of a training
-  // step's, usually), at least one. Their query blocks then form one dynamic loop, the most
-  // expensive first across all of them (causal rows near the bottom see the most keys), so
-  // threads meet at two barriers per round instead of two per head. Which thread runs a block,
-  // and which blocks share a round, never changes its result.
-  const int64_t pairs = p.B * p.Hkv, per_pair = key_blocks * kBc * (p.D + dv_pad);
-  const int64_t at_once = std::clamp<int64_t>(kPackedFloats / std::max<int64_t>(per_pair, 65536), 1,
-                                              std::max<int64_t>(pairs, 1));  // at most 128 when pairs are tiny
-  std::vector<PackedKV> kv(static_cast<size_t>(at_once));  // shared by all threads
-  for (PackedKV& one : kv) {
-    one.blocks = key_blocks;
-    one.dv_pad = dv_pad;
-    one.kt.resize(static_cast<size_t>(key_blocks * p.D * kBc));
-    one.v.resize(static_cast<size_t>(key_blocks * kBc * dv_pad));
-  }
+  PackedKV kv;  // shared by all threads: packed once per (batch, kv head)
+  kv.blocks = (p.Tk + kBc - 1) / kBc;
+  kv.dv_pad = p.out ? round_up(p.Dv, kLanes) : 0;  // no values when only lse is wanted
+  kv.kt.resize(static_cast<size_t>(kv.blocks * p.D * kBc));
+  kv.v.resize(static_cast<size_t>(kv.blocks * kBc * kv.dv_pad));
+  // Query blocks of the group's heads, the most expensive first (causal rows near the bottom see
+  // the most keys), handed out dynamically: which thread runs a block never changes its result.
+  const int64_t tasks = group * q_blocks;
 #pragma omp parallel
   {
-    Scratch w(p.D, dv_pad);
-    for (int64_t first = 0; first < pairs; first += at_once) {
-      const int64_t n = std::min(at_once, pairs - first), heads = n * group;
+    Scratch w(p.D, kv.dv_pad);
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t hk = 0; hk < p.Hkv; ++hk) {
 #pragma omp for schedule(static)
-      for (int64_t job = 0; job < n * key_blocks; ++job) {
-        const int64_t pair = first + job / key_blocks;
-        pack_block(p, pair / p.Hkv, pair % p.Hkv, job % key_blocks, kv[static_cast<size_t>(job / key_blocks)]);
-      }
+        for (int64_t kb = 0; kb < kv.blocks; ++kb) pack_block(p, b, hk, kb, kv);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t t = 0; t < q_blocks * heads; ++t) {
-        const int64_t i0 = (q_blocks - 1 - t / heads) * kBr, slot = t % heads / group;
-        const int64_t pair = first + slot, hq = pair % p.Hkv * group + t % group;
-        query_block(p, kv[static_cast<size_t>(slot)], pair / p.Hkv, hq, i0, std::min(kBr, p.Tq - i0), w);
+        for (int64_t t = 0; t < tasks; ++t) {
+          const int64_t i0 = (q_blocks - 1 - t / group) * kBr;
+          query_block(p, kv, b, hk * group + t % group, i0, std::min(kBr, p.Tq - i0), w);
+        }
       }
-    }
   }
 }
 

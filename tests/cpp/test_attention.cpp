@@ -366,34 +366,6 @@ TEST(Attention, BitwiseIdenticalForAnyThreadCount) {
   }
 }
 
-// Long keys make the fast forward pack its (batch, kv head) pairs in rounds (32 MiB of packed keys
-// and values at a time: 3 pairs of 10,000 keys × (128 + 128) here, then 1); every head's output
-// must be what it is when that head is computed alone.
-TEST(Attention, PairsPackedInRoundsGiveEachHeadsOwnResult) {
-  auto gen = test_rng();
-  const int64_t H = 4, Tq = 50, Tk = 10000, D = 128;
-  const Tensor q = random_tensor(gen, {1, H, Tq, D}), k = random_tensor(gen, {1, H, Tk, D});
-  const Tensor v = random_tensor(gen, {1, H, Tk, D});
-  const auto head = [](ConstTensorView t, int64_t h) {
-    t.data += h * t.stride[1];
-    t.shape[1] = 1;
-    return t;
-  };
-  for (const auto& isa : kernels_here()) {
-    if (!isa) continue;  // the fast kernels only
-    AttentionOptions opt;
-    opt.causal = true;  // bottom-right: every query sees ~10,000 keys
-    Tensor all({1, H, Tq, D}), one({1, 1, Tq, D});
-    detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), all.view(), opt, TensorView{});
-    for (int64_t h = 0; h < H; ++h) {
-      detail::scaled_dot_product_attention_on(isa, head(q.view(), h), head(k.view(), h), head(v.view(), h),
-                                              one.view(), opt, TensorView{});
-      EXPECT_EQ(0, std::memcmp(one.data(), all.data() + h * Tq * D, sizeof(float) * Tq * D))
-          << kernel_name(isa) << " head " << h;
-    }
-  }
-}
-
 TEST(Attention, EmptyTensorsAreFine) {
   const Tensor q({0, 2, 3, 4}), k({0, 2, 5, 4}), v({0, 2, 5, 4});
   const AttentionResult r = scaled_dot_product_attention(q.view(), k.view(), v.view());
