@@ -155,7 +155,11 @@ def test_large_logits(rng, case, gain):
     for o, t, r in zip(ours, fp32, ref):
         ours_err, torch_err = rel_l2(o, r), rel_l2(t, r)
         assert np.isfinite(o).all()
-        assert ours_err <= 2 * max(torch_err, 1e-7), f"rel L2 {ours_err:.3g} > 2x torch fp32's {torch_err:.3g}"
+        # 5x, not the usual 2x: with scores in the hundreds every float32 rounding of a score moves
+        # a probability near 1, and dS = P (dP - D) cancels, so fp32's own error is a coin toss
+        # (2-4x torch's in ~3% of seeds, both up to 70% at gain 30); the bug this guards against
+        # (P recomputed as 0.99993) was 10-90x.
+        assert ours_err <= 5 * max(torch_err, 1e-7), f"rel L2 {ours_err:.3g} > 5x torch fp32's {torch_err:.3g}"
 
 
 @pytest.mark.parametrize("Tq,Tk", [(4, 50), (70, 300)])
