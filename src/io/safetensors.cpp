@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "kernels/half.h"
 
 namespace mhsa {
 namespace {
@@ -30,52 +31,6 @@ constexpr uint64_t kMaxHeader = uint64_t{100} << 20;  // the format's own limit:
 
 int64_t itemsize(DType t) { return t == DType::f32 ? 4 : 2; }
 std::string dtype_name(DType t) { return t == DType::f32 ? "F32" : t == DType::f16 ? "F16" : "BF16"; }
-
-float f16_to_f32(uint16_t h) {
-  const uint32_t sign = uint32_t{h & 0x8000u} << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf, nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    uint32_t m = mant;
-    do {
-      ++e;
-      m <<= 1;
-    } while ((m & 0x400u) == 0);
-    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((m & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t f32_to_f16(float f) {  // round to nearest even
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffffu;
-  if (((x >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0));
-  if (exp >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow: inf
-  if (exp <= 0) {                                                 // subnormal or zero
-    if (exp < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000u;
-    const uint32_t shift = static_cast<uint32_t>(14 - exp);
-    uint32_t half = mant >> shift;
-    const uint32_t rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-    if (rest > mid || (rest == mid && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  const uint32_t rest = mant & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into inf: correct
-  return static_cast<uint16_t>(sign | half);
-}
 
 uint16_t f32_to_bf16(float f) {  // round to nearest even; nan stays nan
   uint32_t x;
@@ -219,7 +174,7 @@ Tensor SafeTensors::load(std::string_view name) const {
       uint16_t h;
       std::memcpy(&h, src + 2 * i, 2);
       if (info->dtype == DType::f16) {
-        t.data()[i] = f16_to_f32(h);
+        t.data()[i] = kernels::f16_to_float(h);
       } else {
         const uint32_t bits = uint32_t{h} << 16;
         std::memcpy(t.data() + i, &bits, 4);
@@ -259,7 +214,7 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
         if (dtype == DType::f32) {
           buf.insert(buf.end(), reinterpret_cast<const char*>(&x), reinterpret_cast<const char*>(&x) + 4);
         } else {
-          const uint16_t h = dtype == DType::f16 ? f32_to_f16(x) : f32_to_bf16(x);
+          const uint16_t h = dtype == DType::f16 ? kernels::float_to_f16(x) : f32_to_bf16(x);
           buf.insert(buf.end(), reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + 2);
         }
       };

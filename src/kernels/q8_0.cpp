@@ -1,0 +1,29 @@
+// kernels/q8_0.cpp — the Q8_0 reference quantiser and dequantiser (kernels/q8_0.h). Scalar: run
+// once per weight at load or when writing a file, never on the decode path.
+#include "kernels/q8_0.h"
+
+#include <cmath>
+
+#include "kernels/half.h"
+
+namespace mhsa::kernels {
+
+void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out) {
+  for (int64_t b = 0; b < n / kQ8Block; ++b) {
+    const float* xb = x + b * kQ8Block;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < kQ8Block; ++i) amax = std::fmax(amax, std::fabs(xb[i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    out[b].d = float_to_f16(d);
+    for (int64_t i = 0; i < kQ8Block; ++i) out[b].qs[i] = static_cast<int8_t>(std::roundf(xb[i] * id));
+  }
+}
+
+void dequantize_row_q8_0(const BlockQ8_0* blocks, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kQ8Block; ++b) {
+    const float d = f16_to_float(blocks[b].d);
+    for (int64_t i = 0; i < kQ8Block; ++i) y[b * kQ8Block + i] = d * static_cast<float>(blocks[b].qs[i]);
+  }
+}
+
+}  // namespace mhsa::kernels

@@ -1,0 +1,31 @@
+// kernels/q8_0.h — the Q8_0 block format of GGUF (ggml's block_q8_0), byte for byte: 32 weights
+// as int8 with one f16 scale, weight = scale · q. 34 bytes per 32 weights (8.5 bits). This file
+// says what a block is and how a row is quantised and restored; the kernels that multiply by
+// quantised rows are dispatch.h's. Not public.
+//
+// Quantising a row of 32·n floats: per block, amax = max |x|, scale d = amax / 127, q = round(x / d)
+// (half away from zero, as roundf; a zero block gets d = 0, q = 0), and d is stored as f16 (rounded
+// to nearest even). This is ggml's reference quantiser, so a file we write equals one ggml writes
+// from the same floats. Dequantising is f16_to_float(d) · q, exactly as ggml does.
+#pragma once
+
+#include <cstdint>
+
+namespace mhsa::kernels {
+
+constexpr int64_t kQ8Block = 32;  // weights per block
+
+struct BlockQ8_0 {
+  uint16_t d;          // scale, IEEE f16
+  int8_t qs[kQ8Block];  // quants
+};
+static_assert(sizeof(BlockQ8_0) == 34, "BlockQ8_0 must match ggml's 34-byte block_q8_0");
+
+// x [n] → out [n / 32]; n must be a multiple of 32 (the caller checks and names its argument).
+// Non-finite inputs are the caller's to reject: a NaN or inf makes the block's scale non-finite.
+void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out);
+
+// blocks [n / 32] → y [n].
+void dequantize_row_q8_0(const BlockQ8_0* blocks, int64_t n, float* y);
+
+}  // namespace mhsa::kernels
