@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <type_traits>
 
 #include "mhsa/tensor.h"
 
@@ -105,6 +106,23 @@ struct AttentionGrads {
 AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
                                                      ConstTensorView v, ConstTensorView out, ConstTensorView lse,
                                                      const AttentionOptions& options = {});
+
+// 16-bit inputs (bfloat16 or float16, the same for every tensor of a call): the same contract,
+// computed in float32 from the exactly widened inputs (float32 sums, lse in float32), out and the
+// gradients rounded to the input type (nearest even) once at the end; the mask stays float32.
+// Equal, bit for bit, to the float32 call on the widened inputs with its results rounded. Today
+// the inputs are widened into a float32 copy at the boundary (O(B·H·T·D) memory, negligible time
+// next to the O(T²) work); the kernels do not read 16-bit elements themselves yet.
+template <class T>
+concept Float16Element = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+template <Float16Element T>
+void scaled_dot_product_attention(View<const T> q, View<const T> k, View<const T> v, View<T> out,
+                                  const AttentionOptions& options = {}, TensorView lse = {});
+template <Float16Element T>
+void scaled_dot_product_attention_backward(View<const T> dout, View<const T> q, View<const T> k, View<const T> v,
+                                           View<const T> out, ConstTensorView lse, View<T> dq, View<T> dk,
+                                           View<T> dv, const AttentionOptions& options = {});
 
 // The exact softmax matrix P = exp(scaled masked scores - lse) (before any dropout) for the chosen query heads
 // (all Hq heads when `heads` is empty), written to probs [B, heads, Tq, Tk]. `lse` [B, Hq, Tq]

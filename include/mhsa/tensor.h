@@ -3,7 +3,9 @@
 // A View is a pointer plus shape and strides in elements (int64, may be zero or negative), so a
 // slice of a KV cache, a head split of a fused QKV buffer or a transposed NumPy array is a view,
 // not a copy. Tensor owns 64-byte-aligned, zero-initialised, contiguous storage.
-// Deliberately not a tensor library: no arithmetic, no broadcasting, float32 only.
+// Deliberately not a tensor library: no arithmetic, no broadcasting. Tensors are float32; views
+// may also be of bfloat16 / float16 elements (kept as their bits; see bfloat16 below), for the
+// attention entry points that take 16-bit inputs.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +25,17 @@
 namespace mhsa {
 
 inline constexpr int kMaxDims = 4;
+
+// 16-bit floating-point elements as their bits, so that a View<const bfloat16> of a torch bf16
+// tensor or a NumPy float16 array is read in place. bfloat16: the upper half of a float32 (8-bit
+// exponent); float16: IEEE binary16 (5-bit exponent). No arithmetic: widened to float32 (exactly)
+// before use, narrowed back with round-to-nearest-even.
+struct bfloat16 {
+  uint16_t bits;
+};
+struct float16 {
+  uint16_t bits;
+};
 
 template <class T>
 struct View {

@@ -4,7 +4,9 @@
   scale=None, enable_gqa=False)``: torch.nn.functional's function with its semantics (top-left
   ``is_causal`` when Tq != Tk, bool and float masks broadcast to ``[..., Hq, Tq, Tk]``, grouped
   query heads with ``enable_gqa``, leading batch dimensions broadcast between q, k and v) for CPU
-  float32 tensors. Strided tensors are read in place. ``dropout_p > 0`` drops probabilities with
+  float32, bfloat16 and float16 tensors (16-bit ones computed in float32 from their exact values,
+  out and gradients rounded to their dtype, as PyTorch's CPU kernels do; bfloat16 needs the
+  ml_dtypes package). Strided tensors are read in place. ``dropout_p > 0`` drops probabilities with
   mhsa's counter-based mask, its seed drawn from torch's default generator (so ``torch.manual_seed``
   repeats a run) and kept for the backward, which regenerates the same mask. Anything else (other
   devices or dtypes, a mask that needs a gradient together with dropout) raises
@@ -38,9 +40,30 @@ _ORIGINAL = F.scaled_dot_product_attention
 calls = {"forward": 0, "backward": 0, "mask_grad": 0}
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _bfloat16():
+    """NumPy's bfloat16 dtype (ml_dtypes), or None when ml_dtypes is not installed."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
+
+
 def _numpy(t: torch.Tensor):
-    """A NumPy view of a CPU tensor (no copy, strides kept)."""
-    return t.detach().numpy()
+    """A NumPy view of a CPU tensor (no copy, strides kept; bfloat16 as ml_dtypes' bfloat16)."""
+    t = t.detach()
+    return t.view(torch.int16).numpy().view(_bfloat16()) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+def _torch(a) -> torch.Tensor:
+    """The tensor of a NumPy array that mhsa made (no copy)."""
+    if a.dtype.itemsize == 2 and a.dtype.name == "bfloat16":
+        import numpy as np
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 # ---- the ops: q [B, Hq, Tq, D], k [B, Hkv, Tk, D], v [B, Hkv, Tk, Dv], mask [B|1, Hq|1, Tq, Tk]
@@ -61,13 +84,13 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional
     out, lse = _core.scaled_dot_product_attention(
         _numpy(q), _numpy(k), _numpy(v), None if attn_mask is None else _numpy(attn_mask), is_causal, scale,
         return_lse=True, causal_alignment="top_left", **_dropout(dropout_p, seed))
-    return torch.from_numpy(out), torch.from_numpy(lse)
+    return _torch(out), _torch(lse)
 
 
 @_sdpa.register_fake
 def _(q, k, v, attn_mask, is_causal, scale, dropout_p, seed):
     B, Hq, Tq, _ = q.shape
-    return q.new_empty((B, Hq, Tq, v.shape[3])), q.new_empty((B, Hq, Tq))
+    return q.new_empty((B, Hq, Tq, v.shape[3])), q.new_empty((B, Hq, Tq), dtype=torch.float32)
 
 
 @torch.library.custom_op("mhsa::sdpa_backward", mutates_args=(), device_types="cpu")
@@ -81,7 +104,7 @@ def _sdpa_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         _numpy(dout), _numpy(q), _numpy(k), _numpy(v), _numpy(out), _numpy(lse),
         None if attn_mask is None else _numpy(attn_mask), is_causal, scale, causal_alignment="top_left",
         **_dropout(dropout_p, seed))
-    return tuple(torch.from_numpy(g) for g in grads)
+    return tuple(_torch(g) for g in grads)
 
 
 @_sdpa_backward.register_fake
@@ -96,13 +119,13 @@ def _sdpa_mask_grad(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     P being mhsa's exact probabilities, summed over the mask's broadcast dimensions. Memory
     B·Hq·Tq·Tk: the size of the scores this gradient is made of."""
     calls["mask_grad"] += 1
+    q, k, v, dout, out = (t.detach().float() for t in (q, k, v, dout, out))  # 16-bit ones widened (exact)
     probs = torch.from_numpy(_core.attention_probabilities(
         _numpy(q), _numpy(k), _numpy(attn_mask), is_causal, scale, causal_alignment="top_left"))
     group = q.shape[1] // k.shape[1]
-    v_heads = v.detach().repeat_interleave(group, dim=1) if group > 1 else v.detach()
-    dout = dout.detach()
+    v_heads = v.repeat_interleave(group, dim=1) if group > 1 else v
     dp = torch.matmul(dout, v_heads.transpose(-1, -2))
-    delta = (dout * out.detach()).sum(-1, keepdim=True)
+    delta = (dout * out).sum(-1, keepdim=True)
     ds = probs.mul_(dp.sub_(delta))
     dims = [d for d in (0, 1) if attn_mask.shape[d] == 1 and ds.shape[d] != 1]
     return ds.sum(dim=dims, keepdim=True) if dims else ds
@@ -143,8 +166,12 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     """Why mhsa does not take this call (None when it does): the cases PyTorch runs and mhsa does not,
     and the ones PyTorch itself refuses (so that the fallback raises PyTorch's own error)."""
     for name, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype != torch.float32:
-            return f"{name}: expected a CPU float32 tensor, got {_describe(t)}"
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.dtype not in _DTYPES:
+            return f"{name}: expected a CPU float32, bfloat16 or float16 tensor, got {_describe(t)}"
+        if t.dtype != query.dtype:  # PyTorch refuses mixed dtypes: its fallback raises its own error
+            return f"{name}: expected dtype {query.dtype} like query, got {t.dtype}"
+    if query.dtype == torch.bfloat16 and _bfloat16() is None:
+        return "query: expected float32 or float16 without the ml_dtypes package, got a CPU bfloat16 tensor"
         if t.dim() < 3 or t.dim() != query.dim():
             return f"{name}: expected {max(query.dim(), 3)} dimensions [..., H, T, E] like query, got {t.dim()}"
         if t.numel() == 0:
@@ -157,8 +184,8 @@ def _unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         return "attn_mask: expected a mask that needs no gradient with dropout_p > 0, got one that requires grad"
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor) or attn_mask.device.type != "cpu" or attn_mask.dtype not in (
-                torch.float32, torch.bool):
-            return f"attn_mask: expected a CPU float32 or bool tensor, got {_describe(attn_mask)}"
+                torch.float32, torch.bool, query.dtype):
+            return f"attn_mask: expected a CPU float32, {query.dtype} or bool tensor, got {_describe(attn_mask)}"
         if is_causal:
             return "attn_mask: expected None with is_causal=True (PyTorch refuses both), got a tensor"
         if attn_mask.dim() > query.dim():
@@ -211,7 +238,10 @@ def _run(query, key, value, attn_mask, dropout_p, is_causal, scale):
     Hq, Tq, _ = query.shape[-3:]
     Tk = key.shape[-2]
     q, k, v = (_as_batch(t, batch) for t in (query, key, value))
-    mask = None if attn_mask is None else _mask_4d(attn_mask, batch, Hq, Tq, Tk)
+    mask = None
+    if attn_mask is not None:  # a 16-bit mask widened (exact; differentiable, its gradient rounded back)
+        mask = _mask_4d(attn_mask if attn_mask.dtype in (torch.float32, torch.bool) else attn_mask.float(), batch,
+                        Hq, Tq, Tk)
     dropout_p = float(dropout_p)
     seed = torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64) if dropout_p > 0.0 else None
     out, _ = _sdpa(q, k, v, mask, bool(is_causal), None if scale is None else float(scale), dropout_p, seed)
@@ -220,13 +250,13 @@ def _run(query, key, value, attn_mask, dropout_p, is_causal, scale):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
-    """torch.nn.functional.scaled_dot_product_attention computed by mhsa: CPU float32 tensors only
-    (NotImplementedError otherwise); differentiable in query, key, value and a float attn_mask (not
+    """torch.nn.functional.scaled_dot_product_attention computed by mhsa: CPU float32, bfloat16 or
+    float16 tensors (NotImplementedError otherwise); differentiable in query, key, value and a float attn_mask (not
     both a mask gradient and dropout); dropout's seed drawn from torch's default generator;
     traceable by torch.compile."""
     why = _unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
-        known = ("expected a CPU float32", "dropout_p", "expected a non-empty", "expected a strided",
+        known = ("expected a CPU float32", "without the ml_dtypes", "dropout_p", "expected a non-empty", "expected a strided",
                  "with dropout_p > 0")
         kind = NotImplementedError if any(s in why for s in known) else RuntimeError
         raise kind(f"{_FN}: {why}")
@@ -251,7 +281,7 @@ def _set(enable: bool) -> None:
 
 
 class patch:
-    """Routes torch.nn.functional.scaled_dot_product_attention to mhsa (CPU float32; PyTorch's own
+    """Routes torch.nn.functional.scaled_dot_product_attention to mhsa (CPU float32, bfloat16, float16; PyTorch's own
     for every other call). ``patch()`` switches it on for the process (``unpatch()``
     or ``patch(False)`` off); ``with patch(): ...`` switches it on for the block and then restores
     the state before it. Code that copied the function before the patch keeps PyTorch's."""

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "arrays16.h"
 #include "call_options.h"
 #include "core/check.h"
 #include "mhsa/mhsa.h"
@@ -54,10 +55,56 @@ void add_dropout(CallOptions& c, float p, uint64_t seed) { c.options.dropout = {
 
 // PyTorch refuses Hq != Hkv unless enable_gqa=True; mhsa's grouped heads are always on, so only
 // that refusal is kept.
-void check_gqa(std::string_view fn, bool enable_gqa, const ConstTensorView& q, const ConstTensorView& k) {
-  if (!enable_gqa && q.shape[1] != k.shape[1])
-    detail::fail(fn, "k.shape[1]", detail::message("Hkv = Hq = ", q.shape[1], " with enable_gqa=False"),
-                 std::to_string(k.shape[1]));
+void check_gqa(std::string_view fn, bool enable_gqa, int64_t Hq, int64_t Hkv) {
+  if (!enable_gqa && Hq != Hkv)
+    detail::fail(fn, "k.shape[1]", detail::message("Hkv = Hq = ", Hq, " with enable_gqa=False"), std::to_string(Hkv));
+}
+
+// The float16 / bfloat16 forward: q, k and v of one dtype, out of that dtype, lse float32.
+template <class T>
+py::object sdpa16(std::string_view fn, const py::object& q_obj, const py::object& k_obj, const py::object& v_obj,
+                  bool enable_gqa, CallOptions& c, bool return_lse) {
+  const py::dtype dtype = py::reinterpret_borrow<py::array>(q_obj).dtype();
+  const auto q = half_array<T>(q_obj, fn, "q", 4, "[B, Hq, Tq, D]", dtype);
+  const auto k = half_array<T>(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]", dtype);
+  const auto v = half_array<T>(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]", dtype);
+  check_gqa(fn, enable_gqa, q.view.shape[1], k.view.shape[1]);
+  const auto [B, Hq, Tq] = std::tuple(q.view.shape[0], q.view.shape[1], q.view.shape[2]);
+  auto out = new_half_array<T>({B, Hq, Tq, v.view.shape[3]}, dtype, "scaled_dot_product_attention: out [B, Hq, Tq, Dv]");
+  OutputArray lse = new_array({B, Hq, Tq}, "scaled_dot_product_attention: lse [B, Hq, Tq]");
+  {
+    GilReleased unlocked;
+    scaled_dot_product_attention<T>(q.view, k.view, v.view, out.view, c.options, lse.view);
+  }
+  if (return_lse) return py::make_tuple(out.array, lse.array);
+  return out.array;
+}
+
+// The float16 / bfloat16 backward: dout, q, k, v and out of q's dtype, lse float32; gradients of q's dtype.
+template <class T>
+py::tuple sdpa_backward16(std::string_view fn, const py::object& dout_obj, const py::object& q_obj,
+                          const py::object& k_obj, const py::object& v_obj, const py::object& out_obj,
+                          const py::object& lse_obj, bool enable_gqa, CallOptions& c) {
+  const py::dtype dtype = py::reinterpret_borrow<py::array>(q_obj).dtype();
+  const auto dout = half_array<T>(dout_obj, fn, "dout", 4, "[B, Hq, Tq, Dv]", dtype);
+  const auto q = half_array<T>(q_obj, fn, "q", 4, "[B, Hq, Tq, D]", dtype);
+  const auto k = half_array<T>(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]", dtype);
+  const auto v = half_array<T>(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]", dtype);
+  const auto out = half_array<T>(out_obj, fn, "out", 4, "[B, Hq, Tq, Dv]", dtype);
+  const InputArray lse = float_array(lse_obj, fn, "lse", 3, "[B, Hq, Tq]");
+  check_gqa(fn, enable_gqa, q.view.shape[1], k.view.shape[1]);
+  const auto shape = [](const auto& t) {
+    return std::vector<int64_t>{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+  };
+  auto dq = new_half_array<T>(shape(q.view), dtype, "scaled_dot_product_attention_backward: dq");
+  auto dk = new_half_array<T>(shape(k.view), dtype, "scaled_dot_product_attention_backward: dk");
+  auto dv = new_half_array<T>(shape(v.view), dtype, "scaled_dot_product_attention_backward: dv");
+  {
+    GilReleased unlocked;
+    scaled_dot_product_attention_backward<T>(dout.view, q.view, k.view, v.view, out.view, lse.view, dq.view, dk.view,
+                                             dv.view, c.options);
+  }
+  return py::make_tuple(dq.array, dk.array, dv.array);
 }
 
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::object& attn_mask,
@@ -65,10 +112,17 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
                 const Window& window, std::optional<float> softcap, const std::string& causal_alignment,
                 bool enable_gqa, float dropout_p, uint64_t dropout_seed) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
+  if (const Precision p = precision_of(q_obj); p != Precision::f32) {
+    CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
+    add_variants(fn, c, window, softcap, causal_alignment);
+    add_dropout(c, dropout_p, dropout_seed);
+    return p == Precision::bf16 ? sdpa16<bfloat16>(fn, q_obj, k_obj, v_obj, enable_gqa, c, return_lse)
+                                : sdpa16<float16>(fn, q_obj, k_obj, v_obj, enable_gqa, c, return_lse);
+  }
   const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
   const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
   const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
-  check_gqa(fn, enable_gqa, q.view, k.view);
+  check_gqa(fn, enable_gqa, q.view.shape[1], k.view.shape[1]);
   CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   add_variants(fn, c, window, softcap, causal_alignment);
   add_dropout(c, dropout_p, dropout_seed);
@@ -90,13 +144,21 @@ py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, con
                         const std::string& causal_alignment, bool enable_gqa, float dropout_p,
                         uint64_t dropout_seed) {
   constexpr std::string_view fn = "scaled_dot_product_attention_backward";
+  if (const Precision p = precision_of(q_obj); p != Precision::f32) {
+    CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
+    add_variants(fn, c, window, softcap, causal_alignment);
+    add_dropout(c, dropout_p, dropout_seed);
+    return p == Precision::bf16
+               ? sdpa_backward16<bfloat16>(fn, dout_obj, q_obj, k_obj, v_obj, out_obj, lse_obj, enable_gqa, c)
+               : sdpa_backward16<float16>(fn, dout_obj, q_obj, k_obj, v_obj, out_obj, lse_obj, enable_gqa, c);
+  }
   const InputArray dout = float_array(dout_obj, fn, "dout", 4, "[B, Hq, Tq, Dv]");
   const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
   const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
   const InputArray v = float_array(v_obj, fn, "v", 4, "[B, Hkv, Tk, Dv]");
   const InputArray out = float_array(out_obj, fn, "out", 4, "[B, Hq, Tq, Dv]");
   const InputArray lse = float_array(lse_obj, fn, "lse", 3, "[B, Hq, Tq]");
-  check_gqa(fn, enable_gqa, q.view, k.view);
+  check_gqa(fn, enable_gqa, q.view.shape[1], k.view.shape[1]);
   CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   add_variants(fn, c, window, softcap, causal_alignment);
   add_dropout(c, dropout_p, dropout_seed);
@@ -138,7 +200,8 @@ void bind_attention(py::module_& m) {
         "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0,
         R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].
 
-float32 arrays with any strides. Hq % Hkv == 0 (grouped-query heads, always on; enable_gqa=False
+float32 arrays with any strides; or float16 / bfloat16 (ml_dtypes) arrays, all three of one dtype:
+computed in float32 from the exact values, out rounded to that dtype, lse float32. Hq % Hkv == 0 (grouped-query heads, always on; enable_gqa=False
 only refuses Hq != Hkv, as PyTorch does). attn_mask: additive float32 or bool (True = attend) of shape
 [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk]. scale: default 1/sqrt(D). kv_lengths: [B] valid keys
 per batch. softcap: scores become softcap*tanh(score/softcap) after the scale, before the mask (Gemma 2).
@@ -155,7 +218,8 @@ returns (out, lse [B, Hq, Tq]).)");
         py::kw_only(), "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
         "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0,
         R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
-inputs, out and lse (from return_lse=True), with the forward's options. dk and dv sum over the query heads
+inputs, out and lse (from return_lse=True), with the forward's options. float16 / bfloat16 inputs (dout,
+q, k, v and out of one dtype) give gradients of that dtype. dk and dv sum over the query heads
 of a group; rows with no visible key get zero gradients.)");
   m.def("attention_probabilities", &probabilities, "q"_a, "k"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(), py::kw_only(), "window"_a = py::none(),

@@ -1,0 +1,149 @@
+// tests/cpp/test_attention_16bit.cpp — attention on bfloat16 and float16 inputs (mhsa/attention.h's
+// Float16Element overloads): on strided views with grouped heads, causal top-left and bottom-right,
+// a window, a mask and kv_lengths, the forward's lse and the backward's gradients equal, bit for
+// bit, the float32 entry point run on the widened inputs with its results rounded to nearest even;
+// the rounding itself is checked against the float64 value (at most half a unit in the last
+// place); bad shapes are named as in float32.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kernels/bf16.h"
+#include "kernels/half.h"
+#include "mhsa/attention.h"
+#include "mhsa/error.h"
+#include "test_util.h"
+
+namespace mhsa::test {
+namespace {
+
+float widen(bfloat16 x) { return kernels::bf16_to_float(x.bits); }
+float widen(float16 x) { return kernels::f16_to_float(x.bits); }
+template <class T>
+T narrow(float x) {
+  if constexpr (std::is_same_v<T, bfloat16>) return {kernels::float_to_bf16(x)};
+  else return {kernels::float_to_f16(x)};
+}
+
+// A logical [d0, d1, d2, d3] tensor of 16-bit values stored as [d0, d2, d1, d3] (heads and rows
+// swapped, as a [B, T, H, D] projection output is), with its exact float32 twin (contiguous).
+template <class T>
+struct Input {
+  std::vector<T> storage;
+  View<const T> view;
+  Tensor wide;
+};
+template <class T>
+Input<T> random_input(std::mt19937_64& gen, std::array<int64_t, 4> d, float stddev) {
+  std::normal_distribution<float> normal(0.0f, stddev);
+  Input<T> in;
+  in.storage.resize(static_cast<size_t>(d[0] * d[1] * d[2] * d[3]));
+  in.view = View<const T>(in.storage.data(), {d[0], d[1], d[2], d[3]},
+                          {d[1] * d[2] * d[3], d[3], d[1] * d[3], 1});
+  in.wide = Tensor({d[0], d[1], d[2], d[3]});
+  for (int64_t a = 0; a < d[0]; ++a)
+    for (int64_t b = 0; b < d[1]; ++b)
+      for (int64_t c = 0; c < d[2]; ++c)
+        for (int64_t e = 0; e < d[3]; ++e) {
+          const T x = narrow<T>(normal(gen));
+          const_cast<T&>(in.view.at(a, b, c, e)) = x;
+          in.wide.view().at(a, b, c, e) = widen(x);
+        }
+  return in;
+}
+
+template <class T>
+void expect_rounded(const std::vector<T>& got, const Tensor& wide, const char* what) {
+  ASSERT_EQ(static_cast<int64_t>(got.size()), wide.numel()) << what;
+  for (int64_t i = 0; i < wide.numel(); ++i) {
+    ASSERT_EQ(got[i].bits, narrow<T>(wide.data()[i]).bits) << what << " element " << i << " float32 " << wide.data()[i];
+    // Nearest: no 16-bit neighbour is closer to the float32 value.
+    const double x = wide.data()[i], err = std::fabs(widen(got[i]) - x);
+    for (int step : {-1, 1}) {
+      T n = got[i];
+      n.bits = static_cast<uint16_t>(n.bits + step);
+      if (std::isfinite(widen(n))) ASSERT_LE(err, std::fabs(widen(n) - x)) << what << " element " << i;
+    }
+  }
+}
+
+template <class T>
+void check_case(const AttentionOptions& options, int64_t Tq, int64_t Tk) {
+  auto gen = test_rng();
+  const int64_t B = 2, Hq = 4, Hkv = 2, D = 40, Dv = 24;
+  const auto q = random_input<T>(gen, {B, Hq, Tq, D}, 1.0f), k = random_input<T>(gen, {B, Hkv, Tk, D}, 1.0f),
+             v = random_input<T>(gen, {B, Hkv, Tk, Dv}, 1.0f), dout = random_input<T>(gen, {B, Hq, Tq, Dv}, 1.0f);
+
+  std::vector<T> out(static_cast<size_t>(B * Hq * Tq * Dv));
+  Tensor lse({B, Hq, Tq});
+  scaled_dot_product_attention<T>(q.view, k.view, v.view, View<T>(out.data(), {B, Hq, Tq, Dv}), options, lse.view());
+  Tensor out32({B, Hq, Tq, Dv}), lse32({B, Hq, Tq});
+  scaled_dot_product_attention(q.wide.view(), k.wide.view(), v.wide.view(), out32.view(), options, lse32.view());
+  ASSERT_EQ(std::memcmp(lse.data(), lse32.data(), sizeof(float) * lse.numel()), 0) << "lse";
+  expect_rounded(out, out32, "out");
+
+  // The backward from the 16-bit out (as a caller has it), against float32 on its widened copy.
+  const View<const T> out_view(out.data(), {B, Hq, Tq, Dv});
+  Tensor out_wide({B, Hq, Tq, Dv});
+  for (int64_t i = 0; i < out_wide.numel(); ++i) out_wide.data()[i] = widen(out[i]);
+  std::vector<T> dq(static_cast<size_t>(B * Hq * Tq * D)), dk(static_cast<size_t>(B * Hkv * Tk * D)),
+      dv(static_cast<size_t>(B * Hkv * Tk * Dv));
+  scaled_dot_product_attention_backward<T>(dout.view, q.view, k.view, v.view, out_view, lse.view(),
+                                           View<T>(dq.data(), {B, Hq, Tq, D}), View<T>(dk.data(), {B, Hkv, Tk, D}),
+                                           View<T>(dv.data(), {B, Hkv, Tk, Dv}), options);
+  const AttentionGrads g = scaled_dot_product_attention_backward(dout.wide.view(), q.wide.view(), k.wide.view(),
+                                                                 v.wide.view(), out_wide.view(), lse.view(), options);
+  expect_rounded(dq, g.dq, "dq");
+  expect_rounded(dk, g.dk, "dk");
+  expect_rounded(dv, g.dv, "dv");
+}
+
+template <class T>
+void check_all() {
+  AttentionOptions causal;
+  causal.causal = true;
+  check_case<T>(causal, 37, 53);
+  causal.causal_alignment = CausalAlignment::top_left;
+  check_case<T>(causal, 37, 53);
+  AttentionOptions window;
+  window.causal = true;
+  window.window = {5, -1};
+  window.softcap = 7.0f;
+  check_case<T>(window, 29, 29);
+  AttentionOptions padded;
+  const std::vector<int64_t> lengths{1, 17};
+  padded.kv_lengths = lengths;
+  Tensor mask({29, 31});
+  auto gen = test_rng();
+  std::normal_distribution<float> normal;
+  for (int64_t i = 0; i < mask.numel(); ++i) mask.data()[i] = i % 7 == 3 ? -INFINITY : normal(gen);
+  padded.attn_mask = mask.view();
+  check_case<T>(padded, 29, 31);
+  AttentionOptions single;  // one query row, one key (T = 1)
+  check_case<T>(single, 1, 1);
+}
+
+TEST(Attention16Bit, BFloat16EqualsFloat32OnWidenedInputsRounded) { check_all<bfloat16>(); }
+TEST(Attention16Bit, Float16EqualsFloat32OnWidenedInputsRounded) { check_all<float16>(); }
+
+TEST(Attention16Bit, BadShapesAreNamed) {
+  std::vector<bfloat16> q(2 * 3 * 5 * 8), k(2 * 3 * 4 * 7), v(2 * 3 * 4 * 8), out(2 * 3 * 5 * 8);
+  try {
+    scaled_dot_product_attention<bfloat16>(View<const bfloat16>(q.data(), {2, 3, 5, 8}),
+                                           View<const bfloat16>(k.data(), {2, 3, 4, 7}),
+                                           View<const bfloat16>(v.data(), {2, 3, 4, 8}),
+                                           View<bfloat16>(out.data(), {2, 3, 5, 8}));
+    FAIL() << "no error for a key width of 7 against queries of 8";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(scaled_dot_product_attention<float16>(View<const float16>(nullptr, {2, 3, 5, 8}),
+                                                     View<const float16>(nullptr, {2, 3, 4, 8}),
+                                                     View<const float16>(nullptr, {2, 3, 4, 8}),
+                                                     View<float16>(nullptr, {2, 3, 5, 8})),
+               Error);
+}
+
+}  // namespace
+}  // namespace mhsa::test
