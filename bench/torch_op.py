@@ -8,6 +8,9 @@
   (transformers, attn_implementation="sdpa", random weights, train mode) at T tokens, with and
   without mhsa.torch.patch().
 
+--dtype bfloat16|float16 runs the op on 16-bit tensors (mhsa widens them and computes in float32;
+PyTorch's CPU flash kernel has its own 16-bit path); the step stays float32.
+
 --dropout P sets dropout_p for the op and GPT-2's attn_pdrop, resid_pdrop and embd_pdrop for the
 step (GPT-2's own config has 0.1; the default here is 0). PyTorch's CPU flash kernel has no
 dropout: with P > 0 its sdpa runs the math path (the T×T matrix), mhsa's kernels do not.
@@ -17,7 +20,7 @@ each side's repetitions; the summary is the median of the per-round ratios and t
 Absolute times on a shared host drift; ratios from one run are steadier.
 
 Usage (after building the _core target; PYTHONPATH=build/python):
-    python3 bench/torch_op.py [--threads 2] [--rounds 5] [--what op,step] [--T 1024] [--batch 1] [--dropout 0.1]
+    python3 bench/torch_op.py [--threads 2] [--rounds 5] [--what op,step] [--T 1024] [--batch 1] [--dropout 0.1] [--dtype float32]
 """
 
 import argparse
@@ -55,8 +58,9 @@ def paired(name, ours, theirs, rounds, reps):
 def bench_op(args, torch, F, mt):
     B, H, T, D = args.batch, 12, args.T, 64
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, T, D, generator=gen).requires_grad_() for _ in range(3))
-    dout = torch.randn(B, H, T, D, generator=gen)
+    dtype = getattr(torch, args.dtype)
+    q, k, v = (torch.randn(B, H, T, D, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    dout = torch.randn(B, H, T, D, generator=gen).to(dtype)
     original = mt._ORIGINAL
 
     def forward(fn):
@@ -70,7 +74,7 @@ def bench_op(args, torch, F, mt):
             torch.autograd.grad(fn(q, k, v, is_causal=True, dropout_p=args.dropout), (q, k, v), dout)
         return run
 
-    shape = f"B={B} H={H} T={T} D={D} causal dropout={args.dropout}"
+    shape = f"B={B} H={H} T={T} D={D} {args.dtype} causal dropout={args.dropout}"
     paired(f"op forward {shape}", forward(mt.scaled_dot_product_attention), forward(original), args.rounds, 5)
     paired(f"op forward+backward {shape}", forward_backward(mt.scaled_dot_product_attention),
            forward_backward(original), args.rounds, 5)
@@ -106,6 +110,7 @@ def main():
     ap.add_argument("--T", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # mhsa's OpenMP, read at its import
     import torch
