@@ -131,3 +131,18 @@ def test_patch_on_a_bfloat16_llama(rng):
             exact = model.double()(ids).logits
     # Both runs round at every bfloat16 layer: each must be about as far from the float64 model.
     assert rel_l2(patched, exact) <= 2 * rel_l2(plain, exact) + 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_torch_16bit_op_checks_and_compiles(rng, dtype):
+    """The fake gives a 16-bit out and a float32 lse, as the op does: opcheck passes and
+    torch.compile(fullgraph=True) equals eager."""
+    gen = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    q = torch.randn(2, 3, 11, 16, generator=gen).to(dtype)
+    k = torch.randn(2, 3, 13, 16, generator=gen).to(dtype)
+    torch.library.opcheck(torch.ops.mhsa.sdpa.default, (q, k, k, None, True, None, 0.0, None))
+    fn = torch.compile(lambda a, b: mt.scaled_dot_product_attention(a, b, b, is_causal=True), fullgraph=True,
+                       backend="aot_eager")
+    got = fn(q, k)
+    assert got.dtype == dtype
+    assert torch.equal(got, mt.scaled_dot_product_attention(q, k, k, is_causal=True))
