@@ -77,6 +77,9 @@ void check_extend(const std::string& fn, const Decoder& d, const std::vector<KVC
     fail(fn, arg + "cache", message("a cache of this model (", d.stack.layers.size(), " layers)"),
          message(caches.size(), " layers"));
   const KVCache& first = caches[0];
+  if (first.kv_heads() != c.num_kv_heads || first.head_dim() != c.head_dim)
+    fail(fn, arg + "cache", message("a cache of this model (", c.num_kv_heads, " kv heads of ", c.head_dim, ")"),
+         message(first.kv_heads(), " kv heads of ", first.head_dim()));
   if (B != first.batch()) fail(fn, arg + "B", message(first.batch(), " (the cache's batch)"), std::to_string(B));
   if (n <= 0) fail(fn, arg + "n", "at least one token", std::to_string(n));
   const int64_t pos0 = first.length();
