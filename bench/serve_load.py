@@ -141,12 +141,13 @@ def main():
         run_round(host, port, 1, 8)  # warm-up: weights paged in, buffers allocated
         singles, multis, ttft1, ttftn = [], [], [], []
         for k in range(a.rounds):
-            before = metrics(host, port)
             one = run_round(host, port, 1, a.tokens)
+            before = metrics(host, port)
             many = run_round(host, port, a.clients, a.tokens)
             after = metrics(host, port)
+            # (an older server has no sequences counter: the mean then reads 0)
             steps = after["mhsa_scheduler_steps_total"] - before["mhsa_scheduler_steps_total"]
-            seqs = after["mhsa_scheduler_sequences_total"] - before["mhsa_scheduler_sequences_total"]
+            seqs = after.get("mhsa_scheduler_sequences_total", 0) - before.get("mhsa_scheduler_sequences_total", 0)
             singles.append(one["aggregate_tok_s"])
             multis.append(many["aggregate_tok_s"])
             ttft1 += one["ttft"]
@@ -155,7 +156,7 @@ def main():
                   f"TTFT {one['ttft'][0] * 1e3:.0f} ms); {a.clients} clients {many['aggregate_tok_s']:.1f} tok/s "
                   f"aggregate ({many['tokens']} tokens in {many['wall_s']:.2f} s, each stream "
                   f"{many['stream_tok_s']:.1f} tok/s), ratio {many['aggregate_tok_s'] / one['aggregate_tok_s']:.2f}; "
-                  f"mean sequences per step {seqs / max(steps, 1):.2f}", flush=True)
+                  f"{a.clients} clients: {seqs / max(steps, 1):.2f} sequences per step", flush=True)
         ttft1.sort()
         ttftn.sort()
         ratios = [m / s for m, s in zip(multis, singles)]

@@ -8,7 +8,7 @@
 // Bitwise where the GEMM takes the same path for the step's total rows as for each sequence's own
 // (every element of C is one fixed chain per path, so rows do not depend on M within a path; see
 // kernels/gemm.cpp and kernels/matmul_bt.cpp): steps of at most 4 rows in all (the small-M
-// streams), and steps whose every sequence runs at least 17 rows (the plain chains) with at most 8
+// streams), and steps whose every sequence runs at least 17 rows (the plain chains) with at most 64
 // sequences (the LM head's stream). Steps that mix a prompt chunk with decode tokens cross paths:
 // there the logits agree to float32 rounding.
 #include <gtest/gtest.h>
