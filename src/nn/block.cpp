@@ -377,7 +377,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   embed_forward(s, ids, T, 0, x.data());
   const RopeTable rope = rope_positions(s, rows, T, 0);
   for (size_t l = 0; l < s.layers.size(); ++l)
-    block_forward(s, static_cast<int64_t>(l), x.data(), BlockRun{B, T, &rope, nullptr, grads ? &tapes[l] : nullptr, nullptr, {}});
+    block_forward(s, static_cast<int64_t>(l), x.data(),
+                  BlockRun{B, T, &rope, nullptr, grads ? &tapes[l] : nullptr, nullptr, {}});
   Tensor hf({rows, C});
   norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
   Tensor dhf = grads ? Tensor({rows, C}) : Tensor();

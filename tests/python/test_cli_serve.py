@@ -239,7 +239,8 @@ def test_models_health_metrics(gpt2):
         text = r.read().decode()
     for name in ("mhsa_requests_total{", "mhsa_generated_tokens_total", "mhsa_queue_length", "mhsa_batch_size",
                  "mhsa_request_duration_seconds_sum", "mhsa_time_to_first_token_seconds_count",
-                 "mhsa_scheduler_rows_total", "mhsa_scheduler_sequences_total", "mhsa_step_rows", "mhsa_step_sequences"):
+                 "mhsa_scheduler_rows_total", "mhsa_scheduler_sequences_total", "mhsa_step_rows",
+                 "mhsa_step_sequences"):
         assert name in text
     steps = int(re.search(r"^mhsa_scheduler_steps_total (\d+)$", text, re.M).group(1))
     seqs = int(re.search(r"^mhsa_scheduler_sequences_total (\d+)$", text, re.M).group(1))
