@@ -1,6 +1,8 @@
 // serve/scheduler.cpp — Job and Scheduler (see scheduler.h). A sequence samples exactly as
-// Model::generate does for one prompt (the same sampler, the same random stream for a seed), so a
-// greedy request gives `mhsa generate`'s tokens, whatever else is running beside it.
+// Model::generate does for one prompt (the same sampler, the same random stream for a seed), and
+// its logits are those it gets alone up to the GEMM's rounding for the step's row count (bitwise
+// where the counts take the same kernel paths: see Model::step), so a greedy request gives
+// `mhsa generate`'s tokens whatever runs beside it, barring a near-tie between two logits.
 #include "serve/scheduler.h"
 
 #include <omp.h>
