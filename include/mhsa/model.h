@@ -59,6 +59,13 @@ struct GenerationStats {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
+// One sequence of Model::step: its own cache (batch 1) and its new tokens (a prompt chunk, or the
+// one token sampled last).
+struct SequenceStep {
+  ModelCache* cache = nullptr;
+  std::span<const int32_t> ids;
+};
+
 using TokenCallback = std::function<bool(int64_t, std::span<const int32_t>)>;
 
 // How a model keeps its weights: float32, or bfloat16 ("16-bit weights": the matrices of the
@@ -99,6 +106,15 @@ class Model {
   // Runs ids [B, n] at positions cache.length() .. + n − 1, appends them to the cache, and returns
   // the logits [B, n, V], or only each sequence's last row [B, 1, V] with last_only.
   Tensor extend(ModelCache& cache, std::span<const int32_t> ids, int64_t B, int64_t n, bool last_only) const;
+  // Continuous batching: one forward over several sequences, each appending its ids to its own
+  // cache at its own positions. The norms, linear layers, MLP and LM head run over all their rows
+  // at once (the weights are read once per step, not once per sequence); attention runs per
+  // sequence over its own cache. Returns the logits of each sequence's last row [S, 1, V]: those
+  // of extend(cache, ids, 1, n, true) for it alone, up to the GEMM's rounding, which depends on
+  // the step's total rows (bitwise where the counts take the same kernel paths). Every sequence
+  // is checked (a cache of batch 1 of this model used once, room for its ids, ids in range)
+  // before any cache changes.
+  Tensor step(std::span<const SequenceStep> seqs) const;
   // Continues each of the B prompts [B, T] by up to max_new_tokens tokens (see Gpt2::generate; a
   // sequence ends at any of the config's eos tokens, and a finished one repeats the first).
   std::vector<std::vector<int32_t>> generate(std::span<const int32_t> prompts, int64_t B, int64_t T,

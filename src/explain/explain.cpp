@@ -64,10 +64,11 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
 
   // The residual stream through the blocks before `layer`, then the traced block with a tape.
   const nn::RopeTable rope = nn::rope_positions(s, T, T, 0);
-  for (int64_t l = 0; l < layer; ++l) nn::block_forward(s, l, t.x.data(), nn::BlockRun{1, T, &rope, nullptr, nullptr, nullptr});
+  for (int64_t l = 0; l < layer; ++l)
+    nn::block_forward(s, l, t.x.data(), nn::BlockRun{1, T, &rope, nullptr, nullptr, nullptr, {}});
   nn::BlockTape tape;
   Tensor x = t.x;
-  nn::block_forward(s, layer, x.data(), nn::BlockRun{1, T, &rope, nullptr, &tape, nullptr});
+  nn::block_forward(s, layer, x.data(), nn::BlockRun{1, T, &rope, nullptr, &tape, nullptr, {}});
   t.ln = std::move(tape.h1);
   t.q = columns(tape.qkv.data(), T, N, head * D, D);
   t.k = columns(tape.qkv.data(), T, N, Nq + kv_head * D, D);

@@ -65,29 +65,58 @@ std::vector<KVCache> new_caches(const Decoder& d, int64_t batch, int64_t max_tok
   return caches;
 }
 
-Tensor extend(const Decoder& d, std::vector<KVCache>& caches, std::span<const int32_t> ids, int64_t B, int64_t n,
-              bool last_only) {
-  const std::string fn = message(d.cls, "::extend");
+namespace {
+
+// Throws unless ids [B, n] can run over caches; `arg` prefixes the argument names in messages
+// ("" for extend's own arguments, "seqs[i]." for a sequence of step).
+void check_extend(const std::string& fn, const Decoder& d, const std::vector<KVCache>& caches,
+                  std::span<const int32_t> ids, int64_t B, int64_t n, const std::string& arg) {
   const ModelConfig& c = *d.stack.config;
   const int64_t V = c.vocab_size;
   if (caches.size() != d.stack.layers.size())
-    fail(fn, "cache", message("a cache of this model (", d.stack.layers.size(), " layers)"),
+    fail(fn, arg + "cache", message("a cache of this model (", d.stack.layers.size(), " layers)"),
          message(caches.size(), " layers"));
   const KVCache& first = caches[0];
-  if (B != first.batch()) fail(fn, "B", message(first.batch(), " (the cache's batch)"), std::to_string(B));
-  if (n <= 0) fail(fn, "n", "at least one token", std::to_string(n));
+  if (first.kv_heads() != c.num_kv_heads || first.head_dim() != c.head_dim)
+    fail(fn, arg + "cache", message("a cache of this model (", c.num_kv_heads, " kv heads of ", c.head_dim, ")"),
+         message(first.kv_heads(), " kv heads of ", first.head_dim()));
+  if (B != first.batch()) fail(fn, arg + "B", message(first.batch(), " (the cache's batch)"), std::to_string(B));
+  if (n <= 0) fail(fn, arg + "n", "at least one token", std::to_string(n));
   const int64_t pos0 = first.length();
   if (n > first.capacity() - pos0)
-    fail(fn, "n", message("at most ", first.capacity() - pos0, " more tokens (cache holds ", pos0, " of ",
-                          first.capacity(), "; the model's context is ", c.max_positions, ")"),
+    fail(fn, arg + "n", message("at most ", first.capacity() - pos0, " more tokens (cache holds ", pos0, " of ",
+                                first.capacity(), "; the model's context is ", c.max_positions, ")"),
          std::to_string(n));
   if (static_cast<int64_t>(ids.size()) != B * n)  // B and n are at most the cache's batch and capacity: no overflow
-    fail(fn, "ids", message(B * n, " ids (B·n = ", B, "·", n, ")"), std::to_string(ids.size()));
+    fail(fn, arg + "ids", message(B * n, " ids (B·n = ", B, "·", n, ")"), std::to_string(ids.size()));
   for (int64_t i = 0; i < B * n; ++i)
     if (ids[static_cast<size_t>(i)] < 0 || ids[static_cast<size_t>(i)] >= V)
-      fail(fn, message("ids[", i / n, ", ", i % n, "]"), message("a token id in [0, ", V, ")"),
+      fail(fn, message(arg, "ids[", i / n, ", ", i % n, "]"), message("a token id in [0, ", V, ")"),
            std::to_string(ids[static_cast<size_t>(i)]));
+}
+
+}  // namespace
+
+Tensor extend(const Decoder& d, std::vector<KVCache>& caches, std::span<const int32_t> ids, int64_t B, int64_t n,
+              bool last_only) {
+  check_extend(message(d.cls, "::extend"), d, caches, ids, B, n, "");
   return nn::stack_forward(d.stack, ids, B, n, &caches, last_only, nullptr);
+}
+
+Tensor step(const Decoder& d, std::span<const nn::SeqStep> seqs) {
+  const std::string fn = message(d.cls, "::step");
+  if (seqs.empty()) fail(fn, "seqs", "at least one sequence", "none");
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::string arg = message("seqs[", i, "].");
+    if (!seqs[i].caches) fail(fn, arg + "cache", "a cache", "null");
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j].caches == seqs[i].caches) fail(fn, arg + "cache", "a cache of its own", message("seqs[", j, "]'s"));
+    const std::vector<KVCache>& caches = *seqs[i].caches;
+    if (!caches.empty() && caches[0].batch() != 1)
+      fail(fn, arg + "cache", "a cache of one sequence (batch 1)", message("batch ", caches[0].batch()));
+    check_extend(fn, d, caches, seqs[i].ids, 1, static_cast<int64_t>(seqs[i].ids.size()), arg);
+  }
+  return nn::stack_step(d.stack, seqs);
 }
 
 Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention) {

@@ -26,6 +26,8 @@ struct Decoder {
 std::vector<KVCache> new_caches(const Decoder& d, int64_t batch, int64_t max_tokens);
 Tensor extend(const Decoder& d, std::vector<KVCache>& caches, std::span<const int32_t> ids, int64_t B, int64_t n,
               bool last_only);
+// Model::step: every sequence checked (its own batch-1 cache, room, ids) before any runs.
+Tensor step(const Decoder& d, std::span<const nn::SeqStep> seqs);
 Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention);
 std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int32_t> prompts, int64_t B, int64_t T,
                                            const GenerationOptions& o, const TokenCallback& on_token,

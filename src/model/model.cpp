@@ -284,6 +284,13 @@ Tensor Model::extend(ModelCache& cache, std::span<const int32_t> ids, int64_t B,
   });
 }
 
+Tensor Model::step(std::span<const SequenceStep> seqs) const {
+  std::vector<nn::SeqStep> steps;
+  steps.reserve(seqs.size());
+  for (const SequenceStep& q : seqs) steps.push_back({q.cache ? &ModelAccess::layers(*q.cache) : nullptr, q.ids});
+  return with_decoder(*this, false, [&](const detail::Decoder& d) { return detail::step(d, steps); });
+}
+
 std::vector<std::vector<int32_t>> Model::generate(std::span<const int32_t> prompts, int64_t B, int64_t T,
                                                   const GenerationOptions& o, const TokenCallback& on_token,
                                                   GenerationStats* stats) const {

@@ -76,6 +76,15 @@ void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows
     rope_forward(*rope, rows, d.Hq + d.Hkv, d.D, qkv, d.N);  // q and k: adjacent heads of each row
 }
 
+// ctx [B, T, Hq·D] = the attention of the q heads of qkv [B, T, N] over `cache`, after their k
+// and v heads are appended to it.
+void attend_over_cache(const Dims& d, int64_t B, int64_t T, float* qkv, float* ctx, KVCache& cache,
+                       const AttentionOptions& opt) {
+  cache.append(heads_view(qkv, B, T, d.N, d.Nq, d.Hkv, d.D), heads_view(qkv, B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D));
+  scaled_dot_product_attention(heads_view(qkv, B, T, d.N, 0, d.Hq, d.D), cache.keys(), cache.values(),
+                               heads_view(ctx, B, T, d.Nq, 0, d.Hq, d.D), opt);
+}
+
 // y [rows, C] = attention(h [rows, C]) of layer `layer`.
 void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, const BlockRun& run) {
   const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
@@ -85,16 +94,21 @@ void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, 
   project_qkv(s, L, d, rows, run.rope, h, qkv.data(), run.tape ? &run.tape->qkv0 : nullptr);
   const AttentionOptions opt = attention_options(s, layer);
   Tensor ctx({rows, d.Nq});  // heads side by side: [B, T, Hq·D]
-  const TensorView ctx_heads = heads_view(ctx.data(), B, T, d.Nq, 0, d.Hq, d.D);
-  const ConstTensorView q = heads_view(qkv.data(), B, T, d.N, 0, d.Hq, d.D);
-  const ConstTensorView k = heads_view(qkv.data(), B, T, d.N, d.Nq, d.Hkv, d.D);
-  const ConstTensorView v = heads_view(qkv.data(), B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D);
-  if (run.cache) {
-    run.cache->append(k, v);
-    scaled_dot_product_attention(q, run.cache->keys(), run.cache->values(), ctx_heads, opt);
+  if (!run.seqs.empty()) {
+    int64_t r0 = 0;
+    for (const SeqRows& seq : run.seqs) {  // a batched step: each sequence [1, n] over its own cache
+      attend_over_cache(d, 1, seq.rows, qkv.data() + r0 * d.N, ctx.data() + r0 * d.Nq, *seq.cache, opt);
+      r0 += seq.rows;
+    }
+  } else if (run.cache) {
+    attend_over_cache(d, B, T, qkv.data(), ctx.data(), *run.cache, opt);
   } else {
+    const TensorView ctx_heads = heads_view(ctx.data(), B, T, d.Nq, 0, d.Hq, d.D);
+    const ConstTensorView q = heads_view(qkv.data(), B, T, d.N, 0, d.Hq, d.D);
+    const ConstTensorView k = heads_view(qkv.data(), B, T, d.N, d.Nq, d.Hkv, d.D);
     Tensor lse = run.tape || run.probs ? Tensor({B, d.Hq, T}) : Tensor();  // [B, Hq, T]
-    scaled_dot_product_attention(q, k, v, ctx_heads, opt, lse.defined() ? lse.view() : TensorView{});
+    scaled_dot_product_attention(q, k, heads_view(qkv.data(), B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D), ctx_heads, opt,
+                                 lse.defined() ? lse.view() : TensorView{});
     if (run.probs) *run.probs = attention_probabilities(q, k, lse.view(), opt);
     if (run.tape) run.tape->lse = std::move(lse);
   }
@@ -286,6 +300,22 @@ void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int6
                     s.config->embedding_scale, x);
 }
 
+namespace {
+
+// logits [rows, V] of the final norm of x [rows, C] (rows ldx apart).
+void final_logits(const Stack& s, int64_t rows, const float* x, int64_t ldx, float* logits) {
+  const ModelConfig& c = *s.config;
+  const int64_t C = c.hidden_size;
+  Tensor h({rows, C});
+  norm_forward(s.norm(), rows, C, x, ldx, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), h.data(), C);
+  if (const Bf16Matrix* w16 = s.output_matrix16())
+    lm_head_forward(rows, h.data(), C, *w16, c.final_logit_softcap, logits);
+  else
+    lm_head_forward(rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits);
+}
+
+}  // namespace
+
 Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
                      bool last_only, std::vector<Tensor>* probs) {
   const ModelConfig& c = *s.config;
@@ -296,20 +326,43 @@ Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, in
   if (probs) probs->assign(s.layers.size(), Tensor());
   const RopeTable rope = rope_positions(s, rows, T, pos0);
   for (size_t l = 0; l < s.layers.size(); ++l) {
-    BlockRun run{B, T, &rope, caches ? &(*caches)[l] : nullptr, nullptr, probs ? &(*probs)[l] : nullptr};
+    BlockRun run{B, T, &rope, caches ? &(*caches)[l] : nullptr, nullptr, probs ? &(*probs)[l] : nullptr, {}};
     block_forward(s, static_cast<int64_t>(l), x.data(), run);
   }
   // Final norm and logits, for every row or only each sequence's last.
-  const int64_t out_rows = last_only ? B : rows;
-  const int64_t ldx = last_only ? T * C : C;
-  const float* xs = x.data() + (last_only ? (T - 1) * C : 0);
-  Tensor h({out_rows, C});
-  norm_forward(s.norm(), out_rows, C, xs, ldx, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), h.data(), C);
   Tensor logits({B, last_only ? 1 : T, V});
-  if (const Bf16Matrix* w16 = s.output_matrix16())
-    lm_head_forward(out_rows, h.data(), C, *w16, c.final_logit_softcap, logits.data());
-  else
-    lm_head_forward(out_rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits.data());
+  final_logits(s, last_only ? B : rows, x.data() + (last_only ? (T - 1) * C : 0), last_only ? T * C : C, logits.data());
+  return logits;
+}
+
+Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs) {
+  const ModelConfig& c = *s.config;
+  const int64_t C = c.hidden_size, S = static_cast<int64_t>(seqs.size());
+  std::vector<PositionRun> runs;  // each sequence's positions
+  int64_t rows = 0;
+  for (const SeqStep& q : seqs) {
+    runs.push_back({(*q.caches)[0].length(), static_cast<int64_t>(q.ids.size())});
+    rows += runs.back().rows;
+  }
+  Tensor x({rows, C});  // every sequence's rows, one after another
+  int64_t r0 = 0;
+  for (size_t i = 0; i < seqs.size(); r0 += runs[i++].rows)
+    embed_forward(s, seqs[i].ids, runs[i].rows, runs[i].pos0, x.data() + r0 * C);
+  const RopeTable rope = c.positions == PositionKind::rotary ? rope_table(s.rope, runs) : RopeTable();
+  std::vector<SeqRows> layer_seqs(seqs.size());
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    for (size_t i = 0; i < seqs.size(); ++i) layer_seqs[i] = {&(*seqs[i].caches)[l], runs[i].rows};
+    BlockRun run{1, rows, &rope, nullptr, nullptr, nullptr, layer_seqs};
+    block_forward(s, static_cast<int64_t>(l), x.data(), run);
+  }
+  Tensor last({S, C});  // each sequence's last row
+  r0 = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    r0 += runs[i].rows;
+    std::copy_n(x.data() + (r0 - 1) * C, C, last.data() + static_cast<int64_t>(i) * C);
+  }
+  Tensor logits({S, 1, c.vocab_size});
+  final_logits(s, S, last.data(), C, logits.data());
   return logits;
 }
 
@@ -324,7 +377,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   embed_forward(s, ids, T, 0, x.data());
   const RopeTable rope = rope_positions(s, rows, T, 0);
   for (size_t l = 0; l < s.layers.size(); ++l)
-    block_forward(s, static_cast<int64_t>(l), x.data(), BlockRun{B, T, &rope, nullptr, grads ? &tapes[l] : nullptr, nullptr});
+    block_forward(s, static_cast<int64_t>(l), x.data(),
+                  BlockRun{B, T, &rope, nullptr, grads ? &tapes[l] : nullptr, nullptr, {}});
   Tensor hf({rows, C});
   norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
   Tensor dhf = grads ? Tensor({rows, C}) : Tensor();

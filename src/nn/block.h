@@ -80,7 +80,16 @@ struct BlockTape {
   Tensor m;      // [rows, C] the MLP output (before post_norm₂; sandwich norms only)
 };
 
-// How one block's forward runs: over a cache (inference), recording a tape (training, the
+// One sequence of a batched step: its next `rows` rows of x (the sequences' rows follow one
+// another) and its own cache (batch 1) for this layer.
+struct SeqRows {
+  KVCache* cache = nullptr;
+  int64_t rows = 0;
+};
+
+// How one block's forward runs: over a cache (inference), over several sequences' caches at once
+// (a batched step: B = 1, T = all their rows; every part of the block but attention runs over
+// all rows together, attention per sequence over its own cache), recording a tape (training, the
 // explorer's traced layer), or returning the attention probabilities (taps).
 struct BlockRun {
   int64_t B = 0, T = 0;            // T rows per sequence
@@ -88,6 +97,7 @@ struct BlockRun {
   KVCache* cache = nullptr;        // append k, v and attend over the whole cache
   BlockTape* tape = nullptr;
   Tensor* probs = nullptr;         // [B, Hq, T, T] (no cache)
+  std::span<const SeqRows> seqs;   // a batched step (no cache, tape or probs)
 };
 
 // The rotary table of B·T rows at positions pos0 + r % T (empty for learned positions).
@@ -110,6 +120,18 @@ void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int6
 // sequence's last row. probs: every layer's attention probabilities (no cache; caches must be null).
 Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
                      bool last_only, std::vector<Tensor>* probs);
+// One sequence of stack_step: its new tokens and its caches (one KVCache per layer, batch 1),
+// which they are appended to at positions caches[0].length() onwards.
+struct SeqStep {
+  std::vector<KVCache>* caches = nullptr;
+  std::span<const int32_t> ids;  // at least one
+};
+// One forward over several sequences, each at its own positions against its own caches: the
+// embedding, norms, linear layers, MLP and LM head run over every sequence's rows at once (one
+// pass over the weights), attention per sequence. Logits [S, 1, V] of each sequence's last row.
+// A sequence's logits are extend's for it up to the GEMM's rounding, which depends on the total
+// rows (see kernels/gemm.cpp): bitwise equal where the row counts take the same kernel paths.
+Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs);
 // The mean cross-entropy of targets [B·T] (−1 ignored; `counted` of them are not); with grads
 // (zero_gradients-shaped, indexed like s.params), also adds every parameter's gradient.
 double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,

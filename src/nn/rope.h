@@ -2,11 +2,13 @@
 // head the first rotary_dim dimensions are rotated in pairs (i, i + rotary_dim/2) by the angle
 // position·inv_freq[i] ("rotate_half"), the rest pass through; the frequencies include the
 // "linear" and "llama3" rope_scaling rules (kernels::rope_inv_freq). One call's cos/sin table
-// covers its rows' positions only (pos0 + r % T), built once and used by every layer. The rotation
+// covers its rows' positions only (pos0 + r % T, or each sequence's own run of positions in a
+// batched step), built once and used by every layer. The rotation
 // itself is the per-ISA rope kernel. Not public.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "mhsa/model_config.h"
@@ -28,6 +30,13 @@ struct RopeTable {
   std::vector<int64_t> row_pos;  // [rows]: r % T
 };
 RopeTable rope_table(const Rope& rope, int64_t rows, int64_t T, int64_t pos0);
+// Several sequences' rows one after another (a batched step): run i's `rows` rows stand at
+// positions pos0 .. pos0 + rows − 1. The table has a row per row, each row's bits those of
+// rope_table's for the same position.
+struct PositionRun {
+  int64_t pos0 = 0, rows = 0;
+};
+RopeTable rope_table(const Rope& rope, std::span<const PositionRun> runs);
 
 // x: `rows` rows (ld apart) of `heads` heads of D floats each, rotated in place by +angle
 // (forward) or, for a gradient, by −angle (backward).

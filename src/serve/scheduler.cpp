@@ -1,6 +1,8 @@
 // serve/scheduler.cpp — Job and Scheduler (see scheduler.h). A sequence samples exactly as
-// Model::generate does for one prompt (the same sampler, the same random stream for a seed), so a
-// greedy request gives `mhsa generate`'s tokens, whatever else is running beside it.
+// Model::generate does for one prompt (the same sampler, the same random stream for a seed), and
+// its logits are those it gets alone up to the GEMM's rounding for the step's row count (bitwise
+// where the counts take the same kernel paths: see Model::step), so a greedy request gives
+// `mhsa generate`'s tokens whatever runs beside it, barring a near-tie between two logits.
 #include "serve/scheduler.h"
 
 #include <omp.h>
@@ -17,10 +19,12 @@
 namespace mhsa::serve {
 namespace {
 
-constexpr int64_t kPrefillChunk = 512;  // prompt tokens per step: a long prompt does not stall the others
-
 double seconds_between(Job::clock::time_point a, Job::clock::time_point b) {
   return b == Job::clock::time_point{} ? 0.0 : std::chrono::duration<double>(b - a).count();
+}
+
+std::string error_text(const std::exception& e) {
+  return dynamic_cast<const std::bad_alloc*>(&e) ? "out of memory" : e.what();
 }
 
 }  // namespace
@@ -100,10 +104,10 @@ struct Scheduler::Sequence {
   uint64_t rng;
   IncrementalDecoder decoder;
   text::TextStream text;
-  Tensor logits;         // [1, 1, V] of the last token run
   size_t prefilled = 0;  // prompt tokens in the cache
   int64_t generated = 0;
   int32_t pending = -1;  // a token sampled but not yet run
+  bool done = false;     // finished or cancelled: leaves at the end of the step
 };
 
 Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOptions options)
@@ -172,60 +176,96 @@ void Scheduler::run() {
         job->finish(Finish::error, e.what());
       }
     }
-    // One step of each active sequence, in turn (a batched forward would go here).
     const auto t0 = Job::clock::now();
-    int64_t prompt_tokens = 0, generated = 0, cancelled = 0, finished = 0;
-    const int64_t stepped = static_cast<int64_t>(active.size());
-    for (auto& s : active) {
-      bool go_on = false;
-      if (s->job->cancelled()) {
-        s->job->finish(Finish::cancelled);
-        ++cancelled;
-      } else {
-        const size_t before_prefill = s->prefilled;
-        const int64_t before_generated = s->generated;
-        try {
-          go_on = step(*s);
-        } catch (const std::bad_alloc&) {
-          s->job->finish(Finish::error, "out of memory");
-        } catch (const std::exception& e) {
-          s->job->finish(Finish::error, e.what());
-        }
-        prompt_tokens += static_cast<int64_t>(s->prefilled - before_prefill);
-        generated += s->generated - before_generated;
-        finished += !go_on;
-      }
-      if (!go_on) s.reset();  // frees the cache now
-    }
-    std::erase(active, nullptr);
+    const StepCounts counts = step_all(active);
     std::lock_guard lock(mutex_);
     stats_.active = static_cast<int64_t>(active.size());
-    stats_.prompt_tokens += prompt_tokens;
-    stats_.generated_tokens += generated;
-    stats_.steps += stepped > 0;
-    stats_.finished += finished;
-    stats_.cancelled += cancelled;
+    stats_.prompt_tokens += counts.prompt_tokens;
+    stats_.generated_tokens += counts.generated;
+    stats_.steps += counts.rows > 0;
+    stats_.step_rows = counts.rows;
+    stats_.step_sequences = counts.sequences;
+    stats_.rows_total += counts.rows;
+    stats_.sequences_total += counts.sequences;
+    stats_.finished += counts.finished;
+    stats_.cancelled += counts.cancelled;
     stats_.busy_seconds += std::chrono::duration<double>(Job::clock::now() - t0).count();
   }
 }
 
-bool Scheduler::step(Sequence& s) {
-  const Request& r = s.job->request();
-  const GenerationOptions& o = r.options;
-  if (o.max_new_tokens == 0) {  // as Model::generate: nothing to run
-    s.job->finish(Finish::length);
-    return false;
+Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>& active) {
+  StepCounts counts;
+  // Who runs: every decoding sequence (one token each), then prompt chunks of the others, in
+  // order of arrival, while the step's token budget lasts.
+  std::vector<Sequence*> running;
+  std::vector<SequenceStep> steps;
+  int64_t budget = options_.step_tokens;
+  const auto take = [&](Sequence& s, std::span<const int32_t> ids) {
+    running.push_back(&s);
+    steps.push_back({&s.cache, ids});
+    budget -= static_cast<int64_t>(ids.size());
+  };
+  for (auto& s : active) {
+    if (s->job->cancelled()) {
+      s->job->finish(Finish::cancelled);
+      ++counts.cancelled;
+      s->done = true;
+    } else if (s->job->request().options.max_new_tokens == 0) {  // as Model::generate: nothing to run
+      s->job->finish(Finish::length);
+      ++counts.finished;
+      s->done = true;
+    } else if (s->prefilled == s->job->request().prompt.size()) {
+      take(*s, std::span(&s->pending, 1));
+    }
   }
-  if (s.prefilled < r.prompt.size()) {
-    const size_t n = std::min<size_t>(kPrefillChunk, r.prompt.size() - s.prefilled);
-    s.logits = model_.extend(s.cache, std::span(r.prompt).subspan(s.prefilled, n), 1, static_cast<int64_t>(n), true);
-    s.prefilled += n;
-    if (s.prefilled < r.prompt.size()) return true;
-  } else {
-    s.logits = model_.extend(s.cache, std::span(&s.pending, 1), 1, 1, true);
+  for (auto& s : active) {
+    if (s->done || s->prefilled == s->job->request().prompt.size() || budget <= 0) continue;
+    const std::vector<int32_t>& prompt = s->job->request().prompt;
+    take(*s, std::span(prompt).subspan(s->prefilled, std::min<size_t>(static_cast<size_t>(budget),
+                                                                        prompt.size() - s->prefilled)));
+  }
+  if (!steps.empty()) run_step(running, steps, counts);
+  std::erase_if(active, [](const std::unique_ptr<Sequence>& s) { return s->done; });  // frees their caches now
+  return counts;
+}
+
+void Scheduler::run_step(std::span<Sequence* const> running, std::span<const SequenceStep> steps,
+                         StepCounts& counts) {
+  counts.sequences = static_cast<int64_t>(steps.size());
+  for (const SequenceStep& q : steps) counts.rows += static_cast<int64_t>(q.ids.size());
+  Tensor logits;
+  std::string error;
+  try {
+    logits = model_.step(steps);
+  } catch (const std::exception& e) {
+    error = error_text(e);
   }
   const int64_t V = model_.config().vocab_size;
-  const int32_t t = Model::sample({s.logits.data(), static_cast<size_t>(V)}, s.history, o, s.rng);
+  for (size_t i = 0; i < running.size(); ++i) {
+    Sequence& s = *running[i];
+    const size_t prompt = s.job->request().prompt.size();
+    const int64_t n = static_cast<int64_t>(steps[i].ids.size()), before = s.generated;
+    bool go_on = false;
+    try {
+      if (!error.empty()) throw Error(error);
+      if (s.prefilled < prompt) {  // a prompt chunk: a token is sampled after the last one
+        s.prefilled += static_cast<size_t>(n);
+        counts.prompt_tokens += n;
+      }
+      go_on = s.prefilled < prompt || advance(s, {logits.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)});
+    } catch (const std::exception& e) {
+      s.job->finish(Finish::error, error_text(e));
+    }
+    counts.generated += s.generated - before;
+    counts.finished += !go_on;
+    s.done = !go_on;
+  }
+}
+
+bool Scheduler::advance(Sequence& s, std::span<float> logits) {
+  const Request& r = s.job->request();
+  const GenerationOptions& o = r.options;
+  const int32_t t = Model::sample(logits, s.history, o, s.rng);
   if (std::find(r.end_ids.begin(), r.end_ids.end(), t) != r.end_ids.end()) {
     s.text.add(s.decoder.finish());
     s.job->emit(s.text.take(true), s.generated);

@@ -1,13 +1,12 @@
-// serve/scheduler.h — the engine behind `mhsa serve`: one thread owns the model and advances the
-// active sequences, each with its own KV cache, one step at a time in turn (a prompt chunk or one
-// new token), admitting queued requests between steps as sequences finish. HTTP threads only
-// submit Jobs and read their text as it is made; a Job cancelled by its client (a disconnect) or
-// by shutdown leaves at the next step and its cache is freed.
+// serve/scheduler.h — the engine behind `mhsa serve`: one thread owns the model and runs
+// continuous batching: each step is one forward (Model::step) over every active sequence, each
+// with its own KV cache — one new token of every sequence that is generating, and prompt chunks
+// of newly admitted ones while the step's token budget lasts — so the weights are read once per
+// step, not once per sequence. Queued requests are admitted between steps as sequences finish.
+// HTTP threads only submit Jobs and read their text as it is made; a Job cancelled by its client
+// (a disconnect) or by shutdown leaves at the next step and its cache is freed.
 //
-// Not yet continuous batching: the steps of different sequences are separate forwards, taken
-// round-robin; a batched step (one forward over every active sequence, with per-sequence key
-// lengths and positions) would replace the loop in step_all() without changing Jobs. No paged KV
-// cache, no prefix sharing between requests. Internal (not installed).
+// No paged KV cache, no prefix sharing between requests. Internal (not installed).
 #pragma once
 
 #include <atomic>
@@ -17,6 +16,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,12 +79,17 @@ class Job {
 struct SchedulerOptions {
   int parallel = 4;   // sequences advanced together at most
   int max_queue = 16; // requests waiting for a place at most (then submit refuses: 503)
+  // Tokens one step runs at most, beyond the generating sequences' one each: prompts are cut
+  // into chunks so that a long one does not stall the others for long.
+  int64_t step_tokens = 256;
 };
 
 // Counters for /metrics (totals since start, and the present state).
 struct SchedulerStats {
   int64_t queued = 0, active = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, steps = 0, finished = 0, cancelled = 0;
+  int64_t step_rows = 0, step_sequences = 0;     // the last step's tokens run and sequences in it
+  int64_t rows_total = 0, sequences_total = 0;   // summed over steps (÷ steps: the mean batch)
   double busy_seconds = 0;
 };
 
@@ -105,8 +110,16 @@ class Scheduler {
 
  private:
   struct Sequence;
+  struct StepCounts {
+    int64_t rows = 0, sequences = 0, prompt_tokens = 0, generated = 0, finished = 0, cancelled = 0;
+  };
   void run();
-  bool step(Sequence& s);  // one forward and at most one token; false when the sequence is done
+  // One batched step over the active sequences; drops the finished and cancelled ones.
+  StepCounts step_all(std::vector<std::unique_ptr<Sequence>>& active);
+  // The forward of the sequences chosen (steps[i] is running[i]'s) and what follows from it.
+  void run_step(std::span<Sequence* const> running, std::span<const SequenceStep> steps, StepCounts& counts);
+  // Samples s's next token from its logits and streams it; false when the sequence is done.
+  bool advance(Sequence& s, std::span<float> logits);
 
   const Model& model_;
   const Tokenizer& tokenizer_;

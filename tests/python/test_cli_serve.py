@@ -238,8 +238,14 @@ def test_models_health_metrics(gpt2):
     with urllib.request.urlopen(gpt2.url + "/metrics") as r:
         text = r.read().decode()
     for name in ("mhsa_requests_total{", "mhsa_generated_tokens_total", "mhsa_queue_length", "mhsa_batch_size",
-                 "mhsa_request_duration_seconds_sum", "mhsa_time_to_first_token_seconds_count"):
+                 "mhsa_request_duration_seconds_sum", "mhsa_time_to_first_token_seconds_count",
+                 "mhsa_scheduler_rows_total", "mhsa_scheduler_sequences_total", "mhsa_step_rows",
+                 "mhsa_step_sequences"):
         assert name in text
+    steps = int(re.search(r"^mhsa_scheduler_steps_total (\d+)$", text, re.M).group(1))
+    seqs = int(re.search(r"^mhsa_scheduler_sequences_total (\d+)$", text, re.M).group(1))
+    rows = int(re.search(r"^mhsa_scheduler_rows_total (\d+)$", text, re.M).group(1))
+    assert 1 <= steps <= seqs <= rows
     assert int(re.search(r'mhsa_requests_total\{path="/v1/completions",status="200"\} (\d+)', text).group(1)) >= 1
 
 

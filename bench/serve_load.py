@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Load on `mhsa serve`: one streaming client, then N concurrent ones (8 by default), each asking
+for a fixed number of greedy tokens (128) after a fixed prompt of its own, on GPT-2 124M's shape
+with random weights (bench/random_hf_model.py). Prints per round the aggregate decode rate
+(completion tokens of all clients / the round's wall time), each stream's own decode rate (after
+its first token), time to first token p50/p99, and the ratio of the N-client aggregate to the
+single stream's. Every request must return exactly its tokens (usage) and nothing else fails.
+
+  serve_load.py [--model DIR] [--clients 8] [--tokens 128] [--rounds 3] [-t THREADS] [--parallel N]
+
+Without --model, a random GPT-2 124M is written once to build/serve-load-gpt2 (transformers'
+save_pretrained, ~500 MB). The clients are plain http.client threads reading server-sent events;
+on a small machine they share the CPU with the server, so run it on an otherwise quiet host.
+Not a test: it passes or fails nothing but a request that errs.
+"""
+
+import argparse
+import http.client
+import json
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [
+    "The history of the city begins in",
+    "In a small village by the sea, there lived",
+    "Scientists announced on Tuesday that",
+    "The recipe calls for two cups of flour and",
+    "When the train finally arrived at the station,",
+    "Chapter one. It was a cold morning in",
+    "The main advantage of this approach is that",
+    "According to the latest report, the company",
+]
+
+
+def ensure_model(path):
+    if not (path / "config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "bench" / "random_hf_model.py"), "--arch", "gpt2", str(path)],
+                       check=True)
+    return path
+
+
+def start_server(cli, model, threads, parallel):
+    proc = subprocess.Popen([str(cli), "serve", "--model", str(model), "--port", "0", "-t", str(threads),
+                             "--parallel", str(parallel), "--queue", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"listening on http://([\d.]+):(\d+)", line)
+    if not m:
+        proc.kill()
+        raise SystemExit(f"serve_load: the server did not start: {line!r} {proc.stderr.read()}")
+    return proc, m.group(1), int(m.group(2))
+
+
+def stream_completion(host, port, prompt, tokens):
+    """(time to first text, time of the last text, completion tokens, seconds in all) of one streamed request."""
+    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    conn = http.client.HTTPConnection(host, port, timeout=600)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"status {r.status}: {r.read()[:300]!r}")
+    first = last = None
+    usage = None
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            now = time.perf_counter()
+            first = first if first is not None else now - t0
+            last = now - t0
+    conn.close()
+    total = time.perf_counter() - t0
+    if usage is None or first is None:
+        raise RuntimeError("a stream without text or usage")
+    return first, last, usage["completion_tokens"], total
+
+
+def run_round(host, port, clients, tokens):
+    results, errors = [None] * clients, []
+
+    def client(i):
+        try:
+            results[i] = stream_completion(host, port, PROMPTS[i % len(PROMPTS)], tokens)
+        except Exception as e:  # noqa: BLE001 — reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise SystemExit(f"serve_load: {len(errors)} requests failed: {errors[0]}")
+    generated = sum(r[2] for r in results)
+    per_stream = [(r[2] - 1) / (r[1] - r[0]) for r in results if r[2] > 1 and r[1] > r[0]]
+    ttft = sorted(r[0] for r in results)
+    return {"clients": clients, "tokens": generated, "wall_s": wall, "aggregate_tok_s": generated / wall,
+            "stream_tok_s": statistics.median(per_stream) if per_stream else 0.0, "ttft": ttft}
+
+
+def percentile(sorted_values, q):
+    i = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return sorted_values[i]
+
+
+def metrics(host, port):
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return {k: float(v) for k, v in re.findall(r"^(mhsa_scheduler_\w+_total) (\S+)$", text, re.M)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, help="a model directory (default: a random GPT-2 124M)")
+    ap.add_argument("--cli", type=Path, default=ROOT / "build" / "mhsa")
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of (1 client, N clients), alternating")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--parallel", type=int, help="the server's --parallel (default: --clients)")
+    a = ap.parse_args()
+    model = a.model or ensure_model(ROOT / "build" / "serve-load-gpt2")
+    proc, host, port = start_server(a.cli, model, a.threads, a.parallel or a.clients)
+    try:
+        run_round(host, port, 1, 8)  # warm-up: weights paged in, buffers allocated
+        singles, multis, ttft1, ttftn = [], [], [], []
+        for k in range(a.rounds):
+            one = run_round(host, port, 1, a.tokens)
+            before = metrics(host, port)
+            many = run_round(host, port, a.clients, a.tokens)
+            after = metrics(host, port)
+            # (an older server has no sequences counter: the mean then reads 0)
+            steps = after["mhsa_scheduler_steps_total"] - before["mhsa_scheduler_steps_total"]
+            seqs = after.get("mhsa_scheduler_sequences_total", 0) - before.get("mhsa_scheduler_sequences_total", 0)
+            singles.append(one["aggregate_tok_s"])
+            multis.append(many["aggregate_tok_s"])
+            ttft1 += one["ttft"]
+            ttftn += many["ttft"]
+            print(f"round {k + 1}: 1 client {one['aggregate_tok_s']:.1f} tok/s ({one['tokens']} tokens, "
+                  f"TTFT {one['ttft'][0] * 1e3:.0f} ms); {a.clients} clients {many['aggregate_tok_s']:.1f} tok/s "
+                  f"aggregate ({many['tokens']} tokens in {many['wall_s']:.2f} s, each stream "
+                  f"{many['stream_tok_s']:.1f} tok/s), ratio {many['aggregate_tok_s'] / one['aggregate_tok_s']:.2f}; "
+                  f"{a.clients} clients: {seqs / max(steps, 1):.2f} sequences per step", flush=True)
+        ttft1.sort()
+        ttftn.sort()
+        ratios = [m / s for m, s in zip(multis, singles)]
+        print(f"summary ({a.rounds} rounds, -t {a.threads}, GPT-2 shape {model.name}): "
+              f"1 client median {statistics.median(singles):.1f} tok/s; {a.clients} clients median "
+              f"{statistics.median(multis):.1f} tok/s aggregate; ratio median {statistics.median(ratios):.2f} "
+              f"(min {min(ratios):.2f}, max {max(ratios):.2f}); TTFT 1 client p50 {percentile(ttft1, 0.5) * 1e3:.0f} ms, "
+              f"{a.clients} clients p50 {percentile(ttftn, 0.5) * 1e3:.0f} ms p99 {percentile(ttftn, 0.99) * 1e3:.0f} ms")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

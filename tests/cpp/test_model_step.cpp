@@ -1,0 +1,146 @@
+// tests/cpp/test_model_step.cpp — Model::step (continuous batching: one forward over several
+// sequences, each with its own cache and positions) against Model::extend of each sequence alone,
+// for GPT-2 (learned positions, Conv1D weights), a grouped-query Llama (RoPE), Mistral (a sliding
+// window shorter than the prompts) and Gemma 2 (soft-caps, sandwich norms), float32 and bfloat16
+// weights, prompts of different lengths, prefill chunks mixed with decode tokens, sequences joining
+// and leaving.
+//
+// Bitwise where the GEMM takes the same path for the step's total rows as for each sequence's own
+// (every element of C is one fixed chain per path, so rows do not depend on M within a path; see
+// kernels/gemm.cpp and kernels/matmul_bt.cpp): steps of at most 4 rows in all (the small-M
+// streams), and steps whose every sequence runs at least 17 rows (the plain chains) with at most 64
+// sequences (the LM head's stream). Steps that mix a prompt chunk with decode tokens cross paths:
+// there the logits agree to float32 rounding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mhsa/error.h"
+#include "mhsa/model.h"
+#include "test_util.h"
+
+namespace mhsa {
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<std::pair<std::string, json>> configs() {
+  const json llama = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 263},
+                      {"hidden_size", 48}, {"intermediate_size", 83}, {"num_hidden_layers", 2},
+                      {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"max_position_embeddings", 160}};
+  json mistral = llama;
+  mistral["model_type"] = "mistral";
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["sliding_window"] = 7;
+  json gemma = llama;
+  gemma["model_type"] = "gemma2";
+  gemma["architectures"] = {"Gemma2ForCausalLM"};
+  gemma["head_dim"] = 8;
+  gemma["sliding_window"] = 6;
+  const json gpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 301},
+                     {"n_embd", 48},         {"n_layer", 2},                         {"n_head", 4},
+                     {"n_positions", 160}};
+  return {{"gpt2", gpt2}, {"llama", llama}, {"mistral", mistral}, {"gemma2", gemma}};
+}
+
+// Two copies of each sequence's state: `batched` advanced by Model::step, `alone` by extend.
+struct Sequences {
+  const Model& model;
+  std::mt19937_64& gen;
+  std::vector<ModelCache> batched, alone;
+
+  void add(int64_t capacity) {
+    batched.push_back(model.new_cache(1, capacity));
+    alone.push_back(model.new_cache(1, capacity));
+  }
+  std::vector<int32_t> ids(int64_t n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& t : v) t = std::uniform_int_distribution<int32_t>(0, model.config().vocab_size - 1)(gen);
+    return v;
+  }
+  // One step of sequences `which` with n[i] new tokens each; the largest difference of their logits
+  // from extend's alone, relative to the largest logit.
+  double step(const std::vector<size_t>& which, const std::vector<int64_t>& n) {
+    std::vector<std::vector<int32_t>> tokens;
+    for (int64_t k : n) tokens.push_back(ids(k));
+    std::vector<SequenceStep> steps;
+    for (size_t i = 0; i < which.size(); ++i) steps.push_back({&batched[which[i]], tokens[i]});
+    const Tensor got = model.step(steps);
+    const int64_t V = model.config().vocab_size;
+    EXPECT_EQ(got.shape(), (std::vector<int64_t>{static_cast<int64_t>(which.size()), 1, V}));
+    double diff = 0, top = 0;
+    for (size_t i = 0; i < which.size(); ++i) {
+      const Tensor want = model.extend(alone[which[i]], tokens[i], 1, n[i], true);
+      for (int64_t v = 0; v < V; ++v) {
+        const float a = got.data()[static_cast<int64_t>(i) * V + v], b = want.data()[v];
+        if (!(a == b)) diff = std::max(diff, std::isnan(a) ? INFINITY : std::fabs(static_cast<double>(a) - b));
+        top = std::max(top, std::fabs(static_cast<double>(b)));
+      }
+      EXPECT_EQ(batched[which[i]].length(), alone[which[i]].length());
+    }
+    return diff / std::max(top, 1e-30);
+  }
+};
+
+void run_family(const std::string& name, const json& config, WeightType dtype) {
+  SCOPED_TRACE(name + (dtype == WeightType::bf16 ? " bf16" : " f32"));
+  auto gen = test::test_rng();
+  const Model model = Model::random(ModelConfig::parse(config.dump()), gen(), dtype);
+  Sequences s{model, gen, {}, {}};
+  std::uniform_int_distribution<int64_t> len(1, 9);
+  // Four prompts of different lengths, prefilled together: chunks of at least 17 rows each.
+  for (int i = 0; i < 4; ++i) s.add(150);
+  EXPECT_EQ(s.step({0, 1, 2, 3}, {17 + len(gen), 17 + len(gen), 30 + len(gen), 17}), 0.0);
+  // Decode steps of at most 4 rows: four sequences, or a 2-token chunk beside two decodes.
+  for (int k = 0; k < 3; ++k) EXPECT_EQ(s.step({0, 1, 2, 3}, {1, 1, 1, 1}), 0.0);
+  EXPECT_EQ(s.step({2, 0, 3}, {1, 2, 1}), 0.0);
+  EXPECT_EQ(s.step({1}, {1}), 0.0);  // the others wait: a step of one
+  // A sequence joins (its prompt runs beside the others' chunks) and one leaves.
+  s.add(150);
+  EXPECT_EQ(s.step({4, 3, 1, 0}, {20 + len(gen), 18, 17, 25}), 0.0);
+  // Mixed: a new prompt chunk in the same forward as decode tokens (paths differ: rounding only).
+  s.add(150);
+  const double mixed = s.step({0, 5, 2, 4, 1}, {1, 12 + len(gen), 1, 1, 1});
+  EXPECT_LT(mixed, 1e-4);
+  for (int k = 0; k < 3; ++k) EXPECT_LT(s.step({5, 4, 0, 3, 2, 1}, {1, 1, 1, 1, 1, 1}), 1e-4);
+}
+
+TEST(ModelStep, EqualsExtendAloneForEveryFamily) {
+  for (const auto& [name, config] : configs())
+    for (WeightType dtype : {WeightType::f32, WeightType::bf16}) run_family(name, config, dtype);
+}
+
+TEST(ModelStep, ChecksEverySequenceBeforeRunningAny) {
+  auto gen = test::test_rng();
+  const Model model = Model::random(ModelConfig::parse(configs()[1].second.dump()), gen());
+  ModelCache a = model.new_cache(1, 8), b = model.new_cache(1, 4), pair = model.new_cache(2, 8);
+  const std::vector<int32_t> three = {1, 2, 3}, five = {1, 2, 3, 4, 5}, bad = {1, 263};
+  const auto refused = [&](std::vector<SequenceStep> steps, const std::string& what) {
+    try {
+      model.step(steps);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(a.length(), 0);
+    EXPECT_EQ(b.length(), 0);
+  };
+  refused({}, "seqs");
+  refused({{&a, three}, {&b, five}}, "seqs[1].n");       // no room in b
+  refused({{&a, three}, {&a, three}}, "seqs[1].cache");  // one cache twice
+  refused({{&a, three}, {&pair, three}}, "seqs[1].cache");
+  refused({{&a, three}, {nullptr, three}}, "seqs[1].cache");
+  refused({{&a, three}, {&b, bad}}, "seqs[1].ids[0, 1]");
+  refused({{&a, {}}}, "seqs[0].n");
+  ModelCache foreign = Model::random(ModelConfig::parse(configs()[0].second.dump()), 1).new_cache(1, 8);
+  refused({{&a, three}, {&foreign, three}}, "seqs[1].cache");
+}
+
+}  // namespace
+}  // namespace mhsa
