@@ -1,17 +1,31 @@
 // tests/cpp/test_q8_0_kernels.cpp — the kernels over Q8_0 weights (dispatch.h's matmul_bt_q8_0,
 // matmul_bt_parts_q8_0, gemm_bt_q8_0) on every usable ISA: against the float64 twin on odd M and
 // N and K from one block to thousands, gemm_bt_q8_0 bitwise gemm_ex on the dequantised B, the
-// parts bitwise one call each, and every result bitwise identical for 1, 2 and 3 threads.
+// parts bitwise one call each, and every result bitwise identical for 1, 2 and 3 threads; and
+// models loaded with WeightType::q8_0 (GPT-2 and a grouped-query SwiGLU Llama with a matrix that
+// stays float32): logits, losses and greedy tokens against the float32 model run on the
+// dequantised weights, non-finite weights and gradients refused.
 #include <omp.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "kernels/dispatch.h"
 #include "kernels/q8_0.h"
+#include "mhsa/error.h"
+#include "mhsa/model.h"
+#include "mhsa/safetensors.h"
+#include "nn/linear.h"
 #include "test_util.h"
+
+#include <nlohmann/json.hpp>
 
 namespace mhsa::test {
 namespace {
@@ -139,6 +153,120 @@ TEST(Q8_0Kernels, GroupingDoesNotChangeBits) {
                                                      row.data() + i * 9, 9);
     EXPECT_TRUE(same_bits(all, row)) << cpu::isa_name(isa);
   }
+}
+
+// A random model of `config` (embeddings scaled up for lively logits, so that greedy choices are
+// not near-ties; `poison` set to NaN when named) saved as a Hugging Face directory, removed at the end.
+struct SavedModel {
+  std::filesystem::path dir;
+  SavedModel(const nlohmann::json& config, uint64_t seed, const std::string& poison = "")
+      : dir(std::filesystem::temp_directory_path() /
+            ("mhsa_q8_0_" + std::to_string(seed) + "_" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "config.json") << config.dump();
+    Model m = Model::random(ModelConfig::parse(config.dump()), seed);
+    std::vector<std::pair<std::string, ConstTensorView>> tensors;
+    for (auto& [name, t] : m.parameters()) {
+      if (name.find("wte") != std::string::npos || name.find("embed_tokens") != std::string::npos)
+        for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] *= 30.0f;
+      if (name == poison) t->data()[t->numel() / 2] = std::numeric_limits<float>::quiet_NaN();
+      tensors.emplace_back(name, t->view());
+    }
+    save_safetensors((dir / "model.safetensors").string(), tensors);
+  }
+  ~SavedModel() { std::filesystem::remove_all(dir); }
+};
+
+// w [rows, cols] replaced by its Q8_0 round trip along its rows, or along its columns (transposed:
+// GPT-2's Conv1D [in, out], quantised as [out, in]).
+void round_trip(Tensor& w, bool transposed) {
+  Tensor m = transposed ? nn::transposed(w.data(), w.dim(0), w.dim(1), w.dim(1)) : w;  // [out, in]
+  const int64_t cols = m.dim(1);
+  std::vector<BlockQ8_0> blocks(static_cast<size_t>(cols / kQ8Block));
+  for (int64_t r = 0; r < m.dim(0); ++r) {
+    kernels::quantize_row_q8_0(m.data() + r * cols, cols, blocks.data());
+    kernels::dequantize_row_q8_0(blocks.data(), cols, m.data() + r * cols);
+  }
+  w = transposed ? nn::transposed(m.data(), m.dim(0), m.dim(1), m.dim(1)) : m;
+}
+
+double max_rel(const Tensor& got, const Tensor& want) {
+  double scale = 0, worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(double{want.data()[i]}));
+  for (int64_t i = 0; i < want.numel(); ++i)
+    worst = std::max(worst, std::abs(double{got.data()[i]} - want.data()[i]));
+  return worst / scale;
+}
+
+// float_names: the matrices whose rows are not whole blocks, which stay float32.
+void check_family(const nlohmann::json& config, const std::vector<std::string>& float_names) {
+  auto gen = test_rng();
+  const SavedModel saved(config, gen());
+  const Model q8 = Model::load(saved.dir, WeightType::q8_0);
+  Model dequantised = Model::load(saved.dir);
+  EXPECT_EQ(q8.weight_type(), WeightType::q8_0);
+  const bool gpt2 = q8.family() == Family::gpt2;
+  int64_t quantised = 0;
+  for (auto& [name, t] : dequantised.parameters()) {
+    const Tensor* q = q8.parameter(name);
+    ASSERT_NE(q, nullptr) << name;
+    const bool kept = t->shape().size() == 2 && name != "wpe.weight" &&
+                      std::find(float_names.begin(), float_names.end(), name) == float_names.end();
+    if (!kept) {
+      EXPECT_EQ(q->shape(), t->shape()) << name << " stays float32";
+      continue;
+    }
+    EXPECT_FALSE(q->defined()) << name << " lives in Q8_0 storage";
+    round_trip(*t, gpt2 && name != "wte.weight");
+    ++quantised;
+  }
+  EXPECT_GT(quantised, 2);
+  const int64_t V = q8.config().vocab_size;
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
+  for (int64_t T : {1, 5, 13}) {  // the stream (T <= 8 rows) and the GEMM paths
+    std::vector<int32_t> ids(static_cast<size_t>(2 * T)), targets(ids.size());
+    for (auto& i : ids) i = tok(gen);
+    for (auto& i : targets) i = tok(gen);
+    const Tensor a = q8.forward(ids, 2, T), b = dequantised.forward(ids, 2, T);
+    EXPECT_LE(max_rel(a, b), 1e-5) << "T=" << T;
+    const double la = q8.loss(ids, targets, 2, T), lb = dequantised.loss(ids, targets, 2, T);
+    EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "T=" << T;
+  }
+  std::vector<int32_t> prompt(7);
+  for (auto& i : prompt) i = tok(gen);
+  GenerationOptions o;
+  o.max_new_tokens = 12;
+  o.stop_at_eos = false;
+  EXPECT_EQ(q8.generate(prompt, 1, 7, o), dequantised.generate(prompt, 1, 7, o));
+  EXPECT_THROW(q8.zero_gradients(), Error);
+  std::vector<Tensor> grads;
+  EXPECT_THROW(q8.loss_and_gradients(prompt, prompt, 1, 7, grads), Error);
+}
+
+const nlohmann::json kGpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 97},
+                              {"n_embd", 64}, {"n_layer", 2}, {"n_head", 4}, {"n_positions", 64}};
+
+TEST(Q8_0Model, Gpt2MatchesTheFloatModelOnDequantisedWeights) { check_family(kGpt2, {}); }
+
+TEST(Q8_0Model, LlamaMatchesTheFloatModelOnDequantisedWeights) {
+  // intermediate_size 72: down_proj's rows (72 weights) are not whole blocks and stay float32.
+  check_family({{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 101},
+                {"hidden_size", 64}, {"intermediate_size", 72}, {"num_hidden_layers", 2},
+                {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"max_position_embeddings", 64},
+                {"tie_word_embeddings", false}},
+               {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"});
+}
+
+TEST(Q8_0Model, NonFiniteWeightsAreRefusedByName) {
+  const SavedModel saved(kGpt2, test_rng()(), "h.1.mlp.c_fc.weight");
+  try {
+    (void)Model::load(saved.dir, WeightType::q8_0);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h.1.mlp.c_fc.weight"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_weight_type("q8_0", "--dtype"), WeightType::q8_0);
+  EXPECT_EQ(weight_type_name(WeightType::q8_0), "q8_0");
 }
 
 }  // namespace
