@@ -34,12 +34,12 @@ using mhsa::kernels::BlockQ8_0;
 using mhsa::kernels::kQ8Block;
 
 // The integer-dot alternative, one row a against B [N, K/32 blocks]: a is quantised to Q8_0 first.
-__attribute__((target("avx2,fma"))) void q8_integer_dot(int64_t N, int64_t K, const float* a, const BlockQ8_0* B,
+__attribute__((target("avx2,fma,f16c"))) void q8_integer_dot(int64_t N, int64_t K, const float* a, const BlockQ8_0* B,
                                                          float* c) {
   const int64_t nb = K / kQ8Block;
-  thread_local std::vector<BlockQ8_0> aq;
-  aq.resize(static_cast<size_t>(nb));
-  mhsa::kernels::quantize_row_q8_0(a, K, aq.data());
+  std::vector<BlockQ8_0> a_blocks(static_cast<size_t>(nb));
+  mhsa::kernels::quantize_row_q8_0(a, K, a_blocks.data());
+  const BlockQ8_0* aq = a_blocks.data();
 #pragma omp parallel for schedule(static)
   for (int64_t j0 = 0; j0 < N; j0 += 4) {
     const int J = static_cast<int>(std::min<int64_t>(4, N - j0));
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
   const mhsa::cpu::Isa isa = mhsa::cpu::best_isa();
   const auto& k = mhsa::kernels::kernels_for(isa);
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const int max_threads = std::min(2, omp_get_num_procs());
   std::printf("isa %s\n", std::string(mhsa::cpu::isa_name(isa)).c_str());
   const Shape shapes[] = {{"mlp c_fc", 3072, 768}, {"mlp c_proj", 768, 3072}, {"lm head", 50257, 768}};
