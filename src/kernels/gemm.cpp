@@ -22,8 +22,8 @@
 // gemm_bt_bf16 is gemm_ex's C = A·Bᵀ with B [N, K] stored as bfloat16 (16-bit weights): B is
 // widened while it is packed (exact), so no float copy of B exists beyond the packed panels, and
 // its bits are gemm_ex's on the widened B. gemm_bt_q8_0 is the same for B stored as Q8_0 blocks
-// (kernels/q8_0.h), dequantised while packed. Not a BLAS: no alpha/beta, no other types. Block sizes and their measurements
-// are below the micro-kernel.
+// (kernels/q8_0.h), dequantised while packed. Not a BLAS: no alpha/beta, no other types. Block
+// sizes and their measurements are below the micro-kernel.
 #include <algorithm>
 #include <array>
 #include <cstdlib>

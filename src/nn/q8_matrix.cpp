@@ -23,7 +23,9 @@ Q8Matrix Q8Matrix::quantized(const Tensor& w, bool transposed, std::string_view 
                    detail::message(src[i], " at index ", i));
   const Tensor t = transposed ? nn::transposed(src, m.cols, m.rows, m.rows) : Tensor();  // [rows, cols]
   if (transposed) src = t.data();
-  m.data.resize(static_cast<size_t>(detail::checked_count("Q8Matrix::quantized: blocks", {m.rows, m.blocks_per_row()}, sizeof(kernels::BlockQ8_0))));
+  const int64_t blocks =
+      detail::checked_count("Q8Matrix::quantized: blocks", {m.rows, m.blocks_per_row()}, sizeof(kernels::BlockQ8_0));
+  m.data.resize(static_cast<size_t>(blocks));
 #pragma omp parallel for schedule(static) if (m.rows * m.cols >= (int64_t{1} << 18))
   for (int64_t r = 0; r < m.rows; ++r)
     kernels::quantize_row_q8_0(src + r * m.cols, m.cols, m.data.data() + r * m.blocks_per_row());

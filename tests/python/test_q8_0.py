@@ -113,4 +113,5 @@ def test_cli_dtype_q8_0():
 
     prompt = ["generate", "--prompt", "In the beginning", "-n", "24"]
     assert run(*prompt, "--dtype", "q8_0") == run(*prompt)
-    assert "gpt2_q8_0_tg" in run("bench", "--model", str(d.MODEL), "--dtype", "q8_0", "--filter", "tg", "--min-seconds", "0.01")
+    bench = run("bench", "--model", str(d.MODEL), "--dtype", "q8_0", "--filter", "tg", "--min-seconds", "0.01")
+    assert "gpt2_q8_0_tg" in bench
