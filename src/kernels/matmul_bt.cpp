@@ -118,9 +118,12 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
 // ---- Q8_0 B ---------------------------------------------------------------------------------
 // A block's 32 quants are widened to float in registers (exact) and dotted with A's 32 floats in
 // kBlockVecs lanes-wide steps; the block's vector of partial sums then takes its scale in one FMA
-// into the row's accumulator. (Quantising A to int8 per block and summing integer products, as
-// llama.cpp does, measured no faster here: see docs/performance.md; it would also add A's own
-// rounding error.)
+// into the row's accumulator. The alternative, A quantised to int8 per block and integer dot
+// products (llama.cpp's Q8_0 path), is measured beside this one by bench/bench_q8_0: on the
+// shared 2-core AVX2 host, 1 thread, medians of 5 alternating rounds per CPU second, it read B at
+// 8.5 / 8.9 / 9.9 GB/s (GPT-2 LM head / c_fc / c_proj) against 7.2 / 7.0 / 10.9 here, both about
+// 2.5-3x the float kernel's weights per second: not the 2x a switch would need to pay for A's
+// added rounding error (~0.4% of each block's scale) and a twin that is no longer the float64 sum.
 constexpr int kBlockVecs = static_cast<int>(kQ8Block) / kLanes;  // 2 (AVX-512), 4 (AVX2), 8 (portable)
 
 // Σ a[i]·q[i] over one block, lane by lane: a product, then kBlockVecs − 1 FMAs in order.
