@@ -118,12 +118,14 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
 // ---- Q8_0 B ---------------------------------------------------------------------------------
 // A block's 32 quants are widened to float in registers (exact) and dotted with A's 32 floats in
 // kBlockVecs lanes-wide steps; the block's vector of partial sums then takes its scale in one FMA
-// into the row's accumulator. The alternative, A quantised to int8 per block and integer dot
-// products (llama.cpp's Q8_0 path), is measured beside this one by bench/bench_q8_0: on the
-// shared 2-core AVX2 host, 1 thread, medians of 5 alternating rounds per CPU second, it read B at
-// 8.5 / 8.9 / 9.9 GB/s (GPT-2 LM head / c_fc / c_proj) against 7.2 / 7.0 / 10.9 here, both about
-// 2.5-3x the float kernel's weights per second: not the 2x a switch would need to pay for A's
-// added rounding error (~0.4% of each block's scale) and a twin that is no longer the float64 sum.
+// into the row's accumulator (the float64 twin is then the plain sum over the dequantised B).
+// The alternative, A quantised to int8 per block and integer dot products (llama.cpp's Q8_0
+// path, vpmaddubsw + vpmaddwd), is measured beside this one by bench/bench_q8_0. On the quiet
+// 2-core AVX2 host (medians of 5 alternating rounds, GB/s of B) it is faster where K = 768:
+// GPT-2's LM head 13.6 vs 9.8 (1 thread), 19.8 vs 16.7 (2); c_fc 14.1 vs 9.9, 22.2 vs 17.1; and
+// level at c_proj (K = 3072: 14.0 vs 14.0, 17.0 vs 18.0). This loop is compute-bound at about 60%
+// of the read bandwidth with 2 threads: switching to the integer path (adding A's rounding,
+// ~0.4% of each block's scale, and a twin that quantises A too) is the next step, not yet taken.
 constexpr int kBlockVecs = static_cast<int>(kQ8Block) / kLanes;  // 2 (AVX-512), 4 (AVX2), 8 (portable)
 
 // Σ a[i]·q[i] over one block, lane by lane: a product, then kBlockVecs − 1 FMAs in order.
