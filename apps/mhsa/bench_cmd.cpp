@@ -258,7 +258,8 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 
 // A model directory's cases (--model): prompt processing of min(512, context) tokens and decoding
 // of min(128, context), as the GPT-2 cases above, named "<family>_pp512" and "<family>_tg128"
-// ("<family>_bf16_..." with --dtype bf16, whose weight matrices count 2 bytes a value).
+// ("<family>_bf16_..." with --dtype bf16, whose weight matrices count 2 bytes a value;
+// "<family>_q8_0_..." with --dtype q8_0, 34 bytes per 32 values).
 // No tokenizer: the ids are arbitrary. Work is counted from the config: every projection and the
 // LM head (2 FLOPs per weight per token) and the attention pairs each layer's window leaves; a
 // decoded token reads every layer's weights, the head and the cache.
@@ -270,8 +271,9 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype) 
   const double q = double(c.num_heads * c.head_dim), kv = double(c.num_kv_heads * c.head_dim);
   const double mlp = (c.mlp == MlpKind::gelu ? 2.0 : 3.0) * C * F;
   const double layer_weights = C * (2 * q + 2 * kv) + mlp;  // the matrices only (norms, biases: < 1%)
-  const std::string family = std::string(family_name(c.family)) + (wt == WeightType::bf16 ? "_bf16" : "");
-  const double weight_bytes = wt == WeightType::bf16 ? 2.0 : 4.0;  // the matrices' bytes per value
+  const std::string family =
+      std::string(family_name(c.family)) + (wt == WeightType::f32 ? "" : "_" + std::string(weight_type_name(wt)));
+  const double weight_bytes = wt == WeightType::bf16 ? 2.0 : wt == WeightType::q8_0 ? 34.0 / 32 : 4.0;  // per value
   const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions);
   const std::string pp_name = family + "_pp" + std::to_string(pp), tg_name = family + "_tg" + std::to_string(tg);
   Case prefill{pp_name, [=](double min_seconds) {

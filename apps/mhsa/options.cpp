@@ -126,8 +126,8 @@ CLI::Option* add_threads_option(CLI::App* cmd, int& threads) {
 CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype) {
   return cmd
       ->add_option("--dtype", dtype,
-                   "weights in memory: f32, or bf16 (16-bit weight matrices: about half the bytes per decoded "
-                   "token; inference only)")
+                   "weights in memory: f32, bf16 (16-bit weight matrices: about half the bytes per decoded "
+                   "token) or q8_0 (8-bit Q8_0 blocks: about a quarter); bf16 and q8_0 are for inference only")
       ->default_val("f32");
 }
 

@@ -68,13 +68,16 @@ struct SequenceStep {
 
 using TokenCallback = std::function<bool(int64_t, std::span<const int32_t>)>;
 
-// How a model keeps its weights: float32, or bfloat16 ("16-bit weights": the matrices of the
+// How a model keeps its weights: float32, bfloat16 ("16-bit weights": the matrices of the
 // linear layers, the token embedding and the output matrix are rounded to nearest-even at load;
-// norms, biases and learned positions stay float32; every product is still summed in float32).
-// bf16 halves the bytes a decode step streams; it is for inference only (no gradients).
-enum class WeightType { f32, bf16 };
-// "f32" or "bf16"; anything else throws mhsa::Error "<what>: expected "f32" or "bf16", got '…'"
-// (what: the option, "--dtype").
+// norms, biases and learned positions stay float32; every product is still summed in float32),
+// or q8_0 ("8-bit weights": the same matrices quantised at load into GGUF's Q8_0 blocks, 32 int8
+// weights and one f16 scale each, by ggml's reference rule; a matrix whose row length is not a
+// multiple of 32 stays float32). bf16 halves the bytes a decode step streams, q8_0 takes about a
+// quarter; both are for inference only (no gradients).
+enum class WeightType { f32, bf16, q8_0 };
+// "f32", "bf16" or "q8_0"; anything else throws mhsa::Error "<what>: expected "f32", "bf16" or
+// "q8_0", got '…'" (what: the option, "--dtype").
 WeightType parse_weight_type(std::string_view name, std::string_view what);
 std::string_view weight_type_name(WeightType dtype);
 
@@ -84,10 +87,11 @@ class Model {
   // model.safetensors.index.json names. Tensor names as Hugging Face saves them (with or without
   // the "model." / "transformer." prefix); buffers such as attn.bias and rotary inv_freq ignored.
   // dtype bf16: the weight matrices are kept as bfloat16 (see WeightType; F16 and BF16 files are
-  // widened to float32 exactly, then rounded to nearest-even per tensor as it is read).
+  // widened to float32 exactly, then rounded to nearest-even per tensor as it is read); q8_0:
+  // quantised to Q8_0 per tensor as it is read (a non-finite weight is refused, naming it).
   static Model load(const std::filesystem::path& dir, WeightType dtype = WeightType::f32);
-  // Random weights (normal-like, std 0.02; norms at identity) of a validated config; bf16: the
-  // same float32 weights, rounded.
+  // Random weights (normal-like, std 0.02; norms at identity) of a validated config; bf16, q8_0:
+  // the same float32 weights, rounded or quantised.
   static Model random(const ModelConfig& config, uint64_t seed, WeightType dtype = WeightType::f32);
 
   Model(Model&&) noexcept;
@@ -125,13 +129,14 @@ class Model {
                         uint64_t& rng_state);
 
   // Every parameter with its Hugging Face name ("model.layers.0.self_attn.q_proj.weight", ...;
-  // GPT-2's without a prefix, as Gpt2 names them), in a fixed order. In a bf16 model the 16-bit
-  // ones are empty tensors (their values live in bfloat16 storage).
+  // GPT-2's without a prefix, as Gpt2 names them), in a fixed order. In a bf16 or q8_0 model the
+  // 16-bit or 8-bit ones are empty tensors (their values live in bfloat16 or Q8_0 storage).
   std::vector<std::pair<std::string, Tensor*>> parameters();
   std::vector<std::pair<std::string, const Tensor*>> parameters() const;
   // The parameter of that name, or null.
   const Tensor* parameter(std::string_view name) const;
-  // Gradients need a float32 model: zero_gradients and loss_and_gradients of a bf16 one throw.
+  // Gradients need a float32 model: zero_gradients and loss_and_gradients of a bf16 or q8_0 one
+  // throw.
   std::vector<Tensor> zero_gradients() const;
   // Mean cross-entropy (nats per token) of targets [B, T] (−1 ignored) given ids [B, T]; adds
   // every parameter's gradient into grads (from zero_gradients()). Same for any thread count.

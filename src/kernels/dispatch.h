@@ -10,6 +10,7 @@
 #include "core/cpu.h"
 #include "kernels/attention_params.h"
 #include "kernels/elementwise.h"
+#include "kernels/q8_0.h"
 
 namespace mhsa::kernels {
 
@@ -24,6 +25,15 @@ struct BtPart {
 // matmul_bt_parts_bf16's part: B [N, K] (ldb) stored as bfloat16 (kernels/bf16.h).
 struct BtPart16 {
   const uint16_t* B;
+  int64_t ldb, N;
+  float* C;
+  int64_t ldc;
+};
+
+// matmul_bt_parts_q8_0's part: B [N, K] stored as Q8_0 blocks (kernels/q8_0.h), K a multiple of
+// 32; ldb counts blocks (K / 32 for a whole matrix).
+struct BtPartQ8 {
+  const BlockQ8_0* B;
   int64_t ldb, N;
   float* C;
   int64_t ldc;
@@ -65,6 +75,12 @@ struct BtPart16 {
   void matmul_bt_parts_bf16(int64_t M, int64_t K, const float* A, int64_t lda, const BtPart16* parts,         \
                             int count);                                                                      \
   void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,          \
+                    int64_t ldb, float* C, int64_t ldc);                                                     \
+  void matmul_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B,      \
+                      int64_t ldb, float* C, int64_t ldc);                                                   \
+  void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts,         \
+                            int count);                                                                      \
+  void gemm_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B,          \
                     int64_t ldb, float* C, int64_t ldc);                                                     \
   void softmax_cross_entropy(int64_t rows, int64_t V, float* logits, int64_t ld, const int32_t* targets,     \
                              float scale, double* loss);                                                   \
@@ -118,6 +134,15 @@ struct KernelTable {
   decltype(&portable::matmul_bt_bf16) matmul_bt_bf16;
   decltype(&portable::matmul_bt_parts_bf16) matmul_bt_parts_bf16;
   decltype(&portable::gemm_bt_bf16) gemm_bt_bf16;
+  // 8-bit weights: the same three with B [N, K] stored as Q8_0 blocks (K a multiple of 32, ldb in
+  // blocks). The streams (matmul_bt_q8_0, _parts_q8_0; decoding) widen the int8 quants in
+  // registers and sum each block's q·a in float32 before one FMA with its scale, every C element
+  // one fixed chain over the blocks whatever the grouping or thread count; gemm_bt_q8_0 dequantises
+  // B while packing (d·q, one rounding: dequantize_row_q8_0's values), so its bits are gemm_ex's on
+  // the dequantised B. Twin: matmul_bt_q8_0_ref (kernels/q8_0.h).
+  decltype(&portable::matmul_bt_q8_0) matmul_bt_q8_0;
+  decltype(&portable::matmul_bt_parts_q8_0) matmul_bt_parts_q8_0;
+  decltype(&portable::gemm_bt_q8_0) gemm_bt_q8_0;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

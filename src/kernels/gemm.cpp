@@ -21,8 +21,9 @@
 // its chains are the plain ones; for M <= kFreshMaxM they differ from gemm's blocked chains.
 // gemm_bt_bf16 is gemm_ex's C = A·Bᵀ with B [N, K] stored as bfloat16 (16-bit weights): B is
 // widened while it is packed (exact), so no float copy of B exists beyond the packed panels, and
-// its bits are gemm_ex's on the widened B. Not a BLAS: no alpha/beta, no other types. Block sizes and their measurements
-// are below the micro-kernel.
+// its bits are gemm_ex's on the widened B. gemm_bt_q8_0 is the same for B stored as Q8_0 blocks
+// (kernels/q8_0.h), dequantised while packed. Not a BLAS: no alpha/beta, no other types. Block
+// sizes and their measurements are below the micro-kernel.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -34,6 +35,7 @@
 #include <omp.h>
 
 #include "kernels/isa/simd.h"
+#include "kernels/q8_0.h"
 
 namespace mhsa::kernels::MHSA_ISA {
 namespace {
@@ -206,6 +208,25 @@ void pack_b_panel_transposed(int64_t K, int64_t n, const TB* B, int64_t ldb, flo
       }
       const TB* src = B + jj * ldb;
       for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = widen(src[k]);
+    }
+  }
+}
+
+// pack_b_panel_transposed for B stored as Q8_0 blocks ([N, K/32], ldb in blocks): each weight
+// dequantised as dequantize_row_q8_0 does (d·q, one rounding), a block row at a time.
+void pack_b_panel_transposed(int64_t K, int64_t n, const BlockQ8_0* B, int64_t ldb, float* panel) {
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t k_end = std::min(K, k0 + kKC);
+    for (int64_t jj = 0; jj < kNR; ++jj) {
+      if (jj >= n) {
+        for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = 0.0f;
+        continue;
+      }
+      for (int64_t k = k0; k < k_end; k += kQ8Block) {
+        const BlockQ8_0& blk = B[jj * ldb + k / kQ8Block];
+        const float d = f16_scalar(blk.d);
+        for (int64_t i = 0; i < kQ8Block; ++i) panel[(k + i) * kNR + jj] = d * static_cast<float>(blk.qs[i]);
+      }
     }
   }
 }
@@ -447,6 +468,16 @@ void gemm_ex(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool 
 }
 
 void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                  float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  gemm_packed(M, N, K, A, lda, false, B, ldb, true, nullptr, C, ldc, false);
+}
+
+void gemm_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb,
                   float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {

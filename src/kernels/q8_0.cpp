@@ -1,8 +1,10 @@
 // kernels/q8_0.cpp — the Q8_0 reference quantiser and dequantiser (kernels/q8_0.h). Scalar: run
-// once per weight at load or when writing a file, never on the decode path.
+// once per weight at load or when writing a file, never on the decode path; and the float64 twin
+// of the kernels that multiply by Q8_0 rows.
 #include "kernels/q8_0.h"
 
 #include <cmath>
+#include <vector>
 
 #include "kernels/half.h"
 
@@ -23,6 +25,20 @@ void dequantize_row_q8_0(const BlockQ8_0* blocks, int64_t n, float* y) {
   for (int64_t b = 0; b < n / kQ8Block; ++b) {
     const float d = f16_to_float(blocks[b].d);
     for (int64_t i = 0; i < kQ8Block; ++i) y[b * kQ8Block + i] = d * static_cast<float>(blocks[b].qs[i]);
+  }
+}
+
+void matmul_bt_q8_0_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B,
+                        int64_t ldb, float* C, int64_t ldc) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < N; ++j) {
+    std::vector<float> b(static_cast<size_t>(K));
+    dequantize_row_q8_0(B + j * ldb, K, b.data());
+    for (int64_t i = 0; i < M; ++i) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double{A[i * lda + k]} * b[static_cast<size_t>(k)];
+      C[i * ldc + j] = static_cast<float>(acc);
+    }
   }
 }
 

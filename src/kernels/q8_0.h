@@ -28,4 +28,10 @@ void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out);
 // blocks [n / 32] → y [n].
 void dequantize_row_q8_0(const BlockQ8_0* blocks, int64_t n, float* y);
 
+// The float64 twin of dispatch.h's Q8_0 kernels: C[M, N] (ldc) = A[M, K] (lda) · B[N, K]ᵀ with B
+// stored as Q8_0 blocks (ldb in blocks, K a multiple of 32), dequantised as dequantize_row_q8_0
+// does and summed in float64.
+void matmul_bt_q8_0_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B,
+                        int64_t ldb, float* C, int64_t ldc);
+
 }  // namespace mhsa::kernels

@@ -19,15 +19,17 @@ using detail::message;
 namespace fs = std::filesystem;
 
 // The model's nn::Stack but for its config and parameter pointers (set per call: a Model moves),
-// and a bf16 model's 16-bit weights (indexed like the parameters; empty matrices elsewhere).
+// and a bf16 model's 16-bit or a q8_0 model's 8-bit weights (indexed like the parameters; empty
+// matrices elsewhere).
 struct Model::Layout : nn::Stack {
   std::vector<nn::Bf16Matrix> half16;
+  std::vector<nn::Q8Matrix> quant8;
 };
 
 namespace {
 
 enum class Init { weight, zero, one };
-enum class Half { no, as_is, transposed };  // kept as bfloat16 in a bf16 model ([out, in]), or not
+enum class Half { no, as_is, transposed };  // kept as bfloat16 / Q8_0 in a bf16 / q8_0 model ([out, in]), or not
 
 struct Spec {
   std::string name;
@@ -120,14 +122,22 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
 
 std::string shape_text(const std::vector<int64_t>& s) { return shape_string(ConstTensorView(nullptr, s)); }
 
-// Adds parameter `spec` with value t: as it is, or in a bf16 model rounded into L.half16 (and
-// an empty tensor in its place).
+// Adds parameter `spec` with value t: as it is, or in a bf16 model rounded into L.half16, in a
+// q8_0 model quantised into L.quant8 (and an empty tensor in its place). A q8_0 model keeps a
+// matrix whose rows are not whole 32-weight blocks in float32 (llama.cpp's fallback too).
 void keep(std::vector<std::pair<std::string, Tensor>>& params, Model::Layout& L, WeightType dtype, const Spec& spec,
           Tensor t) {
+  const bool transposed = spec.half == Half::transposed;
   if (dtype == WeightType::bf16) {
     L.half16.resize(params.size() + 1);
     if (spec.half != Half::no) {
-      L.half16.back() = nn::Bf16Matrix::rounded(t, spec.half == Half::transposed);
+      L.half16.back() = nn::Bf16Matrix::rounded(t, transposed);
+      t = Tensor();
+    }
+  } else if (dtype == WeightType::q8_0) {
+    L.quant8.resize(params.size() + 1);
+    if (spec.half != Half::no && nn::Q8Matrix::fits(t.dim(transposed ? 0 : 1))) {
+      L.quant8.back() = nn::Q8Matrix::quantized(t, transposed, spec.name);
       t = Tensor();
     }
   }
@@ -139,12 +149,19 @@ void keep(std::vector<std::pair<std::string, Tensor>>& params, Model::Layout& L,
 WeightType parse_weight_type(std::string_view name, std::string_view what) {
   if (name == "f32") return WeightType::f32;
   if (name == "bf16") return WeightType::bf16;
-  throw Error(message(what, ": expected \"f32\" or \"bf16\", got ", detail::quote(name)));
+  if (name == "q8_0") return WeightType::q8_0;
+  throw Error(message(what, ": expected \"f32\", \"bf16\" or \"q8_0\", got ", detail::quote(name)));
 }
 
-std::string_view weight_type_name(WeightType dtype) { return dtype == WeightType::bf16 ? "bf16" : "f32"; }
+std::string_view weight_type_name(WeightType dtype) {
+  return dtype == WeightType::bf16 ? "bf16" : dtype == WeightType::q8_0 ? "q8_0" : "f32";
+}
 
-WeightType Model::weight_type() const { return layout_ && !layout_->half16.empty() ? WeightType::bf16 : WeightType::f32; }
+WeightType Model::weight_type() const {
+  if (layout_ && !layout_->half16.empty()) return WeightType::bf16;
+  if (layout_ && !layout_->quant8.empty()) return WeightType::q8_0;
+  return WeightType::f32;
+}
 
 Model::Model() = default;
 Model::Model(Model&&) noexcept = default;
@@ -213,6 +230,7 @@ nn::Stack ModelAccess::stack(const Model& m) {
   s.config = &m.config_;
   for (const auto& [name, t] : m.params_) s.params.push_back(&t);
   for (const nn::Bf16Matrix& h : m.layout_->half16) s.half.push_back(h.data.empty() ? nullptr : &h);
+  for (const nn::Q8Matrix& q : m.layout_->quant8) s.q8.push_back(q.data.empty() ? nullptr : &q);
   return s;
 }
 
@@ -239,8 +257,8 @@ const Tensor* Model::parameter(std::string_view name) const {
 namespace {
 void require_f32(const Model& m, std::string_view fn) {
   if (m.weight_type() != WeightType::f32)
-    fail(fn, "model", "float32 weights (16-bit weights are for inference only: load with dtype f32 to train)",
-         "bf16 weights");
+    fail(fn, "model", "float32 weights (16-bit and 8-bit weights are for inference only: load with dtype f32 to train)",
+         message(weight_type_name(m.weight_type()), " weights"));
 }
 }  // namespace
 

@@ -35,11 +35,12 @@ float* grad_or_null(std::vector<Tensor>& grads, int i) { return i >= 0 ? grads[s
 
 void linear(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy) {
   if (const Bf16Matrix* w16 = s.p16(l.w)) return linear_forward(rows, x, ldx, *w16, s.data_or_null(l.b), y, ldy);
+  if (const Q8Matrix* w8 = s.p8(l.w)) return linear_forward(rows, x, ldx, *w8, s.data_or_null(l.b), y, ldy);
   linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
 }
 
 LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
-  return {&s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy, s.p16(l.w)};
+  return {&s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy, s.p16(l.w), s.p8(l.w)};
 }
 
 void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
@@ -296,6 +297,9 @@ void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int6
   if (const Bf16Matrix* w16 = s.p16(s.embed))
     return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w16,
                              s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
+  if (const Q8Matrix* w8 = s.p8(s.embed))
+    return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w8,
+                             s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
   embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), s.p(s.embed), s.pos >= 0 ? &s.p(s.pos) : nullptr,
                     s.config->embedding_scale, x);
 }
@@ -310,6 +314,8 @@ void final_logits(const Stack& s, int64_t rows, const float* x, int64_t ldx, flo
   norm_forward(s.norm(), rows, C, x, ldx, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), h.data(), C);
   if (const Bf16Matrix* w16 = s.output_matrix16())
     lm_head_forward(rows, h.data(), C, *w16, c.final_logit_softcap, logits);
+  else if (const Q8Matrix* w8 = s.output_matrix8())
+    lm_head_forward(rows, h.data(), C, *w8, c.final_logit_softcap, logits);
   else
     lm_head_forward(rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits);
 }
@@ -372,6 +378,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   const int64_t C = c.hidden_size, rows = B * T;
   if (grads && !s.half.empty())
     detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)", "bf16 weights");
+  if (grads && !s.q8.empty())
+    detail::fail("stack_loss", "grads", "float32 weights (8-bit weights are for inference only)", "q8_0 weights");
   std::vector<BlockTape> tapes(grads ? s.layers.size() : 0);
   Tensor x({B, T, C});
   embed_forward(s, ids, T, 0, x.data());
@@ -385,6 +393,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   Tensor* dw = grads ? &(*grads)[static_cast<size_t>(s.head >= 0 ? s.head : s.embed)] : nullptr;
   if (const Bf16Matrix* w16 = s.output_matrix16())
     return lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted);
+  if (const Q8Matrix* w8 = s.output_matrix8())
+    return lm_head_loss(rows, hf.data(), *w8, c.final_logit_softcap, targets.data(), counted);
   const double loss = lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(), counted,
                                    grads ? dhf.data() : nullptr, dw);
   if (!grads) return loss;

@@ -1,6 +1,6 @@
 // nn/linear.cpp — see linear.h. Every product is the library's GEMM (gemm for the plain
 // forward, gemm_ex for transposed operands and accumulation, matmul_bt streaming an [out, in]
-// weight for a few rows; their _bf16 forms for bfloat16 weights).
+// weight for a few rows; their _bf16 and _q8_0 forms for 16-bit and 8-bit weights).
 #include "nn/linear.h"
 
 #include <algorithm>
@@ -82,6 +82,16 @@ void linear_forward(int64_t rows, const float* x, int64_t ldx, const Bf16Matrix&
   if (b) add_bias(rows, w.rows, b, y, ldy);
 }
 
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const Q8Matrix& w, const float* b, float* y,
+                    int64_t ldy) {
+  const kernels::KernelTable& k = kernels::kernels();
+  if (rows <= kStreamRows)
+    k.matmul_bt_q8_0(rows, w.rows, w.cols, x, ldx, w.data.data(), w.blocks_per_row(), y, ldy);
+  else
+    k.gemm_bt_q8_0(rows, w.rows, w.cols, x, ldx, w.data.data(), w.blocks_per_row(), y, ldy);
+  if (b) add_bias(rows, w.rows, b, y, ldy);
+}
+
 void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<const LinearOut> outs) {
   constexpr size_t kMaxParts = 4;
   const bool few = rows <= kStreamRows && outs.size() <= kMaxParts;
@@ -98,13 +108,28 @@ void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<co
       if (o.b) add_bias(rows, o.w16->rows, o.b, o.y, o.ldy);
     return;
   }
+  if (few && std::all_of(outs.begin(), outs.end(), [&](const LinearOut& o) {
+        return o.w8 && o.w8->cols == outs[0].w8->cols;
+      })) {
+    kernels::BtPartQ8 parts[kMaxParts];
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Q8Matrix& w = *outs[i].w8;
+      parts[i] = {w.data.data(), w.blocks_per_row(), w.rows, outs[i].y, outs[i].ldy};
+    }
+    kernels::kernels().matmul_bt_parts_q8_0(rows, outs[0].w8->cols, x, ldx, parts, static_cast<int>(outs.size()));
+    for (const LinearOut& o : outs)
+      if (o.b) add_bias(rows, o.w8->rows, o.b, o.y, o.ldy);
+    return;
+  }
   const bool stream = few && std::all_of(outs.begin(), outs.end(), [&](const LinearOut& o) {
-                        return !o.w16 && o.layout == Layout::out_in && o.w->dim(1) == outs[0].w->dim(1);
+                        return !o.w16 && !o.w8 && o.layout == Layout::out_in && o.w->dim(1) == outs[0].w->dim(1);
                       });
   if (!stream) {
     for (const LinearOut& o : outs) {
       if (o.w16)
         linear_forward(rows, x, ldx, *o.w16, o.b, o.y, o.ldy);
+      else if (o.w8)
+        linear_forward(rows, x, ldx, *o.w8, o.b, o.y, o.ldy);
       else
         linear_forward(rows, x, ldx, *o.w, o.layout, o.b, o.y, o.ldy);
     }

@@ -1,0 +1,165 @@
+// bench/bench_q8_0.cpp — the decode weight streams by weight type: matmul_bt (float32),
+// matmul_bt_bf16 and matmul_bt_q8_0 for one row of A at GPT-2's MLP and LM-head shapes, 1 and 2
+// threads, on the best ISA, with B rotated among copies larger than the last-level cache (the
+// weights of a real model come from memory). Beside them the alternative inner loop that
+// kernels/matmul_bt.cpp decided against, measured here so that the choice can be re-checked: A
+// quantised to Q8_0 blocks per call and each block's 32 products summed as integers (AVX2
+// vpmaddubsw + vpmaddwd, as llama.cpp's Q8_0 dot product) before one FMA with the two scales.
+// Rounds alternate the kernels; each prints its median and best over rounds of B's read rate in
+// GB/s, against the read bandwidth measured in the same run, and at 1 thread the median rate per
+// second of CPU time (robust to a shared host's preemption). Not a correctness test.
+//
+//   bench_q8_0 [rounds]
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu.h"
+#include "kernels/bf16.h"
+#include "kernels/dispatch.h"
+#include "kernels/half.h"
+#include "kernels/q8_0.h"
+#include "peak.h"
+
+namespace {
+
+using mhsa::kernels::BlockQ8_0;
+using mhsa::kernels::kQ8Block;
+
+// The integer-dot alternative, one row a against B [N, K/32 blocks]: a is quantised to Q8_0 first.
+__attribute__((target("avx2,fma,f16c"))) void q8_integer_dot(int64_t N, int64_t K, const float* a, const BlockQ8_0* B,
+                                                         float* c) {
+  const int64_t nb = K / kQ8Block;
+  std::vector<BlockQ8_0> a_blocks(static_cast<size_t>(nb));
+  mhsa::kernels::quantize_row_q8_0(a, K, a_blocks.data());
+  const BlockQ8_0* aq = a_blocks.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t j0 = 0; j0 < N; j0 += 4) {
+    const int J = static_cast<int>(std::min<int64_t>(4, N - j0));
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq[b].qs));
+      const float da = _cvtsh_ss(aq[b].d);
+      if (b % 2 == 0)
+        for (int j = 0; j < J; ++j) __builtin_prefetch(B + (j0 + 4 + j) * nb + b);
+      for (int j = 0; j < J; ++j) {
+        const BlockQ8_0& w = B[(j0 + j) * nb + b];
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(y, y), _mm256_sign_epi8(x, y));
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(da * _cvtsh_ss(w.d)), s, acc[j]);
+      }
+    }
+    for (int j = 0; j < J; ++j) {
+      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
+      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+      v = _mm_add_ss(v, _mm_movehdup_ps(v));
+      c[j0 + j] = _mm_cvtss_f32(v);
+    }
+  }
+}
+
+// This thread's CPU time: at 1 thread a rate per CPU second is what the kernel reaches while it
+// runs, whatever else the host schedules in between (these hosts are shared).
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Shape {
+  const char* name;
+  int64_t N, K;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
+  const mhsa::cpu::Isa isa = mhsa::cpu::best_isa();
+  const auto& k = mhsa::kernels::kernels_for(isa);
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const int max_threads = std::min(2, omp_get_num_procs());
+  std::printf("isa %s\n", std::string(mhsa::cpu::isa_name(isa)).c_str());
+  const Shape shapes[] = {{"mlp c_fc", 3072, 768}, {"mlp c_proj", 768, 3072}, {"lm head", 50257, 768}};
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Shape& s : shapes) {
+    const int64_t n = s.N * s.K;
+    const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 34 / 32)));  // > LLC as q8
+    std::vector<float> a(static_cast<size_t>(s.K)), c(static_cast<size_t>(s.N));
+    for (float& x : a) x = normal(gen);
+    std::vector<float> w(static_cast<size_t>(n));
+    for (float& x : w) x = normal(gen);
+    // Every copy holds the same values; f32 copies only as many as fill 96 MiB of float.
+    const int f32_copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 4)));
+    const int bf_copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 2)));
+    std::vector<float> bf32(static_cast<size_t>(n * f32_copies));
+    std::vector<uint16_t> bbf(static_cast<size_t>(n * bf_copies));
+    std::vector<BlockQ8_0> bq(static_cast<size_t>(n / kQ8Block * copies));
+    for (int i = 0; i < f32_copies; ++i) std::copy(w.begin(), w.end(), bf32.begin() + n * i);
+    std::transform(w.begin(), w.end(), bbf.begin(), mhsa::kernels::float_to_bf16);
+    for (int i = 1; i < bf_copies; ++i) std::copy(bbf.begin(), bbf.begin() + n, bbf.begin() + n * i);
+    mhsa::kernels::quantize_row_q8_0(w.data(), n, bq.data());
+    for (int i = 1; i < copies; ++i)
+      std::copy(bq.begin(), bq.begin() + n / kQ8Block, bq.begin() + n / kQ8Block * i);
+    struct Variant {
+      const char* name;
+      double bytes;
+      std::function<void(int)> run;
+      std::vector<double> rates, cpu_rates;  // GB/s per wall second; per second of this thread's CPU time
+    };
+    const float* f32_b = bf32.data();
+    const uint16_t* bf16_b = bbf.data();
+    const BlockQ8_0* q8_b = bq.data();
+    const int64_t N = s.N, K = s.K, nb = n / kQ8Block;
+    std::vector<Variant> variants = {
+        {"f32", 4.0 * n,
+         [&](int i) { k.matmul_bt(1, N, K, a.data(), K, f32_b + n * (i % f32_copies), K, c.data(), N); }, {}, {}},
+        {"bf16", 2.0 * n,
+         [&](int i) { k.matmul_bt_bf16(1, N, K, a.data(), K, bf16_b + n * (i % bf_copies), K, c.data(), N); }, {}, {}},
+        {"q8_0 widen (lib)", 34.0 * n / 32,
+         [&](int i) { k.matmul_bt_q8_0(1, N, K, a.data(), K, q8_b + nb * (i % copies), K / kQ8Block, c.data(), N); },
+         {}, {}},
+    };
+    if (avx2)
+      variants.push_back({"q8_0 int dot", 34.0 * n / 32,
+                          [&](int i) { q8_integer_dot(N, K, a.data(), q8_b + nb * (i % copies), c.data()); }, {}, {}});
+    for (int t = 1; t <= max_threads; ++t) {
+      omp_set_num_threads(t);
+      for (Variant& v : variants) v.rates.clear(), v.cpu_rates.clear();
+      for (int r = 0; r < rounds; ++r)
+        for (Variant& v : variants) {  // alternating: one round of every kernel, then the next round
+          v.run(0);
+          constexpr int kReps = 20;
+          const double cpu0 = thread_cpu_seconds();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int i = 1; i <= kReps; ++i) v.run(i);
+          const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          v.rates.push_back(v.bytes * kReps / sec * 1e-9);
+          v.cpu_rates.push_back(v.bytes * kReps / (thread_cpu_seconds() - cpu0) * 1e-9);
+        }
+      const double bw = mhsa::bench::measure_read_bandwidth_gbs(t);
+      for (Variant& v : variants) {
+        std::sort(v.rates.begin(), v.rates.end());
+        std::sort(v.cpu_rates.begin(), v.cpu_rates.end());
+        std::printf("%-10s N %5lld K %4lld  thr %d  %-17s  median %6.1f GB/s  best %6.1f  (read bw %.1f)", s.name,
+                    static_cast<long long>(N), static_cast<long long>(K), t, v.name, v.rates[v.rates.size() / 2],
+                    v.rates.back(), bw);
+        if (t == 1) std::printf("  per CPU second: median %6.1f", v.cpu_rates[v.cpu_rates.size() / 2]);
+        std::printf("\n");
+      }
+    }
+  }
+  return 0;
+}
