@@ -47,6 +47,15 @@ const GgufTensorInfo& required(const GgufFile& f, const std::string& name) {
   return *t;
 }
 
+// An "output" tensor distinct from token_embd (the GPT-2 converter writes a tied head out again).
+bool distinct_head(const GgufFile& f) {
+  const GgufTensorInfo* out = f.find("output.weight");
+  if (!out) return false;
+  const GgufTensorInfo& embd = required(f, "token_embd.weight");
+  const auto a = f.data(*out), b = f.data(embd);
+  return out->type != embd.type || out->dims != embd.dims || std::memcmp(a.data(), b.data(), a.size()) != 0;
+}
+
 // tokenizer.ggml.<key> as a token id of the vocabulary, or -1.
 int32_t token_id(const GgufFile& f, const char* key, int64_t vocab, int32_t fallback) {
   const std::optional<uint64_t> v = f.get_uint(message("tokenizer.ggml.", key));
@@ -130,7 +139,7 @@ ModelConfig GgufModelFile::config_of(const GgufFile& f) {
     const int32_t eos = token_id(f, "eos_token_id", c.vocab_size, 2);
     if (eos >= 0) c.eos_token_ids = {eos};
   }
-  c.tie_word_embeddings = f.find("output.weight") == nullptr;
+  c.tie_word_embeddings = !distinct_head(f);
   c.window_left.assign(static_cast<size_t>(c.num_layers), -1);
   c.validate(fn);
   return c;
@@ -142,14 +151,7 @@ GgufModelFile GgufModelFile::open(const std::filesystem::path& path) {
   return m;
 }
 
-bool GgufModelFile::untied_head() const {
-  const GgufTensorInfo* out = file_.find("output.weight");
-  if (!out) return false;
-  const GgufTensorInfo& embd = required(file_, "token_embd.weight");
-  // The GPT-2 converter writes the tied head out again: untied only if it differs.
-  const auto a = file_.data(*out), b = file_.data(embd);
-  return out->type != embd.type || out->dims != embd.dims || std::memcmp(a.data(), b.data(), a.size()) != 0;
-}
+bool GgufModelFile::untied_head() const { return !config_.tie_word_embeddings; }
 
 Tensor GgufModelFile::load(const std::string& name, const std::vector<int64_t>& shape) const {
   const GgufName g = gguf_name(config_, name);
