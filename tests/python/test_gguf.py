@@ -7,6 +7,7 @@ dequantise as gguf dequantises them; corrupt files give mhsa.Error, never a cras
 Models: tiny random Llama (grouped heads) and GPT-2 made with transformers (families.build) and
 saved with save_pretrained."""
 
+import json
 import struct
 import subprocess
 from pathlib import Path
@@ -242,17 +243,36 @@ def test_quantize_refuses_bad_options(rng, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf", "qwen"]  # no temporary left
 
 
-def test_gpt2_tokenizer_is_written(tmp_path):
-    """A GPT-2 directory's vocab.json + merges.txt become tokenizer.ggml.* (model "gpt2")."""
-    save(GPT2, tmp_path / "hf")
-    vocab = {f"t{i}": i for i in range(97)}
-    (tmp_path / "hf" / "vocab.json").write_text(__import__("json").dumps(vocab))
-    (tmp_path / "hf" / "merges.txt").write_text("#version: 0.2\nt 1\nt 2\n")
+def test_gpt2_tokenizer_is_written_and_read(tmp_path):
+    """A GPT-2 directory's vocab.json + merges.txt become tokenizer.ggml.* (model "gpt2"), which
+    `mhsa generate --model FILE.gguf` reads back: the same ids and tokens as from the directory."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = [b for b in range(256) if b not in bs]
+    alphabet = [chr(b) for b in bs] + [chr(256 + i) for i in range(len(extra))]  # GPT-2's bytes_to_unicode
+    tokens = alphabet + ["ab", "abc", "\u0120z", "<|endoftext|>"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    save((GPT2[0], {**GPT2[1], "vocab_size": len(tokens)}, GPT2[2]), tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "hf" / "merges.txt").write_text("#version: 0.2\na b\nab c\n\u0120 z\n")
     out = tmp_path / "m.gguf"
     assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", out).returncode == 0
     meta = mhsa.read_gguf(out, load=False)["metadata"]
     assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
-    assert meta["tokenizer.ggml.tokens"] == list(vocab) and meta["tokenizer.ggml.merges"] == ["t 1", "t 2"]
+    assert meta["tokenizer.ggml.tokens"] == tokens and meta["tokenizer.ggml.merges"] == ["a b", "ab c", "\u0120 z"]
+    runs = [run_cli("generate", "--model", m, "--prompt", "abcd zab", "-n", "5", "--json", "--ignore-eos")
+            for m in (tmp_path / "hf", out)]
+    assert runs[0].returncode == 0 and runs[1].returncode == 0, runs[1].stderr
+    a, b = (json.loads(r.stdout) for r in runs)
+    assert a["prompt_ids"] == b["prompt_ids"] == [vocab["abc"], vocab["d"], vocab["\u0120z"], vocab["ab"]]
+    assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
+
+
+def test_other_gguf_tokenizers_are_refused(tmp_path):
+    save(LLAMA, tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", out).returncode == 0
+    r = run_cli("generate", "--model", out, "--prompt", "x", "-n", "1")
+    assert r.returncode == 2 and "tokenizer.ggml.model" in r.stderr and "no_vocab" in r.stderr
 
 
 # ---- corrupt files ---------------------------------------------------------------------------
