@@ -140,6 +140,8 @@ def test_llama_cpp_layout_loads_with_the_same_logits(case, rng, tmp_path):
         assert got[key] == pytest.approx(want[key]), key
     ids = rng.integers(0, cfg.vocab_size, (2, 11)).astype(np.int32)
     np.testing.assert_array_equal(ours.forward(ids), ref.forward(ids))
+    bf16 = [mhsa.Model.load(p, dtype="bf16").forward(ids) for p in (tmp_path / "m.gguf", tmp_path / "hf")]
+    np.testing.assert_array_equal(bf16[0], bf16[1])
 
 
 def test_quantised_tensors_dequantise_as_gguf_does(rng, tmp_path):
