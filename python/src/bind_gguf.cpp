@@ -1,7 +1,8 @@
 // python/src/bind_gguf.cpp — GGUF files from Python: mhsa.read_gguf (metadata, tensor types and
 // shapes, and the tensors as float32 arrays, read and validated as Model.load reads them),
-// mhsa.read_gguf_config (the ModelConfig a llama/gpt2 GGUF file gives) and mhsa.save_gguf (a
-// Model as `mhsa quantize` writes it), and mhsa.model_parameters (a Model's weights, to compare). For tests and tools; models load through Model.load.
+// mhsa.read_gguf_config (the ModelConfig a llama/gpt2 GGUF file gives), mhsa.save_gguf (a Model
+// as `mhsa quantize` writes it) and mhsa.model_parameters (a Model's weights, to compare). For
+// tests and tools; models load through Model.load.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>

@@ -85,10 +85,9 @@ std::string encode(const Tensor& t, GgufType type) {
       for (int64_t i = 0; i < n; ++i) put<uint16_t>(out, kernels::float_to_bf16(x[i]));
       break;
     case GgufType::q8_0: {
-      out.resize(static_cast<size_t>(n / kernels::kQ8Block) * sizeof(kernels::BlockQ8_0));
       std::vector<kernels::BlockQ8_0> blocks(static_cast<size_t>(n / kernels::kQ8Block));
       kernels::quantize_row_q8_0(x, n, blocks.data());
-      std::memcpy(out.data(), blocks.data(), out.size());
+      out.assign(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(kernels::BlockQ8_0));
       break;
     }
     default: break;  // refused by add_tensor

@@ -13,8 +13,6 @@
 namespace mhsa::detail {
 namespace {
 
-constexpr std::string_view kFn = "Model::load";
-
 // Metadata of one architecture ("llama.block_count", …), each value range-checked.
 class Hyper {
  public:
