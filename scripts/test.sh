@@ -5,7 +5,7 @@
 # UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it builds the
 # libFuzzer targets (tests/fuzz/CMakeLists.txt, into build-fuzz/) and fuzzes the safetensors reader
 # for 30 seconds, the tokenizer for 20, config.json, chat templates, the tokenizer's files and
-# tokenizer.json files for 15 each, cross-builds the library for 64-bit ARM (portable kernels
+# tokenizer.json files and GGUF files for 15 each, cross-builds the library for 64-bit ARM (portable kernels
 # only) and runs tests/arm/check.cpp under qemu-aarch64.
 # Run scripts/setup.sh --test first.
 set -euo pipefail
@@ -46,6 +46,8 @@ fuzz() {
 }
 step "fuzzing the safetensors reader (30 s)"
 fuzz safetensors 30
+step "fuzzing the GGUF reader and its model mapping: GgufFile::parse, tensor loading, GgufModelFile::config_of (15 s)"
+fuzz gguf 15
 step "fuzzing the tokenizer: any bytes encode and decode back (20 s)"
 fuzz tokenizer 20 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer
 step "fuzzing config.json and index reading: Gpt2Config::parse, ModelConfig::parse, parse_safetensors_index (15 s)"

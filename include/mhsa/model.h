@@ -89,6 +89,10 @@ class Model {
   // dtype bf16: the weight matrices are kept as bfloat16 (see WeightType; F16 and BF16 files are
   // widened to float32 exactly, then rounded to nearest-even per tensor as it is read); q8_0:
   // quantised to Q8_0 per tensor as it is read (a non-finite weight is refused, naming it).
+  // A path to a file is read as GGUF (llama.cpp's format; architectures "llama" and "gpt2"): its
+  // metadata as the config, its tensors under Hugging Face names (Llama's q/k rows un-permuted,
+  // GPT-2's matrices transposed back), F16/BF16/Q8_0/Q4_0/Q4_K dequantised to float32 (then kept
+  // as the dtype asks).
   static Model load(const std::filesystem::path& dir, WeightType dtype = WeightType::f32);
   // Random weights (normal-like, std 0.02; norms at identity) of a validated config; bf16, q8_0:
   // the same float32 weights, rounded or quantised.
@@ -149,6 +153,10 @@ class Model {
  private:
   friend struct ModelAccess;
   Model();
+  static Model load_gguf(const std::filesystem::path& file, WeightType dtype);
+  // The parameters of config_ (with an untied head or not), each from get(name, shape).
+  void assemble(bool untied, WeightType dtype,
+                const std::function<Tensor(const std::string&, const std::vector<int64_t>&)>& get);
 
   ModelConfig config_;
   std::vector<std::pair<std::string, Tensor>> params_;

@@ -67,7 +67,9 @@ class Tokenizer {
   // and no special token.
   static Tokenizer bytes();
   // The tokenizer of a model directory: its vocabulary files when it has them, else bytes() for
-  // a model of 256 tokens; an error naming the directory otherwise.
+  // a model of 256 tokens; an error naming the directory otherwise. A path to a file is a GGUF
+  // file: the GPT-2 byte-level BPE its metadata holds (tokenizer.ggml.model "gpt2", pre-tokenizer
+  // "gpt-2"), any other GGUF tokenizer refused by name.
   static Tokenizer for_model(const std::filesystem::path& dir, int64_t vocab_size);
 
   // Any bytes (invalid UTF-8 included) → ids; decode(encode(s)) == s byte for byte. With

@@ -165,6 +165,7 @@ void bind_model(py::module_& m);      // bind_model.cpp
 void bind_weights(py::module_& m);    // bind_weights.cpp
 void bind_chat_template(py::module_& m);  // bind_chat_template.cpp
 void bind_chat(py::module_& m);           // bind_chat.cpp
+void bind_gguf(py::module_& m);           // bind_gguf.cpp
 
 }  // namespace mhsa::python
 
@@ -192,6 +193,7 @@ PYBIND11_MODULE(_core, m) {
   bind_weights(m);
   bind_chat_template(m);
   bind_chat(m);
+  bind_gguf(m);
   bind_attention(m);
   m.def("release_cached_memory", &mhsa::release_cached_memory,
         "Give the freed tensor memory that mhsa keeps for reuse (up to 1/8 of RAM) back to the system.");

@@ -11,6 +11,7 @@
 #include "mhsa/safetensors.h"
 #include "model/access.h"
 #include "model/decoder.h"
+#include "model/gguf_model.h"
 
 namespace mhsa {
 
@@ -170,8 +171,10 @@ Model::~Model() = default;
 
 Model Model::load(const fs::path& dir, WeightType dtype) {
   constexpr std::string_view fn = "Model::load";
+  std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) return load_gguf(dir, dtype);
   if (!fs::is_directory(dir))
-    fail(fn, "dir", "a model directory (config.json, model.safetensors)", "'" + dir.string() + "'");
+    fail(fn, "dir", "a model directory (config.json, model.safetensors) or a GGUF file", "'" + dir.string() + "'");
   Model m;
   const ShardedSafeTensors st = [&] {  // config.json and the weights of one checkpoint, while a trainer may swap them
     const detail::DirLock lock(dir, detail::DirLock::Mode::shared);
@@ -200,13 +203,27 @@ Model Model::load(const fs::path& dir, WeightType dtype) {
     const Tensor wte = get("wte.weight", {c.vocab_size, c.hidden_size});
     untied = !std::equal(head.data(), head.data() + head.numel(), wte.data());
   }
-  auto layout = std::make_unique<Layout>();
-  const std::vector<Spec> specs = plan(c, untied, *layout);
-  m.params_.reserve(specs.size());
-  for (const Spec& s : specs)
-    keep(m.params_, *layout, dtype, s, s.name == "lm_head.weight" && head.defined() ? std::move(head) : get(s.name, s.shape));
-  m.layout_ = std::move(layout);
+  m.assemble(untied, dtype, [&](const std::string& name, const std::vector<int64_t>& shape) {
+    return name == "lm_head.weight" && head.defined() ? std::move(head) : get(name, shape);
+  });
   return m;
+}
+
+Model Model::load_gguf(const fs::path& file, WeightType dtype) {
+  const detail::GgufModelFile g = detail::GgufModelFile::open(file);
+  Model m;
+  m.config_ = g.config();
+  m.assemble(g.untied_head(), dtype, [&](const std::string& name, const std::vector<int64_t>& shape) { return g.load(name, shape); });
+  return m;
+}
+
+void Model::assemble(bool untied, WeightType dtype,
+                     const std::function<Tensor(const std::string&, const std::vector<int64_t>&)>& get) {
+  auto layout = std::make_unique<Layout>();
+  const std::vector<Spec> specs = plan(config_, untied, *layout);
+  params_.reserve(specs.size());
+  for (const Spec& s : specs) keep(params_, *layout, dtype, s, get(s.name, s.shape));
+  layout_ = std::move(layout);
 }
 
 Model Model::random(const ModelConfig& config, uint64_t seed, WeightType dtype) {

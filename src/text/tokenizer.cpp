@@ -526,8 +526,13 @@ Tokenizer Tokenizer::bytes() {
   return Tokenizer(std::move(impl));  // no merges: BPE leaves every byte its own token
 }
 
+namespace text {
+Tokenizer gguf_tokenizer(const std::filesystem::path& path, int64_t vocab_size);  // text/gguf_tokenizer.cpp
+}
+
 Tokenizer Tokenizer::for_model(const fs::path& dir, int64_t vocab_size) {
   std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) return text::gguf_tokenizer(dir, vocab_size);
   if (fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "encoder.json", ec))
     return load_dir(dir);
   if (vocab_size == 256) return bytes();

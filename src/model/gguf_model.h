@@ -1,0 +1,49 @@
+// model/gguf_model.h — a GGUF file as a Model's config and weights, and a Model as a GGUF file, for
+// the families llama.cpp and mhsa share by name: "llama" (LlamaForCausalLM) and "gpt2".
+//
+// Names: llama.cpp's (token_embd, blk.N.attn_q, …, output_norm, output) ↔ the Hugging Face names
+// mhsa keeps. Layouts: llama.cpp's converter permutes the rows of Llama's q and k projections
+// (and their biases) from Hugging Face's rotate_half order to ggml's interleaved pairs; reading
+// undoes it, writing applies it. GPT-2's Conv1D weights ([in, out]) are stored transposed
+// ([out, in]), as the converter stores them. Metadata: the hyperparameters under "<arch>.…"
+// keys ↔ ModelConfig; anything mhsa cannot run the same way (partial rotary, RoPE scalings
+// other than linear, llama3's rope_freqs) is refused naming the key or tensor. Not public:
+// Model::load and `mhsa quantize` call it.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "io/gguf.h"
+#include "mhsa/model.h"
+
+namespace mhsa::detail {
+
+// A GGUF file read as a model: its config (validated) and its tensors by Hugging Face name.
+class GgufModelFile {
+ public:
+  static GgufModelFile open(const std::filesystem::path& path);
+  // The config of a parsed file (for tests and the fuzzer); throws naming the key.
+  static ModelConfig config_of(const GgufFile& file);
+
+  const ModelConfig& config() const { return config_; }
+  bool untied_head() const;  // an "output" tensor distinct from token_embd
+  // The Hugging Face parameter `name`, float32 in mhsa's layout, checked to have `shape`.
+  Tensor load(const std::string& name, const std::vector<int64_t>& shape) const;
+
+ private:
+  GgufFile file_;
+  ModelConfig config_;
+  explicit GgufModelFile(GgufFile f) : file_(std::move(f)) {}
+};
+
+// Writes a llama or gpt2 model as a GGUF file llama.cpp reads: its names, the q/k permutation, the
+// metadata llama.cpp needs (general.architecture, the hyperparameters, file type; the tokenizer
+// from `tokenizer_dir`'s tokenizer.json or vocab.json + merges.txt when it has one). Matrices are
+// stored as `type` (Q8_0 needs rows of whole 32-value blocks: other matrices are stored F16, as
+// llama.cpp's converter does); norms, biases and learned positions stay F32.
+void save_gguf(const Model& model, const std::filesystem::path& path, GgufType type, bool overwrite,
+               const std::filesystem::path& tokenizer_dir = {});
+
+}  // namespace mhsa::detail

@@ -1,0 +1,36 @@
+// model/gguf_names.h — how a Hugging Face parameter of a llama or gpt2 model is named and laid out
+// in a GGUF file (llama.cpp's convert_hf_to_gguf.py conventions), and the two layout changes:
+// Llama's q/k rows permuted per head, GPT-2's Conv1D weights transposed. Not public.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "mhsa/model_config.h"
+#include "mhsa/tensor.h"
+
+namespace mhsa::detail {
+
+enum class GgufLayout {
+  as_is,
+  transposed,  // GPT-2 Conv1D [in, out] ↔ GGUF [out, in]
+  permuted,    // Llama q/k rows: rotate_half order ↔ interleaved pairs, per head of `heads`
+};
+
+struct GgufName {
+  std::string name;  // "blk.3.attn_q.weight"
+  GgufLayout layout = GgufLayout::as_is;
+  int64_t heads = 0;  // permuted only
+};
+
+// The GGUF name of parameter `hf_name` of a model of config c (family llama or gpt2); throws
+// mhsa::Error for a name llama.cpp has no name for.
+GgufName gguf_name(const ModelConfig& c, std::string_view hf_name);
+
+// Rows [R, ...] in `heads` groups of D = R / heads rows (D even): Hugging Face row s·D/2 + i of a
+// head is GGUF row 2i + s. to_gguf applies that, otherwise it is undone.
+Tensor permute_rows(const Tensor& x, int64_t heads, bool to_gguf);
+// [a, b] → [b, a].
+Tensor transpose_2d(const Tensor& x);
+
+}  // namespace mhsa::detail

@@ -1,0 +1,166 @@
+// model/gguf_save.cpp — a llama or gpt2 Model written as the GGUF file llama.cpp's converter would
+// write (see model/gguf_model.h): its tensor names and layouts, its metadata keys, and a byte-level
+// BPE tokenizer (tokenizer.json's, or GPT-2's vocab.json + merges.txt) as tokenizer.ggml.*.
+// Other tokenizers are not converted: the file then says "no_vocab", which llama.cpp reads as a
+// model without a vocabulary (token ids in, logits out).
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "io/file.h"
+#include "io/json.h"
+#include "model/gguf_model.h"
+#include "model/gguf_names.h"
+
+namespace mhsa::detail {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr std::string_view kFn = "save_gguf";
+constexpr int32_t kNormal = 1, kControl = 3, kUserDefined = 4, kUnused = 5;  // llama.cpp's token types
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::vector<std::string> merges;
+};
+
+// Places token `text` at `id`, growing the table.
+void place(Vocab& v, int64_t id, std::string text, int32_t type, int64_t n_vocab, const std::string& file) {
+  if (id < 0 || id >= n_vocab)
+    fail(kFn, file, message("token ids in [0, ", n_vocab, ") (the model's vocabulary)"), std::to_string(id));
+  if (static_cast<int64_t>(v.tokens.size()) <= id) {
+    v.tokens.resize(static_cast<size_t>(id) + 1);
+    v.types.resize(static_cast<size_t>(id) + 1, kUnused);
+  }
+  v.tokens[static_cast<size_t>(id)] = std::move(text);
+  v.types[static_cast<size_t>(id)] = type;
+}
+
+void read_vocab(Vocab& v, const json& vocab, int64_t n_vocab, const std::string& file) {
+  if (!vocab.is_object()) fail(kFn, file + ": vocab", "an object of token → id", json_excerpt(vocab));
+  for (const auto& [token, id] : vocab.items())
+    place(v, json_integer<int64_t>(id, kFn, file + ": vocab"), token, kNormal, n_vocab, file);
+}
+
+void read_merges(Vocab& v, const json& merges, const std::string& file) {
+  if (!merges.is_array()) fail(kFn, file + ": merges", "an array", json_excerpt(merges));
+  for (const json& m : merges) {
+    if (m.is_string()) v.merges.push_back(m.get<std::string>());
+    else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
+      v.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+    else fail(kFn, file + ": merges", "\"a b\" strings or [a, b] pairs", json_excerpt(m));
+  }
+}
+
+// A byte-level BPE vocabulary of the directory, or none (another kind of tokenizer, or no files).
+std::optional<Vocab> byte_level_vocab(const fs::path& dir, int64_t n_vocab) {
+  Vocab v;
+  if (dir.empty()) return std::nullopt;
+  if (fs::exists(dir / "tokenizer.json")) {
+    const std::string file = (dir / "tokenizer.json").string();
+    const json j = parse_json(read_file(dir / "tokenizer.json", kFn, "tokenizer.json"), kFn, file, "UTF-8 JSON");
+    const bool byte_level = j.is_object() && j.contains("decoder") && j["decoder"].is_object() &&
+                            j["decoder"].value("type", "") == "ByteLevel";
+    if (!byte_level || !j.contains("model") || !j["model"].is_object() || j["model"].value("type", "") != "BPE")
+      return std::nullopt;
+    read_vocab(v, j["model"].value("vocab", json()), n_vocab, file);
+    read_merges(v, j["model"].value("merges", json::array()), file);
+    if (j.contains("added_tokens") && j["added_tokens"].is_array())
+      for (const json& t : j["added_tokens"])
+        if (t.is_object() && t.contains("id") && t.contains("content") && t["content"].is_string())
+          place(v, json_integer<int64_t>(t["id"], kFn, file + ": added_tokens"), t["content"].get<std::string>(),
+                t.value("special", false) ? kControl : kUserDefined, n_vocab, file);
+  } else if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
+    const std::string file = (dir / "vocab.json").string();
+    read_vocab(v, parse_json(read_file(dir / "vocab.json", kFn, "vocab.json"), kFn, file, "UTF-8 JSON"), n_vocab, file);
+    const std::string text = read_file(dir / "merges.txt", kFn, "merges.txt");
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      std::string line = text.substr(at, end - at);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty() && !line.starts_with("#version")) v.merges.push_back(std::move(line));
+      at = end + 1;
+    }
+  } else {
+    return std::nullopt;
+  }
+  for (size_t id = 0; id < v.tokens.size(); ++id)  // ids no file names: llama.cpp's converter's padding
+    if (v.types[id] == kUnused) v.tokens[id] = message("[PAD", id, "]");
+  return v;
+}
+
+uint32_t u32(int64_t v, const char* what) {
+  if (v < 0 || v > UINT32_MAX) fail(kFn, what, "a value that fits in uint32", std::to_string(v));
+  return static_cast<uint32_t>(v);
+}
+
+uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16
+  return t == GgufType::f32 ? 0 : t == GgufType::f16 ? 1 : t == GgufType::q8_0 ? 7 : 32;
+}
+
+}  // namespace
+
+void save_gguf(const Model& model, const fs::path& path, GgufType type, bool overwrite, const fs::path& tokenizer_dir) {
+  const ModelConfig& c = model.config();
+  if (c.family != Family::llama && c.family != Family::gpt2)
+    fail(kFn, "model", "a llama or gpt2 model (the families mhsa writes as GGUF)", family_name(c.family));
+  if (model.weight_type() != WeightType::f32)
+    fail(kFn, "model", "float32 weights (load it with dtype f32)", std::string(weight_type_name(model.weight_type())));
+  if (c.rope_scaling.kind == RopeScalingKind::llama3)
+    fail(kFn, "model", "RoPE without llama3 scaling (its rope_freqs tensor is not written yet)", "llama3 rope_scaling");
+  const bool gpt2 = c.family == Family::gpt2;
+  const std::string a = gpt2 ? "gpt2." : "llama.";
+  GgufWriter w;
+  w.add_string("general.architecture", gpt2 ? "gpt2" : "llama");
+  w.add_string("general.type", "model");
+  w.add_u32(a + "block_count", u32(c.num_layers, "num_layers"));
+  w.add_u32(a + "context_length", u32(c.max_positions, "max_positions"));
+  w.add_u32(a + "embedding_length", u32(c.hidden_size, "hidden_size"));
+  w.add_u32(a + "feed_forward_length", u32(c.intermediate_size, "intermediate_size"));
+  w.add_u32(a + "attention.head_count", u32(c.num_heads, "num_heads"));
+  if (gpt2) {
+    w.add_f32(a + "attention.layer_norm_epsilon", static_cast<float>(c.norm_eps));
+  } else {
+    w.add_u32(a + "attention.head_count_kv", u32(c.num_kv_heads, "num_kv_heads"));
+    w.add_f32(a + "rope.freq_base", static_cast<float>(c.rope_theta));
+    w.add_f32(a + "attention.layer_norm_rms_epsilon", static_cast<float>(c.norm_eps));
+    w.add_u32(a + "attention.key_length", u32(c.head_dim, "head_dim"));
+    w.add_u32(a + "attention.value_length", u32(c.head_dim, "head_dim"));
+    w.add_u32(a + "vocab_size", u32(c.vocab_size, "vocab_size"));
+    w.add_u32(a + "rope.dimension_count", u32(c.rotary_dim, "rotary_dim"));
+    if (c.rope_scaling.kind == RopeScalingKind::linear) {
+      w.add_string(a + "rope.scaling.type", "linear");
+      w.add_f32(a + "rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+    }
+  }
+  w.add_u32("general.file_type", file_type(type));
+  w.add_u32("general.quantization_version", 2);
+  if (const std::optional<Vocab> v = byte_level_vocab(tokenizer_dir, c.vocab_size)) {
+    w.add_string("tokenizer.ggml.model", "gpt2");
+    w.add_string("tokenizer.ggml.pre", gpt2 ? "gpt-2" : "default");
+    w.add_strings("tokenizer.ggml.tokens", v->tokens);
+    w.add_i32s("tokenizer.ggml.token_type", v->types);
+    w.add_strings("tokenizer.ggml.merges", v->merges);
+    if (c.bos_token_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(c.bos_token_id));
+    if (!c.eos_token_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(c.eos_token_ids[0]));
+  } else {
+    w.add_string("tokenizer.ggml.model", "no_vocab");
+  }
+  for (const auto& [name, t] : model.parameters()) {
+    const GgufName g = gguf_name(c, name);
+    Tensor x = g.layout == GgufLayout::transposed ? transpose_2d(*t)
+               : g.layout == GgufLayout::permuted ? permute_rows(*t, g.heads, true)
+                                                  : contiguous(t->view());
+    GgufType stored = type;
+    if (x.shape().size() < 2 || g.name == "position_embd.weight") stored = GgufType::f32;  // as llama.cpp keeps them
+    if (stored == GgufType::q8_0 && x.shape().back() % 32 != 0) stored = GgufType::f16;  // the converter's fallback
+    w.add_tensor(g.name, std::move(x), stored);
+  }
+  w.write(path, overwrite);
+}
+
+}  // namespace mhsa::detail

@@ -1,0 +1,379 @@
+"""GGUF in and out: files mhsa writes read by the `gguf` package (llama.cpp's own Python reader) with
+the expected types, shapes and values; files written with gguf.GGUFWriter in llama.cpp's layout
+(its names, Llama's q/k rows permuted as convert_hf_to_gguf.py permutes them, its metadata) load
+in mhsa and give the logits of the same model loaded from safetensors; quantised tensors
+dequantise as gguf dequantises them; corrupt files give mhsa.Error, never a crash.
+
+Models: tiny random Llama (grouped heads) and GPT-2 made with transformers (families.build) and
+saved with save_pretrained."""
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import transformers
+from gguf import GGMLQuantizationType as Q
+
+import mhsa
+from families import build
+
+MHSA = Path(__file__).resolve().parents[2] / "build" / "mhsa"
+
+LLAMA = (transformers.LlamaConfig, dict(
+    vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+    tie_word_embeddings=False), transformers.LlamaForCausalLM)
+# Odd widths (rows that are no whole Q8_0 block), biases everywhere, linear RoPE scaling, tied head.
+LLAMA_ODD = (transformers.LlamaConfig, dict(
+    vocab_size=89, hidden_size=36, intermediate_size=61, num_hidden_layers=2, num_attention_heads=6,
+    num_key_value_heads=3, max_position_embeddings=64, tie_word_embeddings=True, attention_bias=True,
+    mlp_bias=True, rope_scaling=dict(rope_type="linear", factor=2.5)), transformers.LlamaForCausalLM)
+GPT2 = (transformers.GPT2Config, dict(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=48),
+        transformers.GPT2LMHeadModel)
+
+
+def save(case, path, seed=0):
+    model = build(*case, seed=seed)
+    model.save_pretrained(path)
+    return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def permute(w, n_head):
+    """convert_hf_to_gguf.py's LlamaModel.permute: rotate_half rows → interleaved pairs per head."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+LLAMA_NAMES = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+               "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down"}
+GPT2_NAMES = {"ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output", "ln_2": "ffn_norm",
+              "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down"}
+GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
+          "transformer.wte": "token_embd", "transformer.wpe": "position_embd", "transformer.ln_f": "output_norm"}
+
+
+def llama_cpp_tensors(state, cfg, back=None):
+    """The state dict as llama.cpp's converter lays it out: gguf name → array. With a dict `back`,
+    also gguf name → (Hugging Face name, the function that maps the stored array back)."""
+    gpt2 = cfg.model_type == "gpt2"
+    out = {}
+    back = {} if back is None else back
+    for name, w in state.items():
+        if name.endswith((".attn.bias", ".attn.masked_bias")) or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue
+        module, _, kind = name.rpartition(".")
+        if module in GLOBAL:
+            out[f"{GLOBAL[module]}.{kind}"] = w
+            back[f"{GLOBAL[module]}.{kind}"] = (name, lambda a: a)
+            continue
+        parts = module.split(".")
+        layer, rest = parts[2], ".".join(parts[3:])
+        new = f"blk.{layer}.{(GPT2_NAMES if gpt2 else LLAMA_NAMES)[rest]}.{kind}"
+        undo = lambda a: a  # noqa: E731
+        if gpt2 and kind == "weight" and rest not in ("ln_1", "ln_2"):
+            w, undo = w.T, (lambda a: a.T)
+        heads = None if gpt2 else {"self_attn.q_proj": cfg.num_attention_heads,
+                                   "self_attn.k_proj": cfg.num_key_value_heads}.get(rest)
+        if heads:
+            w, undo = permute(w, heads), (lambda a, h=heads: unpermute(a, h))
+        out[new] = np.ascontiguousarray(w)
+        back[new] = (name, undo)
+    return out
+
+
+def write_llama_cpp_file(path, state, cfg, qtype=None):
+    """A GGUF file as llama.cpp's converter writes one, through the gguf package's writer."""
+    gpt2 = cfg.model_type == "gpt2"
+    w = gguf.GGUFWriter(str(path), "gpt2" if gpt2 else "llama")
+    if gpt2:
+        w.add_block_count(cfg.n_layer)
+        w.add_context_length(cfg.n_positions)
+        w.add_embedding_length(cfg.n_embd)
+        w.add_feed_forward_length(4 * cfg.n_embd)
+        w.add_head_count(cfg.n_head)
+        w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    else:
+        w.add_block_count(cfg.num_hidden_layers)
+        w.add_context_length(cfg.max_position_embeddings)
+        w.add_embedding_length(cfg.hidden_size)
+        w.add_feed_forward_length(cfg.intermediate_size)
+        w.add_head_count(cfg.num_attention_heads)
+        w.add_head_count_kv(cfg.num_key_value_heads)
+        w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+        w.add_vocab_size(cfg.vocab_size)
+        w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+        if cfg.rope_parameters.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
+    for name, t in llama_cpp_tensors(state, cfg).items():
+        t = t.astype(np.float32)
+        if qtype is not None and t.ndim == 2 and t.shape[-1] % 32 == 0 and name != "position_embd.weight":
+            w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("case", [LLAMA, LLAMA_ODD, GPT2], ids=["llama_gqa", "llama_odd_bias", "gpt2"])
+def test_llama_cpp_layout_loads_with_the_same_logits(case, rng, tmp_path):
+    state = save(case, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    write_llama_cpp_file(tmp_path / "m.gguf", state, cfg)
+    ours, ref = mhsa.Model.load(tmp_path / "m.gguf"), mhsa.Model.load(tmp_path / "hf")
+    got, want = mhsa.read_gguf_config(tmp_path / "m.gguf"), mhsa.read_model_config(tmp_path / "hf")
+    for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                "intermediate_size", "max_positions", "norm", "rope_theta", "rope_scaling", "qkv_bias",
+                "o_bias", "mlp_bias", "tie_word_embeddings"):
+        assert got[key] == pytest.approx(want[key]), key
+    ids = rng.integers(0, cfg.vocab_size, (2, 11)).astype(np.int32)
+    np.testing.assert_array_equal(ours.forward(ids), ref.forward(ids))
+    bf16 = [mhsa.Model.load(p, dtype="bf16").forward(ids) for p in (tmp_path / "m.gguf", tmp_path / "hf")]
+    np.testing.assert_array_equal(bf16[0], bf16[1])
+
+
+def test_quantised_tensors_dequantise_as_gguf_does(rng, tmp_path):
+    state = save(LLAMA, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    for qtype in (Q.Q8_0, Q.Q4_0):
+        path = tmp_path / f"{qtype.name}.gguf"
+        write_llama_cpp_file(path, state, cfg, qtype)
+        reader = gguf.GGUFReader(str(path))
+        model = mhsa.model_parameters(mhsa.Model.load(path))
+        for t in reader.tensors:
+            if t.tensor_type != qtype:
+                continue
+            want = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+            ours = mhsa.read_gguf(path)["tensors"][t.name]
+            np.testing.assert_array_equal(ours, want, err_msg=t.name)
+        # The model's weights are the dequantised ones, q/k permutation undone.
+        q = gguf.quants.dequantize(reader.tensors[[t.name for t in reader.tensors].index("blk.1.attn_k.weight")].data, qtype)
+        np.testing.assert_array_equal(model["model.layers.1.self_attn.k_proj.weight"], unpermute(q, cfg.num_key_value_heads))
+
+
+def test_q4_k_blocks_dequantise_as_gguf_does(rng, tmp_path):
+    blocks = rng.integers(0, 256, (3, 5, 144), dtype=np.uint8)
+    scales = rng.uniform(-2, 2, (3, 5, 2)).astype(np.float16)  # finite d and dmin
+    blocks[..., :4] = scales.view(np.uint8).reshape(3, 5, 4)
+    raw = blocks.reshape(3, 5 * 144)
+    w = gguf.GGUFWriter(str(tmp_path / "q4k.gguf"), "llama")
+    w.add_tensor("x", raw, raw_dtype=Q.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    got = mhsa.read_gguf(tmp_path / "q4k.gguf")
+    assert got["types"]["x"] == "Q4_K" and got["shapes"]["x"] == [3, 5 * 256]
+    np.testing.assert_array_equal(got["tensors"]["x"], gguf.quants.dequantize(raw, Q.Q4_K).astype(np.float32))
+
+
+def run_cli(*args):
+    return subprocess.run([str(MHSA), *map(str, args)], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("case", [LLAMA, LLAMA_ODD, GPT2], ids=["llama_gqa", "llama_odd_bias", "gpt2"])
+@pytest.mark.parametrize("to", ["f32", "f16", "bf16", "q8_0"])
+def test_written_files_read_back_in_gguf_and_mhsa(case, to, rng, tmp_path):
+    state = save(case, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", to, "--out", out)
+    assert r.returncode == 0, r.stderr
+    reader = gguf.GGUFReader(str(out))
+    fields = reader.fields
+    arch = "gpt2" if cfg.model_type == "gpt2" else "llama"
+    assert fields["general.architecture"].contents() == arch
+    assert fields[f"{arch}.block_count"].contents() == cfg.num_hidden_layers
+    back = {}
+    expected = llama_cpp_tensors(state, cfg, back)
+    assert {t.name for t in reader.tensors} == set(expected)
+    stored = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[to]
+    ours = mhsa.model_parameters(mhsa.Model.load(out))
+    ref = mhsa.Model.load(tmp_path / "hf")
+    for t in reader.tensors:
+        want = expected[t.name]
+        kind = Q.F32 if want.ndim == 1 or t.name == "position_embd.weight" else stored
+        if kind == Q.Q8_0 and want.shape[-1] % 32:
+            kind = Q.F16  # llama.cpp's converter's fallback for rows of no whole block
+        assert t.tensor_type == kind, t.name
+        assert tuple(reversed([int(n) for n in t.shape])) == want.shape, t.name
+        deq = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(want.shape)
+        if kind == Q.F32:
+            np.testing.assert_array_equal(deq, want, err_msg=t.name)
+        else:
+            assert np.abs(deq - want).max() <= 0.02 * np.abs(want).max() + 1e-6, t.name
+        # gguf's values are the weights mhsa uses, mapped back to Hugging Face's layout.
+        name, undo = back[t.name]
+        mine = ours[name[len("transformer."):] if name.startswith("transformer.") else name]
+        np.testing.assert_array_equal(mine, undo(deq), err_msg=t.name)
+    ids = rng.integers(0, cfg.vocab_size, (1, 9)).astype(np.int32)
+    if to == "f32":
+        np.testing.assert_array_equal(mhsa.Model.load(out).forward(ids), ref.forward(ids))
+
+
+def test_quantize_refuses_bad_options(rng, tmp_path):
+    save(LLAMA, tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "f16", "--out", out).returncode == 0
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "f16", "--out", out)
+    assert r.returncode == 2 and "exists" in r.stderr and "--force" in r.stderr
+    before = out.read_bytes()
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "q8_0", "--out", out, "--force")
+    assert r.returncode == 0 and out.read_bytes() != before
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "q4_k", "--out", tmp_path / "x.gguf")
+    assert r.returncode == 2 and "--to: expected" in r.stderr and not (tmp_path / "x.gguf").exists()
+    r = run_cli("quantize", "--model", tmp_path / "nope", "--to", "f16", "--out", tmp_path / "x.gguf")
+    assert r.returncode == 2 and "--model: expected a model directory" in r.stderr
+    qwen = build(transformers.Qwen2Config, dict(vocab_size=50, hidden_size=32, intermediate_size=40,
+                                                 num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1),
+                 transformers.Qwen2ForCausalLM, seed=1)
+    qwen.save_pretrained(tmp_path / "qwen")
+    r = run_cli("quantize", "--model", tmp_path / "qwen", "--to", "f16", "--out", tmp_path / "x.gguf")
+    assert r.returncode == 2 and "a llama or gpt2 model" in r.stderr and not (tmp_path / "x.gguf").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf", "qwen"]  # no temporary left
+
+
+def test_gpt2_tokenizer_is_written_and_read(tmp_path):
+    """A GPT-2 directory's vocab.json + merges.txt become tokenizer.ggml.* (model "gpt2"), which
+    `mhsa generate --model FILE.gguf` reads back: the same ids and tokens as from the directory."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = [b for b in range(256) if b not in bs]
+    alphabet = [chr(b) for b in bs] + [chr(256 + i) for i in range(len(extra))]  # GPT-2's bytes_to_unicode
+    tokens = alphabet + ["ab", "abc", "\u0120z", "<|endoftext|>"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    save((GPT2[0], {**GPT2[1], "vocab_size": len(tokens)}, GPT2[2]), tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "hf" / "merges.txt").write_text("#version: 0.2\na b\nab c\n\u0120 z\n")
+    out = tmp_path / "m.gguf"
+    assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", out).returncode == 0
+    meta = mhsa.read_gguf(out, load=False)["metadata"]
+    assert meta["tokenizer.ggml.model"] == "gpt2" and meta["tokenizer.ggml.pre"] == "gpt-2"
+    assert meta["tokenizer.ggml.tokens"] == tokens and meta["tokenizer.ggml.merges"] == ["a b", "ab c", "\u0120 z"]
+    runs = [run_cli("generate", "--model", m, "--prompt", "abcd zab", "-n", "5", "--json", "--ignore-eos")
+            for m in (tmp_path / "hf", out)]
+    assert runs[0].returncode == 0 and runs[1].returncode == 0, runs[1].stderr
+    a, b = (json.loads(r.stdout) for r in runs)
+    assert a["prompt_ids"] == b["prompt_ids"] == [vocab["abc"], vocab["d"], vocab["\u0120z"], vocab["ab"]]
+    assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
+
+
+def test_other_gguf_tokenizers_are_refused(tmp_path):
+    save(LLAMA, tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", out).returncode == 0
+    r = run_cli("generate", "--model", out, "--prompt", "x", "-n", "1")
+    assert r.returncode == 2 and "tokenizer.ggml.model" in r.stderr and "no_vocab" in r.stderr
+
+
+# ---- corrupt files ---------------------------------------------------------------------------
+
+def gguf_bytes(kvs=(), tensors=(), version=3, n_kvs=None, n_tensors=None, alignment=32, data=b""):
+    """A GGUF file by hand: kvs [(key, type id, payload bytes)], tensors [(name, dims, type, offset)]."""
+    s = lambda t: struct.pack("<Q", len(t)) + t  # noqa: E731
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors) if n_tensors is None else n_tensors,
+                                len(kvs) if n_kvs is None else n_kvs)
+    for key, t, payload in kvs:
+        out += s(key.encode()) + struct.pack("<I", t) + payload
+    for name, dims, t, off in tensors:
+        out += s(name.encode()) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", t, off)
+    out += b"\0" * (-len(out) % alignment)
+    return out + data
+
+
+GOOD = dict(kvs=[("general.architecture", 8, struct.pack("<Q", 5) + b"llama")],
+            tensors=[("a", [4, 2], 0, 0), ("b", [32], 8, 32)], data=bytes(32) + bytes(34))
+
+CORRUPT = {
+    "truncated header": (lambda b: b[:20], "bytes left"),
+    "not gguf": (lambda b: b"GGML" + b[4:], "magic"),
+    "version 1": (lambda b: gguf_bytes(**{**GOOD, "version": 1}), "version"),
+    "big-endian": (lambda b: gguf_bytes(**{**GOOD, "version": 3 << 24}), "big-endian"),
+    "huge tensor count": (lambda b: gguf_bytes(**{**GOOD, "n_tensors": 1 << 62}), "tensor count"),
+    "huge kv count": (lambda b: gguf_bytes(**{**GOOD, "n_kvs": 1 << 60}), "metadata count"),
+    "huge string": (lambda b: gguf_bytes(**{**GOOD, "kvs": [("k", 8, struct.pack("<Q", 1 << 63))]}), "bytes left"),
+    "huge array": (lambda b: gguf_bytes(**{**GOOD, "kvs": [("k", 9, struct.pack("<IQ", 4, 1 << 61))]}), "length"),
+    "nested array": (lambda b: gguf_bytes(**{**GOOD, "kvs": [("k", 9, struct.pack("<IQ", 9, 1))]}), "nested"),
+    "bad value type": (lambda b: gguf_bytes(**{**GOOD, "kvs": [("k", 13, b"")]}), "value type"),
+    "bad bool": (lambda b: gguf_bytes(**{**GOOD, "kvs": [("k", 7, b"\x07")]}), "bool"),
+    "duplicate key": (lambda b: gguf_bytes(**{**GOOD, "kvs": [("k", 0, b"\1"), ("k", 0, b"\2")]}), "each key once"),
+    "bad alignment": (lambda b: gguf_bytes(**{**GOOD, "kvs": [("general.alignment", 4, struct.pack("<I", 24))]}),
+                      "power of two"),
+    "bad type id": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [4, 2], 77, 0)]}), "ggml type id"),
+    "five dims": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [1] * 5, 0, 0)]}), "n_dims"),
+    "dims overflow": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [1 << 40, 1 << 40], 0, 0)]}), "product"),
+    "partial block": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("b", [33], 8, 0)]}), "block"),
+    "offset past the end": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [4, 2], 0, 64)]}), "data section"),
+    "huge offset": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [4, 2], 0, (1 << 64) - 32)]}), "data section"),
+    "unaligned offset": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [4, 2], 0, 4)]}), "alignment"),
+    "overlapping": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [8, 2], 0, 0), ("b", [32], 8, 32)]}),
+                    "apart from tensor"),
+    "duplicate name": (lambda b: gguf_bytes(**{**GOOD, "tensors": [("a", [4], 0, 0), ("a", [4], 0, 32)]}),
+                       "each tensor name once"),
+}
+
+
+def test_the_good_file_reads(tmp_path):
+    (tmp_path / "g.gguf").write_bytes(gguf_bytes(**GOOD))
+    got = mhsa.read_gguf(tmp_path / "g.gguf")
+    assert got["shapes"] == {"a": [2, 4], "b": [32]} and got["types"] == {"a": "F32", "b": "Q8_0"}
+    assert got["metadata"] == {"general.architecture": "llama"}
+
+
+@pytest.mark.parametrize("name", list(CORRUPT))
+def test_corrupt_files_give_clear_errors(name, tmp_path):
+    make, words = CORRUPT[name]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(make(gguf_bytes(**GOOD)))
+    with pytest.raises(mhsa.Error, match=f"gguf {path}") as e:
+        mhsa.read_gguf(path)
+    assert words in str(e.value)
+    with pytest.raises(mhsa.Error):
+        mhsa.Model.load(path)
+
+
+def test_every_truncation_is_an_error(rng, tmp_path):
+    save(LLAMA, tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "q8_0", "--out", out).returncode == 0
+    data = out.read_bytes()
+    end = len(data) - 32  # the last tensor ends in the last 32 bytes (then padding, which may go)
+    for cut in sorted(set(rng.integers(0, end, 40).tolist()) | {0, 3, 4, 23, 24, end}):
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(mhsa.Error, match="gguf"):
+            mhsa.Model.load(tmp_path / "cut.gguf")
+
+
+def test_model_metadata_is_checked(tmp_path):
+    def llama_file(**overrides):
+        kv = lambda k, v: (k, 4, struct.pack("<I", v))  # noqa: E731
+        kvs = [("general.architecture", 8, struct.pack("<Q", 5) + b"llama"), kv("llama.block_count", 1),
+               kv("llama.embedding_length", 8), kv("llama.attention.head_count", 2), kv("llama.context_length", 16),
+               kv("llama.feed_forward_length", 4)]
+        kvs = [(k, t, overrides.pop(k, p)) for k, t, p in kvs] + [(k, 4, p) for k, p in overrides.items()]
+        return gguf_bytes(kvs=kvs, tensors=[("token_embd.weight", [8, 10], 0, 0)], data=bytes(320))
+    cases = {
+        "llama.block_count": (struct.pack("<I", 1000), "block_count"),
+        "llama.attention.head_count": (struct.pack("<I", 3), "head_count"),
+        "llama.rope.dimension_count": (struct.pack("<I", 2), "partial rotary"),
+        "llama.embedding_length": (struct.pack("<I", 9), "token_embd"),
+    }
+    for key, (payload, words) in cases.items():
+        (tmp_path / "m.gguf").write_bytes(llama_file(**{key: payload}))
+        with pytest.raises(mhsa.Error, match=words):
+            mhsa.Model.load(tmp_path / "m.gguf")
+    (tmp_path / "m.gguf").write_bytes(llama_file())
+    with pytest.raises(mhsa.Error, match="blk.0.attn_norm.weight"):  # a missing tensor, named
+        mhsa.Model.load(tmp_path / "m.gguf")
