@@ -70,12 +70,14 @@ def step(parts, token_s, batch_tokens, context, machines, gbps, latency, message
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpt2-token-s", type=float, default=1 / 200,
-                    help="GPT-2 124M: seconds of forward + backward per token on one machine (measured)")
+    ap.add_argument("--gpt2-token-s", type=float, default=1 / 160,
+                    help="GPT-2 124M: seconds of a training step per token on one machine (default: the 2-core "
+                         "test machine, quiet, 2 threads: `mhsa bench --filter gpt2_124M_train`, ~160 tokens/s)")
     ap.add_argument("--llama-token-s", type=float, default=None,
                     help="Llama 1B: the same (default: GPT-2's scaled by the non-embedding + head FLOPs)")
     ap.add_argument("--speedups", type=float, nargs="+", default=[1, 32],
-                    help="machines this many times faster than the measured one (1: the 2-core test machine)")
+                    help="machines this many times faster than the measured one (1: the 2-core test machine; "
+                         "32: e.g. 64 cores at the same speed per core)")
     ap.add_argument("--batch-tokens", type=int, default=524288, help="global batch in tokens")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--latency-us", type=float, default=30, help="one message's latency (TCP over Ethernet)")
