@@ -92,8 +92,8 @@ def main():
         "Llama-3.2-1B shape": 6 * (16 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192) + 128256 * 2048)
         + 12 * 16 * 2048 * a.context,
     }
-    token_s = {"GPT-2 124M": a.gpt2_token_s,
-               "Llama-3.2-1B shape": a.llama_token_s or a.gpt2_token_s * flops["Llama-3.2-1B shape"] / flops["GPT-2 124M"]}
+    llama = a.llama_token_s or a.gpt2_token_s * flops["Llama-3.2-1B shape"] / flops["GPT-2 124M"]
+    token_s = {"GPT-2 124M": a.gpt2_token_s, "Llama-3.2-1B shape": llama}
     bucket = a.bucket_mb * 2**20
     print("Assumptions:")
     print(f"- global batch {a.batch_tokens} tokens = {a.batch_tokens // a.context} rows of {a.context}; "

@@ -186,7 +186,7 @@ double tree_gradients(Ranks& ranks, int64_t rows, const RowGradient& row_gradien
     for (int64_t c : recv_counts) received += c;
     recv[k].resize(static_cast<size_t>(received));
     std::span<const float> from = send[k];
-    if (m == 1) from = std::span<const float>(sums).subspan(static_cast<size_t>(b.begin), static_cast<size_t>(b.end - b.begin));
+    if (m == 1) from = std::span<const float>(sums.data() + b.begin, static_cast<size_t>(b.end - b.begin));
     ranks.start_all_to_all(from, send_counts, recv[k], recv_counts);
   };
   std::vector<Tensor> scratch;
