@@ -155,6 +155,10 @@ double tree_gradients(Ranks& ranks, int64_t rows, const RowGradient& row_gradien
   if (slice.size() != static_cast<size_t>(n) + 1 || slice.front() != 0 || slice.back() != size)
     fail("tree_gradients", "slice", message(n + 1, " bounds from 0 to ", size), std::to_string(slice.size()));
   if (bucket_elements < 0) fail("tree_gradients", "bucket_elements", "a count >= 0", std::to_string(bucket_elements));
+  if (n == 1 && rows == 1) {  // the row's gradient is the mean, written in place (0 + x and x / 1 are exact)
+    for (Tensor& g : grads) std::fill(g.data(), g.data() + g.numel(), 0.0f);
+    return row_gradient(0, grads, {});
+  }
   const std::vector<Bucket> buckets = buckets_of(offsets, bucket_elements);
   // Rank q's part of elements [lo, hi): its intersection with q's slice.
   const auto part = [&](int q, int64_t lo, int64_t hi) {
