@@ -33,6 +33,7 @@ struct TrainArgs {
   TrainStart start;
   int threads = 0;
   int64_t stop_after = 0;  // end this run (with a checkpoint) after this many steps of it
+  double bucket_mb = 4;     // start.bucket_bytes in MiB
   bool untied_head = false;
 };
 
@@ -51,6 +52,8 @@ void run(const TrainArgs& a, bool steps_given) {
   detail::Ranks& ranks = detail::Ranks::world();
   TrainOptions options = a.options;
   options.tied_head = !a.untied_head;
+  TrainStart start = a.start;
+  start.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
   if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
@@ -87,7 +90,7 @@ void run(const TrainArgs& a, bool steps_given) {
   };
   double val = -1;
   try {
-    val = train_gpt(a.data, a.out, options, a.start, progress);
+    val = train_gpt(a.data, a.out, options, start, progress);
   } catch (const Error& e) {
     if (tty && first_step >= 0) std::fprintf(stderr, "\n");  // the error (a diverged run) below the progress bar
     if (ranks.size() == 1) throw;
@@ -152,6 +155,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every N steps")->default_val(o.checkpoint_every);
   cmd->add_option("--stop-after", a->stop_after, "end this run after N steps with a checkpoint (--resume goes on)")
       ->check(integer_at_least(0));
+  cmd->add_option("--bucket-mb", a->bucket_mb,
+                  "mpirun: gradients reduced in buckets of this many MiB, each as soon as the backward has it "
+                  "(0: all after the backward; results are the same)")
+      ->default_val(a->bucket_mb)
+      ->check(CLI::Range(0.0, 1e6));
   add_threads_option(cmd, a->threads);
   cmd->callback([a, cmd] { run(*a, cmd->count("--steps") > 0); });
 }

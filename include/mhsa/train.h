@@ -116,13 +116,18 @@ struct TrainProgress {
   double loss = 0, grad_norm = 0, lr = 0, tokens_per_s = 0;  // loss: nats per token
   double loss_bits_per_byte = 0;
   double val_bits_per_byte = -1;  // when validation ran at this step
+  double comm_wait_s = -1;        // mpirun: seconds rank 0 waited for the step's gradient reduction
 };
 
-// What train_gpt does with what `out` already holds.
+// What train_gpt does with what `out` already holds, and how this run (not the checkpoint) runs.
 struct TrainStart {
   bool resume = false;             // continue from out's checkpoint
   bool force = false;              // a new run replaces a checkpoint (or model) out holds; else that is refused
   bool allow_data_change = false;  // a resumed run reads text other than the checkpoint's; else that is refused
+  // mpirun: the gradients are reduced in buckets of whole tensors of at least this many bytes, each
+  // started as soon as the backward has finished it (0: one bucket, after the backward). The
+  // results do not depend on it.
+  int64_t bucket_bytes = int64_t{4} << 20;
 };
 
 // Trains (or resumes from out/train_state.safetensors when start.resume is set: the checkpoint's

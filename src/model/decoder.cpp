@@ -137,7 +137,7 @@ Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_
 }
 
 double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
-                          int64_t T, std::vector<Tensor>* grads) {
+                          int64_t T, std::vector<Tensor>* grads, const std::function<void(size_t)>& on_final) {
   const std::string fn = message(d.cls, "::loss_and_gradients");
   const ModelConfig& c = *d.stack.config;
   const int64_t V = c.vocab_size;
@@ -165,8 +165,11 @@ double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::s
       if ((*grads)[i].shape() != params[i]->shape())
         fail(fn, message("grads[", i, "]"), "the shape of " + d.names[i], "another shape");
   }
-  if (counted == 0) return 0.0;
-  return nn::stack_loss(d.stack, ids, targets, B, T, counted, grads);
+  if (counted == 0) {
+    if (grads && on_final) on_final(0);
+    return 0.0;
+  }
+  return nn::stack_loss(d.stack, ids, targets, B, T, counted, grads, on_final);
 }
 
 // ---- generation ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,9 +38,10 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
 void check_sampling(std::string_view fn, const GenerationOptions& o);
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
                uint64_t& rng_state);
-// grads null: the loss only.
+// grads null: the loss only. on_final: as nn::stack_loss's.
 double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
-                          int64_t T, std::vector<Tensor>* grads);
+                          int64_t T, std::vector<Tensor>* grads,
+                          const std::function<void(size_t first)>& on_final = {});
 // splitmix64: the random stream of samplers and random weights.
 uint64_t splitmix(uint64_t& s);
 // Zero-mean values with standard deviation `std` (uniform, so √3·std wide): cheap and enough for

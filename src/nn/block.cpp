@@ -372,8 +372,28 @@ Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs) {
   return logits;
 }
 
+namespace {
+
+// Marks layer r's parameters in done.
+void mark_layer(const LayerRefs& r, std::vector<char>& done) {
+  for (int i : {r.norm1_w, r.norm1_b, r.post_norm1_w, r.qkv.w, r.qkv.b, r.q.w, r.q.b, r.k.w, r.k.b, r.v.w, r.v.b,
+                r.q_norm, r.k_norm, r.o.w, r.o.b, r.norm2_w, r.norm2_b, r.post_norm2_w, r.fc.w, r.fc.b, r.proj.w,
+                r.proj.b, r.gate.w, r.gate.b, r.up.w, r.up.b, r.down.w, r.down.b})
+    if (i >= 0) done[static_cast<size_t>(i)] = 1;
+}
+
+// Tells on_final the longest run of done parameters that ends the list, when it grew.
+void report_final(const std::vector<char>& done, size_t& first, const std::function<void(size_t)>& on_final) {
+  size_t f = first;
+  while (f > 0 && done[f - 1]) --f;
+  if (f < first && on_final) on_final(f);
+  first = f;
+}
+
+}  // namespace
+
 double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
-                  int64_t counted, std::vector<Tensor>* grads) {
+                  int64_t counted, std::vector<Tensor>* grads, const std::function<void(size_t)>& on_final) {
   const ModelConfig& c = *s.config;
   const int64_t C = c.hidden_size, rows = B * T;
   if (grads && !s.half.empty())
@@ -398,15 +418,24 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   const double loss = lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(), counted,
                                    grads ? dhf.data() : nullptr, dw);
   if (!grads) return loss;
+  std::vector<char> done(s.params.size());  // parameters whose gradient is final
+  size_t first = done.size();
   Tensor dx({rows, C});
   norm_backward(s.norm(), rows, C, x.data(), s.p(s.final_norm_w).data(), dhf.data(), dx.data(),
                 grad_or_null(*grads, s.final_norm_w), grad_or_null(*grads, s.final_norm_b));
+  for (int i : {s.head, s.final_norm_w, s.final_norm_b})  // a tied head is the embedding: final last
+    if (i >= 0) done[static_cast<size_t>(i)] = 1;
+  report_final(done, first, on_final);
   for (size_t l = s.layers.size(); l-- > 0;) {
     block_backward(s, static_cast<int64_t>(l), tapes[l], B, T, rope, dx.data(), *grads);
     tapes[l] = BlockTape();  // free this block's activations as soon as they are used
+    mark_layer(s.layers[l], done);
+    report_final(done, first, on_final);
   }
   embedding_backward(rows, T, ids.data(), dx.data(), c.embedding_scale, (*grads)[static_cast<size_t>(s.embed)],
                      s.pos >= 0 ? &(*grads)[static_cast<size_t>(s.pos)] : nullptr, c.pad_token_id);
+  std::fill(done.begin(), done.end(), 1);
+  report_final(done, first, on_final);
   return loss;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -138,8 +139,12 @@ struct SeqStep {
 // rows (see kernels/gemm.cpp): bitwise equal where the row counts take the same kernel paths.
 Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs);
 // The mean cross-entropy of targets [B·T] (−1 ignored; `counted` of them are not); with grads
-// (zero_gradients-shaped, indexed like s.params), also adds every parameter's gradient.
+// (zero_gradients-shaped, indexed like s.params), also adds every parameter's gradient. The
+// backward runs from the output to the embedding; on_final(first), called from the calling thread
+// between parallel regions, says that the gradients of params [first, params.size()) are final:
+// nothing more is added to them (a data-parallel run starts reducing them while the backward goes
+// on). first only decreases, and ends at 0.
 double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
-                  int64_t counted, std::vector<Tensor>* grads);
+                  int64_t counted, std::vector<Tensor>* grads, const std::function<void(size_t first)>& on_final = {});
 
 }  // namespace mhsa::nn

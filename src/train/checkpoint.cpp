@@ -210,14 +210,10 @@ TrainLog::TrainLog(const fs::path& out, bool resume, int64_t start, std::string_
 
 void TrainLog::write(const TrainProgress& p) {
   using line = nlohmann::ordered_json;  // keys in this order
-  file_ << line{{"step", p.step},
-                {"loss", p.loss},
-                {"loss_bpb", p.loss_bits_per_byte},
-                {"lr", p.lr},
-                {"grad_norm", p.grad_norm},
-                {"tokens_per_s", p.tokens_per_s}}
-               .dump()
-        << "\n";
+  line l{{"step", p.step},       {"loss", p.loss},           {"loss_bpb", p.loss_bits_per_byte},
+         {"lr", p.lr},           {"grad_norm", p.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
+  if (p.comm_wait_s >= 0) l["comm_wait_s"] = p.comm_wait_s;
+  file_ << l.dump() << "\n";
   if (p.val_bits_per_byte >= 0) file_ << line{{"step", p.step}, {"val_bpb", p.val_bits_per_byte}}.dump() << "\n";
   if (!file_.flush()) fail(fn_, "out", "room to write '" + path_.string() + "'", "a failed write");
 }

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace mhsa::detail {
 
@@ -23,10 +25,19 @@ class Ranks {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Sends send_counts[q] floats (consecutive in send, in rank order) to each rank q, and receives
-  // recv_counts[q] floats from each rank q into recv (in rank order); counts checked < 2^31.
-  void all_to_all(std::span<const float> send, std::span<const int64_t> send_counts, std::span<float> recv,
-                  std::span<const int64_t> recv_counts);
+  // Starts sending send_counts[q] floats (consecutive in send, in rank order) to each rank q and
+  // receiving recv_counts[q] floats from each rank q into recv (in rank order), and returns at
+  // once (MPI_Ialltoallv; counts checked < 2^31): send and recv must stay as they are until
+  // wait_all(). Every rank starts its all-to-alls in the same order. One rank: a copy.
+  void start_all_to_all(std::span<const float> send, std::span<const int64_t> send_counts, std::span<float> recv,
+                        std::span<const int64_t> recv_counts);
+  // Lets the started all-to-alls move data: MPI libraries (Open MPI over TCP) progress them only
+  // inside MPI calls, so the backward calls this between layers.
+  void progress();
+  // Waits until every started all-to-all has completed.
+  void wait_all();
+  // Seconds spent in wait_all so far: the communication the computation did not hide.
+  double wait_seconds() const { return wait_seconds_; }
   // data holds every rank's part in rank order, counts[q] elements each: this rank's part is read,
   // the others are filled in.
   void all_gather(std::span<float> data, std::span<const int64_t> counts);
@@ -45,9 +56,12 @@ class Ranks {
   int64_t bytes_received() const { return bytes_received_; }
 
  private:
+  struct Pending;  // a started all-to-all (distributed_mpi.cpp)
   Ranks(int rank, int size) : rank_(rank), size_(size) {}
   int rank_ = 0, size_ = 1;
   int64_t bytes_received_ = 0;
+  double wait_seconds_ = 0;
+  std::vector<std::shared_ptr<Pending>> pending_;
 };
 
 }  // namespace mhsa::detail

@@ -1,12 +1,14 @@
 // train/distributed_mpi.cpp — train/distributed.h over MPI: MPI starts on first use in a process
 // that mpirun (or another PMI launcher) started, and ends at exit. Every collective is a plain
-// data movement on MPI_COMM_WORLD (MPI_Alltoallv, MPI_Allgatherv, MPI_Bcast); the arithmetic stays
-// with the caller.
+// data movement on MPI_COMM_WORLD (MPI_Ialltoallv, MPI_Allgatherv, MPI_Gatherv, MPI_Bcast); the
+// arithmetic stays with the caller. MPI is called from the main thread only, between OpenMP's
+// parallel regions (MPI_THREAD_FUNNELED).
 #include "train/distributed.h"
 
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <vector>
@@ -72,17 +74,39 @@ Ranks& Ranks::world() {
   return ranks;
 }
 
-void Ranks::all_to_all(std::span<const float> send, std::span<const int64_t> send_counts, std::span<float> recv,
-                       std::span<const int64_t> recv_counts) {
-  const Layout s(send_counts, static_cast<int64_t>(send.size())), r(recv_counts, static_cast<int64_t>(recv.size()));
+struct Ranks::Pending {
+  Layout send, recv;  // MPI reads the counts until the all-to-all completes
+  MPI_Request request = MPI_REQUEST_NULL;
+};
+
+void Ranks::start_all_to_all(std::span<const float> send, std::span<const int64_t> send_counts, std::span<float> recv,
+                             std::span<const int64_t> recv_counts) {
+  auto p = std::make_shared<Pending>(Pending{Layout(send_counts, static_cast<int64_t>(send.size())),
+                                             Layout(recv_counts, static_cast<int64_t>(recv.size()))});
   if (size_ == 1) {  // MPI not started: a copy
     std::copy(send.begin(), send.begin() + send_counts[0], recv.begin());
     return;
   }
-  MPI_Alltoallv(send.data(), s.counts.data(), s.displs.data(), MPI_FLOAT, recv.data(), r.counts.data(),
-                r.displs.data(), MPI_FLOAT, MPI_COMM_WORLD);
+  MPI_Ialltoallv(send.data(), p->send.counts.data(), p->send.displs.data(), MPI_FLOAT, recv.data(),
+                 p->recv.counts.data(), p->recv.displs.data(), MPI_FLOAT, MPI_COMM_WORLD, &p->request);
+  pending_.push_back(std::move(p));
   for (int q = 0; q < size_; ++q)
     if (q != rank_) bytes_received_ += recv_counts[static_cast<size_t>(q)] * static_cast<int64_t>(sizeof(float));
+}
+
+void Ranks::progress() {
+  for (const auto& p : pending_) {
+    int done = 0;
+    MPI_Test(&p->request, &done, MPI_STATUS_IGNORE);
+  }
+}
+
+void Ranks::wait_all() {
+  if (pending_.empty()) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& p : pending_) MPI_Wait(&p->request, MPI_STATUS_IGNORE);
+  pending_.clear();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Ranks::all_gather(std::span<float> data, std::span<const int64_t> counts) {

@@ -19,10 +19,12 @@ Ranks& Ranks::world() {
   return ranks;
 }
 
-void Ranks::all_to_all(std::span<const float> send, std::span<const int64_t> send_counts, std::span<float> recv,
-                       std::span<const int64_t>) {
+void Ranks::start_all_to_all(std::span<const float> send, std::span<const int64_t> send_counts, std::span<float> recv,
+                             std::span<const int64_t>) {
   std::copy(send.begin(), send.begin() + send_counts[0], recv.begin());
 }
+void Ranks::progress() {}
+void Ranks::wait_all() {}
 
 void Ranks::all_gather(std::span<float>, std::span<const int64_t>) {}
 void Ranks::all_gather(std::span<double>, std::span<const int64_t>) {}

@@ -10,6 +10,8 @@
 #include "io/json.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/model.h"
+#include "model/access.h"
+#include "model/decoder.h"
 
 namespace mhsa::detail {
 namespace {
@@ -19,24 +21,31 @@ namespace {
 template <class M>
 class Trainable : public TrainableModel {
  public:
-  explicit Trainable(M model) : model_(std::move(model)) {}
+  Trainable(M model, std::string_view cls, std::string_view context_key)
+      : model_(std::move(model)), cls_(cls), context_key_(context_key) {}
 
   std::vector<std::pair<std::string, Tensor*>> parameters() override { return model_.parameters(); }
   std::vector<Tensor> zero_gradients() const override { return model_.zero_gradients(); }
+  // M::loss_and_gradients, with the backward's hook.
   double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
-                            std::vector<Tensor>& grads) const override {
-    return model_.loss_and_gradients(ids, targets, B, T, grads);
+                            std::vector<Tensor>& grads, const std::function<void(size_t)>& on_final) const override {
+    const nn::Stack s = ModelAccess::stack(model_);
+    std::vector<std::string> names;
+    for (auto& [name, t] : model_.parameters()) names.push_back(std::move(name));
+    const Decoder d{s, cls_, context_key_, {}, names};
+    return detail::loss_and_gradients(d, ids, targets, B, T, &grads, on_final);
   }
   double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const override {
     return model_.loss(ids, targets, B, T);
   }
  protected:
   M model_;
+  std::string_view cls_, context_key_;  // as M's own messages name them
 };
 
 class TrainableGpt2 final : public Trainable<Gpt2> {
  public:
-  using Trainable::Trainable;
+  explicit TrainableGpt2(Gpt2 m) : Trainable(std::move(m), "Gpt2", "n_positions") {}
 
   std::string config_json() const override {
     const Gpt2Config& c = model_.config();
@@ -133,7 +142,7 @@ nlohmann::json llama_config_json(const ModelConfig& c) {
 
 class TrainableLlama final : public Trainable<Model> {
  public:
-  using Trainable::Trainable;
+  explicit TrainableLlama(Model m) : Trainable(std::move(m), "Model", "max_positions") {}
 
   std::string config_json() const override { return llama_config_json(model_.config()).dump(2) + "\n"; }
 

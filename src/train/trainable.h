@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,9 +29,11 @@ class TrainableModel {
   // Zero gradients shaped like parameters(), in the same order.
   virtual std::vector<Tensor> zero_gradients() const = 0;
   // Mean cross-entropy (nats per token) of targets [B, T] given ids [B, T]; adds the gradients
-  // into grads.
+  // into grads. on_final(first) (may be empty) says, during the backward, that grads[first..] are
+  // final (nn::stack_loss's hook: first decreases to 0).
   virtual double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
-                                    int64_t T, std::vector<Tensor>& grads) const = 0;
+                                    int64_t T, std::vector<Tensor>& grads,
+                                    const std::function<void(size_t first)>& on_final) const = 0;
   virtual double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const = 0;
   // The Hugging Face config.json of this model (ends with a newline).
   virtual std::string config_json() const = 0;

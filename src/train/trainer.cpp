@@ -65,24 +65,26 @@ double windows_bits_per_byte(const Model& model, const std::vector<int32_t>& tok
 
 // The step's mean loss over its batch × accumulate rows; grads receives this rank's slice of their
 // mean gradient. Row r reads the window at a position drawn from (seed, step, r), and its gradient
-// is computed alone (train/gradient_tree.h sums the rows in a fixed order): this rank computes only
-// its own rows, and one process or N ranks give the same bits.
+// is computed alone (train/gradient_tree.h sums the rows in a fixed order, reduced across ranks in
+// buckets of bucket_bytes overlapped with the backward): this rank computes only its own rows, and
+// one process or N ranks give the same bits.
 double step_gradients(Ranks& ranks, const detail::TrainableModel& model, const std::vector<int32_t>& train,
-                      const TrainOptions& o, int64_t step, std::span<const int64_t> slice,
+                      const TrainOptions& o, int64_t step, std::span<const int64_t> slice, int64_t bucket_bytes,
                       std::vector<Tensor>& grads) {
   const int64_t T = o.context;
   const int64_t positions = static_cast<int64_t>(train.size()) - T - 1;
   std::vector<int32_t> ids(static_cast<size_t>(T)), targets(static_cast<size_t>(T));
-  const auto row_gradient = [&](int64_t r, std::vector<Tensor>& g) {
+  const auto row_gradient = [&](int64_t r, std::vector<Tensor>& g, const std::function<void(size_t)>& on_final) {
     const uint64_t h = mix(mix(mix(o.seed) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(r));
     const int64_t at = static_cast<int64_t>(h % static_cast<uint64_t>(positions + 1));
     for (int64_t t = 0; t < T; ++t) {
       ids[static_cast<size_t>(t)] = train[static_cast<size_t>(at + t)];
       targets[static_cast<size_t>(t)] = train[static_cast<size_t>(at + t + 1)];
     }
-    return model.loss_and_gradients(ids, targets, 1, T, g);
+    return model.loss_and_gradients(ids, targets, 1, T, g, on_final);
   };
-  return detail::tree_gradients(ranks, o.batch * o.accumulate, row_gradient, slice, grads);
+  return detail::tree_gradients(ranks, o.batch * o.accumulate, row_gradient, slice,
+                                bucket_bytes / static_cast<int64_t>(sizeof(float)), grads);
 }
 
 }  // namespace
@@ -103,6 +105,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   constexpr std::string_view fn = "train";
   TrainOptions o = requested;
   if (how.resume && o.steps == 0) o.steps = 1;  // 0: the checkpoint's length (checked below)
+  if (how.bucket_bytes < 0) fail(fn, "bucket_bytes", "a count >= 0", std::to_string(how.bucket_bytes));
   o.validate();
   const fs::path state_file = out / "train_state.safetensors";
   if (how.resume && !fs::exists(state_file))
@@ -199,8 +202,11 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   for (int64_t step = start; step < o.steps; ++step) {
     const auto t0 = clock::now();
     std::vector<Tensor> grads = model->zero_gradients();
-    const double loss = step_gradients(ranks, *model, corpus.train, o, step, adam->bounds(), grads);
+    const double waited = ranks.wait_seconds();
+    const double loss =
+        step_gradients(ranks, *model, corpus.train, o, step, adam->bounds(), how.bucket_bytes, grads);
     TrainProgress p;
+    if (ranks.size() > 1) p.comm_wait_s = ranks.wait_seconds() - waited;
     p.step = step + 1;
     p.steps = o.steps;
     p.loss = loss;

@@ -5,10 +5,13 @@
 // addition gives other bits). Run alone it is one rank; ctest also runs it under
 // `mpirun -np 2` and `-np 3` (mpi_data_parallel_*), where each rank must compute only its own rows, get the same bits
 // for its slice, and receive no more than a reduce-scatter's minimum, (N-1)/N of the gradient,
-// when the ranks divide the rows into whole tree nodes.
+// when the ranks divide the rows into whole tree nodes. The row gradients are written as a
+// backward writes them, from the last tensor to the first, saying which are final as they go: any
+// bucket size must give the same bits (a bucket sent before its tensors were final would not).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,27 +50,32 @@ std::vector<float> tree(uint64_t seed, int64_t lo, int64_t hi, int64_t size) {
   return out;
 }
 
-void check_tree_sum(int64_t rows, const std::vector<std::vector<int64_t>>& shapes, uint64_t seed) {
+void check_tree_sum(int64_t rows, const std::vector<std::vector<int64_t>>& shapes, uint64_t seed,
+                    int64_t bucket_elements) {
   Ranks& ranks = Ranks::world();
   std::vector<Tensor> grads;
   int64_t size = 0;
   for (const auto& s : shapes) size += grads.emplace_back(s).numel();
   std::vector<int64_t> called;
-  const auto row_gradient = [&](int64_t r, std::vector<Tensor>& g) {
+  const auto row_gradient = [&](int64_t r, std::vector<Tensor>& g, const std::function<void(size_t)>& on_final) {
     called.push_back(r);
-    int64_t i = 0;
-    for (Tensor& t : g)
-      for (int64_t k = 0; k < t.numel(); ++k, ++i) {
+    int64_t end = size;
+    for (size_t j = g.size(); j-- > 0;) {  // the last tensor first, as a backward goes
+      Tensor& t = g[j];
+      end -= t.numel();
+      for (int64_t k = 0; k < t.numel(); ++k) {
         EXPECT_EQ(t.data()[k], 0.0f);
-        t.data()[k] += element(seed, r, i);
+        t.data()[k] += element(seed, r, end + k);
       }
+      if (on_final && j % 2 == 0) on_final(j);  // not after every tensor
+    }
     return 0.25 * static_cast<double>(r) + 1.0;
   };
   const int n = ranks.size(), me = ranks.rank();
   std::vector<int64_t> slice;  // an even split
   for (int q = 0; q <= n; ++q) slice.push_back(size * q / n);
   const int64_t bytes_before = ranks.bytes_received();
-  const double loss = detail::tree_gradients(ranks, rows, row_gradient, slice, grads);
+  const double loss = detail::tree_gradients(ranks, rows, row_gradient, slice, bucket_elements, grads);
 
   const auto [first, last] = detail::rows_of(rows, ranks.rank(), ranks.size());
   std::vector<int64_t> mine;
@@ -83,7 +91,8 @@ void check_tree_sum(int64_t rows, const std::vector<std::vector<int64_t>>& shape
       const bool own = slice[static_cast<size_t>(me)] <= i && i < slice[static_cast<size_t>(me) + 1];
       differ += g.data()[k] != (own ? want[static_cast<size_t>(i)] / float(rows) : 0.0f);
     }
-  EXPECT_EQ(differ, 0) << "of " << size << " elements, rows " << rows << ", rank " << me;
+  EXPECT_EQ(differ, 0) << "of " << size << " elements, rows " << rows << ", rank " << me << ", buckets of "
+                       << bucket_elements;
 
   if (n > 1 && rows % n == 0 && (n & (n - 1)) == 0) {  // one tree node per rank: the minimum traffic
     const double minimum = double(n - 1) / n * double(size) * sizeof(float);  // a reduce-scatter's
@@ -98,8 +107,10 @@ TEST(GradientTree, IsTheFixedTreeSumOfTheRowsForAnyRankCount) {
   const uint64_t seed = std::stoull(Ranks::world().broadcast(std::to_string(gen())));
   std::mt19937_64 shared(seed);
   const auto draw = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(shared); };
-  for (int64_t rows : {int64_t{1}, int64_t{2}, draw(3, 17), int64_t{12}})
-    check_tree_sum(rows, {{draw(1, 40), draw(1, 9)}, {draw(1, 300)}, {7}}, shared());
+  for (int64_t rows : {int64_t{1}, int64_t{2}, draw(3, 17), int64_t{12}}) {
+    const std::vector<std::vector<int64_t>> shapes = {{draw(1, 40), draw(1, 9)}, {draw(1, 300)}, {7}, {draw(1, 50)}};
+    for (int64_t bucket : {int64_t{0}, int64_t{1}, draw(2, 400)}) check_tree_sum(rows, shapes, shared(), bucket);
+  }
 }
 
 TEST(GradientTree, RowsSplitIntoContiguousBalancedRanges) {

@@ -2,7 +2,8 @@
 over loopback TCP give the same bits as one process of two threads with the same global batch (each
 step's loss, the weights and AdamW's moments), run after run; a checkpoint resumes with another
 number of ranks; a rank that fails or dies ends the whole job and the last checkpoint stays
-loadable; Ctrl-C on mpirun stops with a checkpoint. Skipped where mpirun is not installed or the build has no MPI (CI installs Open MPI)."""
+loadable; Ctrl-C on mpirun stops with a checkpoint; the buckets that overlap the reduction with
+the backward change no bits. Skipped where mpirun is not installed or the build has no MPI (CI installs Open MPI)."""
 
 import json
 import os
@@ -79,6 +80,22 @@ def test_two_ranks_give_one_process_bits_run_after_run(text, tmp_path, rng):
     assert len(steps) == 6 and len(vals) == 2
     assert log(tmp_path / "two") == log(tmp_path / "again") == (steps, vals)  # every loss and norm, exactly
     assert same_state(tmp_path / "one", tmp_path / "two") and same_state(tmp_path / "two", tmp_path / "again")
+
+
+@pytest.mark.parametrize("arch", [[], ["--arch", "llama", "--kv-heads", "1", "--untied-head"]], ids=["gpt2", "llama"])
+def test_reduction_buckets_overlapped_with_the_backward_change_no_bits(text, tmp_path, rng, arch):
+    """One bucket after the backward (--bucket-mb 0), one per tensor (a few bytes), the default,
+    and a random size: the same bits as one process, for 2 and 3 ranks (3: a rank's rows are two
+    tree nodes). Llama with an untied head: its output matrix is final first, the embedding last."""
+    args = ["--data", text, *SMALL, *arch, "--steps", 3, "--seed", int(rng.integers(1000)), "--batch", 5]
+    train(*args, "--out", tmp_path / "one", threads=2)
+    assert "comm_wait_s" not in (tmp_path / "one" / "train_log.jsonl").read_text()
+    for ranks, mb in [(2, 0), (2, 1e-4), (3, 4), (3, float(rng.uniform(0.001, 0.02)))]:
+        out = tmp_path / f"{ranks}-{mb}"
+        train(*args, "--out", out, "--bucket-mb", mb, ranks=ranks)
+        assert log(out) == log(tmp_path / "one") and same_state(out, tmp_path / "one"), (ranks, mb)
+        waits = [json.loads(x).get("comm_wait_s") for x in (out / "train_log.jsonl").read_text().splitlines()]
+        assert all(w >= 0 for w in waits if w is not None) and sum(w is not None for w in waits) == 3
 
 
 def test_a_checkpoint_resumes_with_another_number_of_ranks(text, tmp_path, rng):
