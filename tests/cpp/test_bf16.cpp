@@ -23,6 +23,7 @@
 #include "mhsa/error.h"
 #include "mhsa/model.h"
 #include "mhsa/safetensors.h"
+#include "low_precision_models.h"
 #include "test_util.h"
 
 namespace mhsa::test {
@@ -160,37 +161,8 @@ TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) {
   omp_set_num_threads(saved);
 }
 
-// A random model of `config` (embeddings scaled up for lively logits, so that greedy choices are
-// not near-ties) saved as a Hugging Face directory, removed at the end.
-struct SavedModel {
-  std::filesystem::path dir;
-  SavedModel(const nlohmann::json& config, uint64_t seed)
-      : dir(std::filesystem::temp_directory_path() /
-            ("mhsa_bf16_" + std::to_string(seed) + "_" + std::to_string(getpid()))) {
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "config.json") << config.dump();
-    Model m = Model::random(ModelConfig::parse(config.dump()), seed);
-    std::vector<std::pair<std::string, ConstTensorView>> tensors;
-    for (auto& [name, t] : m.parameters()) {
-      if (name.find("wte") != std::string::npos || name.find("embed_tokens") != std::string::npos)
-        for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] *= 30.0f;
-      tensors.emplace_back(name, t->view());
-    }
-    save_safetensors((dir / "model.safetensors").string(), tensors);
-  }
-  ~SavedModel() { std::filesystem::remove_all(dir); }
-};
-
 // What a bf16 model keeps in bfloat16: every matrix but learned positions.
 bool stored_16bit(const std::string& name, const Tensor& t) { return t.shape().size() == 2 && name != "wpe.weight"; }
-
-double max_rel(const Tensor& got, const Tensor& want) {
-  double scale = 0, worst = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(double{want.data()[i]}));
-  for (int64_t i = 0; i < want.numel(); ++i)
-    worst = std::max(worst, std::abs(double{got.data()[i]} - want.data()[i]));
-  return worst / scale;
-}
 
 void check_family(const nlohmann::json& config) {
   auto gen = test_rng();
@@ -212,26 +184,7 @@ void check_family(const nlohmann::json& config) {
     ++rounded_count;
   }
   EXPECT_GT(rounded_count, 2);
-  const int64_t V = half.config().vocab_size;
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
-  for (int64_t T : {1, 5, 13}) {  // the stream (T <= 8 rows) and the GEMM paths
-    std::vector<int32_t> ids(static_cast<size_t>(2 * T)), targets(ids.size());
-    for (auto& i : ids) i = tok(gen);
-    for (auto& i : targets) i = tok(gen);
-    const Tensor a = half.forward(ids, 2, T), b = rounded.forward(ids, 2, T);
-    EXPECT_LE(max_rel(a, b), 1e-5) << "T=" << T;
-    const double la = half.loss(ids, targets, 2, T), lb = rounded.loss(ids, targets, 2, T);
-    EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "T=" << T;
-  }
-  std::vector<int32_t> prompt(7);
-  for (auto& i : prompt) i = tok(gen);
-  GenerationOptions o;
-  o.max_new_tokens = 12;
-  o.stop_at_eos = false;
-  EXPECT_EQ(half.generate(prompt, 1, 7, o), rounded.generate(prompt, 1, 7, o));
-  EXPECT_THROW(half.zero_gradients(), Error);
-  std::vector<Tensor> grads;
-  EXPECT_THROW(half.loss_and_gradients(prompt, prompt, 1, 7, grads), Error);
+  expect_same_as_float_model(half, rounded, gen);
 }
 
 TEST(Bf16Model, Gpt2MatchesTheFloatModelOnRoundedWeights) {

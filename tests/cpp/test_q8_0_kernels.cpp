@@ -23,6 +23,7 @@
 #include "mhsa/model.h"
 #include "mhsa/safetensors.h"
 #include "nn/linear.h"
+#include "low_precision_models.h"
 #include "test_util.h"
 
 #include <nlohmann/json.hpp>
@@ -155,28 +156,6 @@ TEST(Q8_0Kernels, GroupingDoesNotChangeBits) {
   }
 }
 
-// A random model of `config` (embeddings scaled up for lively logits, so that greedy choices are
-// not near-ties; `poison` set to NaN when named) saved as a Hugging Face directory, removed at the end.
-struct SavedModel {
-  std::filesystem::path dir;
-  SavedModel(const nlohmann::json& config, uint64_t seed, const std::string& poison = "")
-      : dir(std::filesystem::temp_directory_path() /
-            ("mhsa_q8_0_" + std::to_string(seed) + "_" + std::to_string(getpid()))) {
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "config.json") << config.dump();
-    Model m = Model::random(ModelConfig::parse(config.dump()), seed);
-    std::vector<std::pair<std::string, ConstTensorView>> tensors;
-    for (auto& [name, t] : m.parameters()) {
-      if (name.find("wte") != std::string::npos || name.find("embed_tokens") != std::string::npos)
-        for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] *= 30.0f;
-      if (name == poison) t->data()[t->numel() / 2] = std::numeric_limits<float>::quiet_NaN();
-      tensors.emplace_back(name, t->view());
-    }
-    save_safetensors((dir / "model.safetensors").string(), tensors);
-  }
-  ~SavedModel() { std::filesystem::remove_all(dir); }
-};
-
 // w [rows, cols] replaced by its Q8_0 round trip along its rows, or along its columns (transposed:
 // GPT-2's Conv1D [in, out], quantised as [out, in]).
 void round_trip(Tensor& w, bool transposed) {
@@ -188,14 +167,6 @@ void round_trip(Tensor& w, bool transposed) {
     kernels::dequantize_row_q8_0(blocks.data(), cols, m.data() + r * cols);
   }
   w = transposed ? nn::transposed(m.data(), m.dim(0), m.dim(1), m.dim(1)) : m;
-}
-
-double max_rel(const Tensor& got, const Tensor& want) {
-  double scale = 0, worst = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(double{want.data()[i]}));
-  for (int64_t i = 0; i < want.numel(); ++i)
-    worst = std::max(worst, std::abs(double{got.data()[i]} - want.data()[i]));
-  return worst / scale;
 }
 
 // float_names: the matrices whose rows are not whole blocks, which stay float32.
@@ -221,26 +192,7 @@ void check_family(const nlohmann::json& config, const std::vector<std::string>& 
     ++quantised;
   }
   EXPECT_GT(quantised, 2);
-  const int64_t V = q8.config().vocab_size;
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
-  for (int64_t T : {1, 5, 13}) {  // the stream (T <= 8 rows) and the GEMM paths
-    std::vector<int32_t> ids(static_cast<size_t>(2 * T)), targets(ids.size());
-    for (auto& i : ids) i = tok(gen);
-    for (auto& i : targets) i = tok(gen);
-    const Tensor a = q8.forward(ids, 2, T), b = dequantised.forward(ids, 2, T);
-    EXPECT_LE(max_rel(a, b), 1e-5) << "T=" << T;
-    const double la = q8.loss(ids, targets, 2, T), lb = dequantised.loss(ids, targets, 2, T);
-    EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "T=" << T;
-  }
-  std::vector<int32_t> prompt(7);
-  for (auto& i : prompt) i = tok(gen);
-  GenerationOptions o;
-  o.max_new_tokens = 12;
-  o.stop_at_eos = false;
-  EXPECT_EQ(q8.generate(prompt, 1, 7, o), dequantised.generate(prompt, 1, 7, o));
-  EXPECT_THROW(q8.zero_gradients(), Error);
-  std::vector<Tensor> grads;
-  EXPECT_THROW(q8.loss_and_gradients(prompt, prompt, 1, 7, grads), Error);
+  expect_same_as_float_model(q8, dequantised, gen);
 }
 
 const nlohmann::json kGpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 97},

@@ -70,6 +70,12 @@ REAL = {
 }
 
 
+def logits(model, ids):
+    """A transformers model's logits for ids [B, T] as a float64 NumPy array."""
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.double().numpy()
+
+
 def build(config_class, kwargs, model_class, seed):
     """A float32 model with eager attention and random weights: uniform, with a standard deviation
     of 1.5/sqrt(fan-in), large enough that attention is far from uniform and the soft-caps bite

@@ -18,6 +18,8 @@ import mhsa
 
 transformers = pytest.importorskip("transformers")
 import families  # noqa: E402  (tests/python, beside this file)
+from conftest import rel_l2 as rel  # noqa: E402
+from families import logits  # noqa: E402
 import test_default_model as d  # noqa: E402
 from test_default_model import held_out  # noqa: E402,F401  (the fixture)
 
@@ -26,16 +28,6 @@ CASES = {
              transformers.GPT2LMHeadModel),
     "llama": families.TINY["llama_untied_bias"],
 }
-
-
-def rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-def logits(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor(ids)).logits.double().numpy()
 
 
 @pytest.mark.parametrize("case", list(CASES))
