@@ -467,8 +467,11 @@ void gemm_ex(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool 
   gemm_packed(M, N, K, A, lda, trans_a, B, ldb, trans_b, nullptr, C, ldc, accumulate);
 }
 
-void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
-                  float* C, int64_t ldc) {
+namespace {
+// C = A·Bᵀ with B stored as T (widened or dequantised while packed).
+template <class T>
+void gemm_bt_stored(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const T* B, int64_t ldb, float* C,
+                    int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
@@ -476,15 +479,16 @@ void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
   }
   gemm_packed(M, N, K, A, lda, false, B, ldb, true, nullptr, C, ldc, false);
 }
+}  // namespace
+
+void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                  float* C, int64_t ldc) {
+  gemm_bt_stored(M, N, K, A, lda, B, ldb, C, ldc);
+}
 
 void gemm_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb,
                   float* C, int64_t ldc) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {
-    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
-    return;
-  }
-  gemm_packed(M, N, K, A, lda, false, B, ldb, true, nullptr, C, ldc, false);
+  gemm_bt_stored(M, N, K, A, lda, B, ldb, C, ldc);
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA
