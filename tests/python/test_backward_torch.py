@@ -264,5 +264,8 @@ def test_variant_gradients_match_autograd(rng, case):
     ref = capped_grads(q, k, v, dout_seen, bias, softcap, torch.float64)
     fp32 = capped_grads(q, k, v, dout_seen, bias, softcap, torch.float32)
     assert (ours[0][empty] == 0).all()
+    # A window of 6 keys leaves torch's fp32 gradients within ~2 roundings of exact, so the floor is
+    # a few roundings (5e-7; a wrong window or cap is off by 1e-2 or more): ours measured 3.7e-7
+    # against torch's 1.8e-7 for MHSA_TEST_SEED=229997365.
     for o, t, r in zip(ours, fp32, ref):
-        check_against_torch(o, t, r)
+        check_against_torch(o, t, r, floor=5e-7)
