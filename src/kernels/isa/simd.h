@@ -127,8 +127,20 @@ inline Vec sqrt(Vec x) {
 #endif
 }
 inline Vec min(Vec a, Vec b) { return a < b ? a : b; }
-// a·b + c, a single fused instruction where the ISA has one (TUs build with -ffp-contract=fast).
-inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
+// a·b + c in one rounding where the ISA has an FMA, said explicitly: GCC contracts a * b + c only
+// when optimising at -O2 and above, and the kernels' bits (a row with one visible key has dS = 0
+// exactly, say) must not depend on the optimisation level (an -O1 sanitizer build found this).
+inline Vec fma(Vec a, Vec b, Vec c) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__AVX2__) && defined(__FMA__)
+  return (Vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__aarch64__)
+  return (Vec)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
+#else
+  return a * b + c;  // no FMA instruction
+#endif
+}
 
 // Horizontal reductions in a fixed lane order (a binary tree of halvings), so results never
 // depend on anything but the inputs. Each halving is one shuffle and one add (or max).
