@@ -29,9 +29,9 @@ say "apt-get install: Open MPI (data-parallel training: mpirun -np N mhsa train)
 $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin >/dev/null
 
 if [ "$with_tests" -eq 1 ]; then  # the ARM check (qemu), the fuzzer (libFuzzer), a browser, the default model's text
-  say "apt-get install: the test tools (aarch64 cross compiler, qemu, clang's libFuzzer, Chromium, the KJV text)"
+  say "apt-get install: the test tools (aarch64 cross compiler, qemu, clang's libFuzzer, Chromium, the KJV text, ccache)"
   $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev chromium bible-kjv bible-kjv-text >/dev/null
+    g++-aarch64-linux-gnu qemu-user clang libclang-rt-14-dev chromium bible-kjv bible-kjv-text ccache >/dev/null
 fi
 
 python=${PYTHON:-python3}
