@@ -259,7 +259,7 @@ def test_written_files_read_back_in_gguf_and_mhsa(case, to, rng, tmp_path):
         if kind == Q.F32:
             np.testing.assert_array_equal(deq, want, err_msg=t.name)
         else:
-            bound = 0.1 if kind == Q.Q4_K else 0.02
+            bound = 0.2 if kind == Q.Q4_K else 0.02  # Q4_K: 15 steps over a sub-block, least squares (not min/max)
             assert np.abs(deq - want).max() <= bound * np.abs(want).max() + 1e-6, t.name
         # gguf's values are the weights mhsa uses, mapped back to Hugging Face's layout.
         name, undo = back[t.name]
