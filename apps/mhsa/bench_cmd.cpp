@@ -259,7 +259,9 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 // A model directory's cases (--model): prompt processing of min(512, context) tokens and decoding
 // of min(128, context), as the GPT-2 cases above, named "<family>_pp512" and "<family>_tg128"
 // ("<family>_bf16_..." with --dtype bf16, whose weight matrices count 2 bytes a value;
-// "<family>_q8_0_..." with --dtype q8_0, 34 bytes per 32 values).
+// "<family>_q8_0_..." with --dtype q8_0, 34 bytes per 32 values; "<family>_q4_k_..." with --dtype
+// q4_k, 144 bytes per 256 values and the head's 34 per 32; a matrix whose rows are not whole
+// blocks counted as the model keeps it).
 // No tokenizer: the ids are arbitrary. Work is counted from the config: every projection and the
 // LM head (2 FLOPs per weight per token) and the attention pairs each layer's window leaves; a
 // decoded token reads every layer's weights, the head and the cache.
@@ -273,7 +275,18 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype) 
   const double layer_weights = C * (2 * q + 2 * kv) + mlp;  // the matrices only (norms, biases: < 1%)
   const std::string family =
       std::string(family_name(c.family)) + (wt == WeightType::f32 ? "" : "_" + std::string(weight_type_name(wt)));
-  const double weight_bytes = wt == WeightType::bf16 ? 2.0 : wt == WeightType::q8_0 ? 34.0 / 32 : 4.0;  // per value
+  // Bytes per value of a matrix with rows of `in` values as the model keeps it (mhsa/model.h).
+  const auto per_value = [wt](double in, bool head) {
+    const bool q8 = std::fmod(in, 32.0) == 0, q4 = std::fmod(in, 256.0) == 0;
+    if (wt == WeightType::bf16) return 2.0;
+    if (wt == WeightType::q4_k && q4 && !head) return 144.0 / 256;
+    if ((wt == WeightType::q8_0 || wt == WeightType::q4_k) && q8) return 34.0 / 32;
+    return 4.0;
+  };
+  const double in_c = C * (q + 2 * kv) + (c.mlp == MlpKind::gelu ? 1.0 : 2.0) * C * F;  // matrices with rows of C
+  const double weight_bytes_read =
+      c.num_layers * (in_c * per_value(C, false) + q * C * per_value(q, false) + F * C * per_value(F, false)) +
+      V * C * per_value(C, true);
   const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions);
   const std::string pp_name = family + "_pp" + std::to_string(pp), tg_name = family + "_tg" + std::to_string(tg);
   Case prefill{pp_name, [=](double min_seconds) {
@@ -302,9 +315,8 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype) 
                       for (int64_t i = 0; i < tg; ++i) (void)model->extend(cache, token, 1, 1, true);
                     },
                     min_seconds);
-                const double weights = c.num_layers * layer_weights + V * C;
                 const double cache = c.num_layers * 2.0 * kv * (tg + 1) / 2.0;  // read per step, on average
-                return Result{tg_name, "GB/s", s, tg * (weights * weight_bytes + cache * sizeof(float)), double(tg)};
+                return Result{tg_name, "GB/s", s, tg * (weight_bytes_read + cache * sizeof(float)), double(tg)};
               }};
   return {prefill, decode};
 }

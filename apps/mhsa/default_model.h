@@ -24,7 +24,7 @@ struct LoadedModel {
   Model model;
   Tokenizer tokenizer;
 };
-// dtype: the --dtype option's value ("f32", "bf16" or "q8_0").
+// dtype: the --dtype option's value ("f32", "bf16", "q8_0" or "q4_k").
 LoadedModel load_model(const std::filesystem::path& dir, const std::string& dtype = "f32");
 
 }  // namespace mhsa::cli

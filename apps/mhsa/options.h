@@ -33,7 +33,7 @@ CLI::Validator one_of(std::vector<std::string> words);
 
 // -t,--threads N: 0 (the default: OMP_NUM_THREADS or all cores) up to cpu::max_threads().
 CLI::Option* add_threads_option(CLI::App* cmd, int& threads);
-// --dtype f32|bf16|q8_0: how the model keeps its weights (mhsa::WeightType, checked when the model loads).
+// --dtype f32|bf16|q8_0|q4_k: how the model keeps its weights (mhsa::WeightType, checked when the model loads).
 CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype);
 // Applies a -t value (0 leaves OpenMP's choice as it is).
 void use_threads(int threads);

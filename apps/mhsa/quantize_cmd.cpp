@@ -1,5 +1,5 @@
 // apps/mhsa/quantize_cmd.cpp — `mhsa quantize`: a model directory (llama or gpt2 family) written as
-// a GGUF file that llama.cpp loads, its matrices stored as f32, f16, bf16 or q8_0 (norms, biases
+// a GGUF file that llama.cpp loads, its matrices stored as f32, f16, bf16, q8_0 or q4_k (norms, biases
 // and learned positions stay F32), with the tokenizer's vocabulary when it is byte-level BPE.
 // The work is the library's (model/gguf_model.h); this parses, checks and reports.
 #include <cstdio>
@@ -45,7 +45,7 @@ void add_quantize_command(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   CLI::App* cmd = app.add_subcommand("quantize", "Write a model directory (llama or gpt2 family) as a GGUF file for llama.cpp");
   cmd->add_option("--model", a->model, "model directory: config.json, model.safetensors (and its tokenizer)")->required();
-  cmd->add_option("--to", a->to, "how the matrices are stored: f32, f16, bf16 or q8_0")->required();
+  cmd->add_option("--to", a->to, "how the matrices are stored: f32, f16, bf16, q8_0 or q4_k (the output matrix q8_0)")->required();
   cmd->add_option("--out", a->out, "the GGUF file to write")->required();
   cmd->add_flag("--force", a->force, "replace --out if it exists");
   add_threads_option(cmd, a->threads);

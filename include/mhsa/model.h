@@ -25,6 +25,9 @@
 namespace mhsa {
 
 struct ModelAccess;  // src/model/access.h: the nn view of a model, for train/ and explain/
+namespace detail {
+class GgufModelFile;  // src/model/gguf_model.h
+}
 
 // The keys and values of every layer for one batch of sequences: the state of a generation.
 class ModelCache {
@@ -73,11 +76,15 @@ using TokenCallback = std::function<bool(int64_t, std::span<const int32_t>)>;
 // norms, biases and learned positions stay float32; every product is still summed in float32),
 // or q8_0 ("8-bit weights": the same matrices quantised at load into GGUF's Q8_0 blocks, 32 int8
 // weights and one f16 scale each, by ggml's reference rule; a matrix whose row length is not a
-// multiple of 32 stays float32). bf16 halves the bytes a decode step streams, q8_0 takes about a
-// quarter; both are for inference only (no gradients).
-enum class WeightType { f32, bf16, q8_0 };
-// "f32", "bf16" or "q8_0"; anything else throws mhsa::Error "<what>: expected "f32", "bf16" or
-// "q8_0", got '…'" (what: the option, "--dtype").
+// multiple of 32 stays float32), or q4_k ("4-bit weights": GGUF's Q4_K blocks, 256 weights in
+// 144 bytes — 4-bit quants with a 6-bit scale and min per 32 — by mhsa's own least-squares
+// quantiser; as llama.cpp's Q4_K mixes keep the output matrix at 6 bits, the output matrix (the
+// token embedding when tied) is kept as Q8_0, and so is a matrix whose row length is not a
+// multiple of 256 (float32 if not of 32 either)). bf16 halves the bytes a decode step streams,
+// q8_0 takes about a quarter, q4_k about an eighth; all are for inference only (no gradients).
+enum class WeightType { f32, bf16, q8_0, q4_k };
+// "f32", "bf16", "q8_0" or "q4_k"; anything else throws mhsa::Error "<what>: expected "f32",
+// "bf16", "q8_0" or "q4_k", got '…'" (what: the option, "--dtype").
 WeightType parse_weight_type(std::string_view name, std::string_view what);
 std::string_view weight_type_name(WeightType dtype);
 
@@ -88,13 +95,14 @@ class Model {
   // the "model." / "transformer." prefix); buffers such as attn.bias and rotary inv_freq ignored.
   // dtype bf16: the weight matrices are kept as bfloat16 (see WeightType; F16 and BF16 files are
   // widened to float32 exactly, then rounded to nearest-even per tensor as it is read); q8_0:
-  // quantised to Q8_0 per tensor as it is read (a non-finite weight is refused, naming it).
+  // quantised to Q8_0 per tensor as it is read (a non-finite weight is refused, naming it); q4_k:
+  // likewise to Q4_K (and Q8_0, see WeightType).
   // A path to a file is read as GGUF (llama.cpp's format; architectures "llama" and "gpt2"): its
   // metadata as the config, its tensors under Hugging Face names (Llama's q/k rows un-permuted,
   // GPT-2's matrices transposed back), F16/BF16/Q8_0/Q4_0/Q4_K dequantised to float32 (then kept
-  // as the dtype asks).
+  // as the dtype asks; with q4_k, a matrix the file stores as Q4_K is kept as stored).
   static Model load(const std::filesystem::path& dir, WeightType dtype = WeightType::f32);
-  // Random weights (normal-like, std 0.02; norms at identity) of a validated config; bf16, q8_0:
+  // Random weights (normal-like, std 0.02; norms at identity) of a validated config; bf16, q8_0, q4_k:
   // the same float32 weights, rounded or quantised.
   static Model random(const ModelConfig& config, uint64_t seed, WeightType dtype = WeightType::f32);
 
@@ -133,8 +141,8 @@ class Model {
                         uint64_t& rng_state);
 
   // Every parameter with its Hugging Face name ("model.layers.0.self_attn.q_proj.weight", ...;
-  // GPT-2's without a prefix, as Gpt2 names them), in a fixed order. In a bf16 or q8_0 model the
-  // 16-bit or 8-bit ones are empty tensors (their values live in bfloat16 or Q8_0 storage).
+  // GPT-2's without a prefix, as Gpt2 names them), in a fixed order. In a bf16, q8_0 or q4_k model
+  // the 16-, 8- or 4-bit ones are empty tensors (their values live in bfloat16, Q8_0 or Q4_K storage).
   std::vector<std::pair<std::string, Tensor*>> parameters();
   std::vector<std::pair<std::string, const Tensor*>> parameters() const;
   // The parameter of that name, or null.
@@ -154,9 +162,11 @@ class Model {
   friend struct ModelAccess;
   Model();
   static Model load_gguf(const std::filesystem::path& file, WeightType dtype);
-  // The parameters of config_ (with an untied head or not), each from get(name, shape).
+  // The parameters of config_ (with an untied head or not), each from get(name, shape); from a
+  // GGUF file, a q4_k model keeps the file's Q4_K matrices as they are stored.
   void assemble(bool untied, WeightType dtype,
-                const std::function<Tensor(const std::string&, const std::vector<int64_t>&)>& get);
+                const std::function<Tensor(const std::string&, const std::vector<int64_t>&)>& get,
+                const detail::GgufModelFile* gguf = nullptr);
 
   ModelConfig config_;
   std::vector<std::pair<std::string, Tensor>> params_;

@@ -112,7 +112,7 @@ file raises mhsa.Error naming what is wrong.)");
       },
       "model"_a, "path"_a, "dtype"_a = "f32", "overwrite"_a = false, "tokenizer_dir"_a = std::filesystem::path(),
       R"(Writes a llama or gpt2 Model as a GGUF file llama.cpp loads (as `mhsa quantize` does): matrices as
-dtype ("f32", "f16", "bf16", "q8_0"), norms and biases F32; the tokenizer of tokenizer_dir when
+dtype ("f32", "f16", "bf16", "q8_0", "q4_k": the output matrix Q8_0), norms and biases F32; the tokenizer of tokenizer_dir when
 it is byte-level BPE. Refuses an existing path unless overwrite.)");
 }
 

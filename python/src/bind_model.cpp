@@ -222,7 +222,7 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
       .def_property_readonly("config", [](const Gpt2& g) { return config_dict(g.config()); });
   bind_decoder(gpt2, "GPT2");
 
-  py::class_<Model> model(m, "Model", R"(A decoder-only language model of any family mhsa knows (float32, or bfloat16 or Q8_0 weights): GPT-2, Llama, Mistral,
+  py::class_<Model> model(m, "Model", R"(A decoder-only language model of any family mhsa knows (float32, or bfloat16, Q8_0 or Q4_K weights): GPT-2, Llama, Mistral,
 Qwen2, Qwen3, Gemma 2.
 
 Model.load(dir) reads a Hugging Face directory: config.json and model.safetensors (or its shards).)");
@@ -238,8 +238,9 @@ Model.load(dir) reads a Hugging Face directory: config.json and model.safetensor
           "Loads config.json + the safetensors weights from a directory. dtype \"bf16\" keeps the weight matrices "
           "(linear layers, embedding, output) as bfloat16, rounded to nearest-even: about half the bytes per "
           "decoded token; dtype \"q8_0\" quantises them to GGUF's Q8_0 blocks (32 int8 weights and an f16 scale; "
-          "a matrix whose rows are not a multiple of 32 stays float32): about a quarter. Both inference only "
-          "(loss_and_grad refuses).")
+          "a matrix whose rows are not a multiple of 32 stays float32): about a quarter; dtype \"q4_k\" to GGUF's "
+          "Q4_K blocks (256 4-bit weights with 6-bit scales and mins per 32; the output matrix, and rows not a "
+          "multiple of 256, Q8_0): about an eighth. All inference only (loss_and_grad refuses).")
       .def_static(
           "random",
           [](const py::dict& config, uint64_t seed) {
@@ -256,7 +257,7 @@ config class, checked as Model.load checks config.json. For benchmarks and tests
                              "Every ModelConfig field, by its C++ name (as mhsa.read_model_config gives them).")
       .def_property_readonly("family", [](const Model& g) { return std::string(family_name(g.family())); })
       .def_property_readonly("dtype", [](const Model& g) { return std::string(weight_type_name(g.weight_type())); },
-                             "How the weight matrices are kept: \"f32\", \"bf16\" or \"q8_0\".")
+                             "How the weight matrices are kept: \"f32\", \"bf16\", \"q8_0\" or \"q4_k\".")
       .def_property_readonly(
           "parameter_names",
           [](const Model& g) {

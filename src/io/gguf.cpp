@@ -168,7 +168,8 @@ GgufType parse_gguf_type(std::string_view name, std::string_view what) {
   if (lower == "f16") return GgufType::f16;
   if (lower == "bf16") return GgufType::bf16;
   if (lower == "q8_0") return GgufType::q8_0;
-  throw Error(message(what, ": expected \"f32\", \"f16\", \"bf16\" or \"q8_0\", got ", quote(name)));
+  if (lower == "q4_k") return GgufType::q4_k;
+  throw Error(message(what, ": expected \"f32\", \"f16\", \"bf16\", \"q8_0\" or \"q4_k\", got ", quote(name)));
 }
 
 struct GgufFile::Mapping {

@@ -9,8 +9,8 @@
 // errors), dims (1 to 4, products checked for overflow, rows whole blocks), offsets (aligned,
 // inside the data section, no two tensors overlapping). A malformed or hostile file gives an
 // mhsa::Error "gguf <file>: <what>: expected …, got …". GgufWriter writes one atomically. Tensors
-// load as float32 from F32, F16, BF16, Q8_0, Q4_0 and Q4_K; the writer stores F32, F16, BF16 and
-// Q8_0. Not public, not a model: model/gguf_model.cpp maps names and metadata to a Model.
+// load as float32 from F32, F16, BF16, Q8_0, Q4_0 and Q4_K; the writer stores F32, F16, BF16,
+// Q8_0 and Q4_K (mhsa's own Q4_K quantiser, kernels/q4_k.h). Not public, not a model: model/gguf_model.cpp maps names and metadata to a Model.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,7 @@ namespace mhsa::detail {
 enum class GgufType : uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q4_k = 12, bf16 = 30 };
 // "F32", "Q5_K", …; "type <id>" for an id ggml does not have.
 std::string gguf_type_name(uint32_t type);
-// "f32", "f16", "bf16", "q8_0" (any case) → the type; anything else throws naming `what`.
+// "f32", "f16", "bf16", "q8_0", "q4_k" (any case) → the type; anything else throws naming `what`.
 GgufType parse_gguf_type(std::string_view name, std::string_view what);
 
 enum class GgufValueType : uint32_t { u8, i8, u16, i16, u32, i32, f32, boolean, string, array, u64, i64, f64 };
@@ -112,7 +112,7 @@ class GgufWriter {
   void add_f32s(std::string key, std::span<const float> v);
   void add_i32s(std::string key, std::span<const int32_t> v);
   // values: float32 [.., rows, row] (numpy order) stored as `type`; Q8_0 needs rows
-  // of whole 32-value blocks and finite values. The writer keeps the tensor until written.
+  // of whole 32-value blocks, Q4_K of whole 256-value blocks, and both finite values. The writer keeps the tensor until written.
   void add_tensor(std::string name, Tensor values, GgufType type);
   // Atomically: a temporary file beside `path`, renamed into place (never replacing an existing
   // file unless `overwrite`). Throws mhsa::Error naming the problem; leaves no partial file.

@@ -15,6 +15,7 @@
 #include "io/json.h"
 #include "kernels/bf16.h"
 #include "kernels/half.h"
+#include "kernels/q4_k.h"
 #include "kernels/q8_0.h"
 
 namespace mhsa::detail {
@@ -90,6 +91,15 @@ std::string encode(const Tensor& t, GgufType type) {
       out.assign(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(kernels::BlockQ8_0));
       break;
     }
+    case GgufType::q4_k: {
+      std::vector<kernels::BlockQ4_K> blocks(static_cast<size_t>(n / kernels::kQ4KBlock));
+      const int64_t row = t.shape().back(), rows = n / row;
+#pragma omp parallel for schedule(dynamic, 16) if (n >= (int64_t{1} << 16))
+      for (int64_t r = 0; r < rows; ++r)
+        kernels::quantize_row_q4_k(x + r * row, row, blocks.data() + r * (row / kernels::kQ4KBlock));
+      out.assign(reinterpret_cast<const char*>(blocks.data()), blocks.size() * sizeof(kernels::BlockQ4_K));
+      break;
+    }
     default: break;  // refused by add_tensor
   }
   return out;
@@ -146,14 +156,18 @@ void GgufWriter::add_tensor(std::string name, Tensor values, GgufType type) {
   uint64_t bytes = static_cast<uint64_t>(n) * 4;
   if (type == GgufType::f16 || type == GgufType::bf16) {
     bytes = static_cast<uint64_t>(n) * 2;
-  } else if (type == GgufType::q8_0) {
-    if (row % kernels::kQ8Block != 0)
-      fail(fn, what, "rows of whole Q8_0 blocks (a multiple of 32 values)", message("rows of ", row));
+  } else if (type == GgufType::q8_0 || type == GgufType::q4_k) {
+    const bool q8 = type == GgufType::q8_0;
+    const int64_t block = q8 ? kernels::kQ8Block : kernels::kQ4KBlock;
+    if (row % block != 0)
+      fail(fn, what, q8 ? "rows of whole Q8_0 blocks (a multiple of 32 values)" : "rows of whole Q4_K blocks (a multiple of 256 values)",
+           message("rows of ", row));
     for (int64_t i = 0; i < n; ++i)
       if (!std::isfinite(values.data()[i])) fail(fn, what, "finite values to quantise", message(values.data()[i], " at ", i));
-    bytes = static_cast<uint64_t>(n / kernels::kQ8Block) * sizeof(kernels::BlockQ8_0);
+    bytes = static_cast<uint64_t>(n / block) * (q8 ? sizeof(kernels::BlockQ8_0) : sizeof(kernels::BlockQ4_K));
   } else if (type != GgufType::f32) {
-    fail(fn, what + " type", "F32, F16, BF16 or Q8_0 (the types mhsa writes)", gguf_type_name(static_cast<uint32_t>(type)));
+    fail(fn, what + " type", "F32, F16, BF16, Q8_0 or Q4_K (the types mhsa writes)",
+         gguf_type_name(static_cast<uint32_t>(type)));
   }
   tensors_.push_back({std::move(name), std::move(values), type, bytes});
 }

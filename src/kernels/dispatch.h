@@ -10,6 +10,7 @@
 #include "core/cpu.h"
 #include "kernels/attention_params.h"
 #include "kernels/elementwise.h"
+#include "kernels/q4_k.h"
 #include "kernels/q8_0.h"
 
 namespace mhsa::kernels {
@@ -34,6 +35,15 @@ struct BtPart16 {
 // 32; ldb counts blocks (K / 32 for a whole matrix).
 struct BtPartQ8 {
   const BlockQ8_0* B;
+  int64_t ldb, N;
+  float* C;
+  int64_t ldc;
+};
+
+// matmul_bt_parts_q4_k's part: B [N, K] stored as Q4_K blocks (kernels/q4_k.h), K a multiple of
+// 256; ldb counts blocks (K / 256 for a whole matrix).
+struct BtPartQ4K {
+  const BlockQ4_K* B;
   int64_t ldb, N;
   float* C;
   int64_t ldc;
@@ -81,6 +91,12 @@ struct BtPartQ8 {
   void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts,         \
                             int count);                                                                      \
   void gemm_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B,          \
+                    int64_t ldb, float* C, int64_t ldc);                                                     \
+  void matmul_bt_q4_k(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B,      \
+                      int64_t ldb, float* C, int64_t ldc);                                                   \
+  void matmul_bt_parts_q4_k(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ4K* parts,        \
+                            int count);                                                                      \
+  void gemm_bt_q4_k(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B,          \
                     int64_t ldb, float* C, int64_t ldc);                                                     \
   void softmax_cross_entropy(int64_t rows, int64_t V, float* logits, int64_t ld, const int32_t* targets,     \
                              float scale, double* loss);                                                   \
@@ -143,6 +159,15 @@ struct KernelTable {
   decltype(&portable::matmul_bt_q8_0) matmul_bt_q8_0;
   decltype(&portable::matmul_bt_parts_q8_0) matmul_bt_parts_q8_0;
   decltype(&portable::gemm_bt_q8_0) gemm_bt_q8_0;
+  // 4-bit weights: the same three with B [N, K] stored as Q4_K blocks (K a multiple of 256, ldb in
+  // blocks; kernels/matmul_q4_k.cpp). The streams widen the nibbles in registers and sum each
+  // sub-block's Σ q·a and Σ a in float32 before one FMA each with its d·sc and −dmin·m, every C
+  // element one fixed chain over the blocks; gemm_bt_q4_k dequantises B while packing
+  // (dequantize_row_q4_k's values), so its bits are gemm_ex's on the dequantised B. Twin:
+  // matmul_bt_q4_k_ref (kernels/q4_k.h).
+  decltype(&portable::matmul_bt_q4_k) matmul_bt_q4_k;
+  decltype(&portable::matmul_bt_parts_q4_k) matmul_bt_parts_q4_k;
+  decltype(&portable::gemm_bt_q4_k) gemm_bt_q4_k;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

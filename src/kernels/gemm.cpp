@@ -21,9 +21,9 @@
 // its chains are the plain ones; for M <= kFreshMaxM they differ from gemm's blocked chains.
 // gemm_bt_bf16 is gemm_ex's C = A·Bᵀ with B [N, K] stored as bfloat16 (16-bit weights): B is
 // widened while it is packed (exact), so no float copy of B exists beyond the packed panels, and
-// its bits are gemm_ex's on the widened B. gemm_bt_q8_0 is the same for B stored as Q8_0 blocks
-// (kernels/q8_0.h), dequantised while packed. Not a BLAS: no alpha/beta, no other types. Block
-// sizes and their measurements are below the micro-kernel.
+// its bits are gemm_ex's on the widened B. gemm_bt_q8_0 and gemm_bt_q4_k are the same for B
+// stored as Q8_0 or Q4_K blocks (kernels/q8_0.h, q4_k.h), dequantised while packed. Not a BLAS:
+// no alpha/beta, no other types. Block sizes and their measurements are below the micro-kernel.
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -35,6 +35,7 @@
 #include <omp.h>
 
 #include "kernels/isa/simd.h"
+#include "kernels/q4_k.h"
 #include "kernels/q8_0.h"
 
 namespace mhsa::kernels::MHSA_ISA {
@@ -226,6 +227,26 @@ void pack_b_panel_transposed(int64_t K, int64_t n, const BlockQ8_0* B, int64_t l
         const BlockQ8_0& blk = B[jj * ldb + k / kQ8Block];
         const float d = f16_scalar(blk.d);
         for (int64_t i = 0; i < kQ8Block; ++i) panel[(k + i) * kNR + jj] = d * static_cast<float>(blk.qs[i]);
+      }
+    }
+  }
+}
+
+// pack_b_panel_transposed for B stored as Q4_K blocks ([N, K/256], ldb in blocks; kKC is one
+// block): each block dequantised by dequantize_row_q4_k (its exact values), then placed.
+void pack_b_panel_transposed(int64_t K, int64_t n, const BlockQ4_K* B, int64_t ldb, float* panel) {
+  static_assert(kKC % kQ4KBlock == 0, "a K block holds whole Q4_K blocks");
+  float w[kQ4KBlock];
+  for (int64_t k0 = 0; k0 < K; k0 += kKC) {
+    const int64_t k_end = std::min(K, k0 + kKC);
+    for (int64_t jj = 0; jj < kNR; ++jj) {
+      if (jj >= n) {
+        for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = 0.0f;
+        continue;
+      }
+      for (int64_t k = k0; k < k_end; k += kQ4KBlock) {
+        dequantize_row_q4_k(B + jj * ldb + k / kQ4KBlock, kQ4KBlock, w);
+        for (int64_t i = 0; i < kQ4KBlock; ++i) panel[(k + i) * kNR + jj] = w[i];
       }
     }
   }
@@ -487,6 +508,11 @@ void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
 }
 
 void gemm_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb,
+                  float* C, int64_t ldc) {
+  gemm_bt_stored(M, N, K, A, lda, B, ldb, C, ldc);
+}
+
+void gemm_bt_q4_k(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B, int64_t ldb,
                   float* C, int64_t ldc) {
   gemm_bt_stored(M, N, K, A, lda, B, ldb, C, ldc);
 }

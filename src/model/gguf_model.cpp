@@ -151,14 +151,48 @@ GgufModelFile GgufModelFile::open(const std::filesystem::path& path) {
 
 bool GgufModelFile::untied_head() const { return !config_.tie_word_embeddings; }
 
-Tensor GgufModelFile::load(const std::string& name, const std::vector<int64_t>& shape) const {
-  const GgufName g = gguf_name(config_, name);
+const GgufTensorInfo& GgufModelFile::checked(const GgufName& g, const std::string& name,
+                                             const std::vector<int64_t>& shape) const {
   const GgufTensorInfo& t = required(file_, g.name);
   std::vector<int64_t> stored = shape;
   if (g.layout == GgufLayout::transposed) std::reverse(stored.begin(), stored.end());
   if (t.shape() != stored)
     fail(message("gguf ", file_.source()), message("tensor ", quote(g.name), " (", name, ")"),
          "shape " + shape_string(ConstTensorView(nullptr, stored)), shape_string(ConstTensorView(nullptr, t.shape())));
+  return t;
+}
+
+std::optional<nn::Q4Matrix> GgufModelFile::load_q4_k(const std::string& name, const std::vector<int64_t>& shape) const {
+  const GgufName g = gguf_name(config_, name);
+  const GgufTensorInfo& t = checked(g, name, shape);
+  if (t.type != static_cast<uint32_t>(GgufType::q4_k) || t.dims.size() != 2) return std::nullopt;
+  nn::Q4Matrix m;
+  m.rows = t.dims[1];  // the file's [out, in] (GPT-2's matrices are stored transposed: [out, in] too)
+  m.cols = t.dims[0];
+  const int64_t per_row = m.blocks_per_row();
+  m.data.resize(static_cast<size_t>(m.rows * per_row));  // the file's bytes: the product is already checked
+  const uint8_t* src = file_.data(t).data();
+  const size_t row_bytes = static_cast<size_t>(per_row) * sizeof(kernels::BlockQ4_K);
+  // Llama's q/k rows back from ggml's interleaved pairs to rotate_half order (as permute_rows).
+  const int64_t D = g.layout == GgufLayout::permuted ? m.rows / g.heads : 0;
+  for (int64_t r = 0; r < m.rows; ++r) {
+    int64_t from = r;
+    if (D > 0) {
+      const int64_t h = r / D, within = r % D, half = D / 2;
+      from = h * D + 2 * (within % half) + within / half;
+    }
+    std::memcpy(m.row(r), src + static_cast<size_t>(from) * row_bytes, row_bytes);
+  }
+  for (const kernels::BlockQ4_K& b : m.data)
+    if ((b.d & 0x7c00) == 0x7c00 || (b.dmin & 0x7c00) == 0x7c00)
+      fail(message("gguf ", file_.source()), message("tensor ", quote(g.name), " (", name, ")"),
+           "finite Q4_K scales", "an f16 infinity or NaN");
+  return m;
+}
+
+Tensor GgufModelFile::load(const std::string& name, const std::vector<int64_t>& shape) const {
+  const GgufName g = gguf_name(config_, name);
+  const GgufTensorInfo& t = checked(g, name, shape);
   Tensor x = file_.load(t);
   if (g.layout == GgufLayout::transposed) return transpose_2d(x);
   if (g.layout == GgufLayout::permuted) return permute_rows(x, g.heads, false);

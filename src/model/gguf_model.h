@@ -12,13 +12,17 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "io/gguf.h"
 #include "mhsa/model.h"
+#include "nn/q4_matrix.h"
 
 namespace mhsa::detail {
+
+struct GgufName;  // model/gguf_names.h
 
 // A GGUF file read as a model: its config (validated) and its tensors by Hugging Face name.
 class GgufModelFile {
@@ -31,8 +35,14 @@ class GgufModelFile {
   bool untied_head() const;  // an "output" tensor distinct from token_embd
   // The Hugging Face parameter `name`, float32 in mhsa's layout, checked to have `shape`.
   Tensor load(const std::string& name, const std::vector<int64_t>& shape) const;
+  // The matrix `name` (checked to have `shape`) as the Q4_K blocks the file stores, [out, in] in
+  // mhsa's row order (Llama's q/k rows un-permuted), when it is stored as Q4_K; nullopt otherwise.
+  // Blocks with an infinite or NaN scale are refused.
+  std::optional<nn::Q4Matrix> load_q4_k(const std::string& name, const std::vector<int64_t>& shape) const;
 
  private:
+  const GgufTensorInfo& checked(const GgufName& g, const std::string& name,
+                                const std::vector<int64_t>& shape) const;
   GgufFile file_;
   ModelConfig config_;
   explicit GgufModelFile(GgufFile f) : file_(std::move(f)) {}
@@ -42,7 +52,8 @@ class GgufModelFile {
 // metadata llama.cpp needs (general.architecture, the hyperparameters, file type; the tokenizer
 // from `tokenizer_dir`'s tokenizer.json or vocab.json + merges.txt when it has one). Matrices are
 // stored as `type` (Q8_0 needs rows of whole 32-value blocks: other matrices are stored F16, as
-// llama.cpp's converter does); norms, biases and learned positions stay F32.
+// llama.cpp's converter does; Q4_K stores the output matrix, and rows not of whole 256-value
+// blocks, as Q8_0, as a q4_k Model keeps them); norms, biases and learned positions stay F32.
 void save_gguf(const Model& model, const std::filesystem::path& path, GgufType type, bool overwrite,
                const std::filesystem::path& tokenizer_dir = {});
 

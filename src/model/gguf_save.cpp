@@ -98,8 +98,8 @@ uint32_t u32(int64_t v, const char* what) {
   return static_cast<uint32_t>(v);
 }
 
-uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16
-  return t == GgufType::f32 ? 0 : t == GgufType::f16 ? 1 : t == GgufType::q8_0 ? 7 : 32;
+uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S, MOSTLY_BF16
+  return t == GgufType::f32 ? 0 : t == GgufType::f16 ? 1 : t == GgufType::q8_0 ? 7 : t == GgufType::q4_k ? 14 : 32;
 }
 
 }  // namespace
@@ -150,6 +150,7 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
   } else {
     w.add_string("tokenizer.ggml.model", "no_vocab");
   }
+  const bool untied = model.parameter("lm_head.weight") != nullptr;
   for (const auto& [name, t] : model.parameters()) {
     const GgufName g = gguf_name(c, name);
     Tensor x = g.layout == GgufLayout::transposed ? transpose_2d(*t)
@@ -157,6 +158,10 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
                                                   : contiguous(t->view());
     GgufType stored = type;
     if (x.shape().size() < 2 || g.name == "position_embd.weight") stored = GgufType::f32;  // as llama.cpp keeps them
+    // Q4_K as a q4_k model keeps it (mhsa/model.h WeightType): the output matrix, and rows that are
+    // not whole 256-value blocks, Q8_0 (llama.cpp's Q4_K mixes: Q6_K and Q5_0).
+    const bool output = g.name == "output.weight" || (!untied && g.name == "token_embd.weight");
+    if (stored == GgufType::q4_k && (output || x.shape().back() % 256 != 0)) stored = GgufType::q8_0;
     if (stored == GgufType::q8_0 && x.shape().back() % 32 != 0) stored = GgufType::f16;  // the converter's fallback
     w.add_tensor(g.name, std::move(x), stored);
   }

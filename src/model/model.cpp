@@ -3,6 +3,7 @@
 // directory (config.json by ModelConfig::load, the weights by ShardedSafeTensors), random
 // weights, and the shared decoder (model/decoder.h) over the result.
 #include <algorithm>
+#include <optional>
 
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
@@ -20,11 +21,12 @@ using detail::message;
 namespace fs = std::filesystem;
 
 // The model's nn::Stack but for its config and parameter pointers (set per call: a Model moves),
-// and a bf16 model's 16-bit or a q8_0 model's 8-bit weights (indexed like the parameters; empty
-// matrices elsewhere).
+// and a bf16 model's 16-bit, a q8_0 model's 8-bit or a q4_k model's 4-bit (and 8-bit) weights
+// (indexed like the parameters; empty matrices elsewhere).
 struct Model::Layout : nn::Stack {
   std::vector<nn::Bf16Matrix> half16;
   std::vector<nn::Q8Matrix> quant8;
+  std::vector<nn::Q4Matrix> quant4;
 };
 
 namespace {
@@ -37,6 +39,7 @@ struct Spec {
   std::vector<int64_t> shape;
   Init init;
   Half half = Half::no;
+  bool output = false;  // the output matrix (lm_head, or the tied embedding): Q8_0 in a q4_k model
 };
 
 // The parameters of a family and the part each plays: GPT-2's names (Conv1D weights [in, out]),
@@ -118,18 +121,38 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
     specs.back().half = Half::as_is;
   }
   if (c.positions == PositionKind::rotary) L.rope = nn::make_rope(c);
+  specs[static_cast<size_t>(untied_head ? L.head : L.embed)].output = true;
   return specs;
 }
 
 std::string shape_text(const std::vector<int64_t>& s) { return shape_string(ConstTensorView(nullptr, s)); }
 
 // Adds parameter `spec` with value t: as it is, or in a bf16 model rounded into L.half16, in a
-// q8_0 model quantised into L.quant8 (and an empty tensor in its place). A q8_0 model keeps a
-// matrix whose rows are not whole 32-weight blocks in float32 (llama.cpp's fallback too).
+// q8_0 model quantised into L.quant8, in a q4_k model quantised into L.quant4 (and an empty tensor
+// in its place), or into L.quant8 when it is the output matrix or its rows are not whole 256-weight
+// blocks (where llama.cpp's Q4_K mixes store Q6_K and Q5_0). A q8_0 or q4_k model keeps a matrix
+// whose rows are not whole 32-weight blocks in float32 (llama.cpp's fallback too). `stored`: the
+// matrix as a GGUF file stores it in Q4_K (t then unused).
 void keep(std::vector<std::pair<std::string, Tensor>>& params, Model::Layout& L, WeightType dtype, const Spec& spec,
-          Tensor t) {
+          Tensor t, std::optional<nn::Q4Matrix> stored = std::nullopt) {
   const bool transposed = spec.half == Half::transposed;
-  if (dtype == WeightType::bf16) {
+  if (dtype == WeightType::q4_k) {
+    L.quant4.resize(params.size() + 1);
+    L.quant8.resize(params.size() + 1);
+    if (stored) {
+      L.quant4.back() = std::move(*stored);
+      t = Tensor();
+    } else if (spec.half != Half::no) {
+      const int64_t cols = t.dim(transposed ? 0 : 1);
+      if (!spec.output && nn::Q4Matrix::fits(cols)) {
+        L.quant4.back() = nn::Q4Matrix::quantized(t, transposed, spec.name);
+        t = Tensor();
+      } else if (nn::Q8Matrix::fits(cols)) {
+        L.quant8.back() = nn::Q8Matrix::quantized(t, transposed, spec.name);
+        t = Tensor();
+      }
+    }
+  } else if (dtype == WeightType::bf16) {
     L.half16.resize(params.size() + 1);
     if (spec.half != Half::no) {
       L.half16.back() = nn::Bf16Matrix::rounded(t, transposed);
@@ -151,15 +174,22 @@ WeightType parse_weight_type(std::string_view name, std::string_view what) {
   if (name == "f32") return WeightType::f32;
   if (name == "bf16") return WeightType::bf16;
   if (name == "q8_0") return WeightType::q8_0;
-  throw Error(message(what, ": expected \"f32\", \"bf16\" or \"q8_0\", got ", detail::quote(name)));
+  if (name == "q4_k") return WeightType::q4_k;
+  throw Error(message(what, ": expected \"f32\", \"bf16\", \"q8_0\" or \"q4_k\", got ", detail::quote(name)));
 }
 
 std::string_view weight_type_name(WeightType dtype) {
-  return dtype == WeightType::bf16 ? "bf16" : dtype == WeightType::q8_0 ? "q8_0" : "f32";
+  switch (dtype) {
+    case WeightType::bf16: return "bf16";
+    case WeightType::q8_0: return "q8_0";
+    case WeightType::q4_k: return "q4_k";
+    default: return "f32";
+  }
 }
 
 WeightType Model::weight_type() const {
   if (layout_ && !layout_->half16.empty()) return WeightType::bf16;
+  if (layout_ && !layout_->quant4.empty()) return WeightType::q4_k;
   if (layout_ && !layout_->quant8.empty()) return WeightType::q8_0;
   return WeightType::f32;
 }
@@ -213,16 +243,25 @@ Model Model::load_gguf(const fs::path& file, WeightType dtype) {
   const detail::GgufModelFile g = detail::GgufModelFile::open(file);
   Model m;
   m.config_ = g.config();
-  m.assemble(g.untied_head(), dtype, [&](const std::string& name, const std::vector<int64_t>& shape) { return g.load(name, shape); });
+  m.assemble(g.untied_head(), dtype, [&](const std::string& name, const std::vector<int64_t>& shape) { return g.load(name, shape); },
+             &g);
   return m;
 }
 
 void Model::assemble(bool untied, WeightType dtype,
-                     const std::function<Tensor(const std::string&, const std::vector<int64_t>&)>& get) {
+                     const std::function<Tensor(const std::string&, const std::vector<int64_t>&)>& get,
+                     const detail::GgufModelFile* gguf) {
   auto layout = std::make_unique<Layout>();
   const std::vector<Spec> specs = plan(config_, untied, *layout);
   params_.reserve(specs.size());
-  for (const Spec& s : specs) keep(params_, *layout, dtype, s, get(s.name, s.shape));
+  for (const Spec& s : specs) {
+    std::optional<nn::Q4Matrix> stored;
+    if (gguf && dtype == WeightType::q4_k && s.half != Half::no && !s.output) stored = gguf->load_q4_k(s.name, s.shape);
+    if (stored)
+      keep(params_, *layout, dtype, s, Tensor(), std::move(stored));
+    else
+      keep(params_, *layout, dtype, s, get(s.name, s.shape));
+  }
   layout_ = std::move(layout);
 }
 
@@ -248,6 +287,7 @@ nn::Stack ModelAccess::stack(const Model& m) {
   for (const auto& [name, t] : m.params_) s.params.push_back(&t);
   for (const nn::Bf16Matrix& h : m.layout_->half16) s.half.push_back(h.data.empty() ? nullptr : &h);
   for (const nn::Q8Matrix& q : m.layout_->quant8) s.q8.push_back(q.data.empty() ? nullptr : &q);
+  for (const nn::Q4Matrix& q : m.layout_->quant4) s.q4.push_back(q.data.empty() ? nullptr : &q);
   return s;
 }
 

@@ -36,11 +36,12 @@ float* grad_or_null(std::vector<Tensor>& grads, int i) { return i >= 0 ? grads[s
 void linear(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy) {
   if (const Bf16Matrix* w16 = s.p16(l.w)) return linear_forward(rows, x, ldx, *w16, s.data_or_null(l.b), y, ldy);
   if (const Q8Matrix* w8 = s.p8(l.w)) return linear_forward(rows, x, ldx, *w8, s.data_or_null(l.b), y, ldy);
+  if (const Q4Matrix* w4 = s.p4(l.w)) return linear_forward(rows, x, ldx, *w4, s.data_or_null(l.b), y, ldy);
   linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
 }
 
 LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
-  return {&s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy, s.p16(l.w), s.p8(l.w)};
+  return {&s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy, s.p16(l.w), s.p8(l.w), s.p4(l.w)};
 }
 
 void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
@@ -300,6 +301,9 @@ void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int6
   if (const Q8Matrix* w8 = s.p8(s.embed))
     return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w8,
                              s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
+  if (const Q4Matrix* w4 = s.p4(s.embed))
+    return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w4,
+                             s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
   embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), s.p(s.embed), s.pos >= 0 ? &s.p(s.pos) : nullptr,
                     s.config->embedding_scale, x);
 }
@@ -316,6 +320,8 @@ void final_logits(const Stack& s, int64_t rows, const float* x, int64_t ldx, flo
     lm_head_forward(rows, h.data(), C, *w16, c.final_logit_softcap, logits);
   else if (const Q8Matrix* w8 = s.output_matrix8())
     lm_head_forward(rows, h.data(), C, *w8, c.final_logit_softcap, logits);
+  else if (const Q4Matrix* w4 = s.output_matrix4())
+    lm_head_forward(rows, h.data(), C, *w4, c.final_logit_softcap, logits);
   else
     lm_head_forward(rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits);
 }
@@ -398,6 +404,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   const int64_t C = c.hidden_size, rows = B * T;
   if (grads && !s.half.empty())
     detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)", "bf16 weights");
+  if (grads && !s.q4.empty())
+    detail::fail("stack_loss", "grads", "float32 weights (4-bit weights are for inference only)", "q4_k weights");
   if (grads && !s.q8.empty())
     detail::fail("stack_loss", "grads", "float32 weights (8-bit weights are for inference only)", "q8_0 weights");
   std::vector<BlockTape> tapes(grads ? s.layers.size() : 0);
@@ -415,6 +423,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
     return lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted);
   if (const Q8Matrix* w8 = s.output_matrix8())
     return lm_head_loss(rows, hf.data(), *w8, c.final_logit_softcap, targets.data(), counted);
+  if (const Q4Matrix* w4 = s.output_matrix4())
+    return lm_head_loss(rows, hf.data(), *w4, c.final_logit_softcap, targets.data(), counted);
   const double loss = lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(), counted,
                                    grads ? dhf.data() : nullptr, dw);
   if (!grads) return loss;

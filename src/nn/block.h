@@ -58,14 +58,19 @@ struct Stack {
   // 8-bit weights likewise: indexed like params (empty unless the model is Q8_0); where set, that
   // parameter is this Q8_0 matrix [out, in]. A matrix whose rows are not whole blocks stays float.
   std::vector<const Q8Matrix*> q8;
+  // 4-bit weights likewise (empty unless the model is Q4_K); a matrix whose rows are not whole
+  // 256-weight blocks is in q8 (or float) instead.
+  std::vector<const Q4Matrix*> q4;
 
   const Tensor& p(int i) const { return *params[static_cast<size_t>(i)]; }
   const Bf16Matrix* p16(int i) const { return half.empty() || i < 0 ? nullptr : half[static_cast<size_t>(i)]; }
   const Q8Matrix* p8(int i) const { return q8.empty() || i < 0 ? nullptr : q8[static_cast<size_t>(i)]; }
+  const Q4Matrix* p4(int i) const { return q4.empty() || i < 0 ? nullptr : q4[static_cast<size_t>(i)]; }
   const float* data_or_null(int i) const { return i >= 0 ? params[static_cast<size_t>(i)]->data() : nullptr; }
   const Tensor& output_matrix() const { return p(head >= 0 ? head : embed); }
   const Bf16Matrix* output_matrix16() const { return p16(head >= 0 ? head : embed); }
   const Q8Matrix* output_matrix8() const { return p8(head >= 0 ? head : embed); }
+  const Q4Matrix* output_matrix4() const { return p4(head >= 0 ? head : embed); }
   NormSpec norm() const;
 };
 

@@ -92,6 +92,16 @@ void linear_forward(int64_t rows, const float* x, int64_t ldx, const Q8Matrix& w
   if (b) add_bias(rows, w.rows, b, y, ldy);
 }
 
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const Q4Matrix& w, const float* b, float* y,
+                    int64_t ldy) {
+  const kernels::KernelTable& k = kernels::kernels();
+  if (rows <= kStreamRows)
+    k.matmul_bt_q4_k(rows, w.rows, w.cols, x, ldx, w.data.data(), w.blocks_per_row(), y, ldy);
+  else
+    k.gemm_bt_q4_k(rows, w.rows, w.cols, x, ldx, w.data.data(), w.blocks_per_row(), y, ldy);
+  if (b) add_bias(rows, w.rows, b, y, ldy);
+}
+
 void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<const LinearOut> outs) {
   constexpr size_t kMaxParts = 4;
   const bool few = rows <= kStreamRows && outs.size() <= kMaxParts;
@@ -121,8 +131,21 @@ void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<co
       if (o.b) add_bias(rows, o.w8->rows, o.b, o.y, o.ldy);
     return;
   }
+  if (few && std::all_of(outs.begin(), outs.end(), [&](const LinearOut& o) {
+        return o.w4 && o.w4->cols == outs[0].w4->cols;
+      })) {
+    kernels::BtPartQ4K parts[kMaxParts];
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const Q4Matrix& w = *outs[i].w4;
+      parts[i] = {w.data.data(), w.blocks_per_row(), w.rows, outs[i].y, outs[i].ldy};
+    }
+    kernels::kernels().matmul_bt_parts_q4_k(rows, outs[0].w4->cols, x, ldx, parts, static_cast<int>(outs.size()));
+    for (const LinearOut& o : outs)
+      if (o.b) add_bias(rows, o.w4->rows, o.b, o.y, o.ldy);
+    return;
+  }
   const bool stream = few && std::all_of(outs.begin(), outs.end(), [&](const LinearOut& o) {
-                        return !o.w16 && !o.w8 && o.layout == Layout::out_in && o.w->dim(1) == outs[0].w->dim(1);
+                        return !o.w16 && !o.w8 && !o.w4 && o.layout == Layout::out_in && o.w->dim(1) == outs[0].w->dim(1);
                       });
   if (!stream) {
     for (const LinearOut& o : outs) {
@@ -130,6 +153,8 @@ void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<co
         linear_forward(rows, x, ldx, *o.w16, o.b, o.y, o.ldy);
       else if (o.w8)
         linear_forward(rows, x, ldx, *o.w8, o.b, o.y, o.ldy);
+      else if (o.w4)
+        linear_forward(rows, x, ldx, *o.w4, o.b, o.y, o.ldy);
       else
         linear_forward(rows, x, ldx, *o.w, o.layout, o.b, o.y, o.ldy);
     }

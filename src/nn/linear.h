@@ -10,6 +10,7 @@
 
 #include "mhsa/tensor.h"
 #include "nn/bf16_matrix.h"
+#include "nn/q4_matrix.h"
 #include "nn/q8_matrix.h"
 
 namespace mhsa::nn {
@@ -25,8 +26,11 @@ void linear_forward(int64_t rows, const float* x, int64_t ldx, const Bf16Matrix&
 // The same with W [out, in] kept as Q8_0 blocks (float32 sums; see kernels/dispatch.h).
 void linear_forward(int64_t rows, const float* x, int64_t ldx, const Q8Matrix& w, const float* b, float* y,
                     int64_t ldy);
+// The same with W [out, in] kept as Q4_K blocks.
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const Q4Matrix& w, const float* b, float* y,
+                    int64_t ldy);
 // One output of linear_forward_many: y [rows, out] (ldy) = x · W + b, W the float w (in its
-// layout) or, when w16 or w8 is set, that bfloat16 or Q8_0 matrix.
+// layout) or, when w16, w8 or w4 is set, that bfloat16, Q8_0 or Q4_K matrix.
 struct LinearOut {
   const Tensor* w;
   Layout layout;
@@ -35,10 +39,11 @@ struct LinearOut {
   int64_t ldy;
   const Bf16Matrix* w16 = nullptr;
   const Q8Matrix* w8 = nullptr;
+  const Q4Matrix* w4 = nullptr;
 };
 // Several linears of the same x [rows, in] (q, k, v; gate, up): for a few rows and [out, in]
 // weights one stream over all of them (one pass, the threads splitting their rows evenly), else
-// linear_forward each (all float, all bfloat16 or all Q8_0). The bits are linear_forward's either way.
+// linear_forward each (all float, all bfloat16, all Q8_0 or all Q4_K). The bits are linear_forward's either way.
 void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<const LinearOut> outs);
 
 // From dy [rows, out] (ldy) and the forward's x [rows, in] (ldx): dw += ∂/∂W (when dw),

@@ -120,6 +120,18 @@ void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids
       wpe, scale, out);
 }
 
+void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Q4Matrix& wte,
+                       const Tensor* wpe, float scale, float* out) {
+  std::vector<float> row(static_cast<size_t>(wte.cols));  // the row being read, dequantised
+  embed_rows(
+      rows, T, pos0, ids, wte.cols,
+      [&](int64_t i) {
+        kernels::dequantize_row_q4_k(wte.row(i), wte.cols, row.data());
+        return static_cast<const float*>(row.data());
+      },
+      wpe, scale, out);
+}
+
 void embedding_backward(int64_t rows, int64_t T, const int32_t* ids, const float* dout, float scale, Tensor& dwte,
                         Tensor* dwpe, int32_t padding_row) {
   const int64_t C = dwte.dim(1);
@@ -217,9 +229,20 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q8Matrix& 
   if (softcap > 0) softcap_forward(rows, w.rows, softcap, logits);
 }
 
+void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q4Matrix& w, float softcap, float* logits) {
+  const kernels::KernelTable& k = kernels::kernels();
+  if (rows <= kStreamRows)
+    k.matmul_bt_q4_k(rows, w.rows, w.cols, h, ldh, w.data.data(), w.blocks_per_row(), logits, w.rows);
+  else  // a block of vocabulary at a time: the GEMM dequantises w's rows into its packed panels
+    for (int64_t v0 = 0; v0 < w.rows; v0 += kHeadChunk)
+      k.gemm_bt_q4_k(rows, std::min(kHeadChunk, w.rows - v0), w.cols, h, ldh, w.row(v0), w.blocks_per_row(),
+                     logits + v0, w.rows);
+  if (softcap > 0) softcap_forward(rows, w.rows, softcap, logits);
+}
+
 namespace {
 
-// lm_head_loss without gradients for a bfloat16 or Q8_0 output matrix.
+// lm_head_loss without gradients for a bfloat16, Q8_0 or Q4_K output matrix.
 template <class Matrix>
 double head_loss(int64_t rows, const float* h, const Matrix& w, float softcap, const int32_t* targets,
                  int64_t counted) {
@@ -246,6 +269,11 @@ double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float sof
 }
 
 double lm_head_loss(int64_t rows, const float* h, const Q8Matrix& w, float softcap, const int32_t* targets,
+                    int64_t counted) {
+  return head_loss(rows, h, w, softcap, targets, counted);
+}
+
+double lm_head_loss(int64_t rows, const float* h, const Q4Matrix& w, float softcap, const int32_t* targets,
                     int64_t counted) {
   return head_loss(rows, h, w, softcap, targets, counted);
 }

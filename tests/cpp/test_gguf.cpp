@@ -87,7 +87,8 @@ TEST(Gguf, TensorsOfEveryStoredTypeReadBack) {
   Tensor nan = a;
   nan.data()[3] = NAN;
   EXPECT_THROW(w.add_tensor("f", nan, GgufType::q8_0), Error);
-  EXPECT_THROW(w.add_tensor("g", a, GgufType::q4_k), Error);  // not written
+  EXPECT_THROW(w.add_tensor("g", a, GgufType::q4_0), Error);  // not written
+  EXPECT_THROW(w.add_tensor("g", a, GgufType::q4_k), Error);  // rows of 5: no whole Q4_K block
   w.write(tmp.dir / "m.gguf", false);
   EXPECT_THROW(w.write(tmp.dir / "m.gguf", false), Error);    // exists
   w.write(tmp.dir / "m.gguf", true);

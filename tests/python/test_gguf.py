@@ -34,6 +34,13 @@ LLAMA_ODD = (transformers.LlamaConfig, dict(
     mlp_bias=True, rope_scaling=dict(rope_type="linear", factor=2.5)), transformers.LlamaForCausalLM)
 GPT2 = (transformers.GPT2Config, dict(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=48),
         transformers.GPT2LMHeadModel)
+# Rows of whole Q4_K blocks (256 values) but down_proj's (288: Q8_0); an untied head.
+LLAMA_256 = (transformers.LlamaConfig, dict(
+    vocab_size=101, hidden_size=256, intermediate_size=288, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0,
+    tie_word_embeddings=False), transformers.LlamaForCausalLM)
+GPT2_256 = (transformers.GPT2Config, dict(vocab_size=97, n_embd=256, n_layer=2, n_head=4, n_positions=48),
+            transformers.GPT2LMHeadModel)
 
 
 def save(case, path, seed=0):
@@ -179,12 +186,53 @@ def test_q4_k_blocks_dequantise_as_gguf_does(rng, tmp_path):
     np.testing.assert_array_equal(got["tensors"]["x"], gguf.quants.dequantize(raw, Q.Q4_K).astype(np.float32))
 
 
+def test_save_gguf_writes_q4_k_that_gguf_dequantises_to_our_weights(rng, tmp_path):
+    """mhsa.save_gguf(dtype="q4_k"): our own quantiser's blocks, which the gguf package dequantises
+    to exactly the weights a q4_k model multiplies by (loaded from the file as float32 here)."""
+    state = save(GPT2_256, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    mhsa.save_gguf(mhsa.Model.load(tmp_path / "hf"), tmp_path / "m.gguf", "q4_k")
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    back = {}
+    expected = llama_cpp_tensors(state, cfg, back)
+    ours = mhsa.model_parameters(mhsa.Model.load(tmp_path / "m.gguf"))
+    types = {t.name: t.tensor_type for t in reader.tensors}
+    assert types["blk.0.attn_qkv.weight"] == Q.Q4_K and types["blk.1.ffn_down.weight"] == Q.Q4_K
+    assert types["token_embd.weight"] == Q.Q8_0  # the tied output matrix
+    for t in reader.tensors:
+        if t.tensor_type != Q.Q4_K:
+            continue
+        deq = gguf.quants.dequantize(t.data, Q.Q4_K).astype(np.float32).reshape(expected[t.name].shape)
+        name, undo = back[t.name]
+        np.testing.assert_array_equal(ours[name[len("transformer."):] if name.startswith("transformer.") else name],
+                                      undo(deq), err_msg=t.name)
+        rel = np.sqrt(np.mean((deq - expected[t.name]) ** 2) / np.mean(expected[t.name] ** 2))
+        assert rel < 0.1, (t.name, rel)
+
+
 def run_cli(*args):
     return subprocess.run([str(MHSA), *map(str, args)], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("case", [LLAMA, LLAMA_ODD, GPT2], ids=["llama_gqa", "llama_odd_bias", "gpt2"])
-@pytest.mark.parametrize("to", ["f32", "f16", "bf16", "q8_0"])
+def stored_type(name, shape, to, tied):
+    """The type mhsa writes a tensor as: F32 vectors and positions; with q4_k, the output matrix
+    (token_embd when tied) and rows of no whole 256-value block Q8_0; Q8_0 rows of no whole block F16
+    (llama.cpp's converter's fallback)."""
+    if len(shape) == 1 or name == "position_embd.weight":
+        return Q.F32
+    kind = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K}[to]
+    output = name == "output.weight" or (tied and name == "token_embd.weight")
+    if kind == Q.Q4_K and (output or shape[-1] % 256):
+        kind = Q.Q8_0
+    if kind == Q.Q8_0 and shape[-1] % 32:
+        kind = Q.F16
+    return kind
+
+
+@pytest.mark.parametrize("case, to", [(c, t) for c in (LLAMA, LLAMA_ODD, GPT2) for t in ("f32", "f16", "bf16", "q8_0")]
+                         + [(LLAMA_256, "q4_k"), (GPT2_256, "q4_k"), (LLAMA_ODD, "q4_k")],
+                         ids=[f"{c}-{t}" for c in ("llama_gqa", "llama_odd_bias", "gpt2") for t in ("f32", "f16", "bf16", "q8_0")]
+                         + ["llama_256-q4_k", "gpt2_256-q4_k", "llama_odd_bias-q4_k"])
 def test_written_files_read_back_in_gguf_and_mhsa(case, to, rng, tmp_path):
     state = save(case, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
     cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
@@ -199,21 +247,20 @@ def test_written_files_read_back_in_gguf_and_mhsa(case, to, rng, tmp_path):
     back = {}
     expected = llama_cpp_tensors(state, cfg, back)
     assert {t.name for t in reader.tensors} == set(expected)
-    stored = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[to]
     ours = mhsa.model_parameters(mhsa.Model.load(out))
     ref = mhsa.Model.load(tmp_path / "hf")
+    tied = "output.weight" not in expected
     for t in reader.tensors:
         want = expected[t.name]
-        kind = Q.F32 if want.ndim == 1 or t.name == "position_embd.weight" else stored
-        if kind == Q.Q8_0 and want.shape[-1] % 32:
-            kind = Q.F16  # llama.cpp's converter's fallback for rows of no whole block
+        kind = stored_type(t.name, want.shape, to, tied)
         assert t.tensor_type == kind, t.name
         assert tuple(reversed([int(n) for n in t.shape])) == want.shape, t.name
         deq = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(want.shape)
         if kind == Q.F32:
             np.testing.assert_array_equal(deq, want, err_msg=t.name)
         else:
-            assert np.abs(deq - want).max() <= 0.02 * np.abs(want).max() + 1e-6, t.name
+            bound = 0.2 if kind == Q.Q4_K else 0.02  # Q4_K: 15 steps over a sub-block, least squares (not min/max)
+            assert np.abs(deq - want).max() <= bound * np.abs(want).max() + 1e-6, t.name
         # gguf's values are the weights mhsa uses, mapped back to Hugging Face's layout.
         name, undo = back[t.name]
         mine = ours[name[len("transformer."):] if name.startswith("transformer.") else name]
@@ -221,6 +268,11 @@ def test_written_files_read_back_in_gguf_and_mhsa(case, to, rng, tmp_path):
     ids = rng.integers(0, cfg.vocab_size, (1, 9)).astype(np.int32)
     if to == "f32":
         np.testing.assert_array_equal(mhsa.Model.load(out).forward(ids), ref.forward(ids))
+    if to == "q4_k" and Q.F16 not in {t.tensor_type for t in reader.tensors}:
+        # the file's blocks, kept as stored, are the ones quantising at load makes
+        kept = mhsa.Model.load(out, dtype="q4_k")
+        assert kept.dtype == "q4_k"
+        np.testing.assert_array_equal(kept.forward(ids), mhsa.Model.load(tmp_path / "hf", dtype="q4_k").forward(ids))
 
 
 def test_quantize_refuses_bad_options(rng, tmp_path):
@@ -232,7 +284,7 @@ def test_quantize_refuses_bad_options(rng, tmp_path):
     before = out.read_bytes()
     r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "q8_0", "--out", out, "--force")
     assert r.returncode == 0 and out.read_bytes() != before
-    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "q4_k", "--out", tmp_path / "x.gguf")
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "q5_k", "--out", tmp_path / "x.gguf")
     assert r.returncode == 2 and "--to: expected" in r.stderr and not (tmp_path / "x.gguf").exists()
     r = run_cli("quantize", "--model", tmp_path / "nope", "--to", "f16", "--out", tmp_path / "x.gguf")
     assert r.returncode == 2 and "--model: expected a model directory" in r.stderr

@@ -1,0 +1,386 @@
+// tests/cpp/test_q4_k.cpp — 4-bit weights: the Q4_K block (kernels/q4_k.h) and mhsa's quantiser
+// (its error against the plain min/max rule on the same grid, zero, constant, all-positive and
+// outlier blocks; its bytes dequantised by the GGUF reader's own Q4_K code equal our dequantiser's
+// values), the kernels over Q4_K weights on every usable ISA (matmul_bt_q4_k and its parts form
+// against the float64 twin, gemm_bt_q4_k bitwise gemm_ex on the dequantised B, every result the
+// same for 1, 2 and 3 threads and for any grouping), models loaded with WeightType::q4_k against
+// the float model on the weights they hold (Q4_K matrices, Q8_0 output and odd-width matrices),
+// and q4_k GGUF files: the tensor types written, and a file loaded as q4_k keeping its blocks (the
+// same logits as quantising at load). The gguf package's view is tests/python/test_gguf.py's.
+#include <omp.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "io/gguf.h"
+#include "kernels/dispatch.h"
+#include "kernels/half.h"
+#include "kernels/q4_k.h"
+#include "kernels/q8_0.h"
+#include "mhsa/error.h"
+#include "mhsa/model.h"
+#include "model/gguf_model.h"
+#include "nn/linear.h"
+#include "low_precision_models.h"
+#include "test_util.h"
+
+namespace mhsa::test {
+namespace {
+
+using kernels::BlockQ4_K;
+using kernels::kQ4KBlock;
+
+std::vector<float> quantised_round_trip(const std::vector<float>& x) {
+  std::vector<BlockQ4_K> q(x.size() / kQ4KBlock);
+  std::vector<float> y(x.size());
+  kernels::quantize_row_q4_k(x.data(), static_cast<int64_t>(x.size()), q.data());
+  kernels::dequantize_row_q4_k(q.data(), static_cast<int64_t>(x.size()), y.data());
+  return y;
+}
+
+// The plain rule on the same grid: per sub-block the range [min(0, lo), hi] in 15 steps, the
+// 6-bit scales and mins rounded against the largest, quants rounded (the baseline to beat).
+std::vector<float> min_max_round_trip(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  for (size_t b0 = 0; b0 < x.size(); b0 += kQ4KBlock) {
+    float scale[8], offset[8], smax = 0, omax = 0;
+    for (int s = 0; s < 8; ++s) {
+      float lo = 0, hi = x[b0 + 32 * s];
+      for (int i = 0; i < 32; ++i) lo = std::min(lo, x[b0 + 32 * s + i]), hi = std::max(hi, x[b0 + 32 * s + i]);
+      scale[s] = (hi - lo) / 15, offset[s] = -lo;
+      smax = std::max(smax, scale[s]), omax = std::max(omax, offset[s]);
+    }
+    const float d = kernels::f16_to_float(kernels::float_to_f16(smax / 63));
+    const float dmin = kernels::f16_to_float(kernels::float_to_f16(omax / 63));
+    for (int s = 0; s < 8; ++s) {
+      const float a = d * std::round(scale[s] / d), o = dmin > 0 ? dmin * std::round(offset[s] / dmin) : 0.0f;
+      for (int i = 0; i < 32; ++i) {
+        const float v = x[b0 + 32 * s + i];
+        const float q = a > 0 ? std::clamp(std::round((v + o) / a), 0.0f, 15.0f) : 0.0f;
+        y[b0 + 32 * s + i] = a * q - o;
+      }
+    }
+  }
+  return y;
+}
+
+double rms(const std::vector<float>& x, const std::vector<float>& y) {
+  double e = 0;
+  for (size_t i = 0; i < x.size(); ++i) e += (double{x[i]} - y[i]) * (double{x[i]} - y[i]);
+  return std::sqrt(e / static_cast<double>(x.size()));
+}
+
+TEST(Q4_K, QuantiserBeatsTheMinMaxRuleAndHandlesEdgeBlocks) {
+  auto gen = test_rng();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const int64_t n = kQ4KBlock * 67;
+  std::vector<float> x(static_cast<size_t>(n));
+  for (int64_t b = 0; b < n / kQ4KBlock; ++b) {
+    const float spread = 0.02f * std::exp(normal(gen));  // blocks of different magnitudes
+    for (int64_t i = 0; i < kQ4KBlock; ++i) {
+      float v = normal(gen) * spread;
+      if (uniform(gen) < 0.01f) v *= 8.0f;  // outliers, as real weights have
+      x[static_cast<size_t>(b * kQ4KBlock + i)] = v;
+    }
+  }
+  const std::vector<float> ours = quantised_round_trip(x), plain = min_max_round_trip(x);
+  double norm = 0;
+  for (float v : x) norm += double{v} * v;
+  norm = std::sqrt(norm / static_cast<double>(n));
+  EXPECT_LT(rms(x, ours), 0.96 * rms(x, plain)) << "ours " << rms(x, ours) << ", min/max " << rms(x, plain);
+  EXPECT_LT(rms(x, ours), 0.1 * norm);
+  // Edge blocks: zeros; a constant negative and a constant positive block; all positive (the min
+  // clamps at 0); one sub-block 1000× the others.
+  std::vector<float> e(static_cast<size_t>(5 * kQ4KBlock), 0.0f);
+  for (int i = 0; i < kQ4KBlock; ++i) {
+    e[static_cast<size_t>(kQ4KBlock + i)] = i < 128 ? -0.75f : 0.5f;
+    e[static_cast<size_t>(2 * kQ4KBlock + i)] = 1.0f + uniform(gen);
+    e[static_cast<size_t>(3 * kQ4KBlock + i)] = normal(gen) * (i < 32 ? 1000.0f : 1.0f);
+    e[static_cast<size_t>(4 * kQ4KBlock + i)] = -uniform(gen);
+  }
+  const std::vector<float> r = quantised_round_trip(e);
+  for (int i = 0; i < kQ4KBlock; ++i) EXPECT_EQ(r[static_cast<size_t>(i)], 0.0f);
+  for (int i = 0; i < kQ4KBlock; ++i) {
+    const size_t k = static_cast<size_t>(kQ4KBlock + i);
+    EXPECT_NEAR(r[k], e[k], 0.01) << i;  // each half constant: exact up to the 6-bit, f16 coefficients
+    const size_t p = static_cast<size_t>(2 * kQ4KBlock + i);
+    EXPECT_NEAR(r[p], e[p], 0.1) << i;  // values in [1, 2): the range from 0, in 15 steps
+    const size_t m = static_cast<size_t>(4 * kQ4KBlock + i);
+    EXPECT_NEAR(r[m], e[m], 1.0 / 15) << i;
+  }
+  // One sub-block 1000× the others: 6-bit scales relative to the block's largest leave the small
+  // ones (std 1) a step of about 6, so they may read as their best constant, never worse than 0.
+  double big = 0, small = 0, small_norm = 0;
+  for (int i = 0; i < kQ4KBlock; ++i) {
+    const size_t k = static_cast<size_t>(3 * kQ4KBlock + i);
+    (i < 32 ? big : small) += (double{r[k]} - e[k]) * (double{r[k]} - e[k]);
+    if (i >= 32) small_norm += double{e[k]} * e[k];
+  }
+  EXPECT_LE(small, small_norm) << "the small sub-blocks";
+  EXPECT_LT(std::sqrt(big / 32), 1000.0 / 10) << "the large sub-block, std 1000";
+}
+
+// The bytes written to a GGUF file dequantise, by the reader's own Q4_K code (io/gguf_load.cpp),
+// to exactly dequantize_row_q4_k's values.
+TEST(Q4_K, GgufReaderDequantisesOurBlocksToOurValues) {
+  auto gen = test_rng();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Tensor w({3, 2 * kQ4KBlock});
+  for (int64_t i = 0; i < w.numel(); ++i) w.data()[i] = normal(gen) * (i % 97 == 0 ? 5.0f : 0.1f);
+  std::vector<BlockQ4_K> q(static_cast<size_t>(w.numel() / kQ4KBlock));
+  std::vector<float> want(static_cast<size_t>(w.numel()));
+  kernels::quantize_row_q4_k(w.data(), w.numel(), q.data());
+  kernels::dequantize_row_q4_k(q.data(), w.numel(), want.data());
+  const std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("mhsa_q4k_" + std::to_string(getpid()) + ".gguf");
+  detail::GgufWriter writer;
+  writer.add_tensor("w", w, detail::GgufType::q4_k);
+  Tensor odd({2, 288});
+  EXPECT_THROW(writer.add_tensor("odd", odd, detail::GgufType::q4_k), Error);  // rows of no whole block
+  writer.write(path, true);
+  const detail::GgufFile f = detail::GgufFile::open(path);
+  const detail::GgufTensorInfo* t = f.find("w");
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(detail::gguf_type_name(t->type), "Q4_K");
+  EXPECT_EQ(std::memcmp(f.data(*t).data(), q.data(), q.size() * sizeof(BlockQ4_K)), 0);
+  const Tensor got = f.load(*t);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  std::filesystem::remove(path);
+}
+
+// ---- kernels ---------------------------------------------------------------------------------
+
+struct Operands {
+  int64_t M, N, K, lda, ldb;   // ldb in blocks
+  std::vector<float> a;        // [M, lda]
+  std::vector<BlockQ4_K> b;    // [N, ldb] blocks
+  std::vector<float> b_wide;   // [N, ldb·256] the dequantised values
+};
+
+Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K) {
+  Operands o{M, N, K, K + 3, K / kQ4KBlock + 1, {}, {}, {}};
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  o.a.resize(static_cast<size_t>(M * o.lda));
+  for (float& x : o.a) x = d(gen);
+  o.b.resize(static_cast<size_t>(N * o.ldb));
+  o.b_wide.resize(static_cast<size_t>(N * o.ldb * kQ4KBlock));
+  std::vector<float> row(static_cast<size_t>(o.ldb * kQ4KBlock));
+  for (int64_t j = 0; j < N; ++j) {
+    const float spread = std::exp(d(gen)), shift = d(gen) * spread;  // rows of different magnitudes and means
+    for (float& x : row) x = d(gen) * spread + shift;
+    kernels::quantize_row_q4_k(row.data(), o.ldb * kQ4KBlock, o.b.data() + j * o.ldb);
+    kernels::dequantize_row_q4_k(o.b.data() + j * o.ldb, o.ldb * kQ4KBlock, o.b_wide.data() + j * o.ldb * kQ4KBlock);
+  }
+  return o;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// max |got − ref| / (|A row| · |B row|): the error relative to the dot product's scale.
+double scaled_error(const Operands& o, const std::vector<float>& got, const std::vector<float>& ref, int64_t ldc) {
+  const int64_t ldw = o.ldb * kQ4KBlock;
+  std::vector<double> na(static_cast<size_t>(o.M)), nb(static_cast<size_t>(o.N));
+  for (int64_t i = 0; i < o.M; ++i)
+    for (int64_t k = 0; k < o.K; ++k) na[i] += double{o.a[i * o.lda + k]} * o.a[i * o.lda + k];
+  for (int64_t j = 0; j < o.N; ++j)
+    for (int64_t k = 0; k < o.K; ++k) nb[j] += double{o.b_wide[j * ldw + k]} * o.b_wide[j * ldw + k];
+  double worst = 0;
+  for (int64_t i = 0; i < o.M; ++i)
+    for (int64_t j = 0; j < o.N; ++j)
+      worst = std::max(worst, std::abs(double{got[i * ldc + j]} - ref[i * ldc + j]) / std::sqrt(na[i] * nb[j]));
+  return worst;
+}
+
+TEST(Q4_KKernels, MatchTheReferenceAndGemmIsTheFloatGemmOnDequantisedWeights) {
+  auto gen = test_rng();
+  for (int64_t M : {1, 3, 5, 17})
+    for (int64_t K : {256, 768, 2304})
+      for (int64_t N : {1, 7, 61, 133}) {
+        const Operands o = make(gen, M, N, K);
+        const int64_t ldc = N + 2, ldw = o.ldb * kQ4KBlock;
+        std::vector<float> ref(static_cast<size_t>(M * ldc), 0.0f);
+        kernels::matmul_bt_q4_k_ref(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, ref.data(), ldc);
+        for (cpu::Isa isa : cpu::usable_isas()) {
+          const kernels::KernelTable& k = kernels::kernels_for(isa);
+          std::vector<float> got(ref.size(), 0.0f), packed(ref.size(), 0.0f), packed_wide(ref.size(), 0.0f);
+          k.matmul_bt_q4_k(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, got.data(), ldc);
+          k.gemm_bt_q4_k(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, packed.data(), ldc);
+          k.gemm_ex(M, N, K, o.a.data(), o.lda, false, o.b_wide.data(), ldw, true, packed_wide.data(), ldc, false);
+          const std::string what = std::string(cpu::isa_name(isa)) + " M=" + std::to_string(M) +
+                                   " K=" + std::to_string(K) + " N=" + std::to_string(N);
+          EXPECT_LE(scaled_error(o, got, ref, ldc), 2e-6 * std::sqrt(double(K))) << what;
+          EXPECT_LE(scaled_error(o, packed, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
+          EXPECT_TRUE(same_bits(packed, packed_wide)) << what << ": gemm_bt_q4_k vs gemm_ex on the dequantised B";
+        }
+      }
+}
+
+TEST(Q4_KKernels, PartsAreOneCallEachAndEveryResultIsTheSameForAnyThreadCount) {
+  auto gen = test_rng();
+  const int saved = omp_get_max_threads();
+  for (int64_t M : {1, 3}) {
+    const int64_t K = 512, ldc = 61 + 261 + 1;
+    const Operands q = make(gen, M, 61, K), kv = make(gen, M, 261, K), one = make(gen, M, 1, K);
+    const Operands big = make(gen, 17, 133, 768);
+    for (cpu::Isa isa : cpu::usable_isas()) {
+      const kernels::KernelTable& k = kernels::kernels_for(isa);
+      std::vector<std::vector<float>> parts_out, single_out, gemm_out;
+      for (int threads : {1, 2, 3}) {
+        omp_set_num_threads(threads);
+        std::vector<float> c(static_cast<size_t>(M * ldc), 0.0f);  // [M, q | kv | one]
+        const kernels::BtPartQ4K parts[] = {{q.b.data(), q.ldb, 61, c.data(), ldc},
+                                            {kv.b.data(), kv.ldb, 261, c.data() + 61, ldc},
+                                            {one.b.data(), one.ldb, 1, c.data() + 61 + 261, ldc}};
+        k.matmul_bt_parts_q4_k(M, K, q.a.data(), q.lda, parts, 3);
+        parts_out.push_back(c);
+        std::vector<float> s(c.size(), 0.0f);
+        k.matmul_bt_q4_k(M, 61, K, q.a.data(), q.lda, q.b.data(), q.ldb, s.data(), ldc);
+        k.matmul_bt_q4_k(M, 261, K, q.a.data(), q.lda, kv.b.data(), kv.ldb, s.data() + 61, ldc);
+        k.matmul_bt_q4_k(M, 1, K, q.a.data(), q.lda, one.b.data(), one.ldb, s.data() + 61 + 261, ldc);
+        single_out.push_back(s);
+        std::vector<float> g(static_cast<size_t>(17 * 133), 0.0f);
+        k.gemm_bt_q4_k(17, 133, 768, big.a.data(), big.lda, big.b.data(), big.ldb, g.data(), 133);
+        gemm_out.push_back(g);
+      }
+      const std::string what = std::string(cpu::isa_name(isa)) + " M=" + std::to_string(M);
+      EXPECT_TRUE(same_bits(parts_out[0], single_out[0])) << what << ": parts vs one call each";
+      for (size_t t = 1; t < parts_out.size(); ++t) {
+        EXPECT_TRUE(same_bits(parts_out[0], parts_out[t])) << what << ": parts, 1 vs " << t + 1 << " threads";
+        EXPECT_TRUE(same_bits(single_out[0], single_out[t])) << what << ": 1 vs " << t + 1 << " threads";
+        EXPECT_TRUE(same_bits(gemm_out[0], gemm_out[t])) << what << ": gemm, 1 vs " << t + 1 << " threads";
+      }
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+// One row of A against a group of B rows (the decode path) and the same rows as rows of a taller
+// A: every C element is one chain whatever the grouping.
+TEST(Q4_KKernels, GroupingDoesNotChangeBits) {
+  auto gen = test_rng();
+  const Operands o = make(gen, 5, 9, 512);
+  for (cpu::Isa isa : cpu::usable_isas()) {
+    const kernels::KernelTable& k = kernels::kernels_for(isa);
+    std::vector<float> all(static_cast<size_t>(5 * 9)), row(all.size());
+    k.matmul_bt_q4_k(5, 9, 512, o.a.data(), o.lda, o.b.data(), o.ldb, all.data(), 9);
+    for (int64_t i = 0; i < 5; ++i)
+      k.matmul_bt_q4_k(1, 9, 512, o.a.data() + i * o.lda, o.lda, o.b.data(), o.ldb, row.data() + i * 9, 9);
+    EXPECT_TRUE(same_bits(all, row)) << cpu::isa_name(isa);
+  }
+}
+
+// ---- models ----------------------------------------------------------------------------------
+
+// m [out, in] replaced by its round trip through Q4_K (q4) or Q8_0 along its rows.
+void round_trip_rows(Tensor& m, bool q4) {
+  const int64_t cols = m.dim(1);
+  for (int64_t r = 0; r < m.dim(0); ++r) {
+    float* row = m.data() + r * cols;
+    if (q4) {
+      std::vector<BlockQ4_K> b(static_cast<size_t>(cols / kQ4KBlock));
+      kernels::quantize_row_q4_k(row, cols, b.data());
+      kernels::dequantize_row_q4_k(b.data(), cols, row);
+    } else {
+      std::vector<kernels::BlockQ8_0> b(static_cast<size_t>(cols / kernels::kQ8Block));
+      kernels::quantize_row_q8_0(row, cols, b.data());
+      kernels::dequantize_row_q8_0(b.data(), cols, row);
+    }
+  }
+}
+
+// kept_q8: the matrices kept as Q8_0 (the output matrix, rows not of whole 256-weight blocks).
+void check_family(const nlohmann::json& config, const std::vector<std::string>& kept_q8) {
+  auto gen = test_rng();
+  const SavedModel saved(config, gen());
+  const Model q4 = Model::load(saved.dir, WeightType::q4_k);
+  Model dequantised = Model::load(saved.dir);
+  EXPECT_EQ(q4.weight_type(), WeightType::q4_k);
+  const bool gpt2 = q4.family() == Family::gpt2;
+  int64_t quantised = 0;
+  for (auto& [name, t] : dequantised.parameters()) {
+    const Tensor* q = q4.parameter(name);
+    ASSERT_NE(q, nullptr) << name;
+    if (t->shape().size() != 2 || name == "wpe.weight") {
+      EXPECT_EQ(q->shape(), t->shape()) << name << " stays float32";
+      continue;
+    }
+    EXPECT_FALSE(q->defined()) << name << " lives in Q4_K or Q8_0 storage";
+    const bool as_q8 = std::find(kept_q8.begin(), kept_q8.end(), name) != kept_q8.end();
+    const bool transposed = gpt2 && name != "wte.weight";
+    Tensor m = transposed ? nn::transposed(t->data(), t->dim(0), t->dim(1), t->dim(1)) : *t;  // [out, in]
+    round_trip_rows(m, !as_q8);
+    *t = transposed ? nn::transposed(m.data(), m.dim(0), m.dim(1), m.dim(1)) : m;
+    quantised += !as_q8;
+  }
+  EXPECT_GT(quantised, 2);
+  expect_same_as_float_model(q4, dequantised, gen);
+}
+
+const nlohmann::json kGpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 97},
+                              {"n_embd", 256}, {"n_layer", 2}, {"n_head", 4}, {"n_positions", 64}};
+// intermediate_size 288: down_proj's rows are no whole Q4_K block (Q8_0 instead); an untied head.
+const nlohmann::json kLlama = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
+                               {"vocab_size", 101}, {"hidden_size", 256}, {"intermediate_size", 288},
+                               {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+                               {"max_position_embeddings", 64}, {"tie_word_embeddings", false}};
+
+TEST(Q4_KModel, Gpt2MatchesTheFloatModelOnDequantisedWeights) { check_family(kGpt2, {"wte.weight"}); }
+
+TEST(Q4_KModel, LlamaMatchesTheFloatModelOnDequantisedWeights) {
+  check_family(kLlama, {"lm_head.weight", "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"});
+}
+
+TEST(Q4_KModel, NonFiniteWeightsAreRefusedByName) {
+  const SavedModel saved(kGpt2, test_rng()(), "h.1.mlp.c_fc.weight");
+  try {
+    (void)Model::load(saved.dir, WeightType::q4_k);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("h.1.mlp.c_fc.weight"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(parse_weight_type("q4_k", "--dtype"), WeightType::q4_k);
+  EXPECT_EQ(weight_type_name(WeightType::q4_k), "q4_k");
+}
+
+// A q4_k GGUF file: Q4_K matrices, the output matrix and odd rows Q8_0; loaded as q4_k it keeps
+// the stored blocks, which are the ones quantising at load makes (Llama's q/k rows un-permuted):
+// the same logits bit for bit.
+TEST(Q4_KGguf, FilesKeepTheirBlocksAndGiveTheLogitsOfQuantisingAtLoad) {
+  auto gen = test_rng();
+  for (const nlohmann::json& config : {kGpt2, kLlama}) {
+    const SavedModel saved(config, gen());
+    const std::filesystem::path file = saved.dir / "m.gguf";
+    detail::save_gguf(Model::load(saved.dir), file, detail::GgufType::q4_k, false);
+    const detail::GgufFile f = detail::GgufFile::open(file);
+    const bool gpt2 = config["model_type"] == "gpt2";
+    EXPECT_EQ(detail::gguf_type_name(f.find("blk.0.attn_q.weight") ? f.find("blk.0.attn_q.weight")->type
+                                                                   : f.find("blk.0.attn_qkv.weight")->type),
+              "Q4_K");
+    EXPECT_EQ(detail::gguf_type_name(f.find(gpt2 ? "token_embd.weight" : "output.weight")->type), "Q8_0");
+    if (!gpt2) {
+      EXPECT_EQ(detail::gguf_type_name(f.find("token_embd.weight")->type), "Q4_K");
+      EXPECT_EQ(detail::gguf_type_name(f.find("blk.1.ffn_down.weight")->type), "Q8_0");
+    }
+    const Model from_file = Model::load(file, WeightType::q4_k), at_load = Model::load(saved.dir, WeightType::q4_k);
+    for (int64_t T : {1, 7}) {
+      std::vector<int32_t> ids(static_cast<size_t>(2 * T));
+      for (auto& i : ids) i = static_cast<int32_t>(gen() % 97);
+      const Tensor a = from_file.forward(ids, 2, T), b = at_load.forward(ids, 2, T);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), static_cast<size_t>(a.numel()) * sizeof(float)), 0)
+          << config["model_type"] << " T=" << T;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mhsa::test
