@@ -9,7 +9,10 @@
 // GB/s, against the read bandwidth measured in the same run, and at 1 thread the median rate per
 // second of CPU time (robust to a shared host's preemption). Not a correctness test.
 //
-//   bench_q8_0 [rounds]
+// With rows > 1 (several sequences decoded in one step) A has that many rows and the rate is
+// still B's bytes per second.
+//
+//   bench_q8_0 [rounds] [rows]
 #include <immintrin.h>
 #include <omp.h>
 
@@ -86,18 +89,19 @@ struct Shape {
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
+  const int64_t M = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
   const mhsa::cpu::Isa isa = mhsa::cpu::best_isa();
   const auto& k = mhsa::kernels::kernels_for(isa);
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const int max_threads = std::min(2, omp_get_num_procs());
-  std::printf("isa %s\n", std::string(mhsa::cpu::isa_name(isa)).c_str());
+  std::printf("isa %s, rows %lld\n", std::string(mhsa::cpu::isa_name(isa)).c_str(), static_cast<long long>(M));
   const Shape shapes[] = {{"mlp c_fc", 3072, 768}, {"mlp c_proj", 768, 3072}, {"lm head", 50257, 768}};
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Shape& s : shapes) {
     const int64_t n = s.N * s.K;
     const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 34 / 32)));  // > LLC as q8
-    std::vector<float> a(static_cast<size_t>(s.K)), c(static_cast<size_t>(s.N));
+    std::vector<float> a(static_cast<size_t>(M * s.K)), c(static_cast<size_t>(M * s.N));
     for (float& x : a) x = normal(gen);
     std::vector<float> w(static_cast<size_t>(n));
     for (float& x : w) x = normal(gen);
@@ -125,14 +129,14 @@ int main(int argc, char** argv) {
     const int64_t N = s.N, K = s.K, nb = n / kQ8Block;
     std::vector<Variant> variants = {
         {"f32", 4.0 * n,
-         [&](int i) { k.matmul_bt(1, N, K, a.data(), K, f32_b + n * (i % f32_copies), K, c.data(), N); }, {}, {}},
+         [&](int i) { k.matmul_bt(M, N, K, a.data(), K, f32_b + n * (i % f32_copies), K, c.data(), N); }, {}, {}},
         {"bf16", 2.0 * n,
-         [&](int i) { k.matmul_bt_bf16(1, N, K, a.data(), K, bf16_b + n * (i % bf_copies), K, c.data(), N); }, {}, {}},
+         [&](int i) { k.matmul_bt_bf16(M, N, K, a.data(), K, bf16_b + n * (i % bf_copies), K, c.data(), N); }, {}, {}},
         {"q8_0 widen (lib)", 34.0 * n / 32,
-         [&](int i) { k.matmul_bt_q8_0(1, N, K, a.data(), K, q8_b + nb * (i % copies), K / kQ8Block, c.data(), N); },
+         [&](int i) { k.matmul_bt_q8_0(M, N, K, a.data(), K, q8_b + nb * (i % copies), K / kQ8Block, c.data(), N); },
          {}, {}},
     };
-    if (avx2)
+    if (avx2 && M == 1)
       variants.push_back({"q8_0 int dot", 34.0 * n / 32,
                           [&](int i) { q8_integer_dot(N, K, a.data(), q8_b + nb * (i % copies), c.data()); }, {}, {}});
     for (int t = 1; t <= max_threads; ++t) {
