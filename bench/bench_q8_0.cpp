@@ -1,16 +1,15 @@
 // bench/bench_q8_0.cpp — the decode weight streams by weight type: matmul_bt (float32),
 // matmul_bt_bf16 and matmul_bt_q8_0 for one row of A at GPT-2's MLP and LM-head shapes, 1 and 2
 // threads, on the best ISA, with B rotated among copies larger than the last-level cache (the
-// weights of a real model come from memory). Beside them the alternative inner loop that
-// kernels/matmul_bt.cpp decided against, measured here so that the choice can be re-checked: A
-// quantised to Q8_0 blocks per call and each block's 32 products summed as integers (AVX2
-// vpmaddubsw + vpmaddwd, as llama.cpp's Q8_0 dot product) before one FMA with the two scales.
-// Rounds alternate the kernels; each prints its median and best over rounds of B's read rate in
-// GB/s, against the read bandwidth measured in the same run, and at 1 thread the median rate per
+// weights of a real model come from memory; matmul_bt_q8_0 quantises A per block and sums
+// integer products, kernels/matmul_bt.cpp). Rounds alternate the kernels; each prints its median
+// and best over rounds of B's read rate in GB/s, against the read bandwidth measured in the same run, and at 1 thread the median rate per
 // second of CPU time (robust to a shared host's preemption). Not a correctness test.
 //
-//   bench_q8_0 [rounds]
-#include <immintrin.h>
+// With rows > 1 (several sequences decoded in one step) A has that many rows and the rate is
+// still B's bytes per second.
+//
+//   bench_q8_0 [rounds] [rows]
 #include <omp.h>
 
 #include <algorithm>
@@ -35,40 +34,6 @@ namespace {
 using mhsa::kernels::BlockQ8_0;
 using mhsa::kernels::kQ8Block;
 
-// The integer-dot alternative, one row a against B [N, K/32 blocks]: a is quantised to Q8_0 first.
-__attribute__((target("avx2,fma,f16c"))) void q8_integer_dot(int64_t N, int64_t K, const float* a, const BlockQ8_0* B,
-                                                         float* c) {
-  const int64_t nb = K / kQ8Block;
-  std::vector<BlockQ8_0> a_blocks(static_cast<size_t>(nb));
-  mhsa::kernels::quantize_row_q8_0(a, K, a_blocks.data());
-  const BlockQ8_0* aq = a_blocks.data();
-#pragma omp parallel for schedule(static)
-  for (int64_t j0 = 0; j0 < N; j0 += 4) {
-    const int J = static_cast<int>(std::min<int64_t>(4, N - j0));
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq[b].qs));
-      const float da = _cvtsh_ss(aq[b].d);
-      if (b % 2 == 0)
-        for (int j = 0; j < J; ++j) __builtin_prefetch(B + (j0 + 4 + j) * nb + b);
-      for (int j = 0; j < J; ++j) {
-        const BlockQ8_0& w = B[(j0 + j) * nb + b];
-        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
-        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(y, y), _mm256_sign_epi8(x, y));
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-        acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(da * _cvtsh_ss(w.d)), s, acc[j]);
-      }
-    }
-    for (int j = 0; j < J; ++j) {
-      __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[j]), _mm256_extractf128_ps(acc[j], 1));
-      v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-      v = _mm_add_ss(v, _mm_movehdup_ps(v));
-      c[j0 + j] = _mm_cvtss_f32(v);
-    }
-  }
-}
-
 // This thread's CPU time: at 1 thread a rate per CPU second is what the kernel reaches while it
 // runs, whatever else the host schedules in between (these hosts are shared).
 double thread_cpu_seconds() {
@@ -86,18 +51,18 @@ struct Shape {
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 7;
+  const int64_t M = argc > 2 ? std::max(1, std::atoi(argv[2])) : 1;
   const mhsa::cpu::Isa isa = mhsa::cpu::best_isa();
   const auto& k = mhsa::kernels::kernels_for(isa);
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   const int max_threads = std::min(2, omp_get_num_procs());
-  std::printf("isa %s\n", std::string(mhsa::cpu::isa_name(isa)).c_str());
+  std::printf("isa %s, rows %lld\n", std::string(mhsa::cpu::isa_name(isa)).c_str(), static_cast<long long>(M));
   const Shape shapes[] = {{"mlp c_fc", 3072, 768}, {"mlp c_proj", 768, 3072}, {"lm head", 50257, 768}};
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Shape& s : shapes) {
     const int64_t n = s.N * s.K;
     const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 34 / 32)));  // > LLC as q8
-    std::vector<float> a(static_cast<size_t>(s.K)), c(static_cast<size_t>(s.N));
+    std::vector<float> a(static_cast<size_t>(M * s.K)), c(static_cast<size_t>(M * s.N));
     for (float& x : a) x = normal(gen);
     std::vector<float> w(static_cast<size_t>(n));
     for (float& x : w) x = normal(gen);
@@ -125,16 +90,13 @@ int main(int argc, char** argv) {
     const int64_t N = s.N, K = s.K, nb = n / kQ8Block;
     std::vector<Variant> variants = {
         {"f32", 4.0 * n,
-         [&](int i) { k.matmul_bt(1, N, K, a.data(), K, f32_b + n * (i % f32_copies), K, c.data(), N); }, {}, {}},
+         [&](int i) { k.matmul_bt(M, N, K, a.data(), K, f32_b + n * (i % f32_copies), K, c.data(), N); }, {}, {}},
         {"bf16", 2.0 * n,
-         [&](int i) { k.matmul_bt_bf16(1, N, K, a.data(), K, bf16_b + n * (i % bf_copies), K, c.data(), N); }, {}, {}},
-        {"q8_0 widen (lib)", 34.0 * n / 32,
-         [&](int i) { k.matmul_bt_q8_0(1, N, K, a.data(), K, q8_b + nb * (i % copies), K / kQ8Block, c.data(), N); },
+         [&](int i) { k.matmul_bt_bf16(M, N, K, a.data(), K, bf16_b + n * (i % bf_copies), K, c.data(), N); }, {}, {}},
+        {"q8_0", 34.0 * n / 32,
+         [&](int i) { k.matmul_bt_q8_0(M, N, K, a.data(), K, q8_b + nb * (i % copies), K / kQ8Block, c.data(), N); },
          {}, {}},
     };
-    if (avx2)
-      variants.push_back({"q8_0 int dot", 34.0 * n / 32,
-                          [&](int i) { q8_integer_dot(N, K, a.data(), q8_b + nb * (i % copies), c.data()); }, {}, {}});
     for (int t = 1; t <= max_threads; ++t) {
       omp_set_num_threads(t);
       for (Variant& v : variants) v.rates.clear(), v.cpu_rates.clear();

@@ -151,11 +151,16 @@ struct KernelTable {
   decltype(&portable::matmul_bt_parts_bf16) matmul_bt_parts_bf16;
   decltype(&portable::gemm_bt_bf16) gemm_bt_bf16;
   // 8-bit weights: the same three with B [N, K] stored as Q8_0 blocks (K a multiple of 32, ldb in
-  // blocks). The streams (matmul_bt_q8_0, _parts_q8_0; decoding) widen the int8 quants in
-  // registers and sum each block's q·a in float32 before one FMA with its scale, every C element
-  // one fixed chain over the blocks whatever the grouping or thread count; gemm_bt_q8_0 dequantises
-  // B while packing (d·q, one rounding: dequantize_row_q8_0's values), so its bits are gemm_ex's on
-  // the dequantised B. Twin: matmul_bt_q8_0_ref (kernels/q8_0.h).
+  // blocks). The streams (matmul_bt_q8_0, _parts_q8_0; decoding, any M they are given) quantise
+  // each row of A per 32-value block (kernels::quantize_activations_q8: int8 quants, a float
+  // scale, ggml's reference rounding) and sum each block's products as exact integers in 8 lanes
+  // of 4, each lane then one FMA with the product of the two scales, the 8 lane chains over the
+  // blocks added by one fixed tree (the contract is spelled out at dot_q8 in matmul_bt.cpp): the
+  // same bits whatever the grouping, the thread count or the number of rows, and on every ISA
+  // with FMA. Twin: matmul_bt_q8_0_ref (kernels/q8_0.h), the dequantised A times the dequantised
+  // B in float64. gemm_bt_q8_0 (many rows: prefill) keeps A in float32 and dequantises B while
+  // packing (d·q, one rounding: dequantize_row_q8_0's values), so its bits are gemm_ex's on the
+  // dequantised B. Twin: gemm_bt_q8_0_ref.
   decltype(&portable::matmul_bt_q8_0) matmul_bt_q8_0;
   decltype(&portable::matmul_bt_parts_q8_0) matmul_bt_parts_q8_0;
   decltype(&portable::gemm_bt_q8_0) gemm_bt_q8_0;

@@ -11,12 +11,16 @@
 // The _bf16 variants read B as bfloat16 (uint16 storage, half the bytes of the stream) and widen
 // it in registers; widening is exact, so their results are bitwise those of the float kernels on
 // the widened B. The _q8_0 variants read B as Q8_0 blocks (34 bytes per 32 weights instead of
-// 128): their chains run over blocks (see dot_q8), so they are close to, not bitwise, the float
-// kernels on the dequantised B.
+// 128) and quantise A per block too, for integer dot products (llama.cpp's way): their results
+// are the dequantised A times the dequantised B, to float rounding (the chain is below, at
+// dot_q8), not the float kernels on the dequantised B.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/dispatch.h"
 #include "kernels/isa/simd.h"
@@ -115,78 +119,168 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
       }
 }
 
-// ---- Q8_0 B ---------------------------------------------------------------------------------
-// A block's 32 quants are widened to float in registers (exact) and dotted with A's 32 floats in
-// kBlockVecs lanes-wide steps; the block's vector of partial sums then takes its scale in one FMA
-// into the row's accumulator (the float64 twin is then the plain sum over the dequantised B).
-// The alternative, A quantised to int8 per block and integer dot products (llama.cpp's Q8_0
-// path, vpmaddubsw + vpmaddwd), is measured beside this one by bench/bench_q8_0. On the quiet
-// 2-core AVX2 host (medians of 5 alternating rounds, GB/s of B) it is faster where K = 768:
-// GPT-2's LM head 13.6 vs 9.8 (1 thread), 19.8 vs 16.7 (2); c_fc 14.1 vs 9.9, 22.2 vs 17.1; and
-// level at c_proj (K = 3072: 14.0 vs 14.0, 17.0 vs 18.0). This loop is compute-bound at about 60%
-// of the read bandwidth with 2 threads: switching to the integer path (adding A's rounding,
-// ~0.4% of each block's scale, and a twin that quantises A too) is the next step, not yet taken.
-constexpr int kBlockVecs = static_cast<int>(kQ8Block) / kLanes;  // 2 (AVX-512), 4 (AVX2), 8 (portable)
+// ---- Q8_0 B: A quantised per block, integer dot products ---------------------------------------
+// Each row of A is quantised once per call to int8 blocks with float scales
+// (quantize_activations_q8, bit for bit), and an element of C is, on every ISA:
+//
+//   for each block b in order, for each lane l < 8:
+//     acc[l] = fma(dB_b · dA_b, Σ_{i<4} qa[32b + 4l + i] · qb[32b + 4l + i], acc[l])
+//   C = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))
+//
+// dB_b · dA_b is one float product (dB_b the block's f16 scale, widened), each lane's integer sum
+// is exact (and exact as a float: |sum| ≤ 4·127·128), fma is fused where the ISA has FMA (AVX2,
+// AVX-512, NEON; the portable build on x86 multiplies and adds), and the last line is simd.h's
+// 8-lane horizontal sum. So the chain depends on nothing but the inputs: not the grouping, the
+// thread count, the number of rows, nor (given FMA) the ISA. Its float64 twin is
+// matmul_bt_q8_0_ref. The AVX-512 build runs the same 256-bit code as AVX2: the stream is bound by
+// memory, and 512-bit registers would put two blocks with two scales in one register, a different
+// chain.
 
-// Σ a[i]·q[i] over one block, lane by lane: a product, then kBlockVecs − 1 FMAs in order.
-inline Vec block_dot(const float* a, const Vec* q) {
-  Vec s = load(a) * q[0];
-  for (int v = 1; v < kBlockVecs; ++v) s = fused(load(a + v * kLanes), q[v], s);
-  return s;
+#if defined(__AVX2__)  // the avx2 and avx512 builds: 256-bit integer dot products
+using Lanes = float __attribute__((vector_size(8 * sizeof(float))));  // one chain's 8 accumulators
+using Quants = __m256i;                                                // one block's 32 quants
+
+inline Lanes splat8(float x) { return x - Lanes{}; }
+inline Lanes fused8(Lanes a, Lanes b, Lanes c) { return (Lanes)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+inline float sum8(Lanes v) { return reduce(v, [](Lanes x, Lanes y) { return x + y; }); }
+
+inline Quants load_quants(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The 8 exact lane sums of one block, as floats. vpmaddubsw multiplies unsigned by signed bytes:
+// |qb| (128 for the −128 a foreign file may hold) by qa carrying qb's sign (qa, an activation
+// quant, is never −128), adding pairs into int16 (|pair| ≤ 2·128·127: no saturation); vpmaddwd
+// adds the pairs of pairs into int32.
+inline Lanes block_lanes(Quants qa, Quants qb) {
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(qb), _mm256_sign_epi8(qa, qb));
+  return (Lanes)_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+#else  // 4-lane vectors: the 8 lanes as two, summed by the same tree
+struct Lanes {
+  Vec lo, hi;  // lanes 0–3, 4–7
+};
+struct Quants {
+  const int8_t* p;
+};
+
+inline Lanes splat8(float x) { return {splat(x), splat(x)}; }
+inline Lanes fused8(Lanes a, Lanes b, Lanes c) { return {fma(a.lo, b.lo, c.lo), fma(a.hi, b.hi, c.hi)}; }
+inline float sum8(Lanes v) { return reduce_sum(v.lo + v.hi); }
+
+inline Quants load_quants(const int8_t* p) { return {p}; }
+
+inline Lanes block_lanes(Quants qa, Quants qb) {
+  float sums[8];
+  for (int l = 0; l < 8; ++l) {
+    int32_t sum = 0;
+    for (int i = 4 * l; i < 4 * l + 4; ++i) sum += int32_t{qa.p[i]} * qb.p[i];
+    sums[l] = static_cast<float>(sum);
+  }
+  return {load(sums), load(sums + 4)};
+}
+#endif
+
+// A [M, K] quantised: q [M, K] int8 (rows K apart), d [M, nb] scales (rows nb apart).
+struct QuantizedA {
+  const int8_t* q;
+  const float* d;
+  int64_t K, nb;
+};
+
+inline Vec abs(Vec v) { return (Vec)((IVec)v & 0x7fffffff); }
+
+// quantize_activations_q8 of every row of A [M, K] (lda) into q and d, bit for bit: the block's
+// maximum is exact in any order, d and 1 / d are single IEEE operations, and roundf is done
+// exactly (truncate, then step away from zero when the dropped part is at least one half).
+void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, int8_t* q, float* d) {
+  constexpr int kBlockVecs = static_cast<int>(kQ8Block) / kLanes;  // 2 (AVX-512), 4 (AVX2), 8 (portable)
+  using Bytes = int8_t __attribute__((vector_size(kLanes)));
+  const int64_t nb = K / kQ8Block;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* x = A + i * lda + b * kQ8Block;
+      int8_t* qb = q + i * K + b * kQ8Block;
+      Vec v[kBlockVecs], amax = splat(0.0f);
+      IVec bad = {};
+      for (int u = 0; u < kBlockVecs; ++u) {
+        v[u] = load(x + u * kLanes);
+        bad |= ~(abs(v[u]) <= splat(std::numeric_limits<float>::max()));  // NaN or ±inf
+        amax = max(amax, abs(v[u]));
+      }
+      bool finite = true;
+      for (int l = 0; l < kLanes; ++l) finite = finite && bad[l] == 0;
+      float& db = d[i * nb + b];
+      db = finite ? reduce_max(amax) / 127.0f : std::numeric_limits<float>::quiet_NaN();
+      if (!(db >= std::numeric_limits<float>::min())) {  // NaN, zero or subnormal: no quants
+        if (finite) db = 0.0f;
+        std::memset(qb, 0, kQ8Block);
+        continue;
+      }
+      const Vec id = splat(1.0f / db);
+      for (int u = 0; u < kBlockVecs; ++u) {
+        const Vec y = v[u] * id;                    // |y| ≤ 127 (and a hair)
+        IVec t = __builtin_convertvector(y, IVec);  // truncated
+        const Vec tf = __builtin_convertvector(t, Vec);
+        t = t - (IVec)(y >= tf + 0.5f) + (IVec)(y <= tf - 0.5f);  // a true comparison is −1
+        const Bytes bytes = __builtin_convertvector(t, Bytes);
+        std::memcpy(qb + u * kLanes, &bytes, kLanes);
+      }
+    }
 }
 
-// out[r·ldc + j] = A row r · B row j for R rows of A (lda apart) and J rows of B (ldb blocks
-// apart) over nb blocks: per block acc = fma(d, block_dot, acc), then the fixed horizontal sum.
-// Each (r, j) is the same chain for any R and J. With J > 1 (one row of A, decoding) the J
-// interleaved streams prefetch the next group's rows, as dot_cols does.
+// out[r·ldc + j] = row m + r of A · B row j for R rows of A and J rows of B (ldb blocks apart):
+// the chain above for each (r, j), the same whatever R and J. With J > 1 (one row of A,
+// decoding) the J interleaved streams prefetch the next group's rows, as dot_cols does.
 template <int R, int J>
-void dot_q8(int64_t nb, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb, float* out, int64_t ldc) {
-  Vec acc[R][J] = {};
-  for (int64_t b = 0; b < nb; ++b) {
+void dot_q8(const QuantizedA& a, int64_t m, const BlockQ8_0* B, int64_t ldb, float* out, int64_t ldc) {
+  Lanes acc[R][J] = {};
+  for (int64_t b = 0; b < a.nb; ++b) {
     if constexpr (J > 1)
       if (b % 2 == 0)
         for (int j = 0; j < J; ++j) __builtin_prefetch(B + (J + j) * ldb + b);
+    Quants qa[R];
+    for (int r = 0; r < R; ++r) qa[r] = load_quants(a.q + (m + r) * a.K + b * kQ8Block);
     for (int j = 0; j < J; ++j) {
       const BlockQ8_0& blk = B[j * ldb + b];
-      Vec q[kBlockVecs];
-      for (int v = 0; v < kBlockVecs; ++v) q[v] = load_q8(blk.qs + v * kLanes);
-      const Vec d = splat(f16_scalar(blk.d));
-      for (int r = 0; r < R; ++r) acc[r][j] = fused(d, block_dot(A + r * lda + b * kQ8Block, q), acc[r][j]);
+      const Quants qb = load_quants(blk.qs);
+      const float dw = f16_scalar(blk.d);
+      for (int r = 0; r < R; ++r)
+        acc[r][j] = fused8(splat8(dw * a.d[(m + r) * a.nb + b]), block_lanes(qa[r], qb), acc[r][j]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) out[r * ldc + j] = reduce_sum(acc[r][j]);
+    for (int j = 0; j < J; ++j) out[r * ldc + j] = sum8(acc[r][j]);
 }
 
-// range_product for a Q8_0 B (ldb in blocks): one row of A against kGroup rows of B at a time, or
-// each group's rows in turn against kRows rows of A.
-void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb, int64_t rows,
-                   float* C, int64_t ldc) {
-  const int64_t nb = K / kQ8Block;
+// C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
+// kGroup rows of B at a time, or each group's rows in turn against kRows rows of A.
+void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t ldb, int64_t rows, float* C,
+                   int64_t ldc) {
   if (M == 1) {
     int64_t n = 0;
-    for (; n + kGroup <= rows; n += kGroup) dot_q8<1, kGroup>(nb, A, lda, B + n * ldb, ldb, C + n, ldc);
-    for (; n < rows; ++n) dot_q8<1, 1>(nb, A, lda, B + n * ldb, ldb, C + n, ldc);
+    for (; n + kGroup <= rows; n += kGroup) dot_q8<1, kGroup>(a, 0, B + n * ldb, ldb, C + n, ldc);
+    for (; n < rows; ++n) dot_q8<1, 1>(a, 0, B + n * ldb, ldb, C + n, ldc);
     return;
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
     for (int64_t m = 0; m < M; m += kRows)
       for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
-        const float* a = A + m * lda;
         const BlockQ8_0* b = B + n * ldb;
         float* out = C + m * ldc + n;
         switch (std::min<int64_t>(kRows, M - m)) {
-          case 4: dot_q8<4, 1>(nb, a, lda, b, ldb, out, ldc); break;
-          case 3: dot_q8<3, 1>(nb, a, lda, b, ldb, out, ldc); break;
-          case 2: dot_q8<2, 1>(nb, a, lda, b, ldb, out, ldc); break;
-          default: dot_q8<1, 1>(nb, a, lda, b, ldb, out, ldc); break;
+          case 4: dot_q8<4, 1>(a, m, b, ldb, out, ldc); break;
+          case 3: dot_q8<3, 1>(a, m, b, ldb, out, ldc); break;
+          case 2: dot_q8<2, 1>(a, m, b, ldb, out, ldc); break;
+          default: dot_q8<1, 1>(a, m, b, ldb, out, ldc); break;
         }
       }
 }
 
-template <class Part>
-void parts_product(int64_t M, int64_t K, const float* A, int64_t lda, const Part* parts, int count) {
-  int64_t groups = 0, total_rows = 0;  // every part's rows in groups of kGroup (its last one may be short)
+// Every part's rows in groups of kGroup (a part's last group may be short), split evenly across
+// the threads, each thread one contiguous range of groups; range(part, n0, n) computes rows
+// [n0, n0 + n) of a part.
+template <class Part, class Range>
+void parts_product(int64_t K, const Part* parts, int count, Range range) {
+  int64_t groups = 0, total_rows = 0;
   for (int p = 0; p < count; ++p) {
     groups += (parts[p].N + kGroup - 1) / kGroup;
     total_rows += parts[p].N;
@@ -202,25 +296,42 @@ void parts_product(int64_t M, int64_t K, const float* A, int64_t lda, const Part
       const int64_t lo = std::max(g0, first) - first, hi = std::min(g1, first + part_groups) - first;
       if (lo < hi) {
         const int64_t n0 = lo * kGroup, n1 = std::min(part.N, hi * kGroup);
-        range_product(M, K, A, lda, part.B + n0 * part.ldb, part.ldb, n1 - n0, part.C + n0, part.ldc);
+        range(part, n0, n1 - n0);
       }
       first += part_groups;
     }
   }
 }
 
+template <class Part>
+void float_parts_product(int64_t M, int64_t K, const float* A, int64_t lda, const Part* parts, int count) {
+  parts_product(K, parts, count, [&](const Part& part, int64_t n0, int64_t n) {
+    range_product(M, K, A, lda, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
+  });
+}
+
 }  // namespace
 
 void matmul_bt_parts(int64_t M, int64_t K, const float* A, int64_t lda, const BtPart* parts, int count) {
-  parts_product(M, K, A, lda, parts, count);
+  float_parts_product(M, K, A, lda, parts, count);
 }
 
 void matmul_bt_parts_bf16(int64_t M, int64_t K, const float* A, int64_t lda, const BtPart16* parts, int count) {
-  parts_product(M, K, A, lda, parts, count);
+  float_parts_product(M, K, A, lda, parts, count);
 }
 
 void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts, int count) {
-  parts_product(M, K, A, lda, parts, count);
+  // The calling thread's scratch for the quantised A, kept between calls.
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> d;
+  const int64_t nb = K / kQ8Block;
+  if (static_cast<int64_t>(q.size()) < M * K) q.resize(static_cast<size_t>(M * K));
+  if (static_cast<int64_t>(d.size()) < M * nb) d.resize(static_cast<size_t>(M * nb));
+  quantize_rows(M, K, A, lda, q.data(), d.data());
+  const QuantizedA a{q.data(), d.data(), K, nb};
+  parts_product(K, parts, count, [&](const BtPartQ8& part, int64_t n0, int64_t n) {
+    range_product(a, M, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
+  });
 }
 
 void matmul_bt(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,

@@ -28,10 +28,26 @@ void quantize_row_q8_0(const float* x, int64_t n, BlockQ8_0* out);
 // blocks [n / 32] → y [n].
 void dequantize_row_q8_0(const BlockQ8_0* blocks, int64_t n, float* y);
 
-// The float64 twin of dispatch.h's Q8_0 kernels: C[M, N] (ldc) = A[M, K] (lda) · B[N, K]ᵀ with B
-// stored as Q8_0 blocks (ldb in blocks, K a multiple of 32), dequantised as dequantize_row_q8_0
-// does and summed in float64.
+// A row of activations x [n] (n a multiple of 32) quantised per 32-value block for the decode
+// kernels' integer dot products: q [n] int8 and d [n / 32] float scales, x ≈ d·q. Per block as
+// quantize_row_q8_0 (amax = max |x|, d = amax / 127, q = roundf(x · (1 / d)), ggml's reference
+// rounding, half away from zero), but d stays float32 (not rounded to f16), and two cases ggml
+// leaves undefined are fixed: a block holding a NaN or ±inf gets d = NaN (every product it
+// enters is NaN, as the float product would be NaN or ±inf) and q = 0; a block whose d would be
+// below FLT_MIN (zero or subnormal, where 1 / d overflows) gets d = 0 and q = 0.
+void quantize_activations_q8(const float* x, int64_t n, int8_t* q, float* d);
+
+// The float64 twin of dispatch.h's Q8_0 streams (matmul_bt_q8_0, matmul_bt_parts_q8_0): C[M, N]
+// (ldc) = A[M, K] (lda) · B[N, K]ᵀ with B stored as Q8_0 blocks (ldb in blocks, K a multiple of
+// 32), each row of A first quantised by quantize_activations_q8, then per block b the exact
+// integer Σ qa·qb times dA_b · dB_b, summed in float64 — that is, the dequantised A times the
+// dequantised B.
 void matmul_bt_q8_0_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B,
                         int64_t ldb, float* C, int64_t ldc);
+
+// The float64 twin of gemm_bt_q8_0 (many rows: A stays float): A times B dequantised as
+// dequantize_row_q8_0 does, summed in float64.
+void gemm_bt_q8_0_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb,
+                      float* C, int64_t ldc);
 
 }  // namespace mhsa::kernels

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -53,9 +54,13 @@ inline double max_rel(const Tensor& got, const Tensor& want) {
 }
 
 // `low` (16- or 8-bit weights) against `reference` (float32 holding the same values): logits and
-// losses on the streaming (≤ 8 rows) and GEMM paths within 1e-5, equal greedy tokens, and no
-// gradients for `low`.
-inline void expect_same_as_float_model(const Model& low, const Model& reference, std::mt19937_64& gen) {
+// losses on the streaming (≤ 8 rows; the LM head up to 64) and GEMM paths within `tolerance`
+// (relative to the largest logit), and no gradients for `low`. At the default 1e-5 (bf16) the
+// greedy tokens are the reference's; above it (Q8_0, whose decode streams quantise their
+// activations too) each of low's greedy tokens has a reference logit within `tolerance` of the
+// reference's best there (after the prompt and low's own tokens, so every step is checked).
+inline void expect_same_as_float_model(const Model& low, const Model& reference, std::mt19937_64& gen,
+                                       double tolerance = 1e-5) {
   const int64_t V = low.config().vocab_size;
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(V - 1));
   for (int64_t T : {1, 5, 13}) {
@@ -63,16 +68,31 @@ inline void expect_same_as_float_model(const Model& low, const Model& reference,
     for (auto& i : ids) i = tok(gen);
     for (auto& i : targets) i = tok(gen);
     const Tensor a = low.forward(ids, 2, T), b = reference.forward(ids, 2, T);
-    EXPECT_LE(max_rel(a, b), 1e-5) << "T=" << T;
+    EXPECT_LE(max_rel(a, b), tolerance) << "T=" << T;
     const double la = low.loss(ids, targets, 2, T), lb = reference.loss(ids, targets, 2, T);
-    EXPECT_NEAR(la, lb, 1e-5 * std::abs(lb)) << "T=" << T;
+    EXPECT_NEAR(la, lb, tolerance * std::abs(lb)) << "T=" << T;
   }
   std::vector<int32_t> prompt(7);
   for (auto& i : prompt) i = tok(gen);
   GenerationOptions o;
   o.max_new_tokens = 12;
   o.stop_at_eos = false;
-  EXPECT_EQ(low.generate(prompt, 1, 7, o), reference.generate(prompt, 1, 7, o));
+  const std::vector<int32_t> got = low.generate(prompt, 1, 7, o)[0];
+  if (tolerance <= 1e-5) {
+    EXPECT_EQ(got, reference.generate(prompt, 1, 7, o)[0]);
+  } else {  // the reference's logits after the prompt and low's tokens: each token near its best
+    ASSERT_EQ(got.size(), 12u);
+    std::vector<int32_t> ids = prompt;
+    ids.insert(ids.end(), got.begin(), got.end() - 1);
+    const Tensor logits = reference.forward(ids, 1, static_cast<int64_t>(ids.size()));  // [1, T, V]
+    double scale = 0;
+    for (int64_t i = 0; i < logits.numel(); ++i) scale = std::max(scale, std::abs(double{logits.data()[i]}));
+    for (size_t i = 0; i < got.size(); ++i) {
+      const float* row = logits.data() + static_cast<int64_t>(prompt.size() + i - 1) * V;
+      const float best = *std::max_element(row, row + V);
+      EXPECT_LE(double{best} - row[got[i]], tolerance * scale) << "token " << i << ": far from the greedy choice";
+    }
+  }
   EXPECT_THROW(low.zero_gradients(), Error);
   std::vector<Tensor> grads;
   EXPECT_THROW(low.loss_and_gradients(prompt, prompt, 1, 7, grads), Error);

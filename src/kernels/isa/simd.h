@@ -84,21 +84,6 @@ inline Vec load_partial_bf16(const uint16_t* p, int n) {
   }
   return v;
 }
-// kLanes signed 8-bit values (Q8_0 quants) from p, widened exactly to float (vpmovsxbd +
-// vcvtdq2ps on x86).
-inline Vec load_q8(const int8_t* p) {
-#if defined(__AVX512F__)
-  const IVec w = (IVec)_mm512_maskz_cvtepi8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#elif defined(__AVX2__)
-  const IVec w = (IVec)_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-#else  // GCC widens a byte vector straight to float one lane at a time; through int32 it vectorises
-  using Bytes = int8_t __attribute__((vector_size(kLanes)));
-  Bytes q;
-  std::memcpy(&q, p, sizeof(Bytes));
-  const IVec w = __builtin_convertvector(q, IVec);
-#endif
-  return __builtin_convertvector(w, Vec);
-}
 // An IEEE f16 value (a Q8_0 block's scale) as float, exactly: F16C's vcvtph2ps where the ISA
 // has it, kernels/half.h's portable conversion otherwise.
 inline float f16_scalar(uint16_t h) {
