@@ -189,6 +189,7 @@ def main():
                                      f"mhsa {ours[same]} (logit {la:.5f}), llama.cpp {theirs[same]} (mhsa's logit "
                                      f"{lb:.5f}); gap {la - lb:.2e} of logits up to {scale:.1f}")
                 rows.append((name, outtype.upper(), dtype, len(PROMPTS), total, equal, ", ".join(firsts) or "-"))
+                log("row:", rows[-1])
     print(f"greedy tokens, mhsa vs {version} (libllama, bench/llama_greedy.cpp): {len(PROMPTS)} prompts x "
           f"{a.tokens} tokens, llama.cpp KV {'F16' if a.kv_f16 else 'F32'}, -t {a.threads}")
     head = ("model", "GGUF", "mhsa dtype", "prompts", "tokens", "equal (to the first difference)", "first differences")
