@@ -2,7 +2,8 @@
 # bench/llama_cpp_peer.sh -- measure the peer engine, llama.cpp, on this machine.
 #
 # What: builds llama.cpp's `llama-bench` (CPU only, Release, -march=native via
-# GGML_NATIVE) and runs it on a model with RANDOM weights stored as an F32 GGUF
+# GGML_NATIVE; and `llama-server` when asked) and runs it on a model with RANDOM
+# weights stored as an F32 GGUF
 # (GPT-2 124M by default; SmolLM2-135M's shape with MHSA_PEER_ARCH=smollm2; or
 # any Hugging Face directory given as MHSA_PEER_HF_DIR), then prints one JSON
 # line to stdout:
@@ -19,14 +20,15 @@
 #      under vendor/llama.cpp. The version and the sdist's sha256 are pinned
 #      below; the matching llama.cpp commit is taken from that release's
 #      CHANGELOG ("update llama.cpp to ggml-org/llama.cpp@<commit>").
-#   2. cmake builds only the llama-bench target (-j2 by default).
+#   2. cmake builds only the targets asked for (llama-bench by default; the
+#      configuration includes llama-server, without its web UI; -j2 by default).
 #   3. bench/random_hf_model.py writes the model directory with transformers'
 #      save_pretrained (seed 0; GPT2LMHeadModel(GPT2Config()) with the GPT-2
 #      tokenizer files, or SmolLM2-135M's LlamaForCausalLM shape with a
 #      stand-in tokenizer of its vocabulary size), unless MHSA_PEER_HF_DIR names
 #      one; the vendored convert_hf_to_gguf.py (with the vendored gguf-py on
-#      PYTHONPATH) writes the F32 GGUF. The directory is kept: mhsa reads the
-#      same one (bench/compare_llama_cpp.py).
+#      PYTHONPATH) writes the F32 GGUF (or --outtype MHSA_PEER_OUTTYPE). The
+#      directory is kept: mhsa reads the same one (bench/compare_llama_cpp.py).
 #   4. llama-bench -p 512 -n 128 -o json, summarised with python3.
 #
 # Every step is cached under $MHSA_PEER_DIR (default: <repo>/build/peer) and
@@ -39,6 +41,13 @@
 #   MHSA_PEER_JOBS     build parallelism (default 2)
 #   MHSA_PEER_ARCH     gpt2 (default) or smollm2: the random model to write
 #   MHSA_PEER_HF_DIR   a Hugging Face model directory to convert instead
+#   MHSA_PEER_TARGETS  llama.cpp targets to build (default "llama-bench"; e.g.
+#                      "llama-server", or "llama" for the library alone)
+#   MHSA_PEER_OUTTYPE  the converter's --outtype: f32 (default), f16, bf16, q8_0
+#   MHSA_PEER_NO_BENCH 1: build and convert only, then print one JSON line
+#                      {"llama_cpp_version", "src_dir", "build_dir", "bin_dir",
+#                      "hf_dir", "gguf"}
+#                      (bench/greedy_vs_llama_cpp.py, bench/serve_load.py --peer)
 #
 # Needs: python3 with pip, torch, transformers, safetensors, numpy, pyyaml,
 # tqdm, requests (and sentencepiece for Llama-family models: the converter
@@ -57,6 +66,11 @@ PEER_DIR="${MHSA_PEER_DIR:-$REPO_DIR/build/peer}"
 THREADS="${MHSA_PEER_THREADS:-2}"
 REPS="${MHSA_PEER_REPS:-5}"
 JOBS="${MHSA_PEER_JOBS:-2}"
+TARGETS="${MHSA_PEER_TARGETS:-llama-bench}"
+OUTTYPE="${MHSA_PEER_OUTTYPE:-f32}"
+if [[ "${MHSA_PEER_NO_BENCH:-0}" != 1 && " $TARGETS " != *" llama-bench "* ]]; then
+    TARGETS="$TARGETS llama-bench"
+fi
 
 SDIST="llama_cpp_python-${LCP_VERSION}.tar.gz"
 SRC_DIR="$PEER_DIR/llama.cpp-$LLAMA_COMMIT"
@@ -64,7 +78,7 @@ BUILD_DIR="$PEER_DIR/build-llama-$LLAMA_COMMIT"
 BENCH_BIN="$BUILD_DIR/bin/llama-bench"
 ARCH="${MHSA_PEER_ARCH:-gpt2}"
 HF_DIR="$(realpath -m "${MHSA_PEER_HF_DIR:-$PEER_DIR/$ARCH-random-hf}")"
-GGUF="$PEER_DIR/$(basename "$HF_DIR")-f32.gguf"
+GGUF="$PEER_DIR/$(basename "$HF_DIR")-$OUTTYPE.gguf"
 
 log() { printf '[llama_cpp_peer] %s\n' "$*" >&2; }
 
@@ -95,11 +109,14 @@ else
     log "source cached: $SRC_DIR"
 fi
 
-# ---- 2. build llama-bench ---------------------------------------------------
-if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
+# ---- 2. build the targets -----------------------------------------------------
+# (A cache configured before llama-server was included is configured again.)
+if ! grep -q '^LLAMA_BUILD_SERVER:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" 2>/dev/null; then
     log "configuring llama.cpp (Release, CPU, GGML_NATIVE=ON)"
     # Git is pointed at /bin/false: the tree has no git metadata, and the cache
     # dir may sit inside mhsa's own repo, whose commit must not be reported.
+    # The server is built without its web UI (no npm, no download: an empty
+    # asset table), which the HTTP API does not need.
     cmake -S "$SRC_DIR" -B "$BUILD_DIR" \
         -DCMAKE_BUILD_TYPE=Release \
         -DBUILD_SHARED_LIBS=OFF \
@@ -107,22 +124,26 @@ if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then
         -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" \
         -DGIT_EXECUTABLE=/bin/false -DGIT_EXE=/bin/false \
         >"$PEER_DIR/cmake-configure.log" 2>&1 \
         || { log "configure failed, see $PEER_DIR/cmake-configure.log"; tail -30 "$PEER_DIR/cmake-configure.log" >&2; exit 1; }
 fi
-if [[ ! -x "$BENCH_BIN" ]]; then
-    log "building llama-bench with -j$JOBS (several minutes on 2 cores)"
-    t0=$(date +%s)
-fi
+for target in $TARGETS; do
+    if [[ ! -x "$BUILD_DIR/bin/$target" && ! -f "$BUILD_DIR/src/lib$target.a" ]]; then
+        log "building $TARGETS with -j$JOBS (several minutes on 2 cores)"
+        t0=$(date +%s)
+    fi
+done
 # Always invoke the build: a no-op when up to date, and it repairs a partial one.
-cmake --build "$BUILD_DIR" --target llama-bench -j"$JOBS" \
+# shellcheck disable=SC2086 # one word per target
+cmake --build "$BUILD_DIR" --target $TARGETS -j"$JOBS" \
     >"$PEER_DIR/cmake-build.log" 2>&1 \
     || { log "build failed, see $PEER_DIR/cmake-build.log"; tail -30 "$PEER_DIR/cmake-build.log" >&2; exit 1; }
 if [[ -n "${t0:-}" ]]; then
-    log "built llama-bench in $(( $(date +%s) - t0 )) s"
+    log "built $TARGETS in $(( $(date +%s) - t0 )) s"
 fi
 
 # ---- 3. the model directory and its F32 GGUF --------------------------------
@@ -133,14 +154,22 @@ if [[ ! -f "$HF_DIR/config.json" ]]; then
     mv "$HF_DIR.tmp" "$HF_DIR"
 fi
 if [[ ! -f "$GGUF" || "$GGUF" -ot "$HF_DIR/config.json" ]]; then
-    log "converting $HF_DIR to F32 GGUF with the vendored convert_hf_to_gguf.py"
+    log "converting $HF_DIR to $OUTTYPE GGUF with the vendored convert_hf_to_gguf.py"
     PYTHONPATH="$SRC_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" \
         python3 "$SRC_DIR/convert_hf_to_gguf.py" "$HF_DIR" \
-        --outtype f32 --outfile "$GGUF.tmp" >"$PEER_DIR/convert.log" 2>&1 \
+        --outtype "$OUTTYPE" --outfile "$GGUF.tmp" >"$PEER_DIR/convert.log" 2>&1 \
         || { log "conversion failed, see $PEER_DIR/convert.log"; tail -30 "$PEER_DIR/convert.log" >&2; exit 1; }
     mv "$GGUF.tmp" "$GGUF"
 else
     log "model cached: $GGUF"
+fi
+
+if [[ "${MHSA_PEER_NO_BENCH:-0}" == 1 ]]; then
+    python3 -c 'import json, sys; print(json.dumps(dict(zip(
+        ["llama_cpp_version", "src_dir", "build_dir", "bin_dir", "hf_dir", "gguf"], sys.argv[1:]))))' \
+        "ggml-org/llama.cpp@$LLAMA_COMMIT (vendored in llama-cpp-python $LCP_VERSION)" \
+        "$SRC_DIR" "$BUILD_DIR" "$BUILD_DIR/bin" "$HF_DIR" "$GGUF"
+    exit 0
 fi
 
 # ---- 4. benchmark -----------------------------------------------------------

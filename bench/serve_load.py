@@ -6,18 +6,28 @@ with random weights (bench/random_hf_model.py). Prints per round the aggregate d
 its first token), time to first token p50/p99, and the ratio of the N-client aggregate to the
 single stream's. Every request must return exactly its tokens (usage) and nothing else fails.
 
-  serve_load.py [--model DIR] [--clients 8] [--tokens 128] [--rounds 3] [-t THREADS] [--parallel N]
+  serve_load.py [--model DIR] [--clients 8] [--tokens 128] [--rounds 3] [-t THREADS] [--parallel N] [--peer]
 
 Without --model, a random GPT-2 124M is written once to build/serve-load-gpt2 (transformers'
 save_pretrained, ~500 MB). The clients are plain http.client threads reading server-sent events;
 on a small machine they share the CPU with the server, so run it on an otherwise quiet host.
 Not a test: it passes or fails nothing but a request that errs.
+
+--peer runs the same load against llama.cpp's llama-server in the same run: both servers load
+the F32 GGUF that llama.cpp's convert_hf_to_gguf.py makes of the model directory (built and
+converted by bench/llama_cpp_peer.sh on first use), llama-server with `-np PARALLEL -t THREADS
+-c PARALLEL*256` and its defaults otherwise (F16 KV cache, flash attention auto); every request
+to it says cache_prompt false, since mhsa has no prompt cache and the rounds repeat their prompts.
+The engines alternate, round by round (mhsa first in odd rounds, llama-server in even ones); the
+summary gives each one's medians, TTFT p50/p99, and the median (min-max) of the paired ratios.
 """
 
 import argparse
 import http.client
 import json
+import os
 import re
+import socket
 import statistics
 import subprocess
 import sys
@@ -57,10 +67,39 @@ def start_server(cli, model, threads, parallel):
     return proc, m.group(1), int(m.group(2))
 
 
-def stream_completion(host, port, prompt, tokens):
+def start_peer(model, threads, parallel):
+    """llama-server on the F32 GGUF llama.cpp's converter makes of `model`; (process, host, port, gguf)."""
+    env = dict(os.environ, MHSA_PEER_TARGETS="llama-server", MHSA_PEER_NO_BENCH="1", MHSA_PEER_HF_DIR=str(model))
+    out = subprocess.run(["bash", str(ROOT / "bench" / "llama_cpp_peer.sh")], check=True, env=env,
+                         capture_output=True, text=True)
+    peer = json.loads(out.stdout.strip().splitlines()[-1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(ROOT / "build" / "serve-load-llama-server.log", "w")  # its log is long: not a pipe
+    proc = subprocess.Popen([str(Path(peer["bin_dir"]) / "llama-server"), "-m", peer["gguf"], "--host", "127.0.0.1",
+                             "--port", str(port), "-t", str(threads), "-np", str(parallel), "-c", str(parallel * 256),
+                             "--no-webui"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"serve_load: llama-server exited ({proc.returncode}); see {log.name}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, "127.0.0.1", port, peer
+        except OSError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("serve_load: llama-server did not become ready in 120 s")
+
+
+def stream_completion(host, port, prompt, tokens, extra=None):
     """(time to first text, time of the last text, completion tokens, seconds in all) of one streamed request."""
     body = json.dumps({"prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+                       "stream_options": {"include_usage": True}, **(extra or {})})
     conn = http.client.HTTPConnection(host, port, timeout=600)
     t0 = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -87,12 +126,12 @@ def stream_completion(host, port, prompt, tokens):
     return first, last, usage["completion_tokens"], total
 
 
-def run_round(host, port, clients, tokens):
+def run_round(host, port, clients, tokens, extra=None):
     results, errors = [None] * clients, []
 
     def client(i):
         try:
-            results[i] = stream_completion(host, port, PROMPTS[i % len(PROMPTS)], tokens)
+            results[i] = stream_completion(host, port, PROMPTS[i % len(PROMPTS)], tokens, extra)
         except Exception as e:  # noqa: BLE001 — reported below
             errors.append(repr(e))
 
@@ -134,40 +173,72 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (1 client, N clients), alternating")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, help="the server's --parallel (default: --clients)")
+    ap.add_argument("--peer", action="store_true", help="the same load on llama.cpp's llama-server, alternating")
     a = ap.parse_args()
     model = a.model or ensure_model(ROOT / "build" / "serve-load-gpt2")
-    proc, host, port = start_server(a.cli, model, a.threads, a.parallel or a.clients)
+    parallel = a.parallel or a.clients
+    engines = []  # (name, process, host, port, extra request fields)
     try:
-        run_round(host, port, 1, 8)  # warm-up: weights paged in, buffers allocated
-        singles, multis, ttft1, ttftn = [], [], [], []
+        if a.peer:
+            proc, host, port, peer = start_peer(model, a.threads, parallel)
+            engines.append(("llama-server", proc, host, port, {"cache_prompt": False}))
+            print(f"peer: {peer['llama_cpp_version']}, llama-server -np {parallel} -t {a.threads} on {peer['gguf']}; "
+                  f"mhsa serves the same file", flush=True)
+            served = Path(peer["gguf"])
+        else:
+            served = model
+        proc, host, port = start_server(a.cli, served, a.threads, parallel)
+        engines.insert(0, ("mhsa", proc, host, port, None))
+        stats = {name: {"single": [], "multi": [], "ttft1": [], "ttftn": []} for name, *_ in engines}
+        for _, _, host, port, extra in engines:
+            run_round(host, port, 1, 8, extra)  # warm-up: weights paged in, buffers allocated
         for k in range(a.rounds):
-            one = run_round(host, port, 1, a.tokens)
-            before = metrics(host, port)
-            many = run_round(host, port, a.clients, a.tokens)
-            after = metrics(host, port)
-            # (an older server has no sequences counter: the mean then reads 0)
-            steps = after["mhsa_scheduler_steps_total"] - before["mhsa_scheduler_steps_total"]
-            seqs = after.get("mhsa_scheduler_sequences_total", 0) - before.get("mhsa_scheduler_sequences_total", 0)
-            singles.append(one["aggregate_tok_s"])
-            multis.append(many["aggregate_tok_s"])
-            ttft1 += one["ttft"]
-            ttftn += many["ttft"]
-            print(f"round {k + 1}: 1 client {one['aggregate_tok_s']:.1f} tok/s ({one['tokens']} tokens, "
-                  f"TTFT {one['ttft'][0] * 1e3:.0f} ms); {a.clients} clients {many['aggregate_tok_s']:.1f} tok/s "
-                  f"aggregate ({many['tokens']} tokens in {many['wall_s']:.2f} s, each stream "
-                  f"{many['stream_tok_s']:.1f} tok/s), ratio {many['aggregate_tok_s'] / one['aggregate_tok_s']:.2f}; "
-                  f"{a.clients} clients: {seqs / max(steps, 1):.2f} sequences per step", flush=True)
-        ttft1.sort()
-        ttftn.sort()
-        ratios = [m / s for m, s in zip(multis, singles)]
-        print(f"summary ({a.rounds} rounds, -t {a.threads}, GPT-2 shape {model.name}): "
-              f"1 client median {statistics.median(singles):.1f} tok/s; {a.clients} clients median "
-              f"{statistics.median(multis):.1f} tok/s aggregate; ratio median {statistics.median(ratios):.2f} "
-              f"(min {min(ratios):.2f}, max {max(ratios):.2f}); TTFT 1 client p50 {percentile(ttft1, 0.5) * 1e3:.0f} ms, "
-              f"{a.clients} clients p50 {percentile(ttftn, 0.5) * 1e3:.0f} ms p99 {percentile(ttftn, 0.99) * 1e3:.0f} ms")
+            order = engines if k % 2 == 0 else engines[::-1]
+            for name, _, host, port, extra in order:
+                st = stats[name]
+                one = run_round(host, port, 1, a.tokens, extra)
+                before = metrics(host, port) if name == "mhsa" else None
+                many = run_round(host, port, a.clients, a.tokens, extra)
+                per_step = ""
+                if before is not None:
+                    after = metrics(host, port)
+                    # (an older server has no sequences counter: the mean then reads 0)
+                    steps = after["mhsa_scheduler_steps_total"] - before["mhsa_scheduler_steps_total"]
+                    seqs = after.get("mhsa_scheduler_sequences_total", 0) - before.get("mhsa_scheduler_sequences_total", 0)
+                    per_step = f"; {seqs / max(steps, 1):.2f} sequences per step"
+                st["single"].append(one["aggregate_tok_s"])
+                st["multi"].append(many["aggregate_tok_s"])
+                st["ttft1"] += one["ttft"]
+                st["ttftn"] += many["ttft"]
+                print(f"round {k + 1} {name}: 1 client {one['aggregate_tok_s']:.1f} tok/s ({one['tokens']} tokens, "
+                      f"TTFT {one['ttft'][0] * 1e3:.0f} ms); {a.clients} clients {many['aggregate_tok_s']:.1f} tok/s "
+                      f"aggregate ({many['tokens']} tokens in {many['wall_s']:.2f} s, each stream "
+                      f"{many['stream_tok_s']:.1f} tok/s), ratio {many['aggregate_tok_s'] / one['aggregate_tok_s']:.2f}"
+                      f"{per_step}", flush=True)
+        for name, *_ in engines:
+            st = stats[name]
+            st["ttft1"].sort()
+            st["ttftn"].sort()
+            ratios = [m / s for m, s in zip(st["multi"], st["single"])]
+            print(f"summary {name} ({a.rounds} rounds, -t {a.threads}, GPT-2 shape {model.name}): "
+                  f"1 client median {statistics.median(st['single']):.1f} tok/s; {a.clients} clients median "
+                  f"{statistics.median(st['multi']):.1f} tok/s aggregate; ratio median {statistics.median(ratios):.2f} "
+                  f"(min {min(ratios):.2f}, max {max(ratios):.2f}); TTFT 1 client p50 "
+                  f"{percentile(st['ttft1'], 0.5) * 1e3:.0f} ms, {a.clients} clients p50 "
+                  f"{percentile(st['ttftn'], 0.5) * 1e3:.0f} ms p99 {percentile(st['ttftn'], 0.99) * 1e3:.0f} ms",
+                  flush=True)
+        if a.peer:
+            ours, theirs = stats["mhsa"], stats["llama-server"]
+            paired = [m / p for m, p in zip(ours["multi"], theirs["multi"])]
+            single = [m / p for m, p in zip(ours["single"], theirs["single"])]
+            print(f"mhsa / llama-server, {a.clients} clients aggregate: median {statistics.median(paired):.2f} "
+                  f"(min {min(paired):.2f}, max {max(paired):.2f}) over {a.rounds} paired rounds; 1 client: median "
+                  f"{statistics.median(single):.2f}; TTFT p50 with {a.clients} clients: "
+                  f"{percentile(ours['ttftn'], 0.5) * 1e3:.0f} ms vs {percentile(theirs['ttftn'], 0.5) * 1e3:.0f} ms")
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for _, proc, *_ in engines:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 if __name__ == "__main__":

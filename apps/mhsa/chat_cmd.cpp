@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -222,9 +223,13 @@ void run(ChatArgs& a) {
     if (a.options.chat_template.empty())
       throw Error("mhsa chat: --chat-template: expected a Jinja template, got an empty file");
   } else if (loaded.tokenizer.chat_template().empty()) {
-    throw Error(detail::message("mhsa chat: --model: expected a chat template (chat_template in '",
-                                (dir / "tokenizer_config.json").string(), "' or '",
-                                (dir / "chat_template.jinja").string(), "'), got none; give one with --chat-template FILE"));
+    const std::string where =
+        std::filesystem::is_regular_file(dir)
+            ? detail::message("tokenizer.chat_template in the GGUF file '", dir.string(), "'")
+            : detail::message("chat_template in '", (dir / "tokenizer_config.json").string(), "' or '",
+                              (dir / "chat_template.jinja").string(), "'");
+    throw Error(detail::message("mhsa chat: --model: expected a chat template (", where,
+                                "), got none; give one with --chat-template FILE"));
   }
   a.options.system = a.system;
   ChatSession session(loaded.model, loaded.tokenizer, a.options);

@@ -18,7 +18,7 @@ enum class Family { gpt2, llama, mistral, qwen2, qwen3, gemma2 };
 enum class NormKind { layer_norm, rms_norm };      // LayerNorm with bias (GPT-2), RMSNorm (the rest)
 enum class PositionKind { learned, rotary };       // wpe table (GPT-2), RoPE (the rest)
 enum class MlpKind { gelu, swiglu, geglu };        // fc→GELU(tanh)→proj; down(silu(gate)·up); down(gelu_tanh(gate)·up)
-enum class RopeScalingKind { none, linear, llama3 };
+enum class RopeScalingKind { none, linear, llama3, factors };
 
 const char* family_name(Family f);  // "gpt2", "llama", ...
 
@@ -27,6 +27,9 @@ struct RopeScaling {
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;      // llama3
   int64_t original_max_position_embeddings = 8192;           // llama3
+  // factors: inverse frequency i is divided by factors[i] ([rotary_dim / 2]): a GGUF file's
+  // rope_freqs tensor, as llama.cpp applies it (its converter's form of llama3 scaling)
+  std::vector<float> factors;
 };
 
 struct ModelConfig {

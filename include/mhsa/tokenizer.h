@@ -22,9 +22,11 @@
 
 namespace mhsa {
 
+class Tokenizer;
 namespace text {
 class HfTokenizer;
-}
+Tokenizer gguf_tokenizer(const std::filesystem::path& path, int64_t vocab_size);  // text/gguf_tokenizer.cpp
+}  // namespace text
 
 struct EncodeOptions {
   // Add the post-processor's special tokens (tokenizer.json's TemplateProcessing: BOS, ...).
@@ -101,7 +103,8 @@ class Tokenizer {
   std::optional<int32_t> bos_id() const;
   bool is_special(int32_t id) const;
   std::vector<std::pair<std::string, int32_t>> special_tokens() const;
-  // tokenizer_config.json's chat_template, bos_token and eos_token ("" when absent).
+  // tokenizer_config.json's chat_template (a GGUF file's tokenizer.chat_template), bos_token and
+  // eos_token ("" when absent).
   std::string chat_template() const;
   std::string bos_token() const;
   std::string eos_token() const;
@@ -111,7 +114,8 @@ class Tokenizer {
   // (bos_token, eos_token, unk_token, pad_token, any other "*_token") as variables, the caller's
   // variables_json (a JSON object: tools, documents, anything the template reads) overriding them.
   // A list of named templates gives "tool_use" when tools are given (not null) and it exists, else
-  // "default". The ids transformers' tokenize=True gives are
+  // "default". A GGUF file's tokenizer renders its tokenizer.chat_template with <|endoftext|> as
+  // bos_token and eos_token. The ids transformers' tokenize=True gives are
   // encode(text, {.add_special_tokens = false, .allow_special = true}). Each template is compiled
   // once, on first use; any number of threads may call this at once. Throws mhsa::Error when the
   // tokenizer has no chat template, and ChatTemplate's errors.
@@ -128,6 +132,8 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
+  friend Tokenizer text::gguf_tokenizer(const std::filesystem::path& path, int64_t vocab_size);
+  void set_gguf_chat_template(std::string source);  // for a GPT-2 files or bytes tokenizer
   std::unique_ptr<Impl> impl_;
 };
 

@@ -22,7 +22,10 @@ const char* kind_name(NormKind k) { return k == NormKind::layer_norm ? "layer_no
 const char* kind_name(PositionKind k) { return k == PositionKind::learned ? "learned" : "rotary"; }
 const char* kind_name(MlpKind k) { return k == MlpKind::gelu ? "gelu" : k == MlpKind::swiglu ? "swiglu" : "geglu"; }
 const char* kind_name(RopeScalingKind k) {
-  return k == RopeScalingKind::none ? "none" : k == RopeScalingKind::linear ? "linear" : "llama3";
+  return k == RopeScalingKind::none     ? "none"
+         : k == RopeScalingKind::linear ? "linear"
+         : k == RopeScalingKind::llama3 ? "llama3"
+                                        : "factors";
 }
 
 }  // namespace
@@ -33,6 +36,7 @@ py::dict full_config_dict(const ModelConfig& c) {
   py::dict rope("kind"_a = kind_name(s.kind), "factor"_a = s.factor, "low_freq_factor"_a = s.low_freq_factor,
                 "high_freq_factor"_a = s.high_freq_factor,
                 "original_max_position_embeddings"_a = s.original_max_position_embeddings);
+  if (s.kind == RopeScalingKind::factors) rope["factors"] = s.factors;  // a GGUF file's rope_freqs
   py::dict d("family"_a = family_name(c.family), "architecture"_a = c.architecture, "vocab_size"_a = c.vocab_size,
              "hidden_size"_a = c.hidden_size, "num_layers"_a = c.num_layers, "num_heads"_a = c.num_heads,
              "num_kv_heads"_a = c.num_kv_heads, "head_dim"_a = c.head_dim, "intermediate_size"_a = c.intermediate_size,

@@ -73,7 +73,8 @@ void rope_ref(int64_t rows, int64_t heads, int64_t head_dim, int64_t rotary_dim,
               const int64_t* positions, const float* table, bool backward);
 
 // The inverse frequencies of rotary_dim / 2 pairs as transformers computes them in float32
-// (ROPE_INIT_FUNCTIONS: default, "linear", "llama3"): f_i = 1 / θ^(2i / rotary_dim), then the
+// (ROPE_INIT_FUNCTIONS: default, "linear", "llama3"; or llama.cpp's per-frequency factors, f_i /
+// factors[i]): f_i = 1 / θ^(2i / rotary_dim), then the
 // scaling. rope_inv_freq_ref does the same arithmetic in float64 (the oracle for the float32 one).
 std::vector<float> rope_inv_freq(int64_t rotary_dim, double theta, const RopeScaling& scaling);
 std::vector<double> rope_inv_freq_ref(int64_t rotary_dim, double theta, const RopeScaling& scaling);

@@ -3,7 +3,8 @@
 // transformers' float32 arithmetic operation by operation (ROPE_INIT_FUNCTIONS "default",
 // "linear" and "llama3"; LlamaRotaryEmbedding.forward for the angles), so positions rotate by the
 // same angles as in the model's reference implementation; the file is built without FMA
-// contraction for that reason. Not the rotation itself (the rope kernel).
+// contraction for that reason. A GGUF file's per-frequency factors (rope_freqs) divide the default
+// frequencies, as llama.cpp's freq_factors do. Not the rotation itself (the rope kernel).
 #include <cmath>
 #include <vector>
 
@@ -44,6 +45,8 @@ std::vector<T> inv_freq_as(int64_t rotary_dim, double theta, const RopeScaling& 
     for (T& x : f) x /= T(scaling.factor);
   else if (scaling.kind == RopeScalingKind::llama3)
     llama3_scaling(f, scaling);
+  else if (scaling.kind == RopeScalingKind::factors)
+    for (size_t i = 0; i < f.size(); ++i) f[i] /= T(scaling.factors[i]);  // llama.cpp's freq_factors
   return f;
 }
 

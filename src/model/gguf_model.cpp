@@ -126,9 +126,16 @@ ModelConfig GgufModelFile::config_of(const GgufFile& f) {
     } else if (scaling != "none") {
       h.bad("rope.scaling.type", "\"none\" or \"linear\" (other RoPE scalings are not supported)", quote(scaling));
     }
-    if (f.find("rope_freqs.weight"))
-      fail(fn, "tensor 'rope_freqs.weight'", "no per-frequency RoPE factors (llama3 RoPE scaling is not read from GGUF yet)",
-           "one");
+    if (const GgufTensorInfo* t = f.find("rope_freqs.weight")) {  // the converter's form of llama3 scaling
+      if (c.rope_scaling.kind != RopeScalingKind::none)
+        h.bad("rope.scaling.type", "none beside a rope_freqs tensor", quote(scaling));
+      if (t->dims != std::vector<int64_t>{c.rotary_dim / 2})
+        fail(fn, "tensor 'rope_freqs.weight' dims", message("[", c.rotary_dim / 2, "] (rope.dimension_count / 2)"),
+             shape_string(ConstTensorView(nullptr, t->dims)));
+      const Tensor factors = f.load(*t);
+      c.rope_scaling.kind = RopeScalingKind::factors;
+      c.rope_scaling.factors.assign(factors.data(), factors.data() + factors.numel());  // checked by validate
+    }
     c.mlp = MlpKind::swiglu;
     c.qkv_bias = f.find("blk.0.attn_q.bias") != nullptr;
     c.o_bias = f.find("blk.0.attn_output.bias") != nullptr;

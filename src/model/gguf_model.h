@@ -6,9 +6,10 @@
 // (and their biases) from Hugging Face's rotate_half order to ggml's interleaved pairs; reading
 // undoes it, writing applies it. GPT-2's Conv1D weights ([in, out]) are stored transposed
 // ([out, in]), as the converter stores them. Metadata: the hyperparameters under "<arch>.…"
-// keys ↔ ModelConfig; anything mhsa cannot run the same way (partial rotary, RoPE scalings
-// other than linear, llama3's rope_freqs) is refused naming the key or tensor. Not public:
-// Model::load and `mhsa quantize` call it.
+// keys ↔ ModelConfig; llama3 RoPE scaling as the converter writes it, a rope_freqs tensor of
+// per-frequency divisors (RopeScalingKind::factors; llama3 configs are written that way too);
+// anything mhsa cannot run the same way (partial rotary, RoPE scalings other than linear) is
+// refused naming the key or tensor. Not public: Model::load and `mhsa quantize` call it.
 #pragma once
 
 #include <filesystem>
@@ -50,7 +51,8 @@ class GgufModelFile {
 
 // Writes a llama or gpt2 model as a GGUF file llama.cpp reads: its names, the q/k permutation, the
 // metadata llama.cpp needs (general.architecture, the hyperparameters, file type; the tokenizer
-// from `tokenizer_dir`'s tokenizer.json or vocab.json + merges.txt when it has one). Matrices are
+// from `tokenizer_dir`'s tokenizer.json or vocab.json + merges.txt when it has one, and its chat
+// template from chat_template.jinja or tokenizer_config.json). Matrices are
 // stored as `type` (Q8_0 needs rows of whole 32-value blocks: other matrices are stored F16, as
 // llama.cpp's converter does; Q4_K stores the output matrix, and rows not of whole 256-value
 // blocks, as Q8_0, as a q4_k Model keeps them); norms, biases and learned positions stay F32.

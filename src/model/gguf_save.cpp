@@ -1,8 +1,12 @@
 // model/gguf_save.cpp — a llama or gpt2 Model written as the GGUF file llama.cpp's converter would
 // write (see model/gguf_model.h): its tensor names and layouts, its metadata keys, and a byte-level
-// BPE tokenizer (tokenizer.json's, or GPT-2's vocab.json + merges.txt) as tokenizer.ggml.*.
-// Other tokenizers are not converted: the file then says "no_vocab", which llama.cpp reads as a
-// model without a vocabulary (token ids in, logits out).
+// BPE tokenizer (tokenizer.json's, or GPT-2's vocab.json + merges.txt) as tokenizer.ggml.*, its
+// chat template as tokenizer.chat_template; llama3 RoPE scaling as the converter's rope_freqs
+// tensor. Other tokenizers are not converted: the file then says "no_vocab", which llama.cpp
+// reads as a model without a vocabulary (token ids in, logits out).
+#include <algorithm>
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
@@ -93,9 +97,53 @@ std::optional<Vocab> byte_level_vocab(const fs::path& dir, int64_t n_vocab) {
   return v;
 }
 
+// The directory's chat template as the converter finds it: chat_template.jinja, else a string
+// chat_template in tokenizer_config.json; "" when neither.
+std::string chat_template(const fs::path& dir) {
+  if (dir.empty()) return {};
+  if (fs::exists(dir / "chat_template.jinja"))
+    return read_file(dir / "chat_template.jinja", kFn, "chat_template.jinja");
+  if (!fs::exists(dir / "tokenizer_config.json")) return {};
+  const std::string file = (dir / "tokenizer_config.json").string();
+  const json j =
+      parse_json(read_file(dir / "tokenizer_config.json", kFn, "tokenizer_config.json"), kFn, file, "UTF-8 JSON");
+  return j.is_object() && j.contains("chat_template") && j["chat_template"].is_string()
+             ? j["chat_template"].get<std::string>()
+             : std::string();
+}
+
 uint32_t u32(int64_t v, const char* what) {
   if (v < 0 || v > UINT32_MAX) fail(kFn, what, "a value that fits in uint32", std::to_string(v));
   return static_cast<uint32_t>(v);
+}
+
+// The rope_freqs tensor llama.cpp reads for llama3 RoPE scaling: a file's own factors, or those
+// convert_hf_to_gguf.py computes from a llama3 rope_scaling (its float32 arithmetic: the default
+// frequencies, each kept, divided by factor, or smoothed between by wavelength); empty otherwise.
+std::vector<float> rope_freqs(const ModelConfig& c) {
+  const RopeScaling& s = c.rope_scaling;
+  if (s.kind == RopeScalingKind::factors) return s.factors;
+  if (s.kind != RopeScalingKind::llama3) return {};
+  const float factor = static_cast<float>(s.factor), low = static_cast<float>(s.low_freq_factor);
+  const float high = static_cast<float>(s.high_freq_factor);
+  const float old_len = static_cast<float>(s.original_max_position_embeddings);
+  const double low_wavelen = double(s.original_max_position_embeddings) / s.low_freq_factor;
+  const double high_wavelen = double(s.original_max_position_embeddings) / s.high_freq_factor;
+  std::vector<float> out;
+  for (int64_t i = 0; i < c.rotary_dim / 2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(c.rotary_dim);
+    const float freq = 1.0f / static_cast<float>(std::pow(double(static_cast<float>(c.rope_theta)), double(e)));
+    const float wavelen = static_cast<float>(2 * M_PI) / freq;
+    if (wavelen < static_cast<float>(high_wavelen)) {
+      out.push_back(1.0f);
+    } else if (wavelen > static_cast<float>(low_wavelen)) {
+      out.push_back(factor);
+    } else {
+      const float smooth = (old_len / wavelen - low) / (high - low);
+      out.push_back(1.0f / ((1.0f - smooth) / factor + smooth));
+    }
+  }
+  return out;
 }
 
 uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S, MOSTLY_BF16
@@ -110,8 +158,6 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
     fail(kFn, "model", "a llama or gpt2 model (the families mhsa writes as GGUF)", family_name(c.family));
   if (model.weight_type() != WeightType::f32)
     fail(kFn, "model", "float32 weights (load it with dtype f32)", std::string(weight_type_name(model.weight_type())));
-  if (c.rope_scaling.kind == RopeScalingKind::llama3)
-    fail(kFn, "model", "RoPE without llama3 scaling (its rope_freqs tensor is not written yet)", "llama3 rope_scaling");
   const bool gpt2 = c.family == Family::gpt2;
   const std::string a = gpt2 ? "gpt2." : "llama.";
   GgufWriter w;
@@ -150,6 +196,7 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
   } else {
     w.add_string("tokenizer.ggml.model", "no_vocab");
   }
+  if (const std::string t = chat_template(tokenizer_dir); !t.empty()) w.add_string("tokenizer.chat_template", t);
   const bool untied = model.parameter("lm_head.weight") != nullptr;
   for (const auto& [name, t] : model.parameters()) {
     const GgufName g = gguf_name(c, name);
@@ -164,6 +211,11 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
     if (stored == GgufType::q4_k && (output || x.shape().back() % 256 != 0)) stored = GgufType::q8_0;
     if (stored == GgufType::q8_0 && x.shape().back() % 32 != 0) stored = GgufType::f16;  // the converter's fallback
     w.add_tensor(g.name, std::move(x), stored);
+  }
+  if (const std::vector<float> factors = rope_freqs(c); !factors.empty()) {
+    Tensor t({static_cast<int64_t>(factors.size())});  // [rotary_dim / 2]
+    std::copy(factors.begin(), factors.end(), t.data());
+    w.add_tensor("rope_freqs.weight", std::move(t), GgufType::f32);
   }
   w.write(path, overwrite);
 }

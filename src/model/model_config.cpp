@@ -385,6 +385,13 @@ void check_scalars(const ModelConfig& c, std::string_view fn) {
         fail(fn, "config.rope_scaling.original_max_position_embeddings", "a positive integer",
              std::to_string(s.original_max_position_embeddings));
     }
+    if (s.kind == RopeScalingKind::factors) {
+      if (static_cast<int64_t>(s.factors.size()) != c.rotary_dim / 2)
+        fail(fn, "config.rope_scaling.factors", message(c.rotary_dim / 2, " values (rotary_dim / 2)"),
+             message(s.factors.size(), " values"));
+      for (const float f : s.factors)
+        if (!(std::isfinite(f) && f > 0)) fail(fn, "config.rope_scaling.factors", "finite numbers > 0", message(f));
+    }
   }
   const std::pair<const char*, float> scales[] = {{"attention_scale", c.attention_scale},
                                                   {"attn_logit_softcap", c.attn_logit_softcap},

@@ -1,10 +1,10 @@
 // nn/rope.h — rotary position embedding (RoPE) as Hugging Face's Llama computes it: within each
 // head the first rotary_dim dimensions are rotated in pairs (i, i + rotary_dim/2) by the angle
 // position·inv_freq[i] ("rotate_half"), the rest pass through; the frequencies include the
-// "linear" and "llama3" rope_scaling rules (kernels::rope_inv_freq). One call's cos/sin table
-// covers its rows' positions only (pos0 + r % T, or each sequence's own run of positions in a
-// batched step), built once and used by every layer. The rotation
-// itself is the per-ISA rope kernel. Not public.
+// "linear" and "llama3" rope_scaling rules and a GGUF file's per-frequency factors
+// (kernels::rope_inv_freq). One call's cos/sin table covers its rows' positions only (pos0 + r % T,
+// or each sequence's own run of positions in a batched step), built once and used by every layer.
+// The rotation itself is the per-ISA rope kernel. Not public.
 #pragma once
 
 #include <cstdint>

@@ -339,6 +339,7 @@ struct Tokenizer::Impl {
   text::BpeMerges merges;
   int32_t eos = -1;                             // <|endoftext|>
   std::unique_ptr<text::HfTokenizer> hf;       // tokenizer.json; the rest is unused then
+  std::string chat_template;                    // without hf: a GGUF file's tokenizer.chat_template
   mutable std::mutex cache_mutex;               // encode is const and may run on many threads
   mutable text::WordCache cache;                // pre-token → its ids
   mutable std::mutex template_mutex;
@@ -526,10 +527,6 @@ Tokenizer Tokenizer::bytes() {
   return Tokenizer(std::move(impl));  // no merges: BPE leaves every byte its own token
 }
 
-namespace text {
-Tokenizer gguf_tokenizer(const std::filesystem::path& path, int64_t vocab_size);  // text/gguf_tokenizer.cpp
-}
-
 Tokenizer Tokenizer::for_model(const fs::path& dir, int64_t vocab_size) {
   std::error_code ec;
   if (fs::is_regular_file(dir, ec)) return text::gguf_tokenizer(dir, vocab_size);
@@ -632,7 +629,8 @@ std::vector<std::pair<std::string, int32_t>> Tokenizer::special_tokens() const {
   if (impl_->eos < 0) return {};
   return {{std::string(kEndOfText), impl_->eos}};
 }
-std::string Tokenizer::chat_template() const { return impl_->hf ? impl_->hf->chat_template : std::string(); }
+void Tokenizer::set_gguf_chat_template(std::string source) { impl_->chat_template = std::move(source); }
+std::string Tokenizer::chat_template() const { return impl_->hf ? impl_->hf->chat_template : impl_->chat_template; }
 std::string Tokenizer::bos_token() const {
   if (impl_->hf) return impl_->hf->bos_token;
   return impl_->eos < 0 ? std::string() : std::string(kEndOfText);
@@ -675,8 +673,10 @@ std::string Tokenizer::apply_chat_template(std::string_view messages_json, const
     if (source) name = o.chat_template;
     else compiled = std::make_shared<const ChatTemplate>(o.chat_template);  // the caller's own: not cached
   } else if (!hf) {
-    fail(fn, "tokenizer", "a tokenizer.json with a chat template (or a chat_template given)",
-         "GPT-2's vocab files (no chat template)");
+    if (impl_->chat_template.empty())
+      fail(fn, "tokenizer", "a tokenizer.json with a chat template (or a chat_template given)",
+           "GPT-2's vocab files (no chat template)");
+    source = &impl_->chat_template;
   } else if (!hf->chat_templates.empty()) {
     const bool tools = given.contains("tools") && !given["tools"].is_null();
     source = tools ? named("tool_use") : nullptr;

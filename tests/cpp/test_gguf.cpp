@@ -1,14 +1,17 @@
 // tests/cpp/test_gguf.cpp — the GGUF reader and writer (io/gguf.h) and the model mapping
 // (model/gguf_model.h, gguf_names.h): every metadata type and tensor type written and read back,
 // the writer's refusals, the q/k permutation against its definition, and random llama (grouped
-// heads) and gpt2 models written as GGUF and loaded back with the same logits. The gguf package
+// heads) and gpt2 models written as GGUF and loaded back with the same logits, llama3 RoPE scaling
+// as a rope_freqs tensor. The gguf package
 // and llama.cpp's own files are compared in tests/python/test_gguf.py.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "io/gguf.h"
@@ -176,6 +179,42 @@ TEST(Gguf, ModelsRoundTripWithTheSameLogits) {
     const Tensor a = m.forward(ids, 1, 7), b = back.forward(ids, 1, 7);
     for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data()[i], b.data()[i]) << json;
   }
+}
+
+// llama3 RoPE scaling goes to GGUF as llama.cpp's converter writes it, a rope_freqs tensor of
+// per-frequency divisors, and comes back as those factors: the same frequencies up to float32
+// rounding (logits close), and the factors written again unchanged (logits bit for bit).
+TEST(Gguf, Llama3RopeScalingRoundTripsAsRopeFreqs) {
+  TempDir tmp;
+  const Model m = Model::random(ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 41, "hidden_size": 32,
+      "intermediate_size": 40, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "max_position_embeddings": 128, "rope_theta": 500000.0, "tie_word_embeddings": true,
+      "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 64}})"),
+                                test::test_seed());
+  detail::save_gguf(m, tmp.dir / "a.gguf", GgufType::f32, false);
+  const Model back = Model::load(tmp.dir / "a.gguf");
+  const RopeScaling& s = back.config().rope_scaling;
+  ASSERT_EQ(s.kind, RopeScalingKind::factors);
+  ASSERT_EQ(s.factors.size(), 8u);
+  EXPECT_EQ(s.factors.front(), 1.0f);  // the shortest wavelength is kept, the longest divided by 32
+  EXPECT_EQ(s.factors.back(), 32.0f);
+  EXPECT_TRUE(std::any_of(s.factors.begin(), s.factors.end(), [](float f) { return f > 1 && f < 32; }));
+  detail::save_gguf(back, tmp.dir / "b.gguf", GgufType::f32, false);
+  const Model again = Model::load(tmp.dir / "b.gguf");
+  EXPECT_EQ(again.config().rope_scaling.factors, s.factors);
+  std::mt19937 rng(static_cast<uint32_t>(test::test_seed()));
+  std::vector<int32_t> ids(80 + rng() % 40);  // positions past original_max_position_embeddings
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % 41);
+  const int64_t T = static_cast<int64_t>(ids.size());
+  const Tensor a = m.forward(ids, 1, T), b = back.forward(ids, 1, T), c = again.forward(ids, 1, T);
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    diff += std::pow(double(a.data()[i]) - b.data()[i], 2);
+    norm += std::pow(double(a.data()[i]), 2);
+    ASSERT_EQ(b.data()[i], c.data()[i]);
+  }
+  EXPECT_LT(std::sqrt(diff / norm), 1e-5);
 }
 
 }  // namespace

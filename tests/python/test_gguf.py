@@ -1,20 +1,27 @@
 """GGUF in and out: files mhsa writes read by the `gguf` package (llama.cpp's own Python reader) with
 the expected types, shapes and values; files written with gguf.GGUFWriter in llama.cpp's layout
 (its names, Llama's q/k rows permuted as convert_hf_to_gguf.py permutes them, its metadata) load
-in mhsa and give the logits of the same model loaded from safetensors; quantised tensors
-dequantise as gguf dequantises them; corrupt files give mhsa.Error, never a crash.
+in mhsa and give the logits of the same model loaded from safetensors (Llama 3's RoPE scaling as
+the converter's rope_freqs tensor included, read and written); the chat template of the metadata
+is what `mhsa chat` and `mhsa serve` use; quantised tensors dequantise as gguf dequantises them;
+corrupt files give mhsa.Error, never a crash. llama.cpp itself (its converter's output, its greedy
+tokens on the same file) is compared in bench/greedy_vs_llama_cpp.py, outside CI.
 
 Models: tiny random Llama (grouped heads) and GPT-2 made with transformers (families.build) and
 saved with save_pretrained."""
 
 import json
+import math
+import re
 import struct
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
+import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
 
@@ -32,6 +39,15 @@ LLAMA_ODD = (transformers.LlamaConfig, dict(
     vocab_size=89, hidden_size=36, intermediate_size=61, num_hidden_layers=2, num_attention_heads=6,
     num_key_value_heads=3, max_position_embeddings=64, tie_word_embeddings=True, attention_bias=True,
     mlp_bias=True, rope_scaling=dict(rope_type="linear", factor=2.5)), transformers.LlamaForCausalLM)
+# Llama 3.2's form (tied head, theta 500000, llama3 rope_scaling factor 32, low 1, high 4) made
+# small: original_max_position_embeddings 64 puts head_dim 16's frequencies in all three bands
+# (kept, smoothed, divided by the factor).
+LLAMA3 = (transformers.LlamaConfig, dict(
+    vocab_size=103, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=500000.0,
+    tie_word_embeddings=True, rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                                high_freq_factor=4.0, original_max_position_embeddings=64)),
+    transformers.LlamaForCausalLM)
 GPT2 = (transformers.GPT2Config, dict(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=48),
         transformers.GPT2LMHeadModel)
 # Rows of whole Q4_K blocks (256 values) but down_proj's (288: Q8_0); an untied head.
@@ -97,8 +113,30 @@ def llama_cpp_tensors(state, cfg, back=None):
     return out
 
 
-def write_llama_cpp_file(path, state, cfg, qtype=None):
-    """A GGUF file as llama.cpp's converter writes one, through the gguf package's writer."""
+def llama3_rope_freqs(cfg):
+    """convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors: llama3 rope_scaling as the
+    per-frequency divisors of the rope_freqs tensor (the converter's torch float32 arithmetic)."""
+    p = cfg.rope_parameters
+    dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    freqs = 1.0 / (p["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    factor, low, high, old = p["factor"], p["low_freq_factor"], p["high_freq_factor"], p["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+def write_llama_cpp_file(path, state, cfg, qtype=None, metadata=None):
+    """A GGUF file as llama.cpp's converter writes one, through the gguf package's writer;
+    metadata(writer) adds more keys."""
     gpt2 = cfg.model_type == "gpt2"
     w = gguf.GGUFWriter(str(path), "gpt2" if gpt2 else "llama")
     if gpt2:
@@ -122,6 +160,10 @@ def write_llama_cpp_file(path, state, cfg, qtype=None):
         if cfg.rope_parameters.get("rope_type") == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(cfg.rope_parameters["factor"])
+        if cfg.rope_parameters.get("rope_type") == "llama3":  # no scaling key: a tensor
+            w.add_tensor("rope_freqs.weight", llama3_rope_freqs(cfg))
+    if metadata:
+        metadata(w)
     for name, t in llama_cpp_tensors(state, cfg).items():
         t = t.astype(np.float32)
         if qtype is not None and t.ndim == 2 and t.shape[-1] % 32 == 0 and name != "position_embd.weight":
@@ -149,6 +191,59 @@ def test_llama_cpp_layout_loads_with_the_same_logits(case, rng, tmp_path):
     np.testing.assert_array_equal(ours.forward(ids), ref.forward(ids))
     bf16 = [mhsa.Model.load(p, dtype="bf16").forward(ids) for p in (tmp_path / "m.gguf", tmp_path / "hf")]
     np.testing.assert_array_equal(bf16[0], bf16[1])
+
+
+def rel_l2(a, b):
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(np.asarray(b, np.float64)))
+
+
+def test_llama3_rope_freqs_load(rng, tmp_path):
+    """Llama 3's RoPE scaling as llama.cpp's converter stores it (no scaling key; a rope_freqs tensor
+    of per-frequency divisors) runs as the llama3 config does in mhsa (the same frequencies up to
+    float32 rounding: not bitwise)."""
+    state = save(LLAMA3, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    write_llama_cpp_file(tmp_path / "m.gguf", state, cfg)
+    rope = mhsa.read_gguf_config(tmp_path / "m.gguf")["rope_scaling"]
+    want = llama3_rope_freqs(cfg)
+    assert rope["kind"] == "factors" and len(set(want.tolist())) > 2  # all three bands
+    np.testing.assert_array_equal(np.float32(rope["factors"]), want)
+    ids = rng.integers(0, cfg.vocab_size, (1, int(rng.integers(60, 120)))).astype(np.int32)
+    ours, ref = mhsa.Model.load(tmp_path / "m.gguf").forward(ids), mhsa.Model.load(tmp_path / "hf").forward(ids)
+    assert rel_l2(ours, ref) < 1e-5
+    plain = json.loads((tmp_path / "hf" / "config.json").read_text())
+    plain.pop("rope_scaling", None)
+    plain.pop("rope_parameters", None)
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({**plain, "rope_theta": 500000.0}))
+    assert rel_l2(mhsa.Model.load(tmp_path / "hf").forward(ids), ref) > 1e-3  # the factors matter here
+
+
+def test_llama3_config_is_written_as_rope_freqs(rng, tmp_path):
+    save(LLAMA3, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    out = tmp_path / "q.gguf"
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", out)
+    assert r.returncode == 0, r.stderr
+    reader = gguf.GGUFReader(str(out))
+    assert not any("rope.scaling" in k for k in reader.fields)
+    written = {t.name: t for t in reader.tensors}["rope_freqs.weight"]
+    np.testing.assert_allclose(np.asarray(written.data), llama3_rope_freqs(cfg), rtol=2e-7)
+    ids = rng.integers(0, cfg.vocab_size, (1, 77)).astype(np.int32)
+    assert rel_l2(mhsa.Model.load(out).forward(ids), mhsa.Model.load(tmp_path / "hf").forward(ids)) < 1e-5
+
+
+def test_bad_rope_freqs_are_refused(rng, tmp_path):
+    state = save(LLAMA3, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    good = llama3_rope_freqs(cfg)
+    for factors, words in ((good[:-1], "rope_freqs.weight' dims"), (np.where(np.arange(8) == 3, -1, good), "> 0"),
+                           (np.where(np.arange(8) == 5, np.inf, good), "finite")):
+        w_cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+        w_cfg.rope_parameters = {"rope_type": "default", "rope_theta": 500000.0}
+        write_llama_cpp_file(tmp_path / "bad.gguf", state, w_cfg,
+                             metadata=lambda w: w.add_tensor("rope_freqs.weight", factors.astype(np.float32)))
+        with pytest.raises(mhsa.Error, match=re.escape(words)):
+            mhsa.Model.load(tmp_path / "bad.gguf")
 
 
 def test_quantised_tensors_dequantise_as_gguf_does(rng, tmp_path):
@@ -297,17 +392,26 @@ def test_quantize_refuses_bad_options(rng, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf", "qwen"]  # no temporary left
 
 
-def test_gpt2_tokenizer_is_written_and_read(tmp_path):
-    """A GPT-2 directory's vocab.json + merges.txt become tokenizer.ggml.* (model "gpt2"), which
-    `mhsa generate --model FILE.gguf` reads back: the same ids and tokens as from the directory."""
+def tiny_gpt2_dir(path, seed=0):
+    """A GPT-2 directory with a byte-level BPE of GPT-2's alphabet, 3 merges and <|endoftext|>;
+    its tokens and merges."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     extra = [b for b in range(256) if b not in bs]
     alphabet = [chr(b) for b in bs] + [chr(256 + i) for i in range(len(extra))]  # GPT-2's bytes_to_unicode
     tokens = alphabet + ["ab", "abc", "\u0120z", "<|endoftext|>"]
+    merges = ["a b", "ab c", "\u0120 z"]
+    state = save((GPT2[0], {**GPT2[1], "vocab_size": len(tokens), "bos_token_id": len(tokens) - 1,
+                            "eos_token_id": len(tokens) - 1}, GPT2[2]), path, seed)
+    (path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+    return state, tokens, merges
+
+
+def test_gpt2_tokenizer_is_written_and_read(tmp_path):
+    """A GPT-2 directory's vocab.json + merges.txt become tokenizer.ggml.* (model "gpt2"), which
+    `mhsa generate --model FILE.gguf` reads back: the same ids and tokens as from the directory."""
+    _, tokens, _ = tiny_gpt2_dir(tmp_path / "hf")
     vocab = {t: i for i, t in enumerate(tokens)}
-    save((GPT2[0], {**GPT2[1], "vocab_size": len(tokens)}, GPT2[2]), tmp_path / "hf")
-    (tmp_path / "hf" / "vocab.json").write_text(json.dumps(vocab))
-    (tmp_path / "hf" / "merges.txt").write_text("#version: 0.2\na b\nab c\n\u0120 z\n")
     out = tmp_path / "m.gguf"
     assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", out).returncode == 0
     meta = mhsa.read_gguf(out, load=False)["metadata"]
@@ -319,6 +423,64 @@ def test_gpt2_tokenizer_is_written_and_read(tmp_path):
     a, b = (json.loads(r.stdout) for r in runs)
     assert a["prompt_ids"] == b["prompt_ids"] == [vocab["abc"], vocab["d"], vocab["\u0120z"], vocab["ab"]]
     assert a["tokens"] == b["tokens"] and a["text"] == b["text"]
+
+
+def chat_answer(model, messages, *args):
+    r = subprocess.run([str(MHSA), "chat", "-t", "1", "--model", str(model), "--messages", "-", "--json", *map(str, args)],
+                       input=json.dumps(messages), capture_output=True, text=True, timeout=120)
+    return r.returncode, (json.loads(r.stdout) if r.returncode == 0 else r.stderr)
+
+
+def test_the_gguf_chat_template_is_used_by_chat_and_serve(rng, tmp_path):
+    """tokenizer.chat_template in a GGUF file's metadata (as llama.cpp's converter writes it) is the
+    template `mhsa chat` and `mhsa serve` render with, bos_token and eos_token its <|endoftext|>:
+    the answers equal the same model's from its directory with the template given by file."""
+    state, tokens, merges = tiny_gpt2_dir(tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    word = "".join(rng.choice(list("abcz "), int(rng.integers(3, 7))))
+    template = ("{{ bos_token }}{% for m in messages %}" + word + "{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}"
+                "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    (tmp_path / "t.jinja").write_text(template)
+
+    def vocab(w, chat=True):
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt-2")
+        w.add_token_list(tokens)
+        w.add_token_merges(merges)
+        w.add_eos_token_id(len(tokens) - 1)
+        if chat:
+            w.add_chat_template(template)
+    write_llama_cpp_file(tmp_path / "m.gguf", state, cfg, metadata=vocab)
+    messages = [{"role": "user", "content": "".join(rng.choice(list("abcdz "), 6))}]
+    n = int(rng.integers(4, 10))  # within GPT2's 48 positions
+    rc, got = chat_answer(tmp_path / "m.gguf", messages, "-n", n)
+    assert rc == 0, got
+    rc, want = chat_answer(tmp_path / "hf", messages, "-n", n, "--chat-template", tmp_path / "t.jinja")
+    assert rc == 0, want
+    assert got == want
+
+    server = subprocess.Popen([str(MHSA), "serve", "-t", "1", "--model", str(tmp_path / "m.gguf"), "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"listening on (http://[\d.]+:\d+)", server.stdout.readline()).group(1)
+        body = json.dumps({"messages": messages, "max_tokens": n, "temperature": 0}).encode()
+        request = urllib.request.Request(url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as r:
+            answer = json.load(r)["choices"][0]["message"]["content"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert answer == want["content"]
+
+    # `mhsa quantize` writes tokenizer_config.json's template the same way.
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", tmp_path / "q.gguf").returncode == 0
+    assert mhsa.read_gguf(tmp_path / "q.gguf", load=False)["metadata"]["tokenizer.chat_template"] == template
+    assert chat_answer(tmp_path / "q.gguf", messages, "-n", n) == (0, want)
+
+    write_llama_cpp_file(tmp_path / "bare.gguf", state, cfg, metadata=lambda w: vocab(w, chat=False))
+    rc, err = chat_answer(tmp_path / "bare.gguf", messages)
+    assert rc == 2 and "tokenizer.chat_template in the GGUF file" in err and "--chat-template FILE" in err
 
 
 def test_other_gguf_tokenizers_are_refused(tmp_path):
