@@ -7,6 +7,10 @@ its first token), time to first token p50/p99, and the ratio of the N-client agg
 single stream's. Every request must return exactly its tokens (usage) and nothing else fails.
 
   serve_load.py [--model DIR] [--clients 8] [--tokens 128] [--rounds 3] [-t THREADS] [--parallel N]
+                [--system N] [--serve-args "..."]
+
+--system N puts one "system prompt" of N words before every prompt (the KV blocks of a shared
+prefix: compare with --serve-args=--no-prefix-sharing); --serve-args passes more options to serve.
 
 Without --model, a random GPT-2 124M is written once to build/serve-load-gpt2 (transformers'
 save_pretrained, ~500 MB). The clients are plain http.client threads reading server-sent events;
@@ -45,9 +49,9 @@ def ensure_model(path):
     return path
 
 
-def start_server(cli, model, threads, parallel):
+def start_server(cli, model, threads, parallel, extra=()):
     proc = subprocess.Popen([str(cli), "serve", "--model", str(model), "--port", "0", "-t", str(threads),
-                             "--parallel", str(parallel), "--queue", "64"],
+                             "--parallel", str(parallel), "--queue", "64", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"listening on http://([\d.]+):(\d+)", line)
@@ -87,12 +91,12 @@ def stream_completion(host, port, prompt, tokens):
     return first, last, usage["completion_tokens"], total
 
 
-def run_round(host, port, clients, tokens):
+def run_round(host, port, clients, tokens, system=""):
     results, errors = [None] * clients, []
 
     def client(i):
         try:
-            results[i] = stream_completion(host, port, PROMPTS[i % len(PROMPTS)], tokens)
+            results[i] = stream_completion(host, port, system + PROMPTS[i % len(PROMPTS)], tokens)
         except Exception as e:  # noqa: BLE001 — reported below
             errors.append(repr(e))
 
@@ -134,16 +138,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (1 client, N clients), alternating")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, help="the server's --parallel (default: --clients)")
+    ap.add_argument("--system", type=int, default=0, help="words of a system prompt shared by every prompt")
+    ap.add_argument("--serve-args", default="", help="more options for mhsa serve (split at spaces)")
     a = ap.parse_args()
     model = a.model or ensure_model(ROOT / "build" / "serve-load-gpt2")
-    proc, host, port = start_server(a.cli, model, a.threads, a.parallel or a.clients)
+    proc, host, port = start_server(a.cli, model, a.threads, a.parallel or a.clients, a.serve_args.split())
+    words = "You are a helpful assistant who answers every question about the world briefly and well".split()
+    system = " ".join(words[i % len(words)] for i in range(a.system)) + "\n" if a.system else ""
     try:
         run_round(host, port, 1, 8)  # warm-up: weights paged in, buffers allocated
         singles, multis, ttft1, ttftn = [], [], [], []
         for k in range(a.rounds):
-            one = run_round(host, port, 1, a.tokens)
+            one = run_round(host, port, 1, a.tokens, system)
             before = metrics(host, port)
-            many = run_round(host, port, a.clients, a.tokens)
+            many = run_round(host, port, a.clients, a.tokens, system)
             after = metrics(host, port)
             # (an older server has no sequences counter: the mean then reads 0)
             steps = after["mhsa_scheduler_steps_total"] - before["mhsa_scheduler_steps_total"]
