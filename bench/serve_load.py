@@ -7,6 +7,10 @@ its first token), time to first token p50/p99, and the ratio of the N-client agg
 single stream's. Every request must return exactly its tokens (usage) and nothing else fails.
 
   serve_load.py [--model DIR] [--clients 8] [--tokens 128] [--rounds 3] [-t THREADS] [--parallel N] [--peer]
+                [--system N] [--serve-args "..."]
+
+--system N puts one "system prompt" of N words before every prompt (the KV blocks of a shared
+prefix: compare with --serve-args=--no-prefix-sharing); --serve-args passes more options to serve.
 
 Without --model, a random GPT-2 124M is written once to build/serve-load-gpt2 (transformers'
 save_pretrained, ~500 MB). The clients are plain http.client threads reading server-sent events;
@@ -55,9 +59,9 @@ def ensure_model(path):
     return path
 
 
-def start_server(cli, model, threads, parallel):
+def start_server(cli, model, threads, parallel, extra=()):
     proc = subprocess.Popen([str(cli), "serve", "--model", str(model), "--port", "0", "-t", str(threads),
-                             "--parallel", str(parallel), "--queue", "64"],
+                             "--parallel", str(parallel), "--queue", "64", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     m = re.search(r"listening on http://([\d.]+):(\d+)", line)
@@ -126,12 +130,12 @@ def stream_completion(host, port, prompt, tokens, extra=None):
     return first, last, usage["completion_tokens"], total
 
 
-def run_round(host, port, clients, tokens, extra=None):
+def run_round(host, port, clients, tokens, extra=None, system=""):
     results, errors = [None] * clients, []
 
     def client(i):
         try:
-            results[i] = stream_completion(host, port, PROMPTS[i % len(PROMPTS)], tokens, extra)
+            results[i] = stream_completion(host, port, system + PROMPTS[i % len(PROMPTS)], tokens, extra)
         except Exception as e:  # noqa: BLE001 — reported below
             errors.append(repr(e))
 
@@ -174,7 +178,11 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--parallel", type=int, help="the server's --parallel (default: --clients)")
     ap.add_argument("--peer", action="store_true", help="the same load on llama.cpp's llama-server, alternating")
+    ap.add_argument("--system", type=int, default=0, help="words of a system prompt shared by every prompt")
+    ap.add_argument("--serve-args", default="", help="more options for mhsa serve (split at spaces)")
     a = ap.parse_args()
+    words = "You are a helpful assistant who answers every question about the world briefly and well".split()
+    system = " ".join(words[i % len(words)] for i in range(a.system)) + "\n" if a.system else ""
     model = a.model or ensure_model(ROOT / "build" / "serve-load-gpt2")
     parallel = a.parallel or a.clients
     engines = []  # (name, process, host, port, extra request fields)
@@ -187,7 +195,7 @@ def main():
             served = Path(peer["gguf"])
         else:
             served = model
-        proc, host, port = start_server(a.cli, served, a.threads, parallel)
+        proc, host, port = start_server(a.cli, served, a.threads, parallel, a.serve_args.split())
         engines.insert(0, ("mhsa", proc, host, port, None))
         stats = {name: {"single": [], "multi": [], "ttft1": [], "ttftn": []} for name, *_ in engines}
         for _, _, host, port, extra in engines:
@@ -196,9 +204,9 @@ def main():
             order = engines if k % 2 == 0 else engines[::-1]
             for name, _, host, port, extra in order:
                 st = stats[name]
-                one = run_round(host, port, 1, a.tokens, extra)
+                one = run_round(host, port, 1, a.tokens, extra, system)
                 before = metrics(host, port) if name == "mhsa" else None
-                many = run_round(host, port, a.clients, a.tokens, extra)
+                many = run_round(host, port, a.clients, a.tokens, extra, system)
                 per_step = ""
                 if before is not None:
                     after = metrics(host, port)

@@ -12,7 +12,9 @@ running must not change a token. The checks, printed and turned into the exit st
 - equal requests got equal texts;
 - the server counted exactly the requests sent (mhsa_requests_total for /v1/completions, status
   200) and no more cancellations than disconnects;
-- afterwards no sequence is active or queued (mhsa_batch_size, mhsa_queue_length);
+- afterwards no sequence is active or queued (mhsa_batch_size, mhsa_queue_length), and every KV
+  block is back in the pool (mhsa_kv_blocks_used and _reserved 0); half the prompts begin with one
+  shared "system prompt", whose blocks must have been shared (mhsa_prefix_cache_hits_total > 0);
 - the server's resident memory after the soak is within --rss-slack MB of what it was after a
   warm-up of the same requests (freed KV caches are given back or reused, not leaked).
 
@@ -137,7 +139,9 @@ def one_request(server, kind, prompt, max_tokens, cut_after):
 
 def soak(server, n, clients, max_tokens, disconnect, rng, label):
     jobs = []
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(16)]
+    system = " ".join(rng.choice(WORDS) for _ in range(40))  # half the prompts begin with it: shared KV blocks
+    prompts = [(system + " " if i % 2 else "") + " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))
+               for i in range(16)]
     for _ in range(n):
         r = rng.random()
         kind = "cut" if r < disconnect else "whole" if r < (1 + disconnect) / 2 else "stream"
@@ -189,6 +193,8 @@ def main():
             sent = server.metric(r'mhsa_requests_total\{path="/v1/completions",status="200"\}') - sent0
             cancelled = server.metric("mhsa_requests_cancelled_total") - cancelled0
             active, queued = server.metric("mhsa_batch_size"), server.metric("mhsa_queue_length")
+            kv = {k: server.metric(f"mhsa_kv_blocks_{k}") for k in ("total", "used", "free", "cached", "reserved")}
+            hits, hit_tokens = server.metric("mhsa_prefix_cache_hits_total"), server.metric("mhsa_prefix_cache_tokens_total")
         finally:
             code = server.stop()
     texts = {}
@@ -205,6 +211,13 @@ def main():
           f"distinct (prompt, max_tokens) pairs {len(texts)}")
     print(f"after: active {active:.0f}, queued {queued:.0f}; RSS {rss0:.1f} MB after warm-up, {rss1:.1f} MB after "
           f"the soak; serve exited {code}")
+    print(f"KV blocks after: {kv['used']:.0f} used, {kv['reserved']:.0f} promised, {kv['free']:.0f} free "
+          f"({kv['cached']:.0f} of them cached prefixes) of {kv['total']:.0f}; prefix hits {hits:.0f} requests, "
+          f"{hit_tokens:.0f} prompt tokens not prefilled")
+    if kv["used"] or kv["reserved"] or kv["free"] != kv["total"] or not kv["total"]:
+        problems.append(f"KV blocks not all returned: {kv}")
+    if not hits:
+        problems.append("no request shared the system prompt's KV blocks")
     if sent != len(results):
         problems.append(f"the server answered {sent:.0f} requests with 200, {len(results)} were sent")
     if cancelled > cuts:

@@ -47,8 +47,11 @@ constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting s
 struct ServeArgs {
   std::string model, host = "127.0.0.1", api_key;
   int port = 8080, parallel = 4, queue = 16, threads = 0;
-  int64_t ctx_size = 0;
+  int64_t ctx_size = 0, kv_blocks = 0;
+  bool no_prefix_sharing = false;
 };
+
+constexpr int64_t kBlockTokens = 16;  // tokens per KV block
 
 // Request counts by path and status, and the latencies of finished generations: /metrics.
 class Metrics {
@@ -105,6 +108,24 @@ class Metrics {
     out += message("mhsa_batch_size ", s.active, "\n");
     metric("mhsa_batch_size_max", "gauge", "--parallel: active sequences at most.");
     out += message("mhsa_batch_size_max ", parallel, "\n");
+    metric("mhsa_kv_blocks_total", "gauge", "KV cache blocks in the pool (--kv-blocks).");
+    out += message("mhsa_kv_blocks_total ", s.kv.blocks, "\n");
+    metric("mhsa_kv_blocks_used", "gauge", "KV blocks held by active sequences.");
+    out += message("mhsa_kv_blocks_used ", s.kv.used, "\n");
+    metric("mhsa_kv_blocks_free", "gauge", "KV blocks held by no sequence (the cached ones included).");
+    out += message("mhsa_kv_blocks_free ", s.kv.blocks - s.kv.used, "\n");
+    metric("mhsa_kv_blocks_cached", "gauge", "Free KV blocks that still hold an indexed prefix (reused or evicted).");
+    out += message("mhsa_kv_blocks_cached ", s.kv.cached, "\n");
+    metric("mhsa_kv_blocks_reserved", "gauge", "KV blocks promised to active sequences, not yet taken.");
+    out += message("mhsa_kv_blocks_reserved ", s.kv.reserved, "\n");
+    metric("mhsa_kv_block_bytes", "gauge", "Bytes per KV block (every layer's keys and values).");
+    out += message("mhsa_kv_block_bytes ", s.kv_block_bytes, "\n");
+    metric("mhsa_prefix_cache_hits_total", "counter", "Requests that shared KV blocks of an earlier identical prefix.");
+    out += message("mhsa_prefix_cache_hits_total ", s.prefix_requests, "\n");
+    metric("mhsa_prefix_cache_blocks_total", "counter", "KV blocks shared instead of computed.");
+    out += message("mhsa_prefix_cache_blocks_total ", s.prefix_blocks, "\n");
+    metric("mhsa_prefix_cache_tokens_total", "counter", "Prompt tokens not prefilled because their blocks were shared.");
+    out += message("mhsa_prefix_cache_tokens_total ", s.prefix_tokens, "\n");
     metric("mhsa_request_duration_seconds", "summary", "From a generation's arrival to its last token.");
     out += message("mhsa_request_duration_seconds_sum ", latency_sum_, "\nmhsa_request_duration_seconds_count ",
                    latency_count_, "\n");
@@ -216,6 +237,11 @@ class Server {
     const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", ++next_id_), unix_time()};
     const int64_t prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
     auto job = std::make_shared<serve::Job>(std::move(p.request));
+    if (!scheduler_.fits(job->request()))
+      return send_error(res, {503, message("The request's prompt + max_tokens (", job->request().prompt.size(), " + ",
+                                           job->request().options.max_new_tokens,
+                                           " tokens) needs more KV cache than the server has (--kv-blocks)"),
+                              "server_error", "", "kv_cache_full"});
     if (!scheduler_.submit(job))
       return send_error(res, {503, message("The server is busy (", args_.queue, " requests already waiting) or shutting down; retry later"),
                               "server_error", "", "overloaded"});
@@ -306,7 +332,11 @@ void run(const ServeArgs& a) {
   if (id.empty()) id = loaded.dir.parent_path().filename().string();
   ServedModel served{id, &loaded.model, &loaded.tokenizer, chat.get(), &chat_mutex, a.ctx_size > 0 ? a.ctx_size : max_positions};
 
-  serve::Scheduler scheduler(loaded.model, loaded.tokenizer, {a.parallel, a.queue});
+  serve::SchedulerOptions so{a.parallel, a.queue};
+  so.block_tokens = kBlockTokens;
+  so.kv_blocks = a.kv_blocks > 0 ? a.kv_blocks : a.parallel * ((served.context + kBlockTokens - 1) / kBlockTokens);
+  so.prefix_sharing = !a.no_prefix_sharing;
+  serve::Scheduler scheduler(loaded.model, loaded.tokenizer, so);
   Server server(a, served, scheduler);
   const int port = server.bind();
   std::atomic<bool> quit{false};
@@ -342,6 +372,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--ctx-size", a->ctx_size, "prompt + completion tokens at most (0: the model's context)")
       ->default_val(0)
       ->check(integer_at_least(0));
+  cmd->add_option("--kv-blocks", a->kv_blocks,
+                  "KV cache blocks of 16 tokens in the pool (0: --parallel whole contexts' worth)")
+      ->default_val(0)
+      ->check(integer_in(0, int64_t{1} << 30));
+  cmd->add_flag("--no-prefix-sharing", a->no_prefix_sharing, "compute every prompt in full (no shared KV blocks)");
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (all but /health)");
   add_threads_option(cmd, a->threads);
   cmd->callback([a] { run(*a); });

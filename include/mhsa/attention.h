@@ -81,6 +81,21 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
                                   TensorView out, const AttentionOptions& options = {},
                                   TensorView lse = {});
 
+// Keys and values of one sequence in fixed-size blocks (a paged KV cache, see kv_pool.h): key j of
+// kv head h is row j % block_tokens of k_blocks[j / block_tokens], a block being [Hkv,
+// block_tokens, D] contiguous (values alike, [Hkv, block_tokens, Dv]). Blocks past the length may
+// be absent.
+struct PagedKV {
+  std::span<const float* const> k_blocks, v_blocks;
+  int64_t block_tokens = 0, length = 0;  // tokens per block; keys held (Tk)
+  int64_t kv_heads = 0, head_dim = 0, v_head_dim = 0;
+};
+// The attention of q [1, Hq, Tq, D] over paged keys and values, with the contract above: the
+// kernels read each key where it lies (no gather), so the result is, bit for bit, that of the
+// contiguous k [1, Hkv, Tk, D] and v the blocks hold.
+void scaled_dot_product_attention(ConstTensorView q, const PagedKV& kv, TensorView out,
+                                  const AttentionOptions& options = {}, TensorView lse = {});
+
 struct AttentionResult {
   Tensor out;  // [B, Hq, Tq, Dv]
   Tensor lse;  // [B, Hq, Tq]

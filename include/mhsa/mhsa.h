@@ -8,6 +8,7 @@
 #include "mhsa/explain.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/kv_cache.h"
+#include "mhsa/kv_pool.h"
 #include "mhsa/mha.h"
 #include "mhsa/model.h"
 #include "mhsa/model_config.h"

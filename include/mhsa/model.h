@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mhsa/kv_cache.h"
+#include "mhsa/kv_pool.h"
 #include "mhsa/model_config.h"
 #include "mhsa/tensor.h"
 
@@ -63,10 +64,12 @@ struct GenerationStats {
 };
 
 // One sequence of Model::step: its own cache (batch 1) and its new tokens (a prompt chunk, or the
-// one token sampled last).
+// one token sampled last); or, instead of the cache, its place in a paged pool (kv_pool.h), whose
+// blocks must already cover its length + the new tokens (KVBlockPool::grow); its length advances.
 struct SequenceStep {
   ModelCache* cache = nullptr;
   std::span<const int32_t> ids;
+  PagedSequence* paged = nullptr;
 };
 
 using TokenCallback = std::function<bool(int64_t, std::span<const int32_t>)>;
@@ -119,6 +122,12 @@ class Model {
   Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention = nullptr) const;
   // An empty cache for `batch` sequences of up to `max_tokens` tokens (≤ max_positions).
   ModelCache new_cache(int64_t batch, int64_t max_tokens) const;
+  // A pool of `blocks` KV blocks of `block_tokens` tokens each for this model's layers (the
+  // server's paged cache; memory is taken as blocks are first used).
+  KVBlockPool new_kv_pool(int64_t blocks, int64_t block_tokens) const {
+    return KVBlockPool(config_.num_layers, config_.num_kv_heads, config_.head_dim, config_.head_dim, block_tokens,
+                       blocks);
+  }
   // Runs ids [B, n] at positions cache.length() .. + n − 1, appends them to the cache, and returns
   // the logits [B, n, V], or only each sequence's last row [B, 1, V] with last_only.
   Tensor extend(ModelCache& cache, std::span<const int32_t> ids, int64_t B, int64_t n, bool last_only) const;

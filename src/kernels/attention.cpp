@@ -247,6 +247,48 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
   detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, k, v, out, options, lse);
 }
 
+void scaled_dot_product_attention(ConstTensorView q, const PagedKV& kv, TensorView out,
+                                  const AttentionOptions& options, TensorView lse) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  const auto positive = [&](std::string_view arg, int64_t n) {
+    if (n <= 0) fail(fn, arg, "a count > 0", std::to_string(n));
+  };
+  positive("kv.block_tokens", kv.block_tokens);
+  positive("kv.kv_heads", kv.kv_heads);
+  positive("kv.head_dim", kv.head_dim);
+  positive("kv.v_head_dim", kv.v_head_dim);
+  if (kv.length < 0) fail(fn, "kv.length", "a count >= 0", std::to_string(kv.length));
+  const auto blocks = static_cast<size_t>((kv.length + kv.block_tokens - 1) / kv.block_tokens);
+  for (const auto* list : {&kv.k_blocks, &kv.v_blocks}) {
+    const char* arg = list == &kv.k_blocks ? "kv.k_blocks" : "kv.v_blocks";
+    if (list->size() < blocks) fail(fn, arg, message(blocks, " blocks at least (for ", kv.length, " keys)"), message(list->size()));
+    for (size_t i = 0; i < blocks; ++i)
+      if ((*list)[i] == nullptr) fail(fn, message(arg, "[", i, "]"), "a block", "a null pointer");
+  }
+  check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
+  check_dim(fn, "q", q, 0, 1, "1 (one sequence)");
+  // k and v described as their first block's rows; the kernels read them through the block lists.
+  const float* k0 = blocks ? kv.k_blocks[0] : q.data;
+  const float* v0 = blocks ? kv.v_blocks[0] : q.data;
+  const ConstTensorView k(k0, {1, kv.kv_heads, kv.length, kv.head_dim},
+                          {0, kv.block_tokens * kv.head_dim, kv.head_dim, 1});
+  const ConstTensorView v(v0, {1, kv.kv_heads, kv.length, kv.v_head_dim},
+                          {0, kv.block_tokens * kv.v_head_dim, kv.v_head_dim, 1});
+  AttentionParams p = make_params(fn, q, k, &v, options);
+  p.k_pages = kv.k_blocks.data();
+  p.v_pages = kv.v_blocks.data();
+  p.page_tokens = kv.block_tokens;
+  check_output(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv});
+  p.out = out.data;
+  p.out_stride = out.stride;
+  if (lse.defined()) {
+    check_output(fn, "lse", lse, {p.B, p.Hq, p.Tq});
+    p.lse = lse.data;
+    p.lse_stride = lse_strides(lse);
+  }
+  run_forward(p, kernel_choice(options.backend));
+}
+
 AttentionResult scaled_dot_product_attention(ConstTensorView q, ConstTensorView k,
                                              ConstTensorView v, const AttentionOptions& options) {
   constexpr std::string_view fn = "scaled_dot_product_attention";

@@ -21,7 +21,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 // Scaled, masked score of query row (b, h, i) against key j of kv head hk.
 double score(const AttentionParams& p, int64_t b, int64_t h, int64_t hk, int64_t i, int64_t j) {
   const float* qi = p.q + b * p.q_stride[0] + h * p.q_stride[1] + i * p.q_stride[2];
-  const float* kj = p.k + b * p.k_stride[0] + hk * p.k_stride[1] + j * p.k_stride[2];
+  const float* kj = key_row(p, b, hk, j);
   double dot = 0.0;
   for (int64_t d = 0; d < p.D; ++d)
     dot += static_cast<double>(qi[d * p.q_stride[3]]) * static_cast<double>(kj[d * p.k_stride[3]]);
@@ -65,7 +65,7 @@ void attention_forward_ref(const AttentionParams& p) {
               const double w = std::exp(scores[j] - row_max);
               sum += w;
               if (p.out) {
-                const float* vj = p.v + b * p.v_stride[0] + hk * p.v_stride[1] + j * p.v_stride[2];
+                const float* vj = value_row(p, b, hk, j);
                 for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * z[j] * static_cast<double>(vj[d * p.v_stride[3]]);
               }
             }

@@ -56,16 +56,16 @@ struct PackedKV {
 };
 
 void pack_block(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb, PackedKV& kv) {
-  const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
-  const float* v = p.v ? p.v + b * p.v_stride[0] + hk * p.v_stride[1] : nullptr;
   float* kt = kv.kt.data() + kb * p.D * kBc;
   float* vp = kv.v.data() + kb * kBc * kv.dv_pad;
   for (int64_t jj = 0; jj < kBc; ++jj) {
     const int64_t j = kb * kBc + jj;
     const bool real = j < p.Tk;
-    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = real ? k[j * p.k_stride[2] + d * p.k_stride[3]] : 0.0f;
+    const float* k = real ? key_row(p, b, hk, j) : nullptr;
+    const float* v = real && kv.dv_pad > 0 ? value_row(p, b, hk, j) : nullptr;
+    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = real ? k[d * p.k_stride[3]] : 0.0f;
     for (int64_t d = 0; d < kv.dv_pad; ++d)  // dv_pad is 0 when there are no values
-      vp[jj * kv.dv_pad + d] = real && d < p.Dv ? v[j * p.v_stride[2] + d * p.v_stride[3]] : 0.0f;
+      vp[jj * kv.dv_pad + d] = real && d < p.Dv ? v[d * p.v_stride[3]] : 0.0f;
   }
 }
 
@@ -187,14 +187,13 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 // ---- Split-K decode: few query rows per kv head, many keys. ----
 
 // Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
-// strided cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
+// strided (or paged) cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
 // online softmax and P·V as the blocked path.
 void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t n_rows,
                   const int64_t* heads, const int64_t* queries, float* o, float* m, float* l) {
   constexpr int64_t kKeys = 4 * kLanes;
   float s[kDecodeRows][kKeys];
-  const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
-  const float* v = p.v ? p.v + b * p.v_stride[0] + hk * p.v_stride[1] : nullptr;
+  const bool values = p.v || p.v_pages;
   const int64_t D = p.D, Dv = p.out ? p.Dv : 0;
   const float* q[kDecodeRows];
   KeyRange keys[kDecodeRows];
@@ -211,7 +210,7 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
     const int64_t n = std::min(kKeys, j1 - jb);
     for (int64_t r = 0; r < n_rows; ++r) std::fill(s[r] + n, s[r] + kKeys, 0.0f);  // finish_scores reads them
     for (int64_t jj = 0; jj < n; ++jj) {
-      const float* kj = k + (jb + jj) * p.k_stride[2];
+      const float* kj = key_row(p, b, hk, jb + jj);
       for (int64_t r = 0; r < n_rows; ++r) s[r][jj] = decode_dot(q[r], kj, D);
     }
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -223,8 +222,8 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
       softmax_row(s[r], kKeys, scale, m[r], l[r], o + r * Dv, Dv);
       // o += P V key by key, a running sum over the slice's 512 keys at most (the slices are
       // merged afterwards, so the error does not grow with Tk); Dv vectors are independent chains.
-      for (int64_t jj = lo; jj < hi && v; ++jj) {
-        const float* vj = v + (jb + jj) * p.v_stride[2];
+      for (int64_t jj = lo; jj < hi && values; ++jj) {
+        const float* vj = value_row(p, b, hk, jb + jj);
         const Vec pj = splat(s[r][jj]);
         float* orow = o + r * Dv;
         int64_t d = 0;

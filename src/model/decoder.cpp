@@ -103,11 +103,56 @@ Tensor extend(const Decoder& d, std::vector<KVCache>& caches, std::span<const in
   return nn::stack_forward(d.stack, ids, B, n, &caches, last_only, nullptr);
 }
 
+namespace {
+
+// Throws unless ids can run over a paged sequence: a pool of this model's shape, blocks held for
+// every token up to the new ones, the blocks written held by this sequence alone.
+void check_paged(const std::string& fn, const Decoder& d, const PagedSequence& q, std::span<const int32_t> ids,
+                 const std::string& arg) {
+  const ModelConfig& c = *d.stack.config;
+  if (!q.pool) fail(fn, arg + "paged", "a sequence of a pool", "no pool");
+  const KVBlockPool& pool = *q.pool;
+  if (pool.layers() != c.num_layers || pool.kv_heads() != c.num_kv_heads || pool.head_dim() != c.head_dim ||
+      pool.v_head_dim() != c.head_dim)
+    fail(fn, arg + "paged", message("a pool of this model (", c.num_layers, " layers, ", c.num_kv_heads, " kv heads of ",
+                                    c.head_dim, ")"),
+         message(pool.layers(), " layers, ", pool.kv_heads(), " kv heads of ", pool.head_dim()));
+  const auto n = static_cast<int64_t>(ids.size());
+  if (n <= 0) fail(fn, arg + "ids", "at least one token", "none");
+  if (q.length < 0 || n > c.max_positions - q.length)
+    fail(fn, arg + "ids", message("at most ", c.max_positions - q.length, " more tokens (the sequence holds ", q.length,
+                                  "; the model's context is ", c.max_positions, ")"),
+         std::to_string(n));
+  const int64_t blocks = pool.blocks_for(q.length + n);
+  if (static_cast<int64_t>(q.blocks.size()) < blocks)
+    fail(fn, arg + "paged.blocks", message(blocks, " blocks at least (", q.length + n, " tokens)"),
+         message(q.blocks.size()));
+  for (int64_t i = 0; i < blocks; ++i) {
+    const int32_t b = q.blocks[static_cast<size_t>(i)];
+    pool.check_held(b, "paged.blocks");
+    if (i >= q.length / pool.block_tokens() && pool.holders(b) != 1)  // written by this step
+      fail(fn, message(arg, "paged.blocks[", i, "]"), "a block of this sequence alone (it is written)",
+           message("a block shared by ", pool.holders(b)));
+  }
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= c.vocab_size)
+      fail(fn, message(arg, "ids[", i, "]"), message("a token id in [0, ", c.vocab_size, ")"), std::to_string(ids[i]));
+}
+
+}  // namespace
+
 Tensor step(const Decoder& d, std::span<const nn::SeqStep> seqs) {
   const std::string fn = message(d.cls, "::step");
   if (seqs.empty()) fail(fn, "seqs", "at least one sequence", "none");
   for (size_t i = 0; i < seqs.size(); ++i) {
     const std::string arg = message("seqs[", i, "].");
+    if (seqs[i].paged) {
+      if (seqs[i].caches) fail(fn, arg + "cache", "no cache with a paged sequence", "both");
+      for (size_t j = 0; j < i; ++j)
+        if (seqs[j].paged == seqs[i].paged) fail(fn, arg + "paged", "a sequence of its own", message("seqs[", j, "]'s"));
+      check_paged(fn, d, *seqs[i].paged, seqs[i].ids, arg);
+      continue;
+    }
     if (!seqs[i].caches) fail(fn, arg + "cache", "a cache", "null");
     for (size_t j = 0; j < i; ++j)
       if (seqs[j].caches == seqs[i].caches) fail(fn, arg + "cache", "a cache of its own", message("seqs[", j, "]'s"));

@@ -362,7 +362,7 @@ Tensor Model::extend(ModelCache& cache, std::span<const int32_t> ids, int64_t B,
 Tensor Model::step(std::span<const SequenceStep> seqs) const {
   std::vector<nn::SeqStep> steps;
   steps.reserve(seqs.size());
-  for (const SequenceStep& q : seqs) steps.push_back({q.cache ? &ModelAccess::layers(*q.cache) : nullptr, q.ids});
+  for (const SequenceStep& q : seqs) steps.push_back({q.cache ? &ModelAccess::layers(*q.cache) : nullptr, q.ids, q.paged});
   return with_decoder(*this, false, [&](const detail::Decoder& d) { return detail::step(d, steps); });
 }
 

@@ -87,6 +87,35 @@ void attend_over_cache(const Dims& d, int64_t B, int64_t T, float* qkv, float* c
                                heads_view(ctx, B, T, d.Nq, 0, d.Hq, d.D), opt);
 }
 
+// ctx [1, T, Hq·D] = the attention of the q heads of qkv [1, T, N] over a paged sequence's keys and
+// values of `layer`, after its k and v heads are written at positions seq.length onwards. The
+// kernel walks the block table: no gather.
+void attend_over_pages(const Dims& d, int64_t layer, int64_t T, float* qkv, float* ctx, const PagedSequence& seq,
+                       const AttentionOptions& opt) {
+  KVBlockPool& pool = *seq.pool;
+  const int64_t bs = pool.block_tokens();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = seq.length + t;
+    const int32_t b = seq.blocks[static_cast<size_t>(pos / bs)];
+    const float* row = qkv + t * d.N;
+    float* k = pool.keys(layer, b) + (pos % bs) * d.D;
+    float* v = pool.values(layer, b) + (pos % bs) * d.D;
+    for (int64_t h = 0; h < d.Hkv; ++h) {
+      std::copy_n(row + d.Nq + h * d.D, d.D, k + h * bs * d.D);
+      std::copy_n(row + d.Nq + d.Nkv + h * d.D, d.D, v + h * bs * d.D);
+    }
+  }
+  const int64_t length = seq.length + T;
+  const size_t blocks = static_cast<size_t>(pool.blocks_for(length));
+  std::vector<const float*> kb(blocks), vb(blocks);
+  for (size_t i = 0; i < blocks; ++i) {
+    kb[i] = pool.keys(layer, seq.blocks[i]);
+    vb[i] = pool.values(layer, seq.blocks[i]);
+  }
+  scaled_dot_product_attention(heads_view(qkv, 1, T, d.N, 0, d.Hq, d.D), PagedKV{kb, vb, bs, length, d.Hkv, d.D, d.D},
+                               heads_view(ctx, 1, T, d.Nq, 0, d.Hq, d.D), opt);
+}
+
 // y [rows, C] = attention(h [rows, C]) of layer `layer`.
 void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, const BlockRun& run) {
   const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
@@ -99,7 +128,10 @@ void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, 
   if (!run.seqs.empty()) {
     int64_t r0 = 0;
     for (const SeqRows& seq : run.seqs) {  // a batched step: each sequence [1, n] over its own cache
-      attend_over_cache(d, 1, seq.rows, qkv.data() + r0 * d.N, ctx.data() + r0 * d.Nq, *seq.cache, opt);
+      if (seq.paged)
+        attend_over_pages(d, layer, seq.rows, qkv.data() + r0 * d.N, ctx.data() + r0 * d.Nq, *seq.paged, opt);
+      else
+        attend_over_cache(d, 1, seq.rows, qkv.data() + r0 * d.N, ctx.data() + r0 * d.Nq, *seq.cache, opt);
       r0 += seq.rows;
     }
   } else if (run.cache) {
@@ -353,7 +385,7 @@ Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs) {
   std::vector<PositionRun> runs;  // each sequence's positions
   int64_t rows = 0;
   for (const SeqStep& q : seqs) {
-    runs.push_back({(*q.caches)[0].length(), static_cast<int64_t>(q.ids.size())});
+    runs.push_back({q.paged ? q.paged->length : (*q.caches)[0].length(), static_cast<int64_t>(q.ids.size())});
     rows += runs.back().rows;
   }
   Tensor x({rows, C});  // every sequence's rows, one after another
@@ -363,10 +395,13 @@ Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs) {
   const RopeTable rope = c.positions == PositionKind::rotary ? rope_table(s.rope, runs) : RopeTable();
   std::vector<SeqRows> layer_seqs(seqs.size());
   for (size_t l = 0; l < s.layers.size(); ++l) {
-    for (size_t i = 0; i < seqs.size(); ++i) layer_seqs[i] = {&(*seqs[i].caches)[l], runs[i].rows};
+    for (size_t i = 0; i < seqs.size(); ++i)
+      layer_seqs[i] = {seqs[i].paged ? nullptr : &(*seqs[i].caches)[l], runs[i].rows, seqs[i].paged};
     BlockRun run{1, rows, &rope, nullptr, nullptr, nullptr, layer_seqs};
     block_forward(s, static_cast<int64_t>(l), x.data(), run);
   }
+  for (size_t i = 0; i < seqs.size(); ++i)
+    if (seqs[i].paged) seqs[i].paged->length += runs[i].rows;
   Tensor last({S, C});  // each sequence's last row
   r0 = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {

@@ -19,6 +19,7 @@
 
 #include "mhsa/attention.h"
 #include "mhsa/kv_cache.h"
+#include "mhsa/kv_pool.h"
 #include "mhsa/model_config.h"
 #include "mhsa/tensor.h"
 #include "nn/linear.h"
@@ -92,10 +93,13 @@ struct BlockTape {
 };
 
 // One sequence of a batched step: its next `rows` rows of x (the sequences' rows follow one
-// another) and its own cache (batch 1) for this layer.
+// another) and its own cache (batch 1) for this layer, or its place in a paged pool (whose blocks
+// cover paged->length + rows tokens; the rows are written at paged->length, which the caller
+// advances after the last layer).
 struct SeqRows {
   KVCache* cache = nullptr;
   int64_t rows = 0;
+  const PagedSequence* paged = nullptr;
 };
 
 // How one block's forward runs: over a cache (inference), over several sequences' caches at once
@@ -132,10 +136,11 @@ void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int6
 Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
                      bool last_only, std::vector<Tensor>* probs);
 // One sequence of stack_step: its new tokens and its caches (one KVCache per layer, batch 1),
-// which they are appended to at positions caches[0].length() onwards.
+// which they are appended to at positions caches[0].length() onwards, or its paged sequence.
 struct SeqStep {
   std::vector<KVCache>* caches = nullptr;
   std::span<const int32_t> ids;  // at least one
+  PagedSequence* paged = nullptr;  // instead of caches: appended at paged->length, which advances
 };
 // One forward over several sequences, each at its own positions against its own caches: the
 // embedding, norms, linear layers, MLP and LM head run over every sequence's rows at once (one

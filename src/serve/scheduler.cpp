@@ -89,29 +89,52 @@ double Job::total_seconds() const {
 // ---- Scheduler -------------------------------------------------------------------------------
 
 struct Scheduler::Sequence {
-  Sequence(std::shared_ptr<Job> j, const Model& model, const Tokenizer& tokenizer)
+  Sequence(std::shared_ptr<Job> j, KVBlockPool& p, const Tokenizer& tokenizer)
       : job(std::move(j)),
-        cache(model.new_cache(1, static_cast<int64_t>(job->request().prompt.size()) +
-                                     std::max<int64_t>(1, job->request().options.max_new_tokens))),
+        pool(p),
         history(job->request().prompt),
         rng(job->request().options.seed * 0x2545F4914F6CDD1Dull),  // Model::generate's first sequence
         decoder(tokenizer),
         text(job->request().stop) {}
+  ~Sequence() { pool.release(paged); }
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
 
   std::shared_ptr<Job> job;
-  ModelCache cache;
+  KVBlockPool& pool;
+  PagedSequence paged;           // its blocks (given back when it goes)
   std::vector<int32_t> history;  // the prompt and the tokens generated: what the sampler looks at
   uint64_t rng;
   IncrementalDecoder decoder;
   text::TextStream text;
-  size_t prefilled = 0;  // prompt tokens in the cache
+  size_t prefilled = 0;  // prompt tokens in the cache (shared blocks included)
   int64_t generated = 0;
   int32_t pending = -1;  // a token sampled but not yet run
   bool done = false;     // finished or cancelled: leaves at the end of the step
 };
 
+namespace {
+
+// Tokens a request may hold in the cache: its prompt and max_tokens (at least one).
+int64_t request_tokens(const Request& r) {
+  return static_cast<int64_t>(r.prompt.size()) + std::max<int64_t>(1, r.options.max_new_tokens);
+}
+
+int64_t pool_blocks(const Model& model, const SchedulerOptions& o) {
+  if (o.kv_blocks > 0) return o.kv_blocks;
+  const int64_t bs = std::max<int64_t>(1, o.block_tokens);  // the pool refuses 0 by name
+  return o.parallel * ((model.config().max_positions + bs - 1) / bs);
+}
+
+}  // namespace
+
 Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOptions options)
-    : model_(model), tokenizer_(tokenizer), options_(options) {
+    : model_(model),
+      tokenizer_(tokenizer),
+      options_(options),
+      pool_(model.new_kv_pool(pool_blocks(model, options), options.block_tokens)) {
+  stats_.kv = pool_.stats();
+  stats_.kv_block_bytes = pool_.block_bytes();
   // OpenMP's thread count is per thread: the scheduler's forwards use the creator's (-t), not the default.
   thread_ = std::thread([this, threads = omp_get_max_threads()] {
     omp_set_num_threads(threads);
@@ -121,10 +144,12 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOp
 
 Scheduler::~Scheduler() { shutdown(); }
 
+bool Scheduler::fits(const Request& r) const { return pool_.blocks_for(request_tokens(r)) <= pool_.blocks(); }
+
 bool Scheduler::submit(std::shared_ptr<Job> job) {
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ || static_cast<int64_t>(queue_.size()) >= options_.max_queue) return false;
+    if (stopping_ || static_cast<int64_t>(queue_.size()) >= options_.max_queue || !fits(job->request())) return false;
     queue_.push_back(std::move(job));
     stats_.queued = static_cast<int64_t>(queue_.size());
   }
@@ -146,10 +171,42 @@ SchedulerStats Scheduler::stats() const {
   return stats_;
 }
 
+int64_t Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& active) {
+  int64_t cancelled = 0;
+  const int64_t bs = pool_.block_tokens();
+  while (!queue_.empty() && active.size() < static_cast<size_t>(options_.parallel)) {
+    const std::shared_ptr<Job> job = queue_.front();
+    const Request& r = job->request();
+    if (job->cancelled()) {
+      job->finish(Finish::cancelled);
+      ++cancelled;
+      queue_.pop_front();
+      continue;
+    }
+    try {
+      auto s = std::make_unique<Sequence>(job, pool_, tokenizer_);
+      // Whole blocks of the prompt but its last token, which must run for its logits.
+      const int64_t prompt = static_cast<int64_t>(r.prompt.size());
+      const int64_t shared = options_.prefix_sharing ? pool_.share_prefix(s->paged, r.prompt, (prompt - 1) / bs) : 0;
+      if (!pool_.reserve(s->paged, pool_.blocks_for(request_tokens(r)) - shared))
+        break;  // it waits for blocks (s gives its shared ones back)
+      s->prefilled = static_cast<size_t>(shared * bs);
+      stats_.prefix_requests += shared > 0;
+      stats_.prefix_blocks += shared;
+      stats_.prefix_tokens += shared * bs;
+      active.push_back(std::move(s));
+    } catch (const std::exception& e) {
+      job->finish(Finish::error, error_text(e));
+    }
+    queue_.pop_front();
+  }
+  stats_.queued = static_cast<int64_t>(queue_.size());
+  return cancelled;
+}
+
 void Scheduler::run() {
-  std::vector<std::unique_ptr<Sequence>> active;
+  std::vector<std::unique_ptr<Sequence>> active;  // declared first: destroyed (blocks given back) last
   for (;;) {
-    std::vector<std::shared_ptr<Job>> admitted;
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
@@ -158,23 +215,12 @@ void Scheduler::run() {
         for (auto& s : active) s->job->finish(Finish::cancelled);
         stats_.cancelled += static_cast<int64_t>(queue_.size() + active.size());
         queue_.clear();
+        active.clear();
         stats_.queued = stats_.active = 0;
+        stats_.kv = pool_.stats();
         return;
       }
-      while (!queue_.empty() && active.size() + admitted.size() < static_cast<size_t>(options_.parallel)) {
-        admitted.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
-      stats_.queued = static_cast<int64_t>(queue_.size());
-    }
-    for (auto& job : admitted) {
-      try {
-        active.push_back(std::make_unique<Sequence>(job, model_, tokenizer_));
-      } catch (const std::bad_alloc&) {
-        job->finish(Finish::error, "out of memory for the request's KV cache");
-      } catch (const std::exception& e) {
-        job->finish(Finish::error, e.what());
-      }
+      stats_.cancelled += admit(active);
     }
     const auto t0 = Job::clock::now();
     const StepCounts counts = step_all(active);
@@ -190,6 +236,7 @@ void Scheduler::run() {
     stats_.finished += counts.finished;
     stats_.cancelled += counts.cancelled;
     stats_.busy_seconds += std::chrono::duration<double>(Job::clock::now() - t0).count();
+    stats_.kv = pool_.stats();
   }
 }
 
@@ -201,8 +248,16 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
   std::vector<SequenceStep> steps;
   int64_t budget = options_.step_tokens;
   const auto take = [&](Sequence& s, std::span<const int32_t> ids) {
+    try {
+      pool_.grow(s.paged, s.paged.length + static_cast<int64_t>(ids.size()));  // from its promise
+    } catch (const std::exception& e) {
+      s.job->finish(Finish::error, error_text(e));
+      ++counts.finished;
+      s.done = true;
+      return;
+    }
     running.push_back(&s);
-    steps.push_back({&s.cache, ids});
+    steps.push_back({nullptr, ids, &s.paged});
     budget -= static_cast<int64_t>(ids.size());
   };
   for (auto& s : active) {
@@ -225,7 +280,7 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
                                                                         prompt.size() - s->prefilled)));
   }
   if (!steps.empty()) run_step(running, steps, counts);
-  std::erase_if(active, [](const std::unique_ptr<Sequence>& s) { return s->done; });  // frees their caches now
+  std::erase_if(active, [](const std::unique_ptr<Sequence>& s) { return s->done; });  // gives their blocks back now
   return counts;
 }
 
@@ -248,6 +303,7 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
     bool go_on = false;
     try {
       if (!error.empty()) throw Error(error);
+      if (options_.prefix_sharing) pool_.index_full_blocks(s.paged, s.history);
       if (s.prefilled < prompt) {  // a prompt chunk: a token is sampled after the last one
         s.prefilled += static_cast<size_t>(n);
         counts.prompt_tokens += n;

@@ -4,9 +4,16 @@
 // of newly admitted ones while the step's token budget lasts — so the weights are read once per
 // step, not once per sequence. Queued requests are admitted between steps as sequences finish.
 // HTTP threads only submit Jobs and read their text as it is made; a Job cancelled by its client
-// (a disconnect) or by shutdown leaves at the next step and its cache is freed.
+// (a disconnect) or by shutdown leaves at the next step and its blocks go back to the pool.
 //
-// No paged KV cache, no prefix sharing between requests. Internal (not installed).
+// The KV cache is paged (mhsa/kv_pool.h): one pool of blocks for every sequence, each with its
+// block table. A queued job is admitted when a place among the `parallel` is free and the pool
+// can promise blocks for its prompt + max_tokens (less the blocks it shares); otherwise it waits
+// in the queue (first come, first served), and submit refuses (503) past `max_queue` or a job
+// that the whole pool could not hold. The full blocks of a prompt (and of generated text) are
+// indexed by their tokens, so a later prompt with the same beginning (a shared system prompt, a
+// chat's earlier turns) takes them instead of prefilling them again; its last prompt token is
+// always run (its logits give the first token). Internal (not installed).
 #pragma once
 
 #include <atomic>
@@ -21,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "mhsa/kv_pool.h"
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 
@@ -82,6 +90,10 @@ struct SchedulerOptions {
   // Tokens one step runs at most, beyond the generating sequences' one each: prompts are cut
   // into chunks so that a long one does not stall the others for long.
   int64_t step_tokens = 256;
+  // The KV pool: blocks of block_tokens tokens; 0 blocks: `parallel` whole contexts' worth.
+  int64_t kv_blocks = 0;
+  int64_t block_tokens = 16;
+  bool prefix_sharing = true;
 };
 
 // Counters for /metrics (totals since start, and the present state).
@@ -91,6 +103,11 @@ struct SchedulerStats {
   int64_t step_rows = 0, step_sequences = 0;     // the last step's tokens run and sequences in it
   int64_t rows_total = 0, sequences_total = 0;   // summed over steps (÷ steps: the mean batch)
   double busy_seconds = 0;
+  KVPoolStats kv;               // the pool: blocks in use, cached, promised
+  int64_t prefix_requests = 0;  // requests admitted with blocks shared from an earlier prefix
+  int64_t prefix_blocks = 0;    // blocks they shared
+  int64_t prefix_tokens = 0;    // prompt tokens those blocks held: not prefilled
+  int64_t kv_block_bytes = 0;   // memory per block (every layer's keys and values)
 };
 
 class Scheduler {
@@ -102,8 +119,11 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a job; false (nothing queued) when the queue is full or the scheduler has stopped.
+  // Queues a job; false (nothing queued) when the queue is full, the scheduler has stopped, or
+  // the job needs more KV blocks than the pool has (see fits).
   bool submit(std::shared_ptr<Job> job);
+  // Whether the pool could ever hold the request (its prompt + max_tokens).
+  bool fits(const Request& r) const;
   // Cancels every job, queued or running, and joins the thread; later submits are refused.
   void shutdown();
   SchedulerStats stats() const;
@@ -114,6 +134,9 @@ class Scheduler {
     int64_t rows = 0, sequences = 0, prompt_tokens = 0, generated = 0, finished = 0, cancelled = 0;
   };
   void run();
+  // Moves queued jobs to `active` while there is a place and the pool can promise their blocks
+  // (under mutex_); drops cancelled ones. Returns how many were cancelled.
+  int64_t admit(std::vector<std::unique_ptr<Sequence>>& active);
   // One batched step over the active sequences; drops the finished and cancelled ones.
   StepCounts step_all(std::vector<std::unique_ptr<Sequence>>& active);
   // The forward of the sequences chosen (steps[i] is running[i]'s) and what follows from it.
@@ -124,6 +147,7 @@ class Scheduler {
   const Model& model_;
   const Tokenizer& tokenizer_;
   const SchedulerOptions options_;
+  KVBlockPool pool_;  // used by the scheduler thread only (its stats copied into stats_)
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;

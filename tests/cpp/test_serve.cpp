@@ -2,7 +2,9 @@
 // batched with others (one forward per step) give the text Model::generate gives each alone
 // (greedy and seeded sampling, prompts of odd lengths, several in flight; equal up to the GEMM's
 // rounding across row counts, see test_model_step.cpp), stop strings cut the text, a full queue
-// refuses, cancellation and shutdown end jobs.
+// refuses, cancellation and shutdown end jobs; the paged KV pool: a shared prompt prefix is
+// prefilled once and gives the same text, a full pool queues jobs, a request larger than the pool
+// is refused, every block comes back.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -163,6 +165,108 @@ TEST(Serve, FullQueueRefusesAndCancelEndsJobs) {
   scheduler.shutdown();  // the others, queued or running, are cancelled too
   if (jobs.size() == 2) EXPECT_EQ(collect(*jobs[1]).finish, Finish::cancelled);
   EXPECT_FALSE(scheduler.submit(std::make_shared<Job>(r)));
+}
+
+serve::SchedulerStats settled(const Scheduler& scheduler) {  // once no job is active or queued
+  serve::SchedulerStats st = scheduler.stats();
+  for (int i = 0; i < 2000 && (st.active > 0 || st.queued > 0 || st.kv.used > 0); ++i, st = scheduler.stats())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return st;
+}
+
+TEST(Serve, SharedPrefixIsPrefilledOnceAndGivesTheSameText) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(256, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  const auto letters = [&](size_t n) {
+    std::vector<int32_t> v(n);
+    for (int32_t& t : v) t = std::uniform_int_distribution<int32_t>('a', 'z')(gen);
+    return v;
+  };
+  const std::vector<int32_t> system = letters(std::uniform_int_distribution<size_t>(33, 47)(gen));
+  std::vector<Request> requests(4);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request& r = requests[i];
+    r.prompt = system;
+    r.prompt.push_back(static_cast<int32_t>('A' + i));  // they differ right after the system prompt
+    for (int32_t t : letters(std::uniform_int_distribution<size_t>(0, 15)(gen))) r.prompt.push_back(t);
+    r.options.max_new_tokens = std::uniform_int_distribution<int64_t>(5, 20)(gen);
+    r.options.stop_at_eos = false;
+  }
+  for (bool sharing : {true, false}) {
+    SCOPED_TRACE(sharing ? "sharing" : "not sharing");
+    serve::SchedulerOptions o{2, 8};
+    o.prefix_sharing = sharing;
+    Scheduler scheduler(model, tok, o);
+    int64_t prompt_tokens = 0;
+    std::vector<std::shared_ptr<Job>> jobs;
+    std::vector<Result> results(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      jobs.push_back(std::make_shared<Job>(requests[i]));
+      prompt_tokens += static_cast<int64_t>(requests[i].prompt.size());
+      ASSERT_TRUE(scheduler.submit(jobs.back()));
+      if (i == 0) results[0] = collect(*jobs[0]);  // the first alone: the others find its blocks
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (i > 0) results[i] = collect(*jobs[i]);
+      const std::vector<int32_t> want = model.generate(requests[i].prompt, 1,
+                                                       static_cast<int64_t>(requests[i].prompt.size()),
+                                                       requests[i].options)[0];
+      EXPECT_EQ(results[i].text, text::lossy_utf8(tok.decode(want, true))) << i;
+    }
+    const serve::SchedulerStats st = settled(scheduler);
+    // The three later prompts shared the system prompt's whole 16-token blocks.
+    const int64_t shared = sharing ? 3 * (static_cast<int64_t>(system.size()) / 16 * 16) : 0;
+    EXPECT_EQ(st.prefix_tokens, shared);
+    EXPECT_EQ(st.prefix_requests, sharing ? 3 : 0);
+    EXPECT_EQ(st.prompt_tokens, prompt_tokens - shared);
+    EXPECT_EQ(st.kv.used, 0);
+    EXPECT_EQ(st.kv.reserved, 0);
+    EXPECT_EQ(st.kv.cached > 0, sharing);
+  }
+}
+
+TEST(Serve, FullPoolQueuesThenRefusesAndBlocksComeBack) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(2048, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  serve::SchedulerOptions o{4, 2};
+  o.kv_blocks = 128;  // 2048 tokens: one request of 10 + 2000 takes 126 blocks
+  Scheduler scheduler(model, tok, o);
+  Request r;
+  r.prompt = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j'};
+  r.options.max_new_tokens = 2000;
+  r.options.stop_at_eos = false;
+  Request too_big = r;
+  too_big.options.max_new_tokens = 2039;  // 129 blocks
+  EXPECT_TRUE(scheduler.fits(r));
+  EXPECT_FALSE(scheduler.fits(too_big));
+  EXPECT_FALSE(scheduler.submit(std::make_shared<Job>(too_big)));
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int i = 0; i < 3; ++i) jobs.push_back(std::make_shared<Job>(r));
+  ASSERT_TRUE(scheduler.submit(jobs[0]));
+  for (int i = 0; i < 2000 && scheduler.stats().active == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_TRUE(scheduler.submit(jobs[1]));
+  ASSERT_TRUE(scheduler.submit(jobs[2]));
+  // A place is free (--parallel 4) but no blocks: both wait, and the queue (2) is full.
+  EXPECT_FALSE(scheduler.submit(std::make_shared<Job>(r)));
+  serve::SchedulerStats st = scheduler.stats();
+  EXPECT_EQ(st.active, 1);
+  EXPECT_EQ(st.queued, 2);
+  EXPECT_EQ(st.kv.used + st.kv.reserved, 126);
+  EXPECT_EQ(jobs[0]->wait(std::chrono::milliseconds(0)).finish, Finish::running);
+  jobs[0]->cancel();  // its blocks go back: the next is admitted
+  EXPECT_EQ(collect(*jobs[0]).finish, Finish::cancelled);
+  for (int i = 0; i < 2000 && scheduler.stats().queued == 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(scheduler.stats().queued, 1);
+  jobs[2]->cancel();  // cancelled while queued
+  jobs[1]->cancel();
+  EXPECT_EQ(collect(*jobs[1]).finish, Finish::cancelled);
+  EXPECT_EQ(collect(*jobs[2]).finish, Finish::cancelled);
+  st = settled(scheduler);
+  EXPECT_EQ(st.active + st.queued, 0);
+  EXPECT_EQ(st.kv.used + st.kv.reserved, 0);
+  EXPECT_EQ(st.cancelled, 3);
 }
 
 }  // namespace

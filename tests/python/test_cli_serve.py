@@ -3,7 +3,9 @@ first line), driven by the official `openai` client — completions, chat comple
 strings, seeds, usage — with `mhsa generate` and `mhsa chat --messages` as the oracles (greedy, and
 sampled with a seed); concurrent requests get what they get alone; hostile HTTP (bad JSON, wrong
 types, huge numbers, a 10 MB body, a request cut off, a wrong API key, a full queue, a client that
-leaves mid-stream) gets the documented status and the server keeps serving; SIGTERM exits 0."""
+leaves mid-stream) gets the documented status and the server keeps serving; the paged KV pool: a
+full pool queues, a request larger than it is refused, the blocks come back, a shared prompt prefix
+is prefilled once and gives generate's text; SIGTERM exits 0."""
 
 import json
 import os
@@ -386,6 +388,48 @@ def test_full_queue_503_and_disconnect_cancels(chat_dir):
         assert metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_queue_length") == 0
     finally:
         assert s.stop() == 0
+
+
+def test_kv_pool_full_queues_then_503_and_blocks_come_back(chat_dir):
+    # 2001 blocks of 16 tokens: a prompt of one token + 32000 takes every block.
+    s = Server(chat_dir, "--parallel", 4, "--queue", 1, "--kv-blocks", 2001)
+    try:
+        c = s.client(timeout=120)
+        long = dict(model=s.id, prompt="The", max_tokens=32000, temperature=0)
+        assert_error(post(s.url + "/v1/completions", dict(long, max_tokens=32100)), 503, code="kv_cache_full")
+        first = c.completions.create(stream=True, **long)
+        next(iter(first))  # running, its blocks promised
+        waiting = ThreadPoolExecutor(1).submit(lambda: c.completions.create(**dict(long, max_tokens=5)))
+        for _ in range(100):  # a place is free (--parallel 4), blocks are not: it waits in the queue
+            if metric(s, "mhsa_queue_length") == 1:
+                break
+            time.sleep(0.05)
+        assert metric(s, "mhsa_queue_length") == 1 and metric(s, "mhsa_batch_size") == 1
+        assert metric(s, "mhsa_kv_blocks_used") + metric(s, "mhsa_kv_blocks_reserved") == 2001
+        with pytest.raises(openai.APIStatusError) as e:  # the queue (1) is full
+            c.completions.create(**long)
+        assert e.value.status_code == 503
+        first.close()  # the client leaves: its blocks come back, the queued request runs
+        assert waiting.result(timeout=60).usage.completion_tokens == 5
+        for _ in range(100):
+            if metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_kv_blocks_used") == 0:
+                break
+            time.sleep(0.05)
+        assert metric(s, "mhsa_kv_blocks_used") == 0 and metric(s, "mhsa_kv_blocks_reserved") == 0
+        assert metric(s, "mhsa_kv_blocks_free") == 2001
+    finally:
+        assert s.stop() == 0
+
+
+def test_shared_prompt_prefix_is_prefilled_once(gpt2, gpt2_dir, rng):
+    system = words(rng, 40)
+    prompts = [system + " fox", system + " dog"]
+    hits, tokens = metric(gpt2, "mhsa_prefix_cache_hits_total"), metric(gpt2, "mhsa_prefix_cache_tokens_total")
+    for p in prompts:  # one after the other: the second finds the first's blocks
+        r = gpt2.client().completions.create(model=gpt2.id, prompt=p, max_tokens=6, temperature=0)
+        assert r.choices[0].text == generate(gpt2_dir, p, 6)["text"]
+    assert metric(gpt2, "mhsa_prefix_cache_hits_total") >= hits + 1
+    assert metric(gpt2, "mhsa_prefix_cache_tokens_total") >= tokens + 16
 
 
 def test_sigterm_while_streaming_exits_0(chat_dir):

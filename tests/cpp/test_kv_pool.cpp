@@ -1,0 +1,273 @@
+// tests/cpp/test_kv_pool.cpp — the paged KV cache: KVBlockPool's promises, sharing and eviction;
+// attention over paged keys and values equal bit for bit to the contiguous call (fast and
+// reference kernels, decode and prefill paths, blocks in shuffled order, windows, grouped heads);
+// Model::step over paged sequences equal bit for bit to Model::step over ModelCaches with the same
+// schedule; a prompt sharing an earlier prompt's blocks prefills fewer tokens and continues as an
+// unshared one does.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "mhsa/error.h"
+#include "mhsa/model.h"
+#include "test_util.h"
+
+namespace mhsa {
+namespace {
+
+using json = nlohmann::json;
+
+std::vector<int32_t> iota_tokens(int64_t n, int32_t from) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+TEST(KVPool, PromisesSharingAndEviction) {
+  KVBlockPool pool(2, 1, 4, 4, 4, 6);  // 6 blocks of 4 tokens
+  EXPECT_EQ(pool.available(), 6);
+  PagedSequence a;
+  ASSERT_TRUE(pool.reserve(a, 3));
+  EXPECT_FALSE(pool.reserve(a, 4));  // 3 left to promise
+  pool.grow(a, 10);                  // 3 blocks
+  EXPECT_EQ(a.blocks.size(), 3u);
+  EXPECT_EQ(a.reserved, 0);
+  EXPECT_THROW(pool.grow(a, 13), Error);  // past its promise
+  a.length = 10;
+  const std::vector<int32_t> tokens = iota_tokens(10, 100);
+  pool.index_full_blocks(a, tokens);  // blocks 0 and 1 are full
+  EXPECT_EQ(pool.stats().used, 3);
+
+  // b begins with the same 8 tokens: it shares a's two full blocks, not the partial third.
+  std::vector<int32_t> b_tokens = tokens;
+  b_tokens[9] = 7;
+  PagedSequence b;
+  EXPECT_EQ(pool.share_prefix(b, b_tokens, 5), 2);
+  EXPECT_EQ(b.length, 8);
+  EXPECT_EQ(b.blocks[0], a.blocks[0]);
+  EXPECT_EQ(pool.holders(a.blocks[1]), 2);
+  EXPECT_EQ(pool.available(), 3);  // shared blocks cost nothing more
+  // A different first block shares nothing; max_blocks limits the run.
+  PagedSequence c;
+  EXPECT_EQ(pool.share_prefix(c, iota_tokens(10, 0), 5), 0);
+  EXPECT_EQ(pool.share_prefix(c, tokens, 1), 1);
+  pool.release(c);
+
+  pool.release(a);  // its third block is free; the shared two stay with b
+  EXPECT_EQ(pool.stats().used, 2);
+  EXPECT_EQ(pool.stats().cached, 0);
+  pool.release(b);  // the indexed blocks stay cached
+  EXPECT_EQ(pool.stats().used, 0);
+  EXPECT_EQ(pool.stats().cached, 2);
+  EXPECT_EQ(pool.available(), 6);
+
+  PagedSequence d;  // a cached block comes back by its tokens
+  EXPECT_EQ(pool.share_prefix(d, tokens, 3), 2);
+  EXPECT_EQ(pool.stats().cached, 0);
+  pool.release(d);
+
+  PagedSequence e;  // taking the whole pool evicts the cached blocks and their index entries
+  ASSERT_TRUE(pool.reserve(e, 6));
+  pool.grow(e, 24);
+  EXPECT_EQ(pool.stats().cached, 0);
+  EXPECT_EQ(pool.available(), 0);
+  PagedSequence f;
+  EXPECT_FALSE(pool.reserve(f, 1));
+  EXPECT_EQ(pool.share_prefix(f, tokens, 3), 0);
+  pool.release(e);
+  pool.release(f);
+  const KVPoolStats st = pool.stats();
+  EXPECT_EQ(st.used + st.reserved + st.cached, 0);
+  EXPECT_THROW(KVBlockPool(2, 1, 4, 4, 0, 6), Error);
+}
+
+// q [1, Hq, Tq, D] over k, v [1, Hkv, Tk, D] scattered into blocks of bs tokens in shuffled order.
+void check_paged_attention(std::mt19937_64& gen, int64_t Hq, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D,
+                           int64_t bs, const AttentionOptions& opt) {
+  SCOPED_TRACE(testing::Message() << "Hq " << Hq << " Hkv " << Hkv << " Tq " << Tq << " Tk " << Tk << " D " << D
+                                  << " block " << bs);
+  const Tensor q = test::random_tensor(gen, {1, Hq, Tq, D});
+  const Tensor k = test::random_tensor(gen, {1, Hkv, Tk, D}), v = test::random_tensor(gen, {1, Hkv, Tk, D});
+  const int64_t n = (Tk + bs - 1) / bs;
+  std::vector<int64_t> where(static_cast<size_t>(n));
+  std::iota(where.begin(), where.end(), 0);
+  std::shuffle(where.begin(), where.end(), gen);
+  std::vector<float> store(static_cast<size_t>(2 * n * Hkv * bs * D), NAN);  // NaN past Tk: never read
+  std::vector<const float*> kb, vb;
+  for (int64_t i = 0; i < n; ++i) {
+    float* kp = store.data() + where[static_cast<size_t>(i)] * 2 * Hkv * bs * D;
+    float* vp = kp + Hkv * bs * D;
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t t = 0; t < bs && i * bs + t < Tk; ++t)
+        for (int64_t d = 0; d < D; ++d) {
+          kp[(h * bs + t) * D + d] = k.view().at(0, h, i * bs + t, d);
+          vp[(h * bs + t) * D + d] = v.view().at(0, h, i * bs + t, d);
+        }
+    kb.push_back(kp);
+    vb.push_back(vp);
+  }
+  for (Backend backend : {Backend::automatic, Backend::reference}) {
+    AttentionOptions o = opt;
+    o.backend = backend;
+    Tensor want({1, Hq, Tq, D}), got({1, Hq, Tq, D}), want_lse({1, Hq, Tq}), got_lse({1, Hq, Tq});
+    scaled_dot_product_attention(q.view(), k.view(), v.view(), want.view(), o, want_lse.view());
+    scaled_dot_product_attention(q.view(), PagedKV{kb, vb, bs, Tk, Hkv, D, D}, got.view(), o, got_lse.view());
+    for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(got.data()[i], want.data()[i]) << i;
+    for (int64_t i = 0; i < want_lse.numel(); ++i) ASSERT_EQ(got_lse.data()[i], want_lse.data()[i]) << i;
+  }
+}
+
+TEST(KVPool, PagedAttentionEqualsContiguous) {
+  auto gen = test::test_rng();
+  AttentionOptions causal;
+  causal.causal = true;
+  AttentionOptions window = causal;
+  window.window.left = 21;
+  window.softcap = 30.0f;
+  for (int64_t bs : {1, 3, 16, 64}) {
+    check_paged_attention(gen, 6, 2, 1, 1 + static_cast<int64_t>(gen() % 700), 16, bs, causal);  // decode
+    check_paged_attention(gen, 4, 4, 2, 37 + static_cast<int64_t>(gen() % 60), 8, bs, window);
+    check_paged_attention(gen, 4, 2, 29, 29 + static_cast<int64_t>(gen() % 90), 12, bs, causal);  // prefill chunk
+    check_paged_attention(gen, 3, 1, 70, 70, 8, bs, window);
+  }
+  AttentionOptions plain;  // no keys at all: rows fully masked
+  check_paged_attention(gen, 2, 1, 1, 0, 4, 4, plain);
+  const float* none[] = {nullptr};
+  Tensor q({1, 2, 1, 4}), out({1, 2, 1, 4});
+  EXPECT_THROW(scaled_dot_product_attention(q.view(), PagedKV{none, none, 4, 3, 1, 4, 4}, out.view()), Error);
+  EXPECT_THROW(scaled_dot_product_attention(q.view(), PagedKV{none, none, 4, 5, 1, 4, 4}, out.view()), Error);
+}
+
+std::vector<std::pair<std::string, json>> configs() {
+  const json llama = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", 263},
+                      {"hidden_size", 48}, {"intermediate_size", 83}, {"num_hidden_layers", 2},
+                      {"num_attention_heads", 6}, {"num_key_value_heads", 2}, {"max_position_embeddings", 160}};
+  json mistral = llama;
+  mistral["model_type"] = "mistral";
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["sliding_window"] = 7;
+  const json gpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 301},
+                     {"n_embd", 48},         {"n_layer", 2},                         {"n_head", 4},
+                     {"n_positions", 160}};
+  return {{"gpt2", gpt2}, {"llama", llama}, {"mistral", mistral}};
+}
+
+std::vector<int32_t> random_ids(std::mt19937_64& gen, const Model& m, int64_t n) {
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t& t : v) t = std::uniform_int_distribution<int32_t>(0, static_cast<int32_t>(m.config().vocab_size) - 1)(gen);
+  return v;
+}
+
+TEST(KVPool, StepOverPagesEqualsStepOverCaches) {
+  for (const auto& [name, config] : configs()) {
+    SCOPED_TRACE(name);
+    auto gen = test::test_rng();
+    const Model model = Model::random(ModelConfig::parse(config.dump()), gen());
+    const int64_t bs = 1 + static_cast<int64_t>(gen() % 9);
+    KVBlockPool pool = model.new_kv_pool(4 * ((150 + bs - 1) / bs), bs);
+    std::vector<ModelCache> caches;
+    std::vector<PagedSequence> paged(4);
+    for (PagedSequence& p : paged) {
+      caches.push_back(model.new_cache(1, 150));
+      ASSERT_TRUE(pool.reserve(p, pool.blocks_for(150)));
+    }
+    // A schedule of steps: prompt chunks, decode tokens, mixed, sequences waiting.
+    const std::vector<std::vector<int64_t>> schedule = {
+        {20, 3, 0, 31}, {1, 1, 0, 1}, {1, 17, 5, 1}, {1, 1, 1, 1}, {0, 1, 1, 0}, {2, 1, 40, 1}, {1, 1, 1, 1}};
+    for (const std::vector<int64_t>& n : schedule) {
+      std::vector<std::vector<int32_t>> ids;
+      std::vector<SequenceStep> over_caches, over_pages;
+      for (size_t i = 0; i < n.size(); ++i) ids.push_back(random_ids(gen, model, n[i]));
+      for (size_t i = 0; i < n.size(); ++i) {
+        if (n[i] == 0) continue;
+        over_caches.push_back({&caches[i], ids[i]});
+        pool.grow(paged[i], paged[i].length + n[i]);
+        over_pages.push_back({nullptr, ids[i], &paged[i]});
+      }
+      const Tensor want = model.step(over_caches), got = model.step(over_pages);
+      ASSERT_EQ(got.shape(), want.shape());
+      for (int64_t i = 0; i < want.numel(); ++i) ASSERT_EQ(got.data()[i], want.data()[i]) << i;
+      for (size_t i = 0; i < n.size(); ++i) EXPECT_EQ(paged[i].length, caches[i].length());
+    }
+    // Checked before anything runs: a table too short, a shared block written, a foreign pool.
+    const std::vector<int32_t> one = {1};
+    PagedSequence short_table;
+    short_table.pool = &pool;
+    EXPECT_THROW(model.step(std::vector<SequenceStep>{{nullptr, one, &short_table}}), Error);
+    const std::vector<int32_t> tokens(static_cast<size_t>(paged[0].length), 3);
+    pool.index_full_blocks(paged[0], tokens);
+    PagedSequence sharer;
+    ASSERT_EQ(pool.share_prefix(sharer, tokens, 1), 1);
+    sharer.length = 0;  // as if it would write its first token into the shared block
+    EXPECT_THROW(model.step(std::vector<SequenceStep>{{nullptr, one, &sharer}}), Error);
+    pool.release(sharer);
+    EXPECT_EQ(paged[0].length, caches[0].length());
+    for (PagedSequence& p : paged) pool.release(p);
+  }
+}
+
+TEST(KVPool, SharedPrefixPrefillsLessAndContinuesAlike) {
+  auto gen = test::test_rng();
+  Model model = Model::random(ModelConfig::parse(configs()[1].second.dump()), gen());
+  for (auto& [name, t] : model.parameters())  // lively logits: no near-ties for greedy choices
+    if (name.find("embed_tokens") != std::string::npos || name.find("lm_head") != std::string::npos)
+      for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] *= 30.0f;
+  const int64_t bs = 4;
+  KVBlockPool pool = model.new_kv_pool(100, bs);
+  const std::vector<int32_t> system = random_ids(gen, model, 22 + static_cast<int64_t>(gen() % 9));
+  const auto prefill = [&](PagedSequence& s, std::span<const int32_t> prompt) {
+    pool.grow(s, static_cast<int64_t>(prompt.size()));
+    const std::span<const int32_t> rest = prompt.subspan(static_cast<size_t>(s.length));
+    const Tensor logits = model.step(std::vector<SequenceStep>{{nullptr, rest, &s}});
+    pool.index_full_blocks(s, prompt);
+    return logits;
+  };
+  std::vector<int32_t> p2 = system;
+  for (int32_t t : random_ids(gen, model, 3 + static_cast<int64_t>(gen() % 20))) p2.push_back(t);
+  PagedSequence first;
+  ASSERT_TRUE(pool.reserve(first, pool.blocks_for(60)));
+  std::vector<int32_t> p1 = system;
+  p1.push_back((p2[system.size()] + 1) % static_cast<int32_t>(model.config().vocab_size));  // differs from p2 here
+  prefill(first, p1);
+  pool.release(first);  // its full blocks stay cached
+
+  PagedSequence shared, alone;
+  const int64_t n = pool.share_prefix(shared, p2, (static_cast<int64_t>(p2.size()) - 1) / bs);
+  EXPECT_EQ(n, static_cast<int64_t>(system.size()) / bs);  // every full block of the common prefix
+  ASSERT_TRUE(pool.reserve(shared, 30) && pool.reserve(alone, 30));
+  Tensor a = prefill(shared, p2), b = prefill(alone, p2);
+  // The shared sequence ran n·bs fewer prompt tokens; its logits agree to float32 rounding (its
+  // chunk had fewer rows), and its greedy continuation is the unshared one's.
+  const int64_t V = model.config().vocab_size;
+  double diff = 0, top = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a.data()[v]) - b.data()[v]));
+    top = std::max(top, std::fabs(static_cast<double>(b.data()[v])));
+  }
+  EXPECT_LT(diff, 1e-4 * top);
+  for (int step = 0; step < 6; ++step) {
+    const auto argmax = [&](const Tensor& t) {
+      return static_cast<int32_t>(std::max_element(t.data(), t.data() + V) - t.data());
+    };
+    const int32_t ta = argmax(a), tb = argmax(b);
+    ASSERT_EQ(ta, tb) << step;
+    const std::vector<int32_t> next = {ta};
+    pool.grow(shared, shared.length + 1);
+    pool.grow(alone, alone.length + 1);
+    a = model.step(std::vector<SequenceStep>{{nullptr, next, &shared}});
+    b = model.step(std::vector<SequenceStep>{{nullptr, next, &alone}});
+  }
+  pool.release(shared);
+  pool.release(alone);
+  EXPECT_EQ(pool.stats().used, 0);
+}
+
+}  // namespace
+}  // namespace mhsa
