@@ -323,7 +323,9 @@ void check_family(const nlohmann::json& config, const std::vector<std::string>& 
     quantised += !as_q8;
   }
   EXPECT_GT(quantised, 2);
-  expect_same_as_float_model(q4, dequantised, gen);
+  // The output matrix (and odd rows) are Q8_0, whose decode streams quantise their activations
+  // per block: the Q8_0 models' bound (test_q8_0_kernels.cpp), not bf16's 1e-5.
+  expect_same_as_float_model(q4, dequantised, gen, 1.5e-2);
 }
 
 const nlohmann::json kGpt2 = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", 97},
