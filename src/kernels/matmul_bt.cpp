@@ -24,13 +24,11 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/isa/simd.h"
+#include "kernels/isa/bt_parts.h"
 
 namespace mhsa::kernels::MHSA_ISA {
 namespace {
 
-constexpr int kRows = 4;   // rows of A per pass over a group of B rows
-constexpr int kGroup = 4;  // rows of B per group: the unit the threads split
-constexpr int64_t kParallel = int64_t{1} << 15;  // below this many multiply-adds per A row: one thread
 
 // a·b + c fused wherever the ISA has FMA: written out, so that the contraction of simd.h's fma
 // cannot differ between dot_rows and dot_cols (their chains must be the same bits).
@@ -273,34 +271,6 @@ void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t l
           default: dot_q8<1, 1>(a, m, b, ldb, out, ldc); break;
         }
       }
-}
-
-// Every part's rows in groups of kGroup (a part's last group may be short), split evenly across
-// the threads, each thread one contiguous range of groups; range(part, n0, n) computes rows
-// [n0, n0 + n) of a part.
-template <class Part, class Range>
-void parts_product(int64_t K, const Part* parts, int count, Range range) {
-  int64_t groups = 0, total_rows = 0;
-  for (int p = 0; p < count; ++p) {
-    groups += (parts[p].N + kGroup - 1) / kGroup;
-    total_rows += parts[p].N;
-  }
-#pragma omp parallel if (total_rows * K >= kParallel)
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t g0 = groups * t / threads, g1 = groups * (t + 1) / threads;  // this thread's groups
-    int64_t first = 0;                                                          // the part's first group
-    for (int p = 0; p < count && first < g1; ++p) {
-      const Part& part = parts[p];
-      const int64_t part_groups = (part.N + kGroup - 1) / kGroup;
-      const int64_t lo = std::max(g0, first) - first, hi = std::min(g1, first + part_groups) - first;
-      if (lo < hi) {
-        const int64_t n0 = lo * kGroup, n1 = std::min(part.N, hi * kGroup);
-        range(part, n0, n1 - n0);
-      }
-      first += part_groups;
-    }
-  }
 }
 
 template <class Part>

@@ -19,13 +19,11 @@
 
 #include "kernels/dispatch.h"
 #include "kernels/isa/simd.h"
+#include "kernels/isa/bt_parts.h"
 
 namespace mhsa::kernels::MHSA_ISA {
 namespace {
 
-constexpr int kRows = 4;   // rows of A per pass over a group of B rows
-constexpr int kGroup = 4;  // rows of B per group: the unit the threads split
-constexpr int64_t kParallel = int64_t{1} << 15;  // below this many multiply-adds per A row: one thread
 constexpr int kSubVecs = static_cast<int>(kQ4KSub) / kLanes;  // vectors per sub-block: 2, 4 or 8
 
 inline Vec fused(Vec a, Vec b, Vec c) {
@@ -153,27 +151,9 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const Bloc
 }  // namespace
 
 void matmul_bt_parts_q4_k(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ4K* parts, int count) {
-  int64_t groups = 0, total_rows = 0;  // every part's rows in groups of kGroup (its last one may be short)
-  for (int p = 0; p < count; ++p) {
-    groups += (parts[p].N + kGroup - 1) / kGroup;
-    total_rows += parts[p].N;
-  }
-#pragma omp parallel if (total_rows * K >= kParallel)
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t g0 = groups * t / threads, g1 = groups * (t + 1) / threads;  // this thread's groups
-    int64_t first = 0;                                                          // the part's first group
-    for (int p = 0; p < count && first < g1; ++p) {
-      const BtPartQ4K& part = parts[p];
-      const int64_t part_groups = (part.N + kGroup - 1) / kGroup;
-      const int64_t lo = std::max(g0, first) - first, hi = std::min(g1, first + part_groups) - first;
-      if (lo < hi) {
-        const int64_t n0 = lo * kGroup, n1 = std::min(part.N, hi * kGroup);
-        range_product(M, K, A, lda, part.B + n0 * part.ldb, part.ldb, n1 - n0, part.C + n0, part.ldc);
-      }
-      first += part_groups;
-    }
-  }
+  parts_product(K, parts, count, [&](const BtPartQ4K& part, int64_t n0, int64_t n) {
+    range_product(M, K, A, lda, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
+  });
 }
 
 void matmul_bt_q4_k(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B, int64_t ldb,
