@@ -1,6 +1,6 @@
 // kernels/bf16.h — bfloat16 (the upper 16 bits of a float32) for 16-bit weights: the scalar
 // conversions, and the float64 twin of the kernels that read a bfloat16 B (dispatch.h's
-// matmul_bt_bf16, matmul_bt_parts_bf16, gemm_bt_bf16). Storage only: no bfloat16 arithmetic,
+// matmul_bt_bf16, matmul_bt_parts_bf16, gemm_bt_bf16, gemm_bf16). Storage only: no bfloat16 arithmetic,
 // every product is float32 after exact widening. Not public.
 #pragma once
 
@@ -33,5 +33,10 @@ inline uint16_t float_to_bf16(float f) {
 // independent; the OpenMP split cannot change results.
 void matmul_bt_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
                         float* C, int64_t ldc);
+
+// C[M, N] (ldc) (+)= A[M, K] (lda) · B[K, N] (ldb, bfloat16), summed in float64 (from C's value
+// when accumulate).
+void gemm_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                   float* C, int64_t ldc, bool accumulate);
 
 }  // namespace mhsa::kernels

@@ -14,4 +14,15 @@ void matmul_bt_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t
     }
 }
 
+void gemm_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                   float* C, int64_t ldc, bool accumulate) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = accumulate ? double{C[i * ldc + j]} : 0.0;
+      for (int64_t k = 0; k < K; ++k) acc += double{A[i * lda + k]} * bf16_to_float(B[k * ldb + j]);
+      C[i * ldc + j] = static_cast<float>(acc);
+    }
+}
+
 }  // namespace mhsa::kernels

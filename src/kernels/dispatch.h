@@ -98,6 +98,8 @@ struct BtPartQ4K {
                             int count);                                                                      \
   void gemm_bt_q4_k(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B,          \
                     int64_t ldb, float* C, int64_t ldc);                                                     \
+  void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,             \
+                 int64_t ldb, float* C, int64_t ldc, bool accumulate);                                     \
   void softmax_cross_entropy(int64_t rows, int64_t V, float* logits, int64_t ld, const int32_t* targets,     \
                              float scale, double* loss);                                                   \
   void adamw(int64_t n, float* w, const float* g, float* m, float* v, float lr, float decay, float beta1,    \
@@ -173,6 +175,11 @@ struct KernelTable {
   decltype(&portable::matmul_bt_q4_k) matmul_bt_q4_k;
   decltype(&portable::matmul_bt_parts_q4_k) matmul_bt_parts_q4_k;
   decltype(&portable::gemm_bt_q4_k) gemm_bt_q4_k;
+  // Training with bfloat16 weights (mhsa train --dtype bf16): C[M, N] (+)= A[M, K] · B[K, N] with
+  // B stored as bfloat16 (dX = dY·W of a weight W [out, in]), B widened while packed: bitwise
+  // gemm_ex's packed path on the widened B (gemm_ex's own bits when it accumulates, or for M >
+  // 16 rows, where its plain chains are gemm's too). Twin: gemm_bf16_ref (kernels/bf16.h).
+  decltype(&portable::gemm_bf16) gemm_bf16;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

@@ -21,7 +21,9 @@
 // its chains are the plain ones; for M <= kFreshMaxM they differ from gemm's blocked chains.
 // gemm_bt_bf16 is gemm_ex's C = A·Bᵀ with B [N, K] stored as bfloat16 (16-bit weights): B is
 // widened while it is packed (exact), so no float copy of B exists beyond the packed panels, and
-// its bits are gemm_ex's on the widened B. gemm_bt_q8_0 and gemm_bt_q4_k are the same for B
+// its bits are gemm_ex's on the widened B; gemm_bf16 is gemm_ex's C (+)= A·B with B [K, N] stored
+// as bfloat16 (training's dX = dY·W of a bfloat16 weight), likewise widened while packed, its
+// chains the packed path's (gemm_ex's bits when it accumulates or M > kFreshMaxM). gemm_bt_q8_0 and gemm_bt_q4_k are the same for B
 // stored as Q8_0 or Q4_K blocks (kernels/q8_0.h, q4_k.h), dequantised while packed. Not a BLAS:
 // no alpha/beta, no other types. Block sizes and their measurements are below the micro-kernel.
 #include <algorithm>
@@ -173,26 +175,30 @@ void pack_a_transposed(int64_t rows, int64_t kc, const float* A, int64_t lda, fl
   }
 }
 
-// Packs columns [j, j + n) (n <= kNR) of B's K rows into one panel [K][kNR], zero-padded.
-void pack_b_panel(int64_t K, int64_t n, const float* B, int64_t ldb, float* panel) {
-  for (int64_t k = 0; k < K; ++k) {
-    const float* src = B + k * ldb;
-    float* dst = panel + k * kNR;
-    if (n == kNR) {
-      store(dst, load(src));
-      store(dst + kLanes, load(src + kLanes));
-    } else {
-      for (int64_t j = 0; j < kNR; ++j) dst[j] = j < n ? src[j] : 0.0f;
-    }
-  }
-}
-
 inline float widen(float x) { return x; }
 inline float widen(uint16_t x) {
   const uint32_t w = uint32_t{x} << 16;
   float f;
   std::memcpy(&f, &w, sizeof(float));
   return f;
+}
+inline Vec load_wide(const float* p) { return load(p); }
+inline Vec load_wide(const uint16_t* p) { return load_bf16(p); }
+
+// Packs columns [j, j + n) (n <= kNR) of B's K rows into one panel [K][kNR], zero-padded (float,
+// or bfloat16 widened).
+template <class TB>
+void pack_b_panel(int64_t K, int64_t n, const TB* B, int64_t ldb, float* panel) {
+  for (int64_t k = 0; k < K; ++k) {
+    const TB* src = B + k * ldb;
+    float* dst = panel + k * kNR;
+    if (n == kNR) {
+      store(dst, load_wide(src));
+      store(dst + kLanes, load_wide(src + kLanes));
+    } else {
+      for (int64_t j = 0; j < kNR; ++j) dst[j] = j < n ? widen(src[j]) : 0.0f;
+    }
+  }
 }
 
 // pack_b_panel for B stored transposed ([N, K], ldb; B points at stored row j): op(B)[k, j + jj]
@@ -412,7 +418,7 @@ void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 
 // The packed path (BLIS): B packed once into column panels, A a cache block at a time. Either
 // operand may be stored transposed (only packing differs); accumulate: C's contents start the
-// chains (bias unused). A bfloat16 B (TB = uint16_t) must be stored transposed.
+// chains (bias unused). A Q8_0 or Q4_K B must be stored transposed.
 template <class TB>
 void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const TB* B,
                  int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc, bool accumulate) {
@@ -430,7 +436,7 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
-      if constexpr (std::is_same_v<TB, float>) {
+      if constexpr (std::is_same_v<TB, float> || std::is_same_v<TB, uint16_t>) {
         if (!trans_b) pack_b_panel(K, n, B + j, ldb, b_packed + p * K * kNR);
       }
       if (trans_b) pack_b_panel_transposed(K, n, B + j * ldb, ldb, b_packed + p * K * kNR);
@@ -505,6 +511,17 @@ void gemm_bt_stored(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
 void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
                   float* C, int64_t ldc) {
   gemm_bt_stored(M, N, K, A, lda, B, ldb, C, ldc);
+}
+
+void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+               float* C, int64_t ldc, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  gemm_packed(M, N, K, A, lda, false, B, ldb, false, nullptr, C, ldc, accumulate);
 }
 
 void gemm_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb,
