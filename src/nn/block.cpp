@@ -46,8 +46,10 @@ LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
 
 void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
                  int64_t ldy, float* dx, int64_t lddx, bool accumulate, std::vector<Tensor>& grads) {
-  linear_backward(rows, x, ldx, dy, ldy, s.p(l.w), l.layout, &grads[static_cast<size_t>(l.w)],
-                  grad_or_null(grads, l.b), dx, lddx, accumulate);
+  Tensor* dw = &grads[static_cast<size_t>(l.w)];
+  if (const Bf16Matrix* w16 = s.p16(l.w))  // bf16 training: dx from the copy the forward read
+    return linear_backward(rows, x, ldx, dy, ldy, *w16, l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
+  linear_backward(rows, x, ldx, dy, ldy, s.p(l.w), l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
 }
 
 NormSpec head_norm(const Stack& s) { return {NormKind::rms_norm, s.norm().eps, s.norm().offset}; }
@@ -322,6 +324,18 @@ void block_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B
 
 // ---- the stack -------------------------------------------------------------------------------
 
+std::vector<HalfPart> half_parts(const Stack& s) {
+  std::vector<HalfPart> parts;
+  const auto add = [&](const LinearRef& l) {
+    if (l.w >= 0) parts.push_back({l.w, l.layout == Layout::in_out});
+  };
+  for (const LayerRefs& r : s.layers)
+    for (const LinearRef* l : {&r.qkv, &r.q, &r.k, &r.v, &r.o, &r.fc, &r.proj, &r.gate, &r.up, &r.down}) add(*l);
+  parts.push_back({s.embed, false});
+  if (s.head >= 0) parts.push_back({s.head, false});
+  return parts;
+}
+
 RopeTable rope_positions(const Stack& s, int64_t rows, int64_t T, int64_t pos0) {
   return s.config->positions == PositionKind::rotary ? rope_table(s.rope, rows, T, pos0) : RopeTable();
 }
@@ -437,8 +451,9 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
                   int64_t counted, std::vector<Tensor>* grads, const std::function<void(size_t)>& on_final) {
   const ModelConfig& c = *s.config;
   const int64_t C = c.hidden_size, rows = B * T;
-  if (grads && !s.half.empty())
-    detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)", "bf16 weights");
+  for (size_t i = 0; grads && i < s.half.size(); ++i)  // bf16 training has master weights; a bf16 model none
+    if (s.half[i] && !s.params[i]->defined())
+      detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)", "bf16 weights");
   if (grads && !s.q4.empty())
     detail::fail("stack_loss", "grads", "float32 weights (4-bit weights are for inference only)", "q4_k weights");
   if (grads && !s.q8.empty())
@@ -454,14 +469,16 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
   Tensor dhf = grads ? Tensor({rows, C}) : Tensor();
   Tensor* dw = grads ? &(*grads)[static_cast<size_t>(s.head >= 0 ? s.head : s.embed)] : nullptr;
-  if (const Bf16Matrix* w16 = s.output_matrix16())
-    return lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted);
+  const Bf16Matrix* w16 = s.output_matrix16();
+  if (w16 && !grads) return lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted);
   if (const Q8Matrix* w8 = s.output_matrix8())
     return lm_head_loss(rows, hf.data(), *w8, c.final_logit_softcap, targets.data(), counted);
   if (const Q4Matrix* w4 = s.output_matrix4())
     return lm_head_loss(rows, hf.data(), *w4, c.final_logit_softcap, targets.data(), counted);
-  const double loss = lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(), counted,
-                                   grads ? dhf.data() : nullptr, dw);
+  const double loss = w16 ? lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted,
+                                         dhf.data(), dw)
+                          : lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(),
+                                         counted, grads ? dhf.data() : nullptr, dw);
   if (!grads) return loss;
   std::vector<char> done(s.params.size());  // parameters whose gradient is final
   size_t first = done.size();

@@ -54,7 +54,9 @@ struct Stack {
   Rope rope;                          // rotary positions (PositionKind::rotary)
   // 16-bit weights: indexed like params (empty for a float model); where set, that parameter is
   // this bfloat16 matrix [out, in] (linear layers read as Layout::out_in whatever their
-  // LinearRef says) and its float tensor is empty. Inference only.
+  // LinearRef says). In a bf16 model its float tensor is empty, and no gradients are computed;
+  // in bf16 training (half_parts) the float tensor is the master weight: the forward and the
+  // input gradients read the bfloat16 copy, the parameter's gradient has the float tensor's shape.
   std::vector<const Bf16Matrix*> half;
   // 8-bit weights likewise: indexed like params (empty unless the model is Q8_0); where set, that
   // parameter is this Q8_0 matrix [out, in]. A matrix whose rows are not whole blocks stays float.
@@ -74,6 +76,15 @@ struct Stack {
   const Q4Matrix* output_matrix4() const { return p4(head >= 0 ? head : embed); }
   NormSpec norm() const;
 };
+
+// The parameters a bfloat16 Stack keeps as bfloat16 (what Model::load with WeightType::bf16
+// rounds, and bf16 training's copy): every linear weight, transposed into [out, in] where it is
+// stored [in, out], and the token embedding and output matrix — every matrix but learned positions.
+struct HalfPart {
+  int index;        // into params
+  bool transposed;  // stored [in, out] (GPT-2's Conv1D)
+};
+std::vector<HalfPart> half_parts(const Stack& s);
 
 // What one block's training forward keeps for its backward (rows = B·T; N = (Hq + 2·Hkv)·D).
 struct BlockTape {

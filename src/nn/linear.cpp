@@ -170,11 +170,13 @@ void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<co
     if (o.b) add_bias(rows, o.w->dim(0), o.b, o.y, o.ldy);
 }
 
-void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Tensor& w,
-                     Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate) {
+namespace {
+
+// linear_backward's dw += ∂/∂W (W [in, out] or [out, in] as layout says) and db += Σ_rows dy.
+void weight_grads(int64_t rows, int64_t in, int64_t out, const float* x, int64_t ldx, const float* dy, int64_t ldy,
+                  Layout layout, Tensor* dw, float* db) {
   const kernels::KernelTable& k = kernels::kernels();
   const bool io = layout == Layout::in_out;
-  const int64_t in = io ? w.dim(0) : w.dim(1), out = io ? w.dim(1) : w.dim(0);
   if (dw) {
     if (io)  // dW [in, out] += xᵀ·dy
       k.gemm_ex(in, out, rows, x, ldx, /*trans_a=*/true, dy, ldy, /*trans_b=*/false, dw->data(), out, true);
@@ -187,8 +189,26 @@ void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy,
       for (int64_t c = 0; c < out; ++c) sum[static_cast<size_t>(c)] += dy[r * ldy + c];
     for (int64_t c = 0; c < out; ++c) db[c] += static_cast<float>(sum[static_cast<size_t>(c)]);
   }
+}
+
+}  // namespace
+
+void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Tensor& w,
+                     Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate) {
+  const bool io = layout == Layout::in_out;
+  const int64_t in = io ? w.dim(0) : w.dim(1), out = io ? w.dim(1) : w.dim(0);
+  weight_grads(rows, in, out, x, ldx, dy, ldy, layout, dw, db);
   if (dx)  // dx = dy·Wᵀ: W [in, out] read transposed, W [out, in] as it is
-    k.gemm_ex(rows, in, out, dy, ldy, /*trans_a=*/false, w.data(), io ? out : in, /*trans_b=*/io, dx, lddx, accumulate);
+    kernels::kernels().gemm_ex(rows, in, out, dy, ldy, /*trans_a=*/false, w.data(), io ? out : in, /*trans_b=*/io, dx,
+                               lddx, accumulate);
+}
+
+void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Bf16Matrix& w16,
+                     Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate) {
+  const int64_t in = w16.cols, out = w16.rows;
+  weight_grads(rows, in, out, x, ldx, dy, ldy, layout, dw, db);
+  if (dx)  // dx [rows, in] = dy [rows, out] · W [out, in]
+    kernels::kernels().gemm_bf16(rows, in, out, dy, ldy, w16.data.data(), in, dx, lddx, accumulate);
 }
 
 }  // namespace mhsa::nn

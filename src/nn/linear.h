@@ -52,6 +52,13 @@ void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<co
 void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Tensor& w,
                      Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate);
 
+// The same with the forward's W [out, in] kept as bfloat16 (training's bf16 copy of float32 master
+// weights): dx = dy·W reads w16 (widened while packed, kernels' gemm_bf16); dw (the master's shape,
+// in its `layout`) and db come from x and dy alone, as above. Bitwise the float linear_backward on
+// the widened weights when rows > 16 (or accumulate): the GEMMs' chains are the same.
+void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Bf16Matrix& w16,
+                     Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate);
+
 // dst[cols, rows] = src[rows, cols] (src rows lds apart)
 Tensor transposed(const float* src, int64_t rows, int64_t cols, int64_t lds);
 

@@ -278,11 +278,15 @@ double lm_head_loss(int64_t rows, const float* h, const Q4Matrix& w, float softc
   return head_loss(rows, h, w, softcap, targets, counted);
 }
 
-double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap, const int32_t* targets,
-                    int64_t counted, float* dh, Tensor* dw) {
+namespace {
+
+// lm_head_loss over blocks of kLossRows rows: logits_of(R, h, logits) sets the block's logits
+// [R, V] from its h [R, C]; with dh, back(R, dlogits, dh) sets its dh [R, C] from the logits'
+// gradient, and dw += dlogitsᵀ·h.
+template <class Logits, class Back>
+double blocked_head_loss(int64_t rows, int64_t V, int64_t C, const float* h, float softcap, const int32_t* targets,
+                         int64_t counted, float* dh, Tensor* dw, const Logits& logits_of, const Back& back) {
   const kernels::KernelTable& k = kernels::kernels();
-  const int64_t V = w.dim(0), C = w.dim(1);
-  const Tensor wt = transposed(w.data(), V, C, C);  // [C, V]
   Tensor no_bias;
   double total = 0;
   const double inv = 1.0 / static_cast<double>(counted);
@@ -291,7 +295,7 @@ double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap
   for (int64_t r0 = 0; r0 < rows; r0 += kLossRows) {
     const int64_t R = std::min(kLossRows, rows - r0);
     Tensor logits({R, V});
-    k.gemm(R, V, C, h + r0 * C, C, wt.data(), V, nullptr, logits.data(), V);
+    logits_of(R, h + r0 * C, logits.data());
     if (softcap > 0) {
       if (raw.defined()) std::copy_n(logits.data(), R * V, raw.data());
       softcap_forward(R, V, softcap, logits.data());
@@ -300,10 +304,36 @@ double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap
     for (int64_t r = 0; r < R; ++r) total += row_loss[static_cast<size_t>(r)];  // rows in order
     if (!dh) continue;
     if (softcap > 0) softcap_backward(R, V, softcap, raw.data(), logits.data());
-    k.gemm(R, C, V, logits.data(), V, w.data(), C, nullptr, dh + r0 * C, C);
+    back(R, logits.data(), dh + r0 * C);
     add_weight_grads(logits.data(), R, V, h + r0 * C, C, *dw, 0, no_bias);
   }
   return total * inv;
+}
+
+}  // namespace
+
+double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap, const int32_t* targets,
+                    int64_t counted, float* dh, Tensor* dw) {
+  const kernels::KernelTable& k = kernels::kernels();
+  const int64_t V = w.dim(0), C = w.dim(1);
+  const Tensor wt = transposed(w.data(), V, C, C);  // [C, V]
+  return blocked_head_loss(
+      rows, V, C, h, softcap, targets, counted, dh, dw,
+      [&](int64_t R, const float* hr, float* logits) { k.gemm(R, V, C, hr, C, wt.data(), V, nullptr, logits, V); },
+      [&](int64_t R, const float* dl, float* dhr) { k.gemm(R, C, V, dl, V, w.data(), C, nullptr, dhr, C); });
+}
+
+double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
+                    int64_t counted, float* dh, Tensor* dw) {
+  const kernels::KernelTable& k = kernels::kernels();
+  const int64_t V = w.rows, C = w.cols;
+  return blocked_head_loss(
+      rows, V, C, h, softcap, targets, counted, dh, dw,
+      [&](int64_t R, const float* hr, float* logits) {  // a block of vocabulary at a time (bounded packed B)
+        for (int64_t v0 = 0; v0 < V; v0 += kHeadChunk)
+          k.gemm_bt_bf16(R, std::min(kHeadChunk, V - v0), C, hr, C, w.row(v0), C, logits + v0, V);
+      },
+      [&](int64_t R, const float* dl, float* dhr) { k.gemm_bf16(R, C, V, dl, V, w.data.data(), C, dhr, C, false); });
 }
 
 }  // namespace mhsa::nn

@@ -79,6 +79,12 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q4Matrix& 
 // whole). With dh: dh [rows, C] = ∂loss/∂h and dw += ∂loss/∂w.
 double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap, const int32_t* targets,
                     int64_t counted, float* dh, Tensor* dw);
+// The same with the output matrix kept as bfloat16 [V, C] (training's bf16 copy of float32 master
+// weights; dw has the master's shape): the logits and dh read w (widened while packed), dw comes
+// from h and the logits' gradient. Bitwise the float lm_head_loss on the widened w when every
+// block of rows has more than 16.
+double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
+                    int64_t counted, float* dh, Tensor* dw);
 // The loss alone, for a bfloat16, Q8_0 or Q4_K output matrix.
 double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
                     int64_t counted);
