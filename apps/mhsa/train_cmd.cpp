@@ -142,6 +142,10 @@ void add_train_command(CLI::App& app) {
       ->check(integer_at_least(1));
   cmd->add_option("--rope-theta", o.rope_theta, "llama: RoPE base")->default_val(o.rope_theta)->check(number_above(0));
   cmd->add_flag("--untied-head", a->untied_head, "llama: an output matrix of its own (default: the token embedding)");
+  cmd->add_option("--dtype", o.dtype,
+                  "f32, or bf16: the matmuls read bfloat16 copies of the weights, with float32 master weights and "
+                  "AdamW state (the same checkpoints); default f32, or with --resume the checkpoint's")
+      ->check(one_of({"f32", "bf16"}));
   cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(integer_at_least(1));
   cmd->add_option("--batch", o.batch, "sequences per step (x --accumulate), shared among mpirun's ranks")->default_val(o.batch)->check(integer_at_least(1));
   cmd->add_option("--accumulate", o.accumulate, "micro-batches per step")->default_val(o.accumulate)->check(integer_at_least(1));

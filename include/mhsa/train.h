@@ -13,8 +13,9 @@
 // every step (loss, learning rate, gradient norm, tokens/s) and validation as one JSON object a
 // line. A run that diverges (a loss or gradient that is not finite) stops with an error and never
 // saves its weights. Under `mpirun -np N` (a build with MPI) the ranks share every step's batch
-// and AdamW's state and give one process's bits (docs/distributed.md). Not a general training
-// framework: two architectures, data parallelism only.
+// and AdamW's state and give one process's bits (docs/distributed.md). TrainOptions::dtype "bf16"
+// trains in mixed precision (float32 masters, bfloat16 matmul weights) into the same checkpoints.
+// Not a general training framework: two architectures, data parallelism only.
 #pragma once
 
 #include <cstdint>
@@ -78,6 +79,11 @@ struct TrainOptions {
   float clip = 1.0f;                                 // global gradient-norm clip (0: none)
   AdamWOptions adamw;
   uint64_t seed = 0;
+  // Precision: "f32", or "bf16" (mixed precision: float32 master weights and AdamW state, and a
+  // bfloat16 copy of every matrix but learned positions, rounded after each step, that the
+  // forward and the input gradients read; norms, attention, softmax and the loss in float32; no
+  // loss scaling). The checkpoints are the same either way. "": f32, or a resumed run's own.
+  std::string dtype;
   // Validation and checkpoints.
   double val_fraction = 0.05;  // the last part of the text, never trained on
   int64_t eval_every = 100, eval_batches = 8, checkpoint_every = 100;
@@ -90,7 +96,7 @@ struct TrainOptions {
   // positive (or >= 0: warmup, eval_every, checkpoint_every), rates that must be finite and in
   // range (lr > 0, clip >= 0, min_lr_ratio in [0, 1], val_fraction in (0, 0.5), AdamW's), an
   // unknown arch, Llama's options given for GPT-2, kv_heads not dividing heads, an odd head
-  // width for RoPE, rope_theta not finite and > 0.
+  // width for RoPE, rope_theta not finite and > 0, a dtype other than f32 and bf16 ("" is f32).
   void validate() const;
   // kv_heads and mlp with their defaults applied.
   int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -131,7 +137,8 @@ struct TrainStart {
 };
 
 // Trains (or resumes from out/train_state.safetensors when start.resume is set: the checkpoint's
-// options then apply, except options.steps when it is > 0) a GPT on `data` (bytes, or BPE with
+// options then apply, except options.steps when it is > 0 and options.dtype when it is not
+// empty: a run may change precision when it resumes) a GPT on `data` (bytes, or BPE with
 // options.tokenizer), writing checkpoints to `out`. on_step sees every step; a false return
 // stops after writing a checkpoint. Returns the final validation bits per byte. Before the first
 // step it checks the options, that `out` is writable and that no other run holds it; it throws

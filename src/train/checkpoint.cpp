@@ -185,8 +185,8 @@ void ResumePoint::restore(TrainableModel& model, AdamW& adam) const {
 
 // ---- the log ---------------------------------------------------------------------------------
 
-TrainLog::TrainLog(const fs::path& out, bool resume, int64_t start, std::string_view fn)
-    : path_(out / "train_log.jsonl"), fn_(fn) {
+TrainLog::TrainLog(const fs::path& out, bool resume, int64_t start, std::string_view dtype, std::string_view fn)
+    : path_(out / "train_log.jsonl"), dtype_(dtype), fn_(fn) {
   std::string kept;
   if (resume && fs::exists(path_)) {  // the lines of steps up to the checkpoint's; unreadable lines dropped
     std::istringstream lines(read_file(path_, fn_, "out"));
@@ -213,6 +213,7 @@ void TrainLog::write(const TrainProgress& p) {
   line l{{"step", p.step},       {"loss", p.loss},           {"loss_bpb", p.loss_bits_per_byte},
          {"lr", p.lr},           {"grad_norm", p.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
   if (p.comm_wait_s >= 0) l["comm_wait_s"] = p.comm_wait_s;
+  if (dtype_ != "f32") l["dtype"] = dtype_;
   file_ << l.dump() << "\n";
   if (p.val_bits_per_byte >= 0) file_ << line{{"step", p.step}, {"val_bpb", p.val_bits_per_byte}}.dump() << "\n";
   if (!file_.flush()) fail(fn_, "out", "room to write '" + path_.string() + "'", "a failed write");

@@ -65,17 +65,18 @@ class ResumePoint {
 };
 
 // out/train_log.jsonl: one JSON object per line, per step {"step", "loss" (nats per token),
-// "loss_bpb", "lr", "grad_norm", "tokens_per_s"} and per validation {"step", "val_bpb"}, flushed as
-// written. A new run starts it afresh; a resumed one keeps the lines of the steps up to its
-// checkpoint (a killed run may have logged steps after it) and appends.
+// "loss_bpb", "lr", "grad_norm", "tokens_per_s"} (and "dtype": "bf16" for a step trained in bf16)
+// and per validation {"step", "val_bpb"}, flushed as written. A new run starts it afresh; a
+// resumed one keeps the lines of the steps up to its checkpoint (a killed run may have logged
+// steps after it) and appends.
 class TrainLog {
  public:
-  TrainLog(const std::filesystem::path& out, bool resume, int64_t start, std::string_view fn);
+  TrainLog(const std::filesystem::path& out, bool resume, int64_t start, std::string_view dtype, std::string_view fn);
   void write(const TrainProgress& p);
 
  private:
   std::filesystem::path path_;
-  std::string fn_;
+  std::string dtype_, fn_;
   std::ofstream file_;
 };
 

@@ -52,6 +52,8 @@ void TrainOptions::validate() const {
            message("embd ", embd, " / ", heads, " heads = ", embd / heads));
     check_range(fn, "rope_theta", rope_theta, 0, inf, true);
   }
+  if (!dtype.empty() && dtype != "f32" && dtype != "bf16")
+    fail(fn, "dtype", "f32 or bf16", detail::json_excerpt(nlohmann::json(dtype)));
   check_range(fn, "lr", lr, 0, inf, true);
   check_range(fn, "min_lr_ratio", min_lr_ratio, 0, 1);
   check_range(fn, "clip", clip, 0, inf);
@@ -79,6 +81,7 @@ nlohmann::json detail::options_json(const TrainOptions& o) {
               {"mlp", o.mlp},
               {"rope_theta", o.rope_theta},
               {"tied_head", o.tied_head}});
+  if (o.dtype == "bf16") j["dtype"] = o.dtype;  // absent: f32, as in checkpoints from before bf16
   return j;
 }
 
@@ -110,6 +113,7 @@ TrainOptions detail::options_from_json(const nlohmann::json& j) {
   o.mlp = j.value("mlp", o.mlp);
   o.rope_theta = j.value("rope_theta", o.rope_theta);
   o.tied_head = j.value("tied_head", o.tied_head);
+  o.dtype = j.value("dtype", "f32");
   return o;
 }
 

@@ -1,6 +1,7 @@
 // train/trainable.cpp — the model families the trainer builds (see train/trainable.h): GPT-2
 // (mhsa::Gpt2, written as Hugging Face's GPT2LMHeadModel directory) and Llama (mhsa::Model,
-// written as a LlamaForCausalLM directory).
+// written as a LlamaForCausalLM directory); with dtype bf16, the bfloat16 copy of their matrices
+// that the training forward and backward read (mixed precision: float32 masters and AdamW state).
 #include "train/trainable.h"
 
 #include <nlohmann/json.hpp>
@@ -21,15 +22,25 @@ namespace {
 template <class M>
 class Trainable : public TrainableModel {
  public:
-  Trainable(M model, std::string_view cls, std::string_view context_key)
-      : model_(std::move(model)), cls_(cls), context_key_(context_key) {}
+  Trainable(M model, std::string_view cls, std::string_view context_key, bool bf16)
+      : model_(std::move(model)), cls_(cls), context_key_(context_key) {
+    if (bf16) {
+      parts_ = nn::half_parts(ModelAccess::stack(model_));
+      half_.resize(parts_.size());
+      refresh_weights();
+    }
+  }
 
   std::vector<std::pair<std::string, Tensor*>> parameters() override { return model_.parameters(); }
   std::vector<Tensor> zero_gradients() const override { return model_.zero_gradients(); }
-  // M::loss_and_gradients, with the backward's hook.
+  // M::loss_and_gradients, with the backward's hook; with bf16 over the bfloat16 copies.
   double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
                             std::vector<Tensor>& grads, const std::function<void(size_t)>& on_final) const override {
-    const nn::Stack s = ModelAccess::stack(model_);
+    nn::Stack s = ModelAccess::stack(model_);
+    if (!parts_.empty()) {
+      s.half.assign(s.params.size(), nullptr);
+      for (size_t i = 0; i < parts_.size(); ++i) s.half[static_cast<size_t>(parts_[i].index)] = &half_[i];
+    }
     std::vector<std::string> names;
     for (auto& [name, t] : model_.parameters()) names.push_back(std::move(name));
     const Decoder d{s, cls_, context_key_, {}, names};
@@ -38,14 +49,22 @@ class Trainable : public TrainableModel {
   double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const override {
     return model_.loss(ids, targets, B, T);
   }
+  void refresh_weights() override {
+    const nn::Stack s = ModelAccess::stack(model_);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < parts_.size(); ++i) half_[i].round_from(s.p(parts_[i].index), parts_[i].transposed);
+  }
+
  protected:
   M model_;
   std::string_view cls_, context_key_;  // as M's own messages name them
+  std::vector<nn::HalfPart> parts_;     // bf16: the matrices kept as bfloat16 copies (empty: f32)
+  std::vector<nn::Bf16Matrix> half_;    // bf16: their copies, parts_' order
 };
 
 class TrainableGpt2 final : public Trainable<Gpt2> {
  public:
-  explicit TrainableGpt2(Gpt2 m) : Trainable(std::move(m), "Gpt2", "n_positions") {}
+  TrainableGpt2(Gpt2 m, bool bf16) : Trainable(std::move(m), "Gpt2", "n_positions", bf16) {}
 
   std::string config_json() const override {
     const Gpt2Config& c = model_.config();
@@ -142,7 +161,7 @@ nlohmann::json llama_config_json(const ModelConfig& c) {
 
 class TrainableLlama final : public Trainable<Model> {
  public:
-  explicit TrainableLlama(Model m) : Trainable(std::move(m), "Model", "max_positions") {}
+  TrainableLlama(Model m, bool bf16) : Trainable(std::move(m), "Model", "max_positions", bf16) {}
 
   std::string config_json() const override { return llama_config_json(model_.config()).dump(2) + "\n"; }
 
@@ -167,7 +186,8 @@ class TrainableLlama final : public Trainable<Model> {
 }  // namespace
 
 std::unique_ptr<TrainableModel> new_trainable_model(const TrainOptions& o, const Tokenizer& tokenizer, uint64_t seed) {
-  if (o.arch == "llama") return std::make_unique<TrainableLlama>(Model::random(llama_config(o, tokenizer), seed));
+  const bool bf16 = o.dtype == "bf16";
+  if (o.arch == "llama") return std::make_unique<TrainableLlama>(Model::random(llama_config(o, tokenizer), seed), bf16);
   Gpt2Config c;
   c.vocab_size = tokenizer.vocab_size();
   c.n_positions = o.context;
@@ -175,7 +195,7 @@ std::unique_ptr<TrainableModel> new_trainable_model(const TrainOptions& o, const
   c.n_layer = o.layers;
   c.n_head = o.heads;
   c.eos_token_id = o.tokenizer.empty() ? -1 : tokenizer.eos_id();
-  return std::make_unique<TrainableGpt2>(Gpt2::random(c, seed));
+  return std::make_unique<TrainableGpt2>(Gpt2::random(c, seed), bf16);
 }
 
 }  // namespace mhsa::detail

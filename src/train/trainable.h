@@ -34,7 +34,12 @@ class TrainableModel {
   virtual double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
                                     int64_t T, std::vector<Tensor>& grads,
                                     const std::function<void(size_t first)>& on_final) const = 0;
+  // The loss alone, of the float32 weights (the checkpoint's model, whatever the training dtype).
   virtual double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const = 0;
+  // After the parameters changed (a new or restored model, an optimiser step): with dtype bf16,
+  // rounds their bfloat16 copy afresh (nearest even) — the matrices loss_and_gradients' forward
+  // and input gradients read; its parameter gradients are the float32 masters'. f32: nothing.
+  virtual void refresh_weights() = 0;
   // The Hugging Face config.json of this model (ends with a newline).
   virtual std::string config_json() const = 0;
   // Throws mhsa::Error ("<fn>: <file>: expected the shape of train_state.safetensors (...), got
@@ -43,7 +48,8 @@ class TrainableModel {
 };
 
 // The model a run's options and vocabulary describe (a resumed run's too: its weights are then
-// replaced by the checkpoint's), with initial weights drawn from `seed`.
+// replaced by the checkpoint's), with initial weights drawn from `seed`, training in o.dtype
+// ("bf16": bfloat16 copies of nn::half_parts' matrices, refreshed by refresh_weights; else f32).
 std::unique_ptr<TrainableModel> new_trainable_model(const TrainOptions& o, const Tokenizer& tokenizer, uint64_t seed);
 
 }  // namespace mhsa::detail

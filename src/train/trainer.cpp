@@ -7,7 +7,9 @@
 //
 // A step is three phases with nothing shared between them but the gradients: step_gradients
 // (forward and backward over the step's rows, reduced across the ranks of a data-parallel run:
-// train/gradient_tree.h), clip_gradients (the global norm), the optimiser update. Under
+// train/gradient_tree.h), clip_gradients (the global norm), the optimiser update (with dtype bf16
+// followed by the rounding of the weights' bfloat16 copy that the next forward and backward read:
+// float32 masters, bf16 matmuls; train/trainable.h). Under
 // `mpirun -np N` every rank computes its share of each step's rows, holds the whole model and
 // updates its shard of it with its shard of AdamW's state (ZeRO-1: train/sharded_adamw.h); rank 0
 // alone validates, reports progress, logs and writes checkpoints (the optimiser's shards gathered),
@@ -105,6 +107,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   constexpr std::string_view fn = "train";
   TrainOptions o = requested;
   if (how.resume && o.steps == 0) o.steps = 1;  // 0: the checkpoint's length (checked below)
+  if (o.dtype.empty()) o.dtype = "f32";          // or, resuming, the checkpoint's (below)
   if (how.bucket_bytes < 0) fail(fn, "bucket_bytes", "a count >= 0", std::to_string(how.bucket_bytes));
   o.validate();
   const fs::path state_file = out / "train_state.safetensors";
@@ -145,6 +148,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
         fail(fn, "steps", message("at least ", start, " (the checkpoint's step)"), std::to_string(requested.steps));
       o.steps = requested.steps;
     }
+    if (!requested.dtype.empty()) o.dtype = requested.dtype;  // the same checkpoints in either precision
     try {
       o.validate();
     } catch (const Error& e) {
@@ -157,6 +161,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
       model->check_config(out / "config.json", fn);
     AdamW whole(model->parameters(), o.adamw);
     checkpoint.restore(*model, whole);
+    model->refresh_weights();
     adam.emplace(model->parameters(), o.adamw, ranks);
     adam->load(whole);
   } else {
@@ -184,7 +189,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   if (const std::string lead_run = ranks.broadcast(run); lead_run != run)
     fail(fn, message("rank ", ranks.rank(), " of ", ranks.size()), "the run rank 0 starts (" + lead_run + ")", run);
   std::optional<detail::TrainLog> log;
-  if (lead) log.emplace(out, how.resume, start, fn);
+  if (lead) log.emplace(out, how.resume, start, o.dtype, fn);
   // A loss ten times that of guessing uniformly (ln V nats) is no training run any more: one that
   // diverged can stay finite for many steps (1e15 bits per byte) and would save its garbage.
   const double uniform = std::log(static_cast<double>(tokenizer->vocab_size()));
@@ -220,6 +225,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
            message("loss ", loss, ": ", detail::divergence(out, saved_step)));
     p.lr = learning_rate(o, step);
     adam->step(model->parameters(), grads, static_cast<float>(p.lr));
+    model->refresh_weights();
     history.loss.push_back(loss);
     p.tokens_per_s = double(B * T * o.accumulate) / std::chrono::duration<double>(clock::now() - t0).count();
     const bool last = step + 1 == o.steps;
