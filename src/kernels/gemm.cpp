@@ -23,8 +23,9 @@
 // widened while it is packed (exact), so no float copy of B exists beyond the packed panels, and
 // its bits are gemm_ex's on the widened B; gemm_bf16 is gemm_ex's C (+)= A·B with B [K, N] stored
 // as bfloat16 (training's dX = dY·W of a bfloat16 weight), likewise widened while packed, its
-// chains the packed path's (gemm_ex's bits when it accumulates or M > kFreshMaxM). gemm_bt_q8_0 and gemm_bt_q4_k are the same for B
-// stored as Q8_0 or Q4_K blocks (kernels/q8_0.h, q4_k.h), dequantised while packed. Not a BLAS:
+// chains the packed path's (gemm_ex's bits when it accumulates or M > kFreshMaxM). gemm_bt_q8_0
+// and gemm_bt_q4_k are the same as gemm_bt_bf16 for B stored as Q8_0 or Q4_K blocks
+// (kernels/q8_0.h, q4_k.h), dequantised while packed. Not a BLAS:
 // no alpha/beta, no other types. Block sizes and their measurements are below the micro-kernel.
 #include <algorithm>
 #include <array>
