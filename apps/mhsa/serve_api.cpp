@@ -1,6 +1,9 @@
 // apps/mhsa/serve_api.cpp — see serve_api.h. Fields are checked as OpenAI checks them (types,
 // ranges, n = 1); unknown fields are ignored, as OpenAI ignores them; options mhsa does not
 // implement are refused when set to anything but their neutral value, never silently dropped.
+// Log-probabilities: `logprobs: N` (0..5) for completions, `logprobs: true` with `top_logprobs: N`
+// (0..20) for chat; a token's text is its bytes, or "bytes:\xNN..." when they are not valid UTF-8
+// (a piece of a character), as OpenAI writes them.
 #include "serve_api.h"
 
 #include <algorithm>
@@ -11,15 +14,18 @@
 #include "core/check.h"
 #include "io/json.h"
 #include "mhsa/error.h"
+#include "text/hf_tokenizer.h"
 
 namespace mhsa::cli {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::json;  // requests
+using ojson = nlohmann::ordered_json;  // responses
 using detail::json_excerpt;
 using detail::message;
 
 constexpr size_t kMaxStops = 4;  // as OpenAI
+constexpr int64_t kMaxCompletionLogprobs = 5;  // as OpenAI's completions
 
 [[noreturn]] void bad(const std::string& param, const std::string& expected, const json& got) {
   throw ApiError{400, message(param, ": expected ", expected, ", got ", json_excerpt(got)), "invalid_request_error",
@@ -94,11 +100,20 @@ void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest&
   if (!chat && integer(b, "best_of", 1, 1, 20) != 1) unsupported("best_of", "more than one candidate");
   if (!chat && boolean(b, "echo", false)) unsupported("echo", "echoing the prompt");
   if (const json* v = field(b, "suffix"); !chat && v && string_field(*v, "suffix") != "") unsupported("suffix", "a suffix");
-  if (const json* v = field(b, "logprobs"); v) {
-    if (chat ? boolean(b, "logprobs", false) : integer(b, "logprobs", 0, 0, 5) >= 0)
-      unsupported("logprobs", "returning log-probabilities");
+  int& top = p.request.top_logprobs;
+  if (chat) {
+    const int n = static_cast<int>(integer(b, "top_logprobs", 0, 0, serve::kMaxTopLogprobs));
+    if (boolean(b, "logprobs", false))
+      top = n;
+    else if (field(b, "top_logprobs"))
+      throw ApiError{400, "top_logprobs: expected \"logprobs\": true with it, got no \"logprobs\": true",
+                     "invalid_request_error", "top_logprobs", ""};
+  } else {
+    if (field(b, "top_logprobs"))
+      throw ApiError{400, "top_logprobs: expected no top_logprobs in /v1/completions (\"logprobs\": N asks for the N most likely tokens), got one",
+                     "invalid_request_error", "top_logprobs", ""};
+    top = static_cast<int>(integer(b, "logprobs", -1, 0, kMaxCompletionLogprobs));
   }
-  if (field(b, "top_logprobs")) unsupported("top_logprobs", "returning log-probabilities");
   for (const char* key : {"presence_penalty", "frequency_penalty"})
     if (number(b, key, 0.0, -2.0, 2.0) != 0.0) unsupported(key, "a non-zero penalty");
   if (const json* v = field(b, "logit_bias"); v && !(v->is_object() && v->empty())) {
@@ -197,25 +212,82 @@ std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vecto
   }
 }
 
-json usage(int64_t prompt_tokens, int64_t completion_tokens) {
+ojson usage(int64_t prompt_tokens, int64_t completion_tokens) {
   return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-json finish_value(serve::Finish f) { return f == serve::Finish::running ? json(nullptr) : json(serve::finish_name(f)); }
+ojson finish_value(serve::Finish f) { return f == serve::Finish::running ? ojson(nullptr) : ojson(serve::finish_name(f)); }
 
-json envelope(const ResponseIds& ids, const ServedModel& m, const char* object) {
+ojson envelope(const ResponseIds& ids, const ServedModel& m, const char* object) {
   return {{"id", ids.id}, {"object", object}, {"created", ids.created}, {"model", m.id}};
+}
+
+// A token's bytes ("" for an id past the tokenizer's: a padded embedding's row).
+std::string token_bytes(const ServedModel& m, int32_t id) {
+  return id < m.tokenizer->vocab_size() ? m.tokenizer->token_bytes(id) : std::string();
+}
+
+// The bytes as text, or "bytes:\xNN..." when they are not valid UTF-8.
+std::string token_text(const std::string& bytes) {
+  if (text::lossy_utf8(bytes) == bytes) return bytes;
+  static const char hex[] = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (const char c : bytes) {
+    const auto u = static_cast<unsigned char>(c);
+    out += {'\\', 'x', hex[u >> 4], hex[u & 15]};
+  }
+  return out;
+}
+
+// As OpenAI: no −∞ in JSON (a token of probability 0 in float64) but −9999.
+double logprob_value(double x) { return std::max(x, -9999.0); }
+
+// OpenAI's completions shape: parallel lists, top_logprobs as {token: logprob} dicts.
+ojson completion_logprobs(const ServedModel& m, const std::vector<serve::TokenLogprob>& lps) {
+  ojson tokens = ojson::array(), values = ojson::array(), tops = ojson::array(), offsets = ojson::array();
+  for (const serve::TokenLogprob& lp : lps) {
+    tokens.push_back(token_text(token_bytes(m, lp.token)));
+    values.push_back(logprob_value(lp.logprob));
+    ojson top = ojson::object();
+    for (const auto& [id, v] : lp.top) top.emplace(token_text(token_bytes(m, id)), logprob_value(v));  // first of equal texts
+    tops.push_back(std::move(top));
+    offsets.push_back(lp.text_offset);
+  }
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// OpenAI's chat shape: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
+ojson chat_logprobs(const ServedModel& m, const std::vector<serve::TokenLogprob>& lps) {
+  const auto entry = [&](int32_t id, double v) {
+    const std::string bytes = token_bytes(m, id);
+    ojson list = ojson::array();
+    for (const char c : bytes) list.push_back(static_cast<unsigned char>(c));
+    return ojson{{"token", token_text(bytes)}, {"logprob", logprob_value(v)}, {"bytes", list}};
+  };
+  ojson content = ojson::array();
+  for (const serve::TokenLogprob& lp : lps) {
+    ojson e = entry(lp.token, lp.logprob), top = ojson::array();
+    for (const auto& [id, v] : lp.top) top.push_back(entry(id, v));
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  return {{"content", content}, {"refusal", nullptr}};
+}
+
+ojson logprobs_value(const ServedModel& m, bool chat, const std::vector<serve::TokenLogprob>* lps) {
+  if (!lps) return nullptr;
+  return chat ? chat_logprobs(m, *lps) : completion_logprobs(m, *lps);
 }
 
 }  // namespace
 
-json error_json(const ApiError& e) {
-  const auto or_null = [](const std::string& s) { return s.empty() ? json(nullptr) : json(s); };
+ojson error_json(const ApiError& e) {
+  const auto or_null = [](const std::string& s) { return s.empty() ? ojson(nullptr) : ojson(s); };
   return {{"error", {{"message", e.message}, {"type", e.type}, {"param", or_null(e.param)}, {"code", or_null(e.code)}}}};
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat) {
   json b;
@@ -255,39 +327,44 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
   return p;
 }
 
-json completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
-                     serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens) {
-  json j = envelope(ids, m, chat ? "chat.completion" : "text_completion");
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_value(finish)}};
+ojson completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
+                      serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens,
+                      const std::vector<serve::TokenLogprob>* logprobs) {
+  ojson j = envelope(ids, m, chat ? "chat.completion" : "text_completion");
+  ojson choice = {{"index", 0}};
   if (chat)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
     choice["text"] = text;
-  j["choices"] = json::array({choice});
+  choice["logprobs"] = logprobs_value(m, chat, logprobs);
+  choice["finish_reason"] = finish_value(finish);
+  j["choices"] = ojson::array({choice});
   j["usage"] = usage(prompt_tokens, completion_tokens);
   return j;
 }
 
-json chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text, serve::Finish finish,
-                bool first) {
-  json j = envelope(ids, m, chat ? "chat.completion.chunk" : "text_completion");
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_value(finish)}};
+ojson chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text, serve::Finish finish,
+                 bool first, const std::vector<serve::TokenLogprob>* logprobs) {
+  ojson j = envelope(ids, m, chat ? "chat.completion.chunk" : "text_completion");
+  ojson choice = {{"index", 0}};
   if (chat) {
-    json delta = json::object();
+    ojson delta = ojson::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || (first && finish == serve::Finish::running)) delta["content"] = text;
     choice["delta"] = delta;
   } else {
     choice["text"] = text;
   }
-  j["choices"] = json::array({choice});
+  choice["logprobs"] = logprobs_value(m, chat, logprobs);
+  choice["finish_reason"] = finish_value(finish);
+  j["choices"] = ojson::array({choice});
   return j;
 }
 
-json usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
-                      int64_t completion_tokens) {
-  json j = envelope(ids, m, chat ? "chat.completion.chunk" : "text_completion");
-  j["choices"] = json::array();
+ojson usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
+                       int64_t completion_tokens) {
+  ojson j = envelope(ids, m, chat ? "chat.completion.chunk" : "text_completion");
+  j["choices"] = ojson::array();
   j["usage"] = usage(prompt_tokens, completion_tokens);
   return j;
 }

@@ -1,6 +1,8 @@
 // apps/mhsa/serve_api.h — the OpenAI API's requests and responses for `mhsa serve`: a JSON body
 // checked field by field into a serve::Request (or an ApiError with the status and the
-// OpenAI-style error body), and the JSON of completions, chat completions and their stream chunks.
+// OpenAI-style error body), and the JSON of completions, chat completions and their stream chunks
+// (log-probabilities included: `logprobs` objects in OpenAI's two shapes, completions' and chat's).
+// Responses are ordered_json: keys in OpenAI's order, top_logprobs dicts most likely first.
 // No HTTP here (serve_cmd.cpp) and no scheduling (src/serve/scheduler.h).
 #pragma once
 
@@ -8,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,9 +28,9 @@ struct ApiError {
   std::string type = "invalid_request_error";
   std::string param, code;  // "" is written as null
 };
-nlohmann::json error_json(const ApiError& e);
+nlohmann::ordered_json error_json(const ApiError& e);
 // JSON text, any invalid UTF-8 replaced.
-std::string dump(const nlohmann::json& j);
+std::string dump(const nlohmann::ordered_json& j);
 
 // What the endpoints share: the model, its tokenizer, the chat template (a ChatSession used only
 // to render and encode conversations; null when the tokenizer has none) and the context limit.
@@ -51,16 +54,19 @@ struct ParsedRequest {
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat);
 
 // The response of a finished request; the stream's chunks (text, the last with the finish reason;
-// the usage chunk of stream_options.include_usage).
+// the usage chunk of stream_options.include_usage). logprobs: the tokens' log-probabilities (those
+// of the chunk's text in a chunk), or null when the request did not ask for them.
 struct ResponseIds {
   std::string id;  // "cmpl-…", "chatcmpl-…"
   int64_t created = 0;
 };
-nlohmann::json completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
-                               serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens);
-nlohmann::json chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
-                          serve::Finish finish, bool first);
-nlohmann::json usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
+nlohmann::ordered_json completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
+                                       serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens,
+                                       const std::vector<serve::TokenLogprob>* logprobs = nullptr);
+nlohmann::ordered_json chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
+                                  serve::Finish finish, bool first,
+                                  const std::vector<serve::TokenLogprob>* logprobs = nullptr);
+nlohmann::ordered_json usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
                                 int64_t completion_tokens);
 
 }  // namespace mhsa::cli

@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -37,7 +38,7 @@
 namespace mhsa::cli {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;
 using detail::message;
 using serve::Finish;
 
@@ -236,6 +237,7 @@ class Server {
     }
     const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", ++next_id_), unix_time()};
     const int64_t prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
+    const bool logprobs = p.request.top_logprobs >= 0;
     auto job = std::make_shared<serve::Job>(std::move(p.request));
     if (!scheduler_.fits(job->request()))
       return send_error(res, {503, message("The request's prompt + max_tokens (", job->request().prompt.size(), " + ",
@@ -247,15 +249,18 @@ class Server {
                               "server_error", "", "overloaded"});
     if (!p.stream) {
       std::string text;
+      std::vector<serve::TokenLogprob> lps;
       serve::Job::Update u;
       do {
         u = job->wait(std::chrono::seconds(1));
         text += u.text;
+        lps.insert(lps.end(), std::make_move_iterator(u.logprobs.begin()), std::make_move_iterator(u.logprobs.end()));
       } while (u.finish == Finish::running);
       metrics_.finished(*job);
       if (u.finish == Finish::cancelled) return send_error(res, {503, "The server is shutting down", "server_error", "", "shutting_down"});
       if (u.finish == Finish::error) return send_error(res, {503, "The request could not be run: " + u.error, "server_error", "", ""});
-      res.set_content(dump(completion_json(ids, m_, chat, text, u.finish, prompt_tokens, u.completion_tokens)),
+      res.set_content(dump(completion_json(ids, m_, chat, text, u.finish, prompt_tokens, u.completion_tokens,
+                                           logprobs ? &lps : nullptr)),
                       "application/json");
       return;
     }
@@ -264,15 +269,16 @@ class Server {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, ids, chat, usage, prompt_tokens, first](size_t, httplib::DataSink& sink) {
+        [this, job, ids, chat, usage, prompt_tokens, first, logprobs](size_t, httplib::DataSink& sink) {
           const serve::Job::Update u = job->wait(kPoll);
+          const std::vector<serve::TokenLogprob>* lps = logprobs ? &u.logprobs : nullptr;
           const auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             job->cancel();  // the client is gone
             return false;
           };
-          if ((*first || !u.text.empty()) && u.finish == Finish::running) {
-            if (!send(sse(chunk_json(ids, m_, chat, u.text, Finish::running, *first)))) return false;
+          if ((*first || !u.text.empty() || !u.logprobs.empty()) && u.finish == Finish::running) {
+            if (!send(sse(chunk_json(ids, m_, chat, u.text, Finish::running, *first, lps)))) return false;
             *first = false;
             return true;
           }
@@ -284,7 +290,7 @@ class Server {
           if (u.finish == Finish::cancelled || u.finish == Finish::error) {
             send(sse(error_json({503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
                                  "server_error", "", ""})));
-          } else if (send(sse(chunk_json(ids, m_, chat, u.text, u.finish, *first))) &&
+          } else if (send(sse(chunk_json(ids, m_, chat, u.text, u.finish, *first, lps))) &&
                      (!usage || send(sse(usage_chunk_json(ids, m_, chat, prompt_tokens, u.completion_tokens))))) {
             send("data: [DONE]\n\n");
           }

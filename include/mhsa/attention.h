@@ -87,7 +87,7 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
 // be absent.
 struct PagedKV {
   std::span<const float* const> k_blocks, v_blocks;
-  int64_t block_tokens = 0, length = 0;  // tokens per block; keys held (Tk)
+  int64_t block_tokens = 0, length = 0;  // tokens per block (a power of two); keys held (Tk)
   int64_t kv_heads = 0, head_dim = 0, v_head_dim = 0;
 };
 // The attention of q [1, Hq, Tq, D] over paged keys and values, with the contract above: the

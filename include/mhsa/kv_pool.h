@@ -46,7 +46,8 @@ struct KVPoolStats {
 
 class KVBlockPool {
  public:
-  // Throws mhsa::Error for a count ≤ 0 (blocks, block_tokens, layers, heads, head sizes).
+  // Throws mhsa::Error for a count ≤ 0 (blocks, block_tokens, layers, heads, head sizes) and for
+  // block_tokens not a power of two.
   KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int64_t block_tokens,
               int64_t blocks);
   KVBlockPool(const KVBlockPool&) = delete;

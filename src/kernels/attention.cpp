@@ -1,6 +1,7 @@
 // kernels/attention.cpp — the public attention entry points: validate once, fill
 // AttentionParams, dispatch to a kernel. No arithmetic lives here.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -253,7 +254,8 @@ void scaled_dot_product_attention(ConstTensorView q, const PagedKV& kv, TensorVi
   const auto positive = [&](std::string_view arg, int64_t n) {
     if (n <= 0) fail(fn, arg, "a count > 0", std::to_string(n));
   };
-  positive("kv.block_tokens", kv.block_tokens);
+  if (kv.block_tokens <= 0 || !std::has_single_bit(static_cast<uint64_t>(kv.block_tokens)))
+    fail(fn, "kv.block_tokens", "a power of two (1, 2, 4, ..., 16, ...)", std::to_string(kv.block_tokens));
   positive("kv.kv_heads", kv.kv_heads);
   positive("kv.head_dim", kv.head_dim);
   positive("kv.v_head_dim", kv.v_head_dim);
@@ -277,7 +279,8 @@ void scaled_dot_product_attention(ConstTensorView q, const PagedKV& kv, TensorVi
   AttentionParams p = make_params(fn, q, k, &v, options);
   p.k_pages = kv.k_blocks.data();
   p.v_pages = kv.v_blocks.data();
-  p.page_tokens = kv.block_tokens;
+  p.page_shift = std::countr_zero(static_cast<uint64_t>(kv.block_tokens));
+  p.page_mask = kv.block_tokens - 1;
   check_output(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv});
   p.out = out.data;
   p.out_stride = out.stride;

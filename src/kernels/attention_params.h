@@ -20,12 +20,14 @@ struct AttentionParams {
   Strides4 k_stride{};
   const float* v = nullptr;     // [B, Hkv, Tk, Dv]; null when only lse is wanted
   Strides4 v_stride{};
-  // Paged keys and values (B = 1, forward only), instead of k and v: key j of kv head h is row
-  // j % page_tokens of page j / page_tokens, at k_pages[j / page_tokens] + h·k_stride[1] +
-  // (j % page_tokens)·k_stride[2] (values alike). Null: k and v as above.
+  // Paged keys and values (B = 1, forward only), instead of k and v: pages of 2^page_shift
+  // tokens; key j of kv head h is row j & page_mask of page j >> page_shift, at
+  // k_pages[j >> page_shift] + h·k_stride[1] + (j & page_mask)·k_stride[2] (values alike).
+  // Null: k and v as above.
   const float* const* k_pages = nullptr;
   const float* const* v_pages = nullptr;
-  int64_t page_tokens = 0;
+  int page_shift = 0;
+  int64_t page_mask = 0;  // 2^page_shift − 1
   const float* mask = nullptr;  // [B, Hq, Tq, Tk] additive, stride 0 on broadcast dims; or null
   Strides4 mask_stride{};
   const int64_t* kv_lengths = nullptr;  // [B] valid keys per batch, or null
@@ -58,11 +60,11 @@ struct AttentionParams {
 
 // Key j and value j of kv head h in batch b: [D] and [Dv] at strides k_stride[3], v_stride[3].
 inline const float* key_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
-  if (p.k_pages) return p.k_pages[j / p.page_tokens] + h * p.k_stride[1] + (j % p.page_tokens) * p.k_stride[2];
+  if (p.k_pages) return p.k_pages[j >> p.page_shift] + h * p.k_stride[1] + (j & p.page_mask) * p.k_stride[2];
   return p.k + b * p.k_stride[0] + h * p.k_stride[1] + j * p.k_stride[2];
 }
 inline const float* value_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
-  if (p.v_pages) return p.v_pages[j / p.page_tokens] + h * p.v_stride[1] + (j % p.page_tokens) * p.v_stride[2];
+  if (p.v_pages) return p.v_pages[j >> p.page_shift] + h * p.v_stride[1] + (j & p.page_mask) * p.v_stride[2];
   return p.v + b * p.v_stride[0] + h * p.v_stride[1] + j * p.v_stride[2];
 }
 

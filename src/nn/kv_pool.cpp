@@ -3,6 +3,7 @@
 #include "mhsa/kv_pool.h"
 
 #include <algorithm>
+#include <bit>
 #include <string>
 
 #include "core/check.h"
@@ -24,6 +25,8 @@ KVBlockPool::KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int
   check_count("head_dim", head_dim);
   check_count("v_head_dim", v_head_dim);
   check_count("block_tokens", block_tokens);
+  if (!std::has_single_bit(static_cast<uint64_t>(block_tokens)))  // the attention kernels' page shift
+    detail::fail("KVBlockPool", "block_tokens", "a power of two (1, 2, 4, ..., 16, ...)", std::to_string(block_tokens));
   check_count("blocks", blocks);
   if (blocks > (int64_t{1} << 30)) detail::fail("KVBlockPool", "blocks", "at most 2^30", std::to_string(blocks));
   (void)detail::checked_count("KVBlockPool: a block [layers, Hkv, block_tokens, D + Dv]",

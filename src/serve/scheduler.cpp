@@ -8,8 +8,12 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
+#include <deque>
 #include <exception>
+#include <limits>
 #include <new>
+#include <numeric>
 #include <utility>
 
 #include "mhsa/chat.h"
@@ -29,6 +33,27 @@ std::string error_text(const std::exception& e) {
 
 }  // namespace
 
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top) {
+  // log p_i = l_i − log Σ exp l_j, summed in double from the largest logit.
+  double largest = -std::numeric_limits<double>::infinity();
+  for (float l : logits) largest = std::max(largest, static_cast<double>(l));
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - largest);
+  const double lse = largest + std::log(sum);
+  TokenLogprob out{token, static_cast<double>(logits[static_cast<size_t>(token)]) - lse, 0, {}};
+  const size_t k = std::min(static_cast<size_t>(std::max(top, 0)), logits.size());
+  if (k == 0) return out;
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), [&](int32_t a, int32_t b) {
+    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+    return la > lb || (la == lb && a < b);
+  });
+  for (size_t i = 0; i < k; ++i)
+    out.top.emplace_back(order[i], static_cast<double>(logits[static_cast<size_t>(order[i])]) - lse);
+  return out;
+}
+
 const char* finish_name(Finish f) {
   switch (f) {
     case Finish::running: return "running";
@@ -44,23 +69,27 @@ const char* finish_name(Finish f) {
 
 Job::Update Job::wait(std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
-  changed_.wait_for(lock, timeout, [&] { return !pending_.empty() || finish_ != Finish::running; });
+  changed_.wait_for(lock, timeout,
+                    [&] { return !pending_.empty() || !pending_logprobs_.empty() || finish_ != Finish::running; });
   Update u;
   u.text = std::move(pending_);
   pending_.clear();
+  u.logprobs = std::move(pending_logprobs_);
+  pending_logprobs_.clear();
   u.finish = finish_;
   u.error = error_;
   u.completion_tokens = completion_tokens_;
   return u;
 }
 
-void Job::emit(std::string_view text, int64_t completion_tokens) {
+void Job::emit(std::string_view text, int64_t completion_tokens, std::span<const TokenLogprob> logprobs) {
   {
     std::lock_guard lock(mutex_);
     completion_tokens_ = completion_tokens;
-    if (text.empty()) return;
+    pending_logprobs_.insert(pending_logprobs_.end(), logprobs.begin(), logprobs.end());
+    if (text.empty() && logprobs.empty()) return;
     pending_ += text;
-    if (first_text_ == clock::time_point{}) first_text_ = clock::now();
+    if (!text.empty() && first_text_ == clock::time_point{}) first_text_ = clock::now();
   }
   changed_.notify_all();
 }
@@ -111,6 +140,33 @@ struct Scheduler::Sequence {
   int64_t generated = 0;
   int32_t pending = -1;  // a token sampled but not yet run
   bool done = false;     // finished or cancelled: leaves at the end of the step
+  // With Request::top_logprobs ≥ 0: the tokens' log-probabilities, each with the byte of text.text()
+  // where its text begins, held until that text is given out (emitted).
+  std::deque<std::pair<size_t, TokenLogprob>> held;
+  size_t given = 0;         // bytes of text given out
+  size_t counted = 0;       // text.text()[0, counted) holds...
+  int64_t code_points = 0;  // ...this many code points
+
+  // Gives out the text that is final now (all of it when finished) with its log-probabilities.
+  void emit(bool finished) {
+    const std::string out = text.take(finished);
+    given += out.size();
+    job->emit(out, generated, release_logprobs(finished));
+  }
+  // The held log-probabilities whose text has begun in what was given out; once finished, all but
+  // those whose text lies wholly past a stop string (cut with it).
+  std::vector<TokenLogprob> release_logprobs(bool finished) {
+    std::vector<TokenLogprob> out;
+    const std::string& all = text.text();
+    for (; !held.empty(); held.pop_front()) {
+      const size_t start = held.front().first;
+      if (finished ? text.stopped() && start >= all.size() : start >= given) break;
+      for (; counted < start; ++counted) code_points += (static_cast<unsigned char>(all[counted]) & 0xC0) != 0x80;
+      out.push_back(std::move(held.front().second));
+      out.back().text_offset = code_points;
+    }
+    return out;
+  }
 };
 
 namespace {
@@ -321,10 +377,18 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
 bool Scheduler::advance(Sequence& s, std::span<float> logits) {
   const Request& r = s.job->request();
   const GenerationOptions& o = r.options;
-  const int32_t t = Model::sample(logits, s.history, o, s.rng);
+  int32_t t = 0;
+  if (r.top_logprobs >= 0) {  // from the logits as the model gave them (sample may change them)
+    const std::vector<float> raw(logits.begin(), logits.end());
+    t = Model::sample(logits, s.history, o, s.rng);
+    if (std::find(r.end_ids.begin(), r.end_ids.end(), t) == r.end_ids.end())
+      s.held.emplace_back(s.text.text().size(), token_logprob(raw, t, r.top_logprobs));
+  } else {
+    t = Model::sample(logits, s.history, o, s.rng);
+  }
   if (std::find(r.end_ids.begin(), r.end_ids.end(), t) != r.end_ids.end()) {
     s.text.add(s.decoder.finish());
-    s.job->emit(s.text.take(true), s.generated);
+    s.emit(true);
     s.job->finish(Finish::stop);
     return false;
   }
@@ -334,7 +398,7 @@ bool Scheduler::advance(Sequence& s, std::span<float> logits) {
   bool stopped = t < tokenizer_.vocab_size() && s.text.add(s.decoder.push(t));
   const bool length = !stopped && s.generated == o.max_new_tokens;
   if (length) stopped = s.text.add(s.decoder.finish());  // the held-back rest may hold a stop string
-  s.job->emit(s.text.take(stopped || length), s.generated);
+  s.emit(stopped || length);
   if (stopped || length) {
     s.job->finish(stopped ? Finish::stop : Finish::length);
     return false;

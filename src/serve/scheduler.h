@@ -13,7 +13,9 @@
 // that the whole pool could not hold. The full blocks of a prompt (and of generated text) are
 // indexed by their tokens, so a later prompt with the same beginning (a shared system prompt, a
 // chat's earlier turns) takes them instead of prefilling them again; its last prompt token is
-// always run (its logits give the first token). Internal (not installed).
+// always run (its logits give the first token). A request may ask for each generated token's
+// log-probability (and the most likely tokens'): computed from its logits row before sampling,
+// only for the requests that ask. Internal (not installed).
 #pragma once
 
 #include <atomic>
@@ -26,6 +28,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "mhsa/kv_pool.h"
@@ -34,12 +37,28 @@
 
 namespace mhsa::serve {
 
+constexpr int kMaxTopLogprobs = 20;  // as OpenAI's chat top_logprobs
+
 struct Request {
   std::vector<int32_t> prompt;       // token ids: non-empty, fewer than the context
   GenerationOptions options;         // max_new_tokens (prompt + it within the context), sampler, seed
   std::vector<int32_t> end_ids;      // tokens that end the text (EOS, end of turn); not part of it
   std::vector<std::string> stop;     // stop strings: the text ends before the first one found
+  // 0..kMaxTopLogprobs: each generated token comes with its log-probability and those of the
+  // top_logprobs most likely tokens (TokenLogprob); -1: none (nothing computed).
+  int top_logprobs = -1;
 };
+
+// A generated token's log-probability: log-softmax of the model's raw logits (float32, summed in
+// double), the distribution before temperature and top_p, whatever the sampler then chose.
+struct TokenLogprob {
+  int32_t token = 0;
+  double logprob = 0;
+  int64_t text_offset = 0;  // where its text begins in the generated text, in code points
+  std::vector<std::pair<int32_t, double>> top;  // the most likely tokens, most likely first (ties: lower id)
+};
+// The TokenLogprob of `token` with the `top` most likely tokens of logits [V].
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top);
 
 enum class Finish { running, stop, length, cancelled, error };
 const char* finish_name(Finish f);  // "stop", "length", "cancelled", "error"
@@ -57,6 +76,9 @@ class Job {
     Finish finish = Finish::running;
     std::string error;  // with Finish::error
     int64_t completion_tokens = 0;
+    // With Request::top_logprobs ≥ 0: the tokens whose text has begun in the text given out so
+    // far (all of them once finished, but for those wholly after a stop string: cut, as their text).
+    std::vector<TokenLogprob> logprobs;
   };
   // Waits until there is new text or the job has finished, at most `timeout`; takes what is new.
   Update wait(std::chrono::milliseconds timeout);
@@ -68,7 +90,7 @@ class Job {
   double total_seconds() const;
 
   // The scheduler's side.
-  void emit(std::string_view text, int64_t completion_tokens);
+  void emit(std::string_view text, int64_t completion_tokens, std::span<const TokenLogprob> logprobs = {});
   void finish(Finish f, std::string error = {});
 
  private:
@@ -78,6 +100,7 @@ class Job {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::string pending_;
+  std::vector<TokenLogprob> pending_logprobs_;
   Finish finish_ = Finish::running;
   std::string error_;
   int64_t completion_tokens_ = 0;

@@ -86,6 +86,7 @@ TEST(KVPool, PromisesSharingAndEviction) {
   const KVPoolStats st = pool.stats();
   EXPECT_EQ(st.used + st.reserved + st.cached, 0);
   EXPECT_THROW(KVBlockPool(2, 1, 4, 4, 0, 6), Error);
+  EXPECT_THROW(KVBlockPool(2, 1, 4, 4, 12, 6), Error);  // not a power of two
 }
 
 // q [1, Hq, Tq, D] over k, v [1, Hkv, Tk, D] scattered into blocks of bs tokens in shuffled order.
@@ -131,7 +132,7 @@ TEST(KVPool, PagedAttentionEqualsContiguous) {
   AttentionOptions window = causal;
   window.window.left = 21;
   window.softcap = 30.0f;
-  for (int64_t bs : {1, 3, 16, 64}) {
+  for (int64_t bs : {1, 2, 16, 64}) {
     check_paged_attention(gen, 6, 2, 1, 1 + static_cast<int64_t>(gen() % 700), 16, bs, causal);  // decode
     check_paged_attention(gen, 4, 4, 2, 37 + static_cast<int64_t>(gen() % 60), 8, bs, window);
     check_paged_attention(gen, 4, 2, 29, 29 + static_cast<int64_t>(gen() % 90), 12, bs, causal);  // prefill chunk
@@ -143,6 +144,8 @@ TEST(KVPool, PagedAttentionEqualsContiguous) {
   Tensor q({1, 2, 1, 4}), out({1, 2, 1, 4});
   EXPECT_THROW(scaled_dot_product_attention(q.view(), PagedKV{none, none, 4, 3, 1, 4, 4}, out.view()), Error);
   EXPECT_THROW(scaled_dot_product_attention(q.view(), PagedKV{none, none, 4, 5, 1, 4, 4}, out.view()), Error);
+  for (int64_t bs : {0, 3, 24})  // block sizes must be powers of two
+    EXPECT_THROW(scaled_dot_product_attention(q.view(), PagedKV{none, none, bs, 0, 1, 4, 4}, out.view()), Error);
 }
 
 std::vector<std::pair<std::string, json>> configs() {
@@ -170,7 +173,7 @@ TEST(KVPool, StepOverPagesEqualsStepOverCaches) {
     SCOPED_TRACE(name);
     auto gen = test::test_rng();
     const Model model = Model::random(ModelConfig::parse(config.dump()), gen());
-    const int64_t bs = 1 + static_cast<int64_t>(gen() % 9);
+    const int64_t bs = int64_t{1} << (gen() % 4);
     KVBlockPool pool = model.new_kv_pool(4 * ((150 + bs - 1) / bs), bs);
     std::vector<ModelCache> caches;
     std::vector<PagedSequence> paged(4);

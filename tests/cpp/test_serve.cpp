@@ -4,11 +4,15 @@
 // rounding across row counts, see test_model_step.cpp), stop strings cut the text, a full queue
 // refuses, cancellation and shutdown end jobs; the paged KV pool: a shared prompt prefix is
 // prefilled once and gives the same text, a full pool queues jobs, a request larger than the pool
-// is refused, every block comes back.
+// is refused, every block comes back; log-probabilities: each token's is the log-softmax of
+// Model::forward's logits at its place (greedy and sampled, top lists sorted, batched as alone),
+// text offsets where the token's text begins, none for tokens cut with a stop string.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -17,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mhsa/chat.h"
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 #include "serve/scheduler.h"
@@ -46,6 +51,7 @@ struct Result {
   std::string text;
   Finish finish = Finish::running;
   int64_t tokens = 0;
+  std::vector<serve::TokenLogprob> logprobs;
 };
 
 Result collect(Job& job) {
@@ -55,6 +61,7 @@ Result collect(Job& job) {
     Job::Update u = job.wait(std::chrono::milliseconds(1000));
     r.text += u.text;
     r.tokens = u.completion_tokens;
+    r.logprobs.insert(r.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
     if (u.finish != Finish::running) {
       r.finish = u.finish;
       return r;
@@ -130,6 +137,21 @@ TEST(Serve, StopStringsAndEndTokens) {
   Result res = collect(*job);
   EXPECT_EQ(res.finish, Finish::stop);
   EXPECT_EQ(res.text, full.substr(0, full.find(stop)));
+  EXPECT_TRUE(res.logprobs.empty());  // not asked for
+  // With log-probabilities: those of the tokens whose text begins before the cut.
+  with_stop.top_logprobs = 2;
+  job = std::make_shared<Job>(with_stop);
+  ASSERT_TRUE(scheduler.submit(job));
+  res = collect(*job);
+  EXPECT_EQ(res.text, full.substr(0, full.find(stop)));
+  IncrementalDecoder decoder(tok);
+  size_t before_cut = 0;
+  for (int32_t t : ids) {
+    before_cut += decoder.text().size() < res.text.size();
+    (void)decoder.push(t);
+  }
+  ASSERT_EQ(res.logprobs.size(), before_cut);
+  for (size_t i = 0; i < before_cut; ++i) EXPECT_EQ(res.logprobs[i].token, ids[i]) << i;
   // An end token: the text stops before it, finish "stop".
   Request with_end = r;
   with_end.end_ids = {ids[10]};
@@ -267,6 +289,99 @@ TEST(Serve, FullPoolQueuesThenRefusesAndBlocksComeBack) {
   EXPECT_EQ(st.active + st.queued, 0);
   EXPECT_EQ(st.kv.used + st.kv.reserved, 0);
   EXPECT_EQ(st.cancelled, 3);
+}
+
+int64_t code_points(const std::string& s) {
+  return std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+}
+
+// r's log-probabilities against the model's own: log-softmax (float64) of Model::forward's logits
+// over the prompt and the tokens generated, at each token's place.
+void check_logprobs(const Model& model, const Tokenizer& tok, const Request& q, const Result& r) {
+  const std::vector<serve::TokenLogprob>& lps = r.logprobs;
+  ASSERT_EQ(static_cast<int64_t>(lps.size()), r.tokens);
+  std::vector<int32_t> ids = q.prompt;
+  for (const serve::TokenLogprob& lp : lps) ids.push_back(lp.token);
+  const int64_t T = static_cast<int64_t>(ids.size()) - 1, V = model.config().vocab_size;
+  const Tensor logits = model.forward(std::span(ids).first(static_cast<size_t>(T)), 1, T);
+  IncrementalDecoder decoder(tok);
+  for (size_t i = 0; i < lps.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "token " << i);
+    const float* row = logits.data() + (static_cast<int64_t>(q.prompt.size()) - 1 + static_cast<int64_t>(i)) * V;
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]));
+    std::vector<double> ref(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) ref[static_cast<size_t>(v)] = static_cast<double>(row[v]) - std::log(sum);
+    const serve::TokenLogprob& lp = lps[i];
+    EXPECT_NEAR(lp.logprob, ref[static_cast<size_t>(lp.token)], 1e-4);
+    std::vector<double> sorted = ref;
+    std::sort(sorted.begin(), sorted.end(), std::greater<>());
+    if (q.options.temperature == 0.0f)  // greedy: the most likely token (barring a near-tie)
+      EXPECT_NEAR(ref[static_cast<size_t>(lp.token)], sorted[0], 1e-4);
+    ASSERT_EQ(lp.top.size(), static_cast<size_t>(q.top_logprobs));
+    std::vector<int32_t> seen;
+    for (size_t k = 0; k < lp.top.size(); ++k) {  // the k-th most likely (or one as likely, up to rounding)
+      const auto [id, value] = lp.top[k];
+      EXPECT_NEAR(value, ref[static_cast<size_t>(id)], 1e-4) << k;
+      EXPECT_NEAR(value, sorted[k], 1e-4) << k;
+      if (k > 0) EXPECT_GE(lp.top[k - 1].second, value);
+      seen.push_back(id);
+    }
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(std::unique(seen.begin(), seen.end()), seen.end());
+    if (!lp.top.empty() && q.options.temperature == 0.0f) EXPECT_EQ(lp.top[0].first, lp.token);
+    EXPECT_EQ(lp.text_offset, code_points(decoder.text()));  // what the tokens before it gave
+    (void)decoder.push(lp.token);
+  }
+}
+
+TEST(Serve, LogprobsAreTheModelsLogSoftmaxBatchedAsAlone) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(160, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  Scheduler scheduler(model, tok, {3, 16});
+  std::vector<Request> requests(5);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request& r = requests[i];
+    const size_t n = std::uniform_int_distribution<size_t>(1, 30)(gen);
+    for (size_t k = 0; k < n; ++k) r.prompt.push_back(std::uniform_int_distribution<int32_t>('a', 'z')(gen));
+    r.options.max_new_tokens = std::uniform_int_distribution<int64_t>(1, 25)(gen);
+    r.options.temperature = i == 1 ? 0.9f : 0.0f;  // sampled: still the model's distribution
+    r.options.top_p = i == 1 ? 0.8f : 1.0f;
+    r.options.seed = gen();
+    r.options.stop_at_eos = false;
+    r.top_logprobs = i == 0 ? -1 : std::uniform_int_distribution<int>(0, serve::kMaxTopLogprobs)(gen);
+  }
+  std::vector<Result> alone;
+  for (const Request& r : requests) {
+    auto job = std::make_shared<Job>(r);
+    ASSERT_TRUE(scheduler.submit(job));
+    alone.push_back(collect(*job));
+  }
+  EXPECT_TRUE(alone[0].logprobs.empty());
+  for (size_t i = 1; i < requests.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "request " << i);
+    check_logprobs(model, tok, requests[i], alone[i]);
+  }
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (const Request& r : requests) {
+    jobs.push_back(std::make_shared<Job>(r));
+    ASSERT_TRUE(scheduler.submit(jobs.back()));
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "request " << i << " batched");
+    const Result r = collect(*jobs[i]);
+    EXPECT_EQ(r.text, alone[i].text);
+    ASSERT_EQ(r.logprobs.size(), alone[i].logprobs.size());
+    for (size_t k = 0; k < r.logprobs.size(); ++k) {
+      const serve::TokenLogprob &a = r.logprobs[k], &b = alone[i].logprobs[k];
+      EXPECT_EQ(a.token, b.token);
+      EXPECT_NEAR(a.logprob, b.logprob, 1e-4);
+      EXPECT_EQ(a.text_offset, b.text_offset);
+      ASSERT_EQ(a.top.size(), b.top.size());
+      for (size_t j = 0; j < a.top.size(); ++j) EXPECT_NEAR(a.top[j].second, b.top[j].second, 1e-4);
+    }
+  }
 }
 
 }  // namespace

@@ -5,7 +5,9 @@ sampled with a seed); concurrent requests get what they get alone; hostile HTTP 
 types, huge numbers, a 10 MB body, a request cut off, a wrong API key, a full queue, a client that
 leaves mid-stream) gets the documented status and the server keeps serving; the paged KV pool: a
 full pool queues, a request larger than it is refused, the blocks come back, a shared prompt prefix
-is prefilled once and gives generate's text; SIGTERM exits 0."""
+is prefilled once and gives generate's text; SIGTERM exits 0; log-probabilities (completions' and
+chat's shapes): each token's is the log-softmax of mhsa.Model's own logits at its place, top lists
+sorted and counted, text offsets, streamed as whole, batched as alone, bad values 400."""
 
 import json
 import os
@@ -24,6 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -251,6 +254,157 @@ def test_models_health_metrics(gpt2):
     assert int(re.search(r'mhsa_requests_total\{path="/v1/completions",status="200"\} (\d+)', text).group(1)) >= 1
 
 
+# ---- log-probabilities ----------------------------------------------------------------------------
+
+def token_text(b):
+    """A token's text as OpenAI writes it: its bytes, or "bytes:\\xNN..." when not valid UTF-8."""
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{c:02x}" for c in b)
+
+
+@pytest.fixture(scope="module")
+def oracle(gpt2_dir, chat_dir):
+    """For each model: mhsa.Model, and the token id of each token text (bytes for chat)."""
+    mhsa = pytest.importorskip("mhsa")
+    out = {}
+    for d in (gpt2_dir, chat_dir):
+        tok = mhsa.Tokenizer.load(d)
+        out[d] = mhsa.Model.load(d), tok, {tok.token_bytes(i): i for i in range(tok.vocab_size)}
+    return out
+
+
+def model_logprobs(model, prompt, tokens):
+    """log-softmax (float64) of mhsa's own logits at each token's place: [len(tokens), V]."""
+    ids = np.array(list(prompt) + list(tokens[:-1]), dtype=np.int32)
+    logits = model.forward(ids).astype(np.float64)[len(prompt) - 1:]
+    top = logits.max(axis=-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+
+
+def check_top(ref, got_ids, got_values, k):
+    """The top list: k distinct tokens, most likely first, each the model's rank-th (up to rounding)."""
+    assert len(got_ids) == len(set(got_ids)) == k
+    assert list(got_values) == sorted(got_values, reverse=True)
+    ranked = np.sort(ref)[::-1][:k]
+    assert np.allclose(got_values, ref[got_ids], atol=1e-4, rtol=0)
+    assert np.allclose(got_values, ranked, atol=1e-4, rtol=0)
+
+
+def test_completion_logprobs_are_the_models(gpt2, gpt2_dir, oracle, rng):
+    model, tok, id_of = oracle[gpt2_dir]
+    by_text = {token_text(b): i for b, i in id_of.items()}
+    prompt = [rng.randrange(50256) for _ in range(rng.randint(1, 12))]
+    n, k = rng.randint(3, 14), rng.randint(0, 5)
+    c = gpt2.client()
+    r = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=n, temperature=0, logprobs=k)
+    text, lp = r.choices[0].text, r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == \
+        r.usage.completion_tokens
+    gen = [by_text[t] for t in lp.tokens]
+    ref = model_logprobs(model, prompt, gen)
+    for i, t in enumerate(gen):
+        assert abs(ref[i, t] - ref[i].max()) <= 1e-4  # greedy: the most likely
+        assert abs(lp.token_logprobs[i] - ref[i, t]) <= 1e-4
+        top = lp.top_logprobs[i]
+        check_top(ref[i], [by_text[x] for x in top], list(top.values()), k)
+        assert k == 0 or next(iter(top)) == lp.tokens[i]
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    for t, off in zip(lp.tokens, lp.text_offset):
+        assert t.startswith("bytes:") or text[off:].startswith(t)
+    if not any(t.startswith("bytes:") for t in lp.tokens):
+        assert "".join(lp.tokens) == text
+    # Streamed: each chunk the log-probabilities of its tokens, together those of the whole.
+    chunks = [ch.choices[0] for ch in c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=n, temperature=0,
+                                                           logprobs=k, stream=True)]
+    assert "".join(ch.text for ch in chunks) == text
+    assert all(ch.logprobs is not None for ch in chunks)
+    for field in ("tokens", "text_offset"):
+        assert [x for ch in chunks for x in getattr(ch.logprobs, field)] == getattr(lp, field)
+    assert np.allclose([x for ch in chunks for x in ch.logprobs.token_logprobs], lp.token_logprobs, atol=1e-4, rtol=0)
+    streamed_top = [x for ch in chunks for x in ch.logprobs.top_logprobs]
+    for a, b in zip(streamed_top, lp.top_logprobs, strict=True):
+        assert np.allclose(list(a.values()), list(b.values()), atol=1e-4, rtol=0)
+    # Not asked for: none.
+    assert c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=2, temperature=0).choices[0].logprobs is None
+
+
+def test_sampled_and_stopped_completion_logprobs(gpt2, gpt2_dir, oracle, rng):
+    model, tok, id_of = oracle[gpt2_dir]
+    by_text = {token_text(b): i for b, i in id_of.items()}
+    prompt, c = words(rng, 3), gpt2.client()
+    ids = tok.encode(prompt)
+    # Sampled (temperature, top_p): still the model's distribution, before either.
+    r = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=6, temperature=1.5, top_p=0.9,
+                             seed=rng.randrange(2**32), logprobs=2)
+    lp = r.choices[0].logprobs
+    assert r.usage.prompt_tokens == len(ids)
+    gen = [by_text[t] for t in lp.tokens]
+    ref = model_logprobs(model, ids, gen)
+    assert np.allclose(lp.token_logprobs, ref[np.arange(len(gen)), gen], atol=1e-4, rtol=0)
+    # A stop string: the tokens whose text begins before it.
+    full = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=30, temperature=0, logprobs=0).choices[0]
+    clean = [i for i in range(3, len(full.text) - 2) if "\ufffd" not in full.text[i:i + 2]]
+    stop = full.text[rng.choice(clean or [len(full.text) // 2]):][:2] or "."
+    r = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=30, temperature=0, logprobs=0, stop=stop).choices[0]
+    cut = len(r.text)
+    kept = [i for i, off in enumerate(full.logprobs.text_offset) if off < cut]
+    assert r.logprobs.tokens == [full.logprobs.tokens[i] for i in kept]
+    assert r.logprobs.text_offset == [full.logprobs.text_offset[i] for i in kept]
+
+
+def test_chat_logprobs_are_the_models(chat, chat_dir, oracle, rng):
+    model, tok, id_of = oracle[chat_dir]
+    messages = [{"role": "user", "content": words(rng, 4)}]
+    n, k = rng.randint(3, 12), rng.randint(0, 20)
+    c = chat.client()
+    r = c.chat.completions.create(model=chat.id, messages=messages, max_tokens=n, temperature=0, logprobs=True,
+                                  top_logprobs=k)
+    content = r.choices[0].logprobs.content
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    assert len(prompt) == r.usage.prompt_tokens and len(content) == r.usage.completion_tokens
+    gen = [id_of[bytes(e.bytes)] for e in content]
+    ref = model_logprobs(model, prompt, gen)
+    for i, (e, t) in enumerate(zip(content, gen)):
+        assert e.token == token_text(bytes(e.bytes))
+        assert abs(e.logprob - ref[i, t]) <= 1e-4 and abs(ref[i, t] - ref[i].max()) <= 1e-4
+        check_top(ref[i], [id_of[bytes(x.bytes)] for x in e.top_logprobs], [x.logprob for x in e.top_logprobs], k)
+        assert all(x.token == token_text(bytes(x.bytes)) for x in e.top_logprobs)
+        assert k == 0 or (e.top_logprobs[0].token, e.top_logprobs[0].logprob) == (e.token, e.logprob)
+    if not any(tok.is_special(t) or e.token.startswith("bytes:") for e, t in zip(content, gen)):
+        assert "".join(e.token for e in content) == r.choices[0].message.content
+    chunks = [ch.choices[0] for ch in c.chat.completions.create(model=chat.id, messages=messages, max_tokens=n,
+                                                                temperature=0, logprobs=True, top_logprobs=k,
+                                                                stream=True)]
+    streamed = [e for ch in chunks for e in ch.logprobs.content]
+    # Equal up to float32 rounding: the second request shares the first's cached prompt blocks.
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
+    assert np.allclose([e.logprob for e in streamed], [e.logprob for e in content], atol=1e-4, rtol=0)
+    for a, b in zip(streamed, content):
+        assert np.allclose([x.logprob for x in a.top_logprobs], [x.logprob for x in b.top_logprobs], atol=1e-4, rtol=0)
+    plain = c.chat.completions.create(model=chat.id, messages=messages, max_tokens=2, temperature=0, logprobs=False)
+    assert plain.choices[0].logprobs is None
+
+
+def test_logprobs_batched_equal_alone(gpt2, rng):
+    c = gpt2.client()
+    jobs = [(words(rng, rng.randint(1, 6)), rng.randint(2, 12), rng.randint(0, 5)) for _ in range(5)]
+
+    def ask(job):
+        p, n, k = job
+        return c.completions.create(model=gpt2.id, prompt=p, max_tokens=n, temperature=0, logprobs=k).choices[0].logprobs
+
+    alone = [ask(j) for j in jobs]
+    with ThreadPoolExecutor(5) as pool:
+        together = list(pool.map(ask, jobs))
+    for a, b in zip(alone, together):
+        assert a.tokens == b.tokens and a.text_offset == b.text_offset
+        assert np.allclose(a.token_logprobs, b.token_logprobs, atol=1e-4, rtol=0)
+        for x, y in zip(a.top_logprobs, b.top_logprobs):
+            assert np.allclose(list(x.values()), list(y.values()), atol=1e-4, rtol=0)
+
+
 # ---- errors --------------------------------------------------------------------------------------
 
 def post(url, body, headers=None):
@@ -288,7 +442,9 @@ def test_client_mistakes_are_400_not_500(gpt2):
     for field, value in [("temperature", "hot"), ("temperature", 2.5), ("top_p", 0), ("max_tokens", -1),
                          ("max_tokens", 1.5), ("max_tokens", "10"), ("stream", "yes"), ("seed", "x"),
                          ("stop", 7), ("stop", ["a", "b", "c", "d", "e"]), ("prompt", 5), ("prompt", [1, -2]),
-                         ("prompt", [10**12]), ("n", 2), ("logprobs", 3), ("echo", True), ("presence_penalty", 1)]:
+                         ("prompt", [10**12]), ("n", 2), ("logprobs", 6), ("logprobs", -1), ("logprobs", True),
+                         ("logprobs", "2"), ("logprobs", 1.5), ("top_logprobs", 2), ("echo", True),
+                         ("presence_penalty", 1)]:
         assert_error(post(u, {"prompt": "Hello", field: value}), 400, param=field)
     assert_error(post(u, {"prompt": "Hello", "max_tokens": 10**30}), 400, param="max_tokens")
     assert_error(post(u, {"prompt": "Hello", "max_tokens": 10**6}), 400, code="context_length_exceeded")
@@ -312,6 +468,13 @@ def test_chat_mistakes(chat):
                             ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content[0].type")]:
         assert_error(post(u, {"messages": messages}), 400, param=param)
     assert_error(post(u, {"messages": [{"role": "user", "content": "hi " * 3000}]}), 400, code="context_length_exceeded")
+    hi = [{"role": "user", "content": "hi"}]
+    for extra, param in [({"logprobs": "yes"}, "logprobs"), ({"logprobs": 3}, "logprobs"),
+                         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                         ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+                         ({"logprobs": True, "top_logprobs": 2.5}, "top_logprobs"),
+                         ({"top_logprobs": 3}, "top_logprobs"), ({"logprobs": False, "top_logprobs": 3}, "top_logprobs")]:
+        assert_error(post(u, {"messages": hi, **extra}), 400, param=param)
     healthy(chat)
 
 
