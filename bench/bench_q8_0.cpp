@@ -1,10 +1,11 @@
 // bench/bench_q8_0.cpp — the decode weight streams by weight type: matmul_bt (float32),
-// matmul_bt_bf16 and matmul_bt_q8_0 for one row of A at GPT-2's MLP and LM-head shapes, 1 and 2
-// threads, on the best ISA, with B rotated among copies larger than the last-level cache (the
-// weights of a real model come from memory; matmul_bt_q8_0 quantises A per block and sums
-// integer products, kernels/matmul_bt.cpp). Rounds alternate the kernels; each prints its median
-// and best over rounds of B's read rate in GB/s, against the read bandwidth measured in the same run, and at 1 thread the median rate per
-// second of CPU time (robust to a shared host's preemption). Not a correctness test.
+// matmul_bt_bf16, matmul_bt_q8_0 and matmul_bt_q4_k for one row of A at GPT-2's MLP and LM-head
+// shapes, 1 and 2 threads, on the best ISA, with B rotated among copies larger than the last-level
+// cache (the weights of a real model come from memory; matmul_bt_q8_0 and matmul_bt_q4_k quantise
+// A per block and sum integer products, kernels/matmul_bt.cpp and matmul_q4_k.cpp). Rounds
+// alternate the kernels; each prints its median and best over rounds of B's read rate in GB/s,
+// against the read bandwidth measured in the same run, and at 1 thread the median rate per second
+// of CPU time (robust to a shared host's preemption). Not a correctness test.
 //
 // With rows > 1 (several sequences decoded in one step) A has that many rows and the rate is
 // still B's bytes per second.
@@ -26,12 +27,15 @@
 #include "kernels/bf16.h"
 #include "kernels/dispatch.h"
 #include "kernels/half.h"
+#include "kernels/q4_k.h"
 #include "kernels/q8_0.h"
 #include "peak.h"
 
 namespace {
 
+using mhsa::kernels::BlockQ4_K;
 using mhsa::kernels::BlockQ8_0;
+using mhsa::kernels::kQ4KBlock;
 using mhsa::kernels::kQ8Block;
 
 // This thread's CPU time: at 1 thread a rate per CPU second is what the kernel reaches while it
@@ -78,6 +82,11 @@ int main(int argc, char** argv) {
     mhsa::kernels::quantize_row_q8_0(w.data(), n, bq.data());
     for (int i = 1; i < copies; ++i)
       std::copy(bq.begin(), bq.begin() + n / kQ8Block, bq.begin() + n / kQ8Block * i);
+    const int q4_copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 144 / 256)));
+    std::vector<BlockQ4_K> b4(static_cast<size_t>(n / kQ4KBlock * q4_copies));
+    mhsa::kernels::quantize_row_q4_k(w.data(), n, b4.data());
+    for (int i = 1; i < q4_copies; ++i)
+      std::copy(b4.begin(), b4.begin() + n / kQ4KBlock, b4.begin() + n / kQ4KBlock * i);
     struct Variant {
       const char* name;
       double bytes;
@@ -95,6 +104,12 @@ int main(int argc, char** argv) {
          [&](int i) { k.matmul_bt_bf16(M, N, K, a.data(), K, bf16_b + n * (i % bf_copies), K, c.data(), N); }, {}, {}},
         {"q8_0", 34.0 * n / 32,
          [&](int i) { k.matmul_bt_q8_0(M, N, K, a.data(), K, q8_b + nb * (i % copies), K / kQ8Block, c.data(), N); },
+         {}, {}},
+        {"q4_k", 144.0 * n / 256,
+         [&](int i) {
+           const BlockQ4_K* b = b4.data() + n / kQ4KBlock * (i % q4_copies);
+           k.matmul_bt_q4_k(M, N, K, a.data(), K, b, K / kQ4KBlock, c.data(), N);
+         },
          {}, {}},
     };
     for (int t = 1; t <= max_threads; ++t) {

@@ -167,11 +167,14 @@ struct KernelTable {
   decltype(&portable::matmul_bt_parts_q8_0) matmul_bt_parts_q8_0;
   decltype(&portable::gemm_bt_q8_0) gemm_bt_q8_0;
   // 4-bit weights: the same three with B [N, K] stored as Q4_K blocks (K a multiple of 256, ldb in
-  // blocks; kernels/matmul_q4_k.cpp). The streams widen the nibbles in registers and sum each
-  // sub-block's Σ q·a and Σ a in float32 before one FMA each with its d·sc and −dmin·m, every C
-  // element one fixed chain over the blocks; gemm_bt_q4_k dequantises B while packing
-  // (dequantize_row_q4_k's values), so its bits are gemm_ex's on the dequantised B. Twin:
-  // matmul_bt_q4_k_ref (kernels/q4_k.h).
+  // blocks; kernels/matmul_q4_k.cpp). The streams quantise A as the Q8_0 streams do and sum each
+  // 32-weight sub-block's Σ q·qa as an exact integer (the nibbles unsigned against the signed
+  // quants); lane s of 8 holds sub-block s, one FMA with d·sc·dA and one with −dmin·m and dA·Σqa
+  // per block, the lanes added by one fixed tree (spelled out at the top of matmul_q4_k.cpp): the
+  // same bits whatever the grouping, the thread count or the number of rows, and on every ISA
+  // with FMA. Twin: matmul_bt_q4_k_ref (kernels/q4_k.h), the dequantised A times B in float64.
+  // gemm_bt_q4_k keeps A in float32 and dequantises B while packing (dequantize_row_q4_k's
+  // values), so its bits are gemm_ex's on the dequantised B. Twin: gemm_bt_q4_k_ref.
   decltype(&portable::matmul_bt_q4_k) matmul_bt_q4_k;
   decltype(&portable::matmul_bt_parts_q4_k) matmul_bt_parts_q4_k;
   decltype(&portable::gemm_bt_q4_k) gemm_bt_q4_k;

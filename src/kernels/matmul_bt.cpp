@@ -17,14 +17,12 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cstring>
-#include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/dispatch.h"
 #include "kernels/isa/simd.h"
 #include "kernels/isa/bt_parts.h"
+#include "kernels/isa/q8_activations.h"
 
 namespace mhsa::kernels::MHSA_ISA {
 namespace {
@@ -119,7 +117,7 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
 
 // ---- Q8_0 B: A quantised per block, integer dot products ---------------------------------------
 // Each row of A is quantised once per call to int8 blocks with float scales
-// (quantize_activations_q8, bit for bit), and an element of C is, on every ISA:
+// (quantize_activations_q8, bit for bit: isa/q8_activations.h), and an element of C is, on every ISA:
 //
 //   for each block b in order, for each lane l < 8:
 //     acc[l] = fma(dB_b · dA_b, Σ_{i<4} qa[32b + 4l + i] · qb[32b + 4l + i], acc[l])
@@ -135,12 +133,7 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
 // chain.
 
 #if defined(__AVX2__)  // the avx2 and avx512 builds: 256-bit integer dot products
-using Lanes = float __attribute__((vector_size(8 * sizeof(float))));  // one chain's 8 accumulators
-using Quants = __m256i;                                                // one block's 32 quants
-
-inline Lanes splat8(float x) { return x - Lanes{}; }
-inline Lanes fused8(Lanes a, Lanes b, Lanes c) { return (Lanes)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
-inline float sum8(Lanes v) { return reduce(v, [](Lanes x, Lanes y) { return x + y; }); }
+using Quants = __m256i;  // one block's 32 quants
 
 inline Quants load_quants(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
@@ -152,17 +145,10 @@ inline Lanes block_lanes(Quants qa, Quants qb) {
   const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(qb), _mm256_sign_epi8(qa, qb));
   return (Lanes)_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
-#else  // 4-lane vectors: the 8 lanes as two, summed by the same tree
-struct Lanes {
-  Vec lo, hi;  // lanes 0–3, 4–7
-};
+#else  // 4-lane vectors: scalar integer sums
 struct Quants {
   const int8_t* p;
 };
-
-inline Lanes splat8(float x) { return {splat(x), splat(x)}; }
-inline Lanes fused8(Lanes a, Lanes b, Lanes c) { return {fma(a.lo, b.lo, c.lo), fma(a.hi, b.hi, c.hi)}; }
-inline float sum8(Lanes v) { return reduce_sum(v.lo + v.hi); }
 
 inline Quants load_quants(const int8_t* p) { return {p}; }
 
@@ -173,57 +159,9 @@ inline Lanes block_lanes(Quants qa, Quants qb) {
     for (int i = 4 * l; i < 4 * l + 4; ++i) sum += int32_t{qa.p[i]} * qb.p[i];
     sums[l] = static_cast<float>(sum);
   }
-  return {load(sums), load(sums + 4)};
+  return load8(sums);
 }
 #endif
-
-// A [M, K] quantised: q [M, K] int8 (rows K apart), d [M, nb] scales (rows nb apart).
-struct QuantizedA {
-  const int8_t* q;
-  const float* d;
-  int64_t K, nb;
-};
-
-inline Vec abs(Vec v) { return (Vec)((IVec)v & 0x7fffffff); }
-
-// quantize_activations_q8 of every row of A [M, K] (lda) into q and d, bit for bit: the block's
-// maximum is exact in any order, d and 1 / d are single IEEE operations, and roundf is done
-// exactly (truncate, then step away from zero when the dropped part is at least one half).
-void quantize_rows(int64_t M, int64_t K, const float* A, int64_t lda, int8_t* q, float* d) {
-  constexpr int kBlockVecs = static_cast<int>(kQ8Block) / kLanes;  // 2 (AVX-512), 4 (AVX2), 8 (portable)
-  using Bytes = int8_t __attribute__((vector_size(kLanes)));
-  const int64_t nb = K / kQ8Block;
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* x = A + i * lda + b * kQ8Block;
-      int8_t* qb = q + i * K + b * kQ8Block;
-      Vec v[kBlockVecs], amax = splat(0.0f);
-      IVec bad = {};
-      for (int u = 0; u < kBlockVecs; ++u) {
-        v[u] = load(x + u * kLanes);
-        bad |= ~(abs(v[u]) <= splat(std::numeric_limits<float>::max()));  // NaN or ±inf
-        amax = max(amax, abs(v[u]));
-      }
-      bool finite = true;
-      for (int l = 0; l < kLanes; ++l) finite = finite && bad[l] == 0;
-      float& db = d[i * nb + b];
-      db = finite ? reduce_max(amax) / 127.0f : std::numeric_limits<float>::quiet_NaN();
-      if (!(db >= std::numeric_limits<float>::min())) {  // NaN, zero or subnormal: no quants
-        if (finite) db = 0.0f;
-        std::memset(qb, 0, kQ8Block);
-        continue;
-      }
-      const Vec id = splat(1.0f / db);
-      for (int u = 0; u < kBlockVecs; ++u) {
-        const Vec y = v[u] * id;                    // |y| ≤ 127 (and a hair)
-        IVec t = __builtin_convertvector(y, IVec);  // truncated
-        const Vec tf = __builtin_convertvector(t, Vec);
-        t = t - (IVec)(y >= tf + 0.5f) + (IVec)(y <= tf - 0.5f);  // a true comparison is −1
-        const Bytes bytes = __builtin_convertvector(t, Bytes);
-        std::memcpy(qb + u * kLanes, &bytes, kLanes);
-      }
-    }
-}
 
 // out[r·ldc + j] = row m + r of A · B row j for R rows of A and J rows of B (ldb blocks apart):
 // the chain above for each (r, j), the same whatever R and J. With J > 1 (one row of A,
@@ -291,14 +229,7 @@ void matmul_bt_parts_bf16(int64_t M, int64_t K, const float* A, int64_t lda, con
 }
 
 void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts, int count) {
-  // The calling thread's scratch for the quantised A, kept between calls.
-  thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> d;
-  const int64_t nb = K / kQ8Block;
-  if (static_cast<int64_t>(q.size()) < M * K) q.resize(static_cast<size_t>(M * K));
-  if (static_cast<int64_t>(d.size()) < M * nb) d.resize(static_cast<size_t>(M * nb));
-  quantize_rows(M, K, A, lda, q.data(), d.data());
-  const QuantizedA a{q.data(), d.data(), K, nb};
+  const QuantizedA a = quantize_a(M, K, A, lda);
   parts_product(K, parts, count, [&](const BtPartQ8& part, int64_t n0, int64_t n) {
     range_product(a, M, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
   });

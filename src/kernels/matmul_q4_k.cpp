@@ -6,144 +6,168 @@
 // with one row of A, kGroup rows of B are read side by side (independent chains, the next
 // group's rows prefetched).
 //
-// The arithmetic: a sub-block's 32 weights are (d·sc)·q − dmin·m, so its share of a dot product
-// is (d·sc)·Σ q·a − (dmin·m)·Σ a. The quants are widened from their nibbles in registers (exact),
-// Σ q·a and Σ a are summed lane-wise in float32 over the sub-block, and each joins the row's
-// accumulator in one FMA with its coefficient (the products d·sc, dmin·m rounded as the
-// dequantiser rounds them). Every C element is one fixed chain over the blocks whatever the
-// grouping and the thread count; close to, not bitwise, the float kernel on the dequantised B
-// (the float64 twin: matmul_bt_q4_k_ref). Not for large M: gemm_bt_q4_k (gemm.cpp).
+// The arithmetic: each row of A is quantised once per call per 32-value block, bit for bit as the
+// Q8_0 streams quantise it (kernels::quantize_activations_q8; isa/q8_activations.h), and Q4_K's
+// 32-weight sub-blocks line up with those blocks. Sub-block s of block b holds weights
+// scale·q − offset (scale = d·sc[s], offset = dmin·m[s], each one exact float product of the f16
+// d or dmin and the 6-bit integer, as the dequantiser rounds them) with q in 0..15: an unsigned
+// operand for vpmaddubsw against the signed activation quants, no sign trick. With dA the A
+// block's scale, Σqa its quants' sum (both per call, per A block: dA·Σqa is precomputed, one
+// rounding) and Σq·qa the exact integer sum, an element of C is, on every ISA:
+//
+//   for each block b in order, for each lane s < 8 (the sub-block):
+//     acc[s] = fma(scale · dA, Σ q·qa, acc[s])
+//     acc[s] = fma(−offset, dA·Σqa, acc[s])
+//   C = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))
+//
+// scale · dA is one float product; the integer sums are exact (|Σ q·qa| ≤ 32·15·127, exact as a
+// float too); fma is fused where the ISA has FMA (AVX2, AVX-512, NEON; the portable build on x86
+// multiplies and adds); the last line is simd.h's 8-lane tree. So the chain depends on nothing
+// but the inputs: not the grouping, the thread count, the number of rows, nor (given FMA) the
+// ISA. The AVX-512 build runs the same 256-bit code as AVX2 (as the Q8_0 streams do). A block of
+// A holding a NaN or ±inf has dA = NaN: every output of its row is NaN. Its float64 twin:
+// matmul_bt_q4_k_ref, the dequantised A times B's values scale·q − offset. Not for large M:
+// gemm_bt_q4_k (gemm.cpp), which keeps A in float32.
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "kernels/dispatch.h"
 #include "kernels/isa/simd.h"
 #include "kernels/isa/bt_parts.h"
+#include "kernels/isa/q8_activations.h"
 
 namespace mhsa::kernels::MHSA_ISA {
 namespace {
 
-constexpr int kSubVecs = static_cast<int>(kQ4KSub) / kLanes;  // vectors per sub-block: 2, 4 or 8
+constexpr int kSubs = static_cast<int>(kQ4KBlock / kQ4KSub);  // 8 sub-blocks: the 8 lanes
 
-inline Vec fused(Vec a, Vec b, Vec c) {
-#if defined(__AVX512F__)
-  return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__AVX2__) && defined(__FMA__)
-  return (Vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
-#else
-  return fma(a, b, c);
-#endif
+// A block's eight 6-bit scales (low word) and mins (high word), one byte each in sub-block order,
+// unpacked from ggml's packing (q4_k_scale_min) a 32-bit word at a time (little-endian): bytes
+// 0–3 of scales[] hold sc[0..3] and, in their top 2 bits, the high bits of sc[4..7]; bytes 4–7
+// likewise m[0..3] and m[4..7]'s; bytes 8–11 the low 4 bits of sc[4..7] (low nibble) and
+// m[4..7] (high nibble).
+inline void unpack_scales(const BlockQ4_K& blk, uint64_t* sc, uint64_t* m) {
+  uint32_t w[3];
+  std::memcpy(w, blk.scales, sizeof(w));
+  const uint32_t sc_lo = w[0] & 0x3F3F3F3Fu, m_lo = w[1] & 0x3F3F3F3Fu;
+  const uint32_t sc_hi = (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 2) & 0x30303030u);
+  *sc = sc_lo | uint64_t{sc_hi} << 32;
+  *m = m_lo | uint64_t{m_hi} << 32;
 }
 
-// kLanes bytes from p, zero-extended to 32 bits (vpmovzxbd on x86).
-inline IVec load_u8(const uint8_t* p) {
-#if defined(__AVX512F__)
-  return (IVec)_mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-#elif defined(__AVX2__)
-  return (IVec)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-#else
-  using Bytes = uint8_t __attribute__((vector_size(kLanes)));
-  Bytes q;
-  std::memcpy(&q, p, sizeof(Bytes));
-  return __builtin_convertvector(q, IVec);
-#endif
+#if defined(__AVX2__)  // the avx2 and avx512 builds: 256-bit integer dot products
+// 8 bytes as 8 float lanes (exact).
+inline Lanes byte_lanes(uint64_t bytes) {
+  return (Lanes)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))));
 }
 
-// One block's coefficients: scale[s] = d·sc[s], offset[s] = dmin·m[s], rounded as the dequantiser
-// rounds them.
+// The block's 8 exact sums Σ q·qa, sub-block s in lane s, as floats; qa the 256 activation quants
+// under the block. vpmaddubsw multiplies the nibbles (unsigned) by qa (signed, never −128) and
+// adds pairs into int16 (|pair| ≤ 2·15·127); three rounds of vphaddw add neighbours until each
+// 128-bit half holds the 8 sub-blocks' sums over its 16 products (|sum| ≤ 16·15·127 < 2¹⁵: no
+// wrap-around), and the two halves are widened to int32 and added.
+inline Lanes sub_block_sums(const uint8_t* qs, const int8_t* qa) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  __m256i p[kSubs];
+  for (int i = 0; i < 4; ++i) {  // sub-blocks 2i (low nibbles) and 2i + 1 (high nibbles)
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * i));
+    const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * i));
+    const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * i + 32));
+    p[2 * i] = _mm256_maddubs_epi16(_mm256_and_si256(w, low), a_lo);
+    p[2 * i + 1] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), a_hi);
+  }
+  const __m256i s01 = _mm256_hadd_epi16(p[0], p[1]), s23 = _mm256_hadd_epi16(p[2], p[3]);
+  const __m256i s45 = _mm256_hadd_epi16(p[4], p[5]), s67 = _mm256_hadd_epi16(p[6], p[7]);
+  const __m256i s = _mm256_hadd_epi16(_mm256_hadd_epi16(s01, s23), _mm256_hadd_epi16(s45, s67));
+  const __m256i sum = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s)),
+                                       _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s, 1)));
+  return (Lanes)_mm256_cvtepi32_ps(sum);
+}
+#else  // 4-lane vectors: scalar integer sums
+inline Lanes byte_lanes(uint64_t bytes) {
+  float v[kSubs];
+  for (int s = 0; s < kSubs; ++s) v[s] = static_cast<float>((bytes >> (8 * s)) & 0xFF);
+  return load8(v);
+}
+
+inline Lanes sub_block_sums(const uint8_t* qs, const int8_t* qa) {
+  float sums[kSubs];
+  for (int s = 0; s < kSubs; ++s) {
+    int32_t sum = 0;
+    for (int l = 0; l < 32; ++l) sum += ((qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15) * int32_t{qa[32 * s + l]};
+    sums[s] = static_cast<float>(sum);
+  }
+  return load8(sums);
+}
+#endif
+
+// One block's coefficients, sub-block s in lane s: scale = d·sc[s] and −offset = −(dmin·m[s]).
 struct Coefficients {
-  float scale[8], offset[8];
+  Lanes scale, neg_offset;
 };
 inline Coefficients coefficients(const BlockQ4_K& blk) {
-  Coefficients c;
-  const float d = f16_scalar(blk.d), dmin = f16_scalar(blk.dmin);
-  for (int s = 0; s < 8; ++s) {
-    int sc, m;
-    q4_k_scale_min(blk, s, &sc, &m);
-    c.scale[s] = d * static_cast<float>(sc);
-    c.offset[s] = dmin * static_cast<float>(m);
-  }
-  return c;
+  uint64_t sc, m;
+  unpack_scales(blk, &sc, &m);
+  return {mul8(splat8(f16_scalar(blk.d)), byte_lanes(sc)), mul8(splat8(-f16_scalar(blk.dmin)), byte_lanes(m))};
 }
 
-// out[r·ldc + j] = A row r · B row j for R rows of A (lda apart) and J rows of B (ldb blocks apart)
-// over nb blocks. Per sub-block: Σ a (shared by the J rows) and Σ q·a lane-wise, a product then
-// FMAs in order; then acc = fma(scale, Σ q·a, acc), acc = fma(−offset, Σ a, acc); then the fixed
-// horizontal sum. Each (r, j) is the same chain for any R and J.
+// A quantised, with dA·Σqa per block: sums [M, nb] (rows nb apart).
+struct Activations {
+  QuantizedA a;
+  const float* sums;
+};
+
+// out[r·ldc + j] = row m + r of A · B row j for R rows of A and J rows of B (ldb blocks apart):
+// the chain above for each (r, j), the same whatever R and J. With J > 1 (one row of A,
+// decoding) the J interleaved streams prefetch the next group's rows.
 template <int R, int J>
-void dot_q4k(int64_t nb, const float* A, int64_t lda, const BlockQ4_K* B, int64_t ldb, float* out, int64_t ldc) {
-  Vec acc[R][J] = {};
-  for (int64_t b = 0; b < nb; ++b) {
+void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, float* out, int64_t ldc) {
+  const QuantizedA& a = x.a;
+  Lanes acc[R][J] = {};
+  for (int64_t b = 0; b < a.nb / kSubs; ++b) {
     if constexpr (J > 1)
       for (int j = 0; j < J; ++j)
         for (int line = 0; line < 3; ++line)
           __builtin_prefetch(reinterpret_cast<const char*>(B + (J + j) * ldb + b) + 64 * line);
-    Coefficients co[J];
-    for (int j = 0; j < J; ++j) co[j] = coefficients(B[j * ldb + b]);
-    for (int p = 0; p < 4; ++p) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high nibbles)
-      const int64_t k0 = b * kQ4KBlock + 64 * p;
-      Vec sum_lo[R], sum_hi[R];
+    for (int j = 0; j < J; ++j) {
+      const BlockQ4_K& blk = B[j * ldb + b];
+      const Coefficients co = coefficients(blk);
       for (int r = 0; r < R; ++r) {
-        const float* a = A + r * lda + k0;
-        sum_lo[r] = load(a);
-        sum_hi[r] = load(a + kQ4KSub);
-        for (int v = 1; v < kSubVecs; ++v) {
-          sum_lo[r] += load(a + v * kLanes);
-          sum_hi[r] += load(a + kQ4KSub + v * kLanes);
-        }
-      }
-      for (int j = 0; j < J; ++j) {
-        const uint8_t* qs = B[j * ldb + b].qs + 32 * p;
-        Vec lo[kSubVecs], hi[kSubVecs];
-        for (int v = 0; v < kSubVecs; ++v) {
-          const IVec w = load_u8(qs + v * kLanes);
-          lo[v] = __builtin_convertvector(w & 15, Vec);
-          hi[v] = __builtin_convertvector(w >> 4, Vec);
-        }
-        const Vec s_lo = splat(co[j].scale[2 * p]), s_hi = splat(co[j].scale[2 * p + 1]);
-        const Vec o_lo = splat(-co[j].offset[2 * p]), o_hi = splat(-co[j].offset[2 * p + 1]);
-        for (int r = 0; r < R; ++r) {
-          const float* a = A + r * lda + k0;
-          Vec dot_lo = load(a) * lo[0], dot_hi = load(a + kQ4KSub) * hi[0];
-          for (int v = 1; v < kSubVecs; ++v) {
-            dot_lo = fused(load(a + v * kLanes), lo[v], dot_lo);
-            dot_hi = fused(load(a + kQ4KSub + v * kLanes), hi[v], dot_hi);
-          }
-          acc[r][j] = fused(s_lo, dot_lo, acc[r][j]);
-          acc[r][j] = fused(o_lo, sum_lo[r], acc[r][j]);
-          acc[r][j] = fused(s_hi, dot_hi, acc[r][j]);
-          acc[r][j] = fused(o_hi, sum_hi[r], acc[r][j]);
-        }
+        const int64_t ib = (m + r) * a.nb + b * kSubs;  // the row's first A block under this block
+        const Lanes sums = sub_block_sums(blk.qs, a.q + (m + r) * a.K + b * kQ4KBlock);
+        acc[r][j] = fused8(mul8(co.scale, load8(a.d + ib)), sums, acc[r][j]);
+        acc[r][j] = fused8(co.neg_offset, load8(x.sums + ib), acc[r][j]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) out[r * ldc + j] = reduce_sum(acc[r][j]);
+    for (int j = 0; j < J; ++j) out[r * ldc + j] = sum8(acc[r][j]);
 }
 
-// C[M, rows] = A[M, K] · B[rows, K]ᵀ (ldb in blocks): one row of A against kGroup rows of B at a
-// time, or each group's rows in turn against kRows rows of A.
-void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B, int64_t ldb, int64_t rows,
-                   float* C, int64_t ldc) {
-  const int64_t nb = K / kQ4KBlock;
+// C[M, rows] = A · B[rows, K/256 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
+// kGroup rows of B at a time, or each group's rows in turn against kRows rows of A.
+void range_product(const Activations& x, int64_t M, const BlockQ4_K* B, int64_t ldb, int64_t rows, float* C,
+                   int64_t ldc) {
   if (M == 1) {
     int64_t n = 0;
-    for (; n + kGroup <= rows; n += kGroup) dot_q4k<1, kGroup>(nb, A, lda, B + n * ldb, ldb, C + n, ldc);
-    for (; n < rows; ++n) dot_q4k<1, 1>(nb, A, lda, B + n * ldb, ldb, C + n, ldc);
+    for (; n + kGroup <= rows; n += kGroup) dot_q4k<1, kGroup>(x, 0, B + n * ldb, ldb, C + n, ldc);
+    for (; n < rows; ++n) dot_q4k<1, 1>(x, 0, B + n * ldb, ldb, C + n, ldc);
     return;
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
     for (int64_t m = 0; m < M; m += kRows)
       for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
-        const float* a = A + m * lda;
         const BlockQ4_K* b = B + n * ldb;
         float* out = C + m * ldc + n;
         switch (std::min<int64_t>(kRows, M - m)) {
-          case 4: dot_q4k<4, 1>(nb, a, lda, b, ldb, out, ldc); break;
-          case 3: dot_q4k<3, 1>(nb, a, lda, b, ldb, out, ldc); break;
-          case 2: dot_q4k<2, 1>(nb, a, lda, b, ldb, out, ldc); break;
-          default: dot_q4k<1, 1>(nb, a, lda, b, ldb, out, ldc); break;
+          case 4: dot_q4k<4, 1>(x, m, b, ldb, out, ldc); break;
+          case 3: dot_q4k<3, 1>(x, m, b, ldb, out, ldc); break;
+          case 2: dot_q4k<2, 1>(x, m, b, ldb, out, ldc); break;
+          default: dot_q4k<1, 1>(x, m, b, ldb, out, ldc); break;
         }
       }
 }
@@ -151,8 +175,17 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const Bloc
 }  // namespace
 
 void matmul_bt_parts_q4_k(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ4K* parts, int count) {
+  const QuantizedA a = quantize_a(M, K, A, lda);
+  thread_local std::vector<float> sums;  // dA·Σqa per A block: the calling thread's scratch
+  if (static_cast<int64_t>(sums.size()) < M * a.nb) sums.resize(static_cast<size_t>(M * a.nb));
+  for (int64_t i = 0; i < M * a.nb; ++i) {
+    int32_t s = 0;
+    for (int64_t k = 0; k < kQ8Block; ++k) s += a.q[i * kQ8Block + k];
+    sums[static_cast<size_t>(i)] = a.d[i] * static_cast<float>(s);
+  }
+  const Activations x{a, sums.data()};
   parts_product(K, parts, count, [&](const BtPartQ4K& part, int64_t n0, int64_t n) {
-    range_product(M, K, A, lda, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
+    range_product(x, M, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
   });
 }
 

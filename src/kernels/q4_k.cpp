@@ -1,4 +1,4 @@
-// kernels/q4_k.cpp — the Q4_K quantiser and dequantiser (kernels/q4_k.h) and the float64 twin of
+// kernels/q4_k.cpp — the Q4_K quantiser and dequantiser (kernels/q4_k.h) and the float64 twins of
 // the kernels that multiply by Q4_K rows. Scalar: run once per weight at load or when writing a
 // file, never on the decode path. Built with -ffp-contract=off: the dequantised values must be
 // the separately rounded products and difference ggml and the gguf package compute.
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/half.h"
+#include "kernels/q8_0.h"
 
 namespace mhsa::kernels {
 namespace {
@@ -185,6 +186,38 @@ void dequantize_row_q4_k(const BlockQ4_K* blocks, int64_t n, float* y) {
 
 void matmul_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B,
                         int64_t ldb, float* C, int64_t ldc) {
+  const int64_t nb = K / kQ8Block;
+  std::vector<int8_t> qa(static_cast<size_t>(M * K));
+  std::vector<float> da(static_cast<size_t>(M * nb));
+  for (int64_t i = 0; i < M; ++i) quantize_activations_q8(A + i * lda, K, qa.data() + i * K, da.data() + i * nb);
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t i = 0; i < M; ++i) {
+      double acc = 0;
+      for (int64_t b = 0; b < K / kQ4KBlock; ++b) {
+        const BlockQ4_K& blk = B[j * ldb + b];
+        const float d = f16_to_float(blk.d), dmin = f16_to_float(blk.dmin);
+        for (int s = 0; s < kSubs; ++s) {
+          int sc, m;
+          q4_k_scale_min(blk, s, &sc, &m);
+          const float scale = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
+          const int8_t* x = qa.data() + i * K + b * kQ4KBlock + s * kQ4KSub;
+          const uint8_t* q = blk.qs + 32 * (s / 2);
+          int64_t dot = 0, sum = 0;
+          for (int l = 0; l < kQ4KSub; ++l) {
+            dot += int64_t{x[l]} * ((q[l] >> (4 * (s % 2))) & 0x0f);
+            sum += x[l];
+          }
+          acc += double{da[static_cast<size_t>(i * nb + b * kSubs + s)]} *
+                 (double{scale} * static_cast<double>(dot) - double{offset} * static_cast<double>(sum));
+        }
+      }
+      C[i * ldc + j] = static_cast<float>(acc);
+    }
+}
+
+void gemm_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B, int64_t ldb,
+                      float* C, int64_t ldc) {
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < N; ++j) {
     std::vector<float> b(static_cast<size_t>(K));

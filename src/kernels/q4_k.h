@@ -49,10 +49,18 @@ void quantize_row_q4_k(const float* x, int64_t n, BlockQ4_K* out);
 // blocks [n / 256] → y [n].
 void dequantize_row_q4_k(const BlockQ4_K* blocks, int64_t n, float* y);
 
-// The float64 twin of dispatch.h's Q4_K kernels: C[M, N] (ldc) = A[M, K] (lda) · B[N, K]ᵀ with B
-// stored as Q4_K blocks (ldb in blocks, K a multiple of 256), dequantised as dequantize_row_q4_k
-// does and summed in float64.
+// The float64 twin of dispatch.h's Q4_K streams (matmul_bt_q4_k, matmul_bt_parts_q4_k): C[M, N]
+// (ldc) = A[M, K] (lda) · B[N, K]ᵀ with B stored as Q4_K blocks (ldb in blocks, K a multiple of
+// 256), each row of A first quantised by quantize_activations_q8 (kernels/q8_0.h), then per
+// 32-weight sub-block dA · (scale·Σ q·qa − offset·Σ qa) with the exact integer sums and the
+// dequantiser's scale = d·sc, offset = dmin·m, summed in float64 — that is, the dequantised A
+// times B's values scale·q − offset (dequantize_row_q4_k's values before their last rounding).
 void matmul_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B,
                         int64_t ldb, float* C, int64_t ldc);
+
+// The float64 twin of gemm_bt_q4_k (many rows: A stays float): A times B dequantised as
+// dequantize_row_q4_k does, summed in float64.
+void gemm_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B, int64_t ldb,
+                      float* C, int64_t ldc);
 
 }  // namespace mhsa::kernels

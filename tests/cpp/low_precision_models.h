@@ -1,12 +1,15 @@
-// tests/cpp/low_precision_models.h — shared by the bf16 and Q8_0 model tests: a random model saved
-// as a Hugging Face directory, and the check that a low-precision model computes what the float
-// model computes on the weights it actually holds (rounded or dequantised).
+// tests/cpp/low_precision_models.h — shared by the bf16, Q8_0 and Q4_K tests: a random model saved
+// as a Hugging Face directory, the check that a low-precision model computes what the float
+// model computes on the weights it actually holds (rounded or dequantised), and the operands of
+// the kernels over quantised weights (random A, B quantised to Q8_0 or Q4_K blocks, A quantised
+// as the decode streams quantise it, the error measure).
 #pragma once
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -16,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/q4_k.h"
+#include "kernels/q8_0.h"
 #include "mhsa/error.h"
 #include "mhsa/model.h"
 #include "mhsa/safetensors.h"
@@ -96,6 +101,89 @@ inline void expect_same_as_float_model(const Model& low, const Model& reference,
   EXPECT_THROW(low.zero_gradients(), Error);
   std::vector<Tensor> grads;
   EXPECT_THROW(low.loss_and_gradients(prompt, prompt, 1, 7, grads), Error);
+}
+
+// ---- kernels over quantised weights ---------------------------------------------------------
+
+inline bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// The block formats of the operands below.
+struct Q8Format {
+  using Block = kernels::BlockQ8_0;
+  static constexpr int64_t kWeights = kernels::kQ8Block;
+  static void quantize(const float* x, int64_t n, Block* out) { kernels::quantize_row_q8_0(x, n, out); }
+  static void dequantize(const Block* b, int64_t n, float* y) { kernels::dequantize_row_q8_0(b, n, y); }
+};
+struct Q4KFormat {
+  using Block = kernels::BlockQ4_K;
+  static constexpr int64_t kWeights = kernels::kQ4KBlock;
+  static void quantize(const float* x, int64_t n, Block* out) { kernels::quantize_row_q4_k(x, n, out); }
+  static void dequantize(const Block* b, int64_t n, float* y) { kernels::dequantize_row_q4_k(b, n, y); }
+};
+
+template <class Format>
+struct QuantOperands {
+  int64_t M, N, K, lda, ldb;                // ldb in blocks
+  std::vector<float> a;                     // [M, lda]
+  std::vector<typename Format::Block> b;    // [N, ldb] blocks
+  std::vector<float> b_wide;                // [N, ldb·kWeights] the dequantised values
+};
+
+// A [M, K] normal (lda = K + 3); B [N, K] rows of different magnitudes (and, with `shifted`,
+// different means) quantised, one block more per row than K needs (ldb).
+template <class Format>
+QuantOperands<Format> make_operands(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K, bool shifted) {
+  constexpr int64_t W = Format::kWeights;
+  QuantOperands<Format> o{M, N, K, K + 3, K / W + 1, {}, {}, {}};
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  o.a.resize(static_cast<size_t>(M * o.lda));
+  for (float& x : o.a) x = d(gen);
+  o.b.resize(static_cast<size_t>(N * o.ldb));
+  o.b_wide.resize(static_cast<size_t>(N * o.ldb * W));
+  std::vector<float> row(static_cast<size_t>(o.ldb * W));
+  for (int64_t j = 0; j < N; ++j) {
+    const float spread = std::exp(d(gen)), shift = shifted ? d(gen) * spread : 0.0f;
+    for (float& x : row) x = d(gen) * spread + shift;
+    Format::quantize(row.data(), o.ldb * W, o.b.data() + j * o.ldb);
+    Format::dequantize(o.b.data() + j * o.ldb, o.ldb * W, o.b_wide.data() + j * o.ldb * W);
+  }
+  return o;
+}
+
+// max |got − ref| / (|A row| · |B row|) over C [M, N] (ldc): the error relative to the dot
+// product's scale.
+template <class Format>
+double scaled_error(const QuantOperands<Format>& o, const std::vector<float>& got, const std::vector<float>& ref,
+                    int64_t ldc) {
+  const int64_t ldw = o.ldb * Format::kWeights;
+  std::vector<double> na(static_cast<size_t>(o.M)), nb(static_cast<size_t>(o.N));
+  for (int64_t i = 0; i < o.M; ++i)
+    for (int64_t k = 0; k < o.K; ++k) na[i] += double{o.a[i * o.lda + k]} * o.a[i * o.lda + k];
+  for (int64_t j = 0; j < o.N; ++j)
+    for (int64_t k = 0; k < o.K; ++k) nb[j] += double{o.b_wide[j * ldw + k]} * o.b_wide[j * ldw + k];
+  double worst = 0;
+  for (int64_t i = 0; i < o.M; ++i)
+    for (int64_t j = 0; j < o.N; ++j)
+      worst = std::max(worst, std::abs(double{got[i * ldc + j]} - ref[i * ldc + j]) / std::sqrt(na[i] * nb[j]));
+  return worst;
+}
+
+// A's rows quantised as the decode streams quantise them (quantize_activations_q8): q [M, K],
+// d [M, K/32].
+struct QuantizedA {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+};
+
+template <class Format>
+QuantizedA quantize_a(const QuantOperands<Format>& o) {
+  const int64_t nb = o.K / kernels::kQ8Block;
+  QuantizedA a{std::vector<int8_t>(static_cast<size_t>(o.M * o.K)), std::vector<float>(static_cast<size_t>(o.M * nb))};
+  for (int64_t i = 0; i < o.M; ++i)
+    kernels::quantize_activations_q8(o.a.data() + i * o.lda, o.K, a.q.data() + i * o.K, a.d.data() + i * nb);
+  return a;
 }
 
 }  // namespace mhsa::test

@@ -53,10 +53,6 @@ Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K) {
   return o;
 }
 
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
-
 // max |got − ref| / (|A row| · |B row|): the error relative to the dot product's scale.
 double scaled_error(const Operands& o, const std::vector<float>& got, const std::vector<float>& ref, int64_t ldc) {
   double worst = 0;

@@ -1,9 +1,12 @@
 // tests/cpp/test_q4_k.cpp — 4-bit weights: the Q4_K block (kernels/q4_k.h) and mhsa's quantiser
 // (its error against the plain min/max rule on the same grid, zero, constant, all-positive and
 // outlier blocks; its bytes dequantised by the GGUF reader's own Q4_K code equal our dequantiser's
-// values), the kernels over Q4_K weights on every usable ISA (matmul_bt_q4_k and its parts form
-// against the float64 twin, gemm_bt_q4_k bitwise gemm_ex on the dequantised B, every result the
-// same for 1, 2 and 3 threads and for any grouping), models loaded with WeightType::q4_k against
+// values), the kernels over Q4_K weights on every usable ISA (matmul_bt_q4_k and its parts form,
+// which quantise A per 32-value block: against their float64 twin within their chain's rounding
+// bound and bit for bit the chain matmul_q4_k.cpp states, the same bits on every ISA with FMA, on
+// 1, 2, 3 and 17 rows of A; non-finite activations give NaN rows; gemm_bt_q4_k against its twin and
+// bitwise gemm_ex on the dequantised B; every result the same for 1, 2 and 3 threads and for any
+// grouping), models loaded with WeightType::q4_k against
 // the float model on the weights they hold (Q4_K matrices, Q8_0 output and odd-width matrices),
 // and q4_k GGUF files: the tensor types written, and a file loaded as q4_k keeping its blocks (the
 // same logits as quantising at load). The gguf package's view is tests/python/test_gguf.py's.
@@ -13,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,6 +40,7 @@ namespace {
 
 using kernels::BlockQ4_K;
 using kernels::kQ4KBlock;
+using kernels::kQ8Block;
 
 std::vector<float> quantised_round_trip(const std::vector<float>& x) {
   std::vector<BlockQ4_K> q(x.size() / kQ4KBlock);
@@ -158,58 +163,91 @@ TEST(Q4_K, GgufReaderDequantisesOurBlocksToOurValues) {
 
 // ---- kernels ---------------------------------------------------------------------------------
 
-struct Operands {
-  int64_t M, N, K, lda, ldb;   // ldb in blocks
-  std::vector<float> a;        // [M, lda]
-  std::vector<BlockQ4_K> b;    // [N, ldb] blocks
-  std::vector<float> b_wide;   // [N, ldb·256] the dequantised values
-};
+using Operands = QuantOperands<Q4KFormat>;
 
 Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K) {
-  Operands o{M, N, K, K + 3, K / kQ4KBlock + 1, {}, {}, {}};
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  o.a.resize(static_cast<size_t>(M * o.lda));
-  for (float& x : o.a) x = d(gen);
-  o.b.resize(static_cast<size_t>(N * o.ldb));
-  o.b_wide.resize(static_cast<size_t>(N * o.ldb * kQ4KBlock));
-  std::vector<float> row(static_cast<size_t>(o.ldb * kQ4KBlock));
-  for (int64_t j = 0; j < N; ++j) {
-    const float spread = std::exp(d(gen)), shift = d(gen) * spread;  // rows of different magnitudes and means
-    for (float& x : row) x = d(gen) * spread + shift;
-    kernels::quantize_row_q4_k(row.data(), o.ldb * kQ4KBlock, o.b.data() + j * o.ldb);
-    kernels::dequantize_row_q4_k(o.b.data() + j * o.ldb, o.ldb * kQ4KBlock, o.b_wide.data() + j * o.ldb * kQ4KBlock);
+  return make_operands<Q4KFormat>(gen, M, N, K, true);
+}
+
+// Sub-block s of B row j's block b against A row i: the exact Σ q·qa and Σ qa, and the
+// dequantiser's scale = d·sc and offset = dmin·m.
+struct SubBlock {
+  int32_t dot = 0, sum = 0;
+  float scale, offset, da;
+};
+SubBlock sub_block(const Operands& o, const QuantizedA& a, int64_t i, int64_t j, int64_t b, int s) {
+  const BlockQ4_K& blk = o.b[j * o.ldb + b];
+  int sc, m;
+  kernels::q4_k_scale_min(blk, s, &sc, &m);
+  SubBlock r;
+  r.scale = kernels::f16_to_float(blk.d) * static_cast<float>(sc);
+  r.offset = kernels::f16_to_float(blk.dmin) * static_cast<float>(m);
+  r.da = a.d[i * (o.K / kQ8Block) + b * 8 + s];
+  for (int l = 0; l < 32; ++l) {
+    const int32_t x = a.q[i * o.K + b * kQ4KBlock + 32 * s + l];
+    r.dot += x * ((blk.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15);
+    r.sum += x;
   }
-  return o;
+  return r;
 }
 
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+// The streams' chain for C[i, j] as matmul_q4_k.cpp states it, written out in scalar float: lane
+// s the sub-block, per block fma(scale·dA, Σ q·qa) then fma(−offset, dA·Σqa) (with fused false,
+// products and sums), and the fixed 8-lane tree.
+float chain(const Operands& o, const QuantizedA& a, int64_t i, int64_t j, bool fused) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < o.K / kQ4KBlock; ++b)
+    for (int s = 0; s < 8; ++s) {
+      const SubBlock t = sub_block(o, a, i, j, b, s);
+      const float p = t.scale * t.da, am = t.da * static_cast<float>(t.sum);
+      if (fused) {
+        acc[s] = std::fma(p, static_cast<float>(t.dot), acc[s]);
+        acc[s] = std::fma(-t.offset, am, acc[s]);
+      } else {
+        const volatile float x = p * static_cast<float>(t.dot);
+        acc[s] = x + acc[s];
+        const volatile float y = -t.offset * am;
+        acc[s] = y + acc[s];
+      }
+    }
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
-// max |got − ref| / (|A row| · |B row|): the error relative to the dot product's scale.
-double scaled_error(const Operands& o, const std::vector<float>& got, const std::vector<float>& ref, int64_t ldc) {
-  const int64_t ldw = o.ldb * kQ4KBlock;
-  std::vector<double> na(static_cast<size_t>(o.M)), nb(static_cast<size_t>(o.N));
-  for (int64_t i = 0; i < o.M; ++i)
-    for (int64_t k = 0; k < o.K; ++k) na[i] += double{o.a[i * o.lda + k]} * o.a[i * o.lda + k];
-  for (int64_t j = 0; j < o.N; ++j)
-    for (int64_t k = 0; k < o.K; ++k) nb[j] += double{o.b_wide[j * ldw + k]} * o.b_wide[j * ldw + k];
-  double worst = 0;
-  for (int64_t i = 0; i < o.M; ++i)
-    for (int64_t j = 0; j < o.N; ++j)
-      worst = std::max(worst, std::abs(double{got[i * ldc + j]} - ref[i * ldc + j]) / std::sqrt(na[i] * nb[j]));
-  return worst;
+// The streams' error bound against their float64 twin: each lane's chain of 2·nb FMAs (2
+// roundings each without FMA), the products scale·dA and dA·Σqa, the tree:
+// 2·(2·nb + 5)·2⁻²⁴ · Σ |dA|·(|scale·Σ q·qa| + |offset·Σ qa|).
+double chain_bound(const Operands& o, const QuantizedA& a, int64_t i, int64_t j) {
+  const int64_t nb = o.K / kQ4KBlock;
+  double sum = 0;
+  for (int64_t b = 0; b < nb; ++b)
+    for (int s = 0; s < 8; ++s) {
+      const SubBlock t = sub_block(o, a, i, j, b, s);
+      sum += std::abs(double{t.da}) * (std::abs(double{t.scale} * t.dot) + std::abs(double{t.offset} * t.sum));
+    }
+  return 2.0 * static_cast<double>(2 * nb + 5) * std::ldexp(1.0, -24) * sum;
 }
 
 TEST(Q4_KKernels, MatchTheReferenceAndGemmIsTheFloatGemmOnDequantisedWeights) {
   auto gen = test_rng();
-  for (int64_t M : {1, 3, 5, 17})
+  for (int64_t M : {1, 2, 3, 17})  // 17: four passes of 4 rows and one of 1
     for (int64_t K : {256, 768, 2304})
       for (int64_t N : {1, 7, 61, 133}) {
         const Operands o = make(gen, M, N, K);
+        const QuantizedA qa = quantize_a(o);
         const int64_t ldc = N + 2, ldw = o.ldb * kQ4KBlock;
-        std::vector<float> ref(static_cast<size_t>(M * ldc), 0.0f);
+        std::vector<float> ref(static_cast<size_t>(M * ldc), 0.0f), gemm_ref(ref.size(), 0.0f);
+        std::vector<float> fused(ref.size(), 0.0f), unfused(ref.size(), 0.0f);
         kernels::matmul_bt_q4_k_ref(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, ref.data(), ldc);
+        kernels::gemm_bt_q4_k_ref(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, gemm_ref.data(), ldc);
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t j = 0; j < N; ++j) {
+            fused[i * ldc + j] = chain(o, qa, i, j, true);
+            unfused[i * ldc + j] = chain(o, qa, i, j, false);
+          }
+        // The twin holds the quantised A: near the float product (activation quantisation moves a
+        // dot product by ~0.3% of its scale, as for Q8_0).
+        EXPECT_LE(scaled_error(o, ref, gemm_ref, ldc), 0.01) << "M=" << M << " K=" << K << " N=" << N;
+        std::vector<float> first;  // the first ISA with FMA's result: every other one's bits
         for (cpu::Isa isa : cpu::usable_isas()) {
           const kernels::KernelTable& k = kernels::kernels_for(isa);
           std::vector<float> got(ref.size(), 0.0f), packed(ref.size(), 0.0f), packed_wide(ref.size(), 0.0f);
@@ -218,11 +256,52 @@ TEST(Q4_KKernels, MatchTheReferenceAndGemmIsTheFloatGemmOnDequantisedWeights) {
           k.gemm_ex(M, N, K, o.a.data(), o.lda, false, o.b_wide.data(), ldw, true, packed_wide.data(), ldc, false);
           const std::string what = std::string(cpu::isa_name(isa)) + " M=" + std::to_string(M) +
                                    " K=" + std::to_string(K) + " N=" + std::to_string(N);
-          EXPECT_LE(scaled_error(o, got, ref, ldc), 2e-6 * std::sqrt(double(K))) << what;
-          EXPECT_LE(scaled_error(o, packed, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j)
+              ASSERT_LE(std::abs(double{got[i * ldc + j]} - ref[i * ldc + j]), chain_bound(o, qa, i, j))
+                  << what << " i=" << i << " j=" << j;
+          // The stated chain, bit for bit: fused on every ISA with FMA; the portable build fuses
+          // where its target has FMA (aarch64), not on x86-64's baseline.
+          if (isa == cpu::Isa::portable) {
+            EXPECT_TRUE(same_bits(got, fused) || same_bits(got, unfused)) << what;
+          } else {
+            EXPECT_TRUE(same_bits(got, fused)) << what;
+            if (first.empty()) first = got;
+            EXPECT_TRUE(same_bits(got, first)) << what << ": ISAs differ";
+          }
+          EXPECT_LE(scaled_error(o, packed, gemm_ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
           EXPECT_TRUE(same_bits(packed, packed_wide)) << what << ": gemm_bt_q4_k vs gemm_ex on the dequantised B";
         }
       }
+}
+
+// A row holding a NaN or an inf gives NaN in every output of that row (as the float product of
+// any weight with it would be NaN or ±inf), the other rows untouched; a block of A too small for
+// a normal scale counts as zero.
+TEST(Q4_KKernels, NonFiniteActivationsGiveNaNRows) {
+  auto gen = test_rng();
+  Operands o = make(gen, 4, 9, 512);
+  const std::vector<float> clean = o.a;
+  o.a[1 * o.lda + 300] = std::numeric_limits<float>::quiet_NaN();
+  o.a[2 * o.lda + 7] = -std::numeric_limits<float>::infinity();
+  for (int64_t k = 0; k < 32; ++k) o.a[3 * o.lda + 64 + k] = std::ldexp(o.a[3 * o.lda + 64 + k], -130);
+  Operands zeroed = o;
+  for (int64_t k = 0; k < 32; ++k) zeroed.a[3 * o.lda + 64 + k] = 0.0f;
+  for (cpu::Isa isa : cpu::usable_isas()) {
+    const kernels::KernelTable& k = kernels::kernels_for(isa);
+    std::vector<float> c(static_cast<size_t>(4 * 9)), want(c.size());
+    k.matmul_bt_q4_k(4, 9, 512, o.a.data(), o.lda, o.b.data(), o.ldb, c.data(), 9);
+    k.matmul_bt_q4_k(4, 9, 512, zeroed.a.data(), o.lda, o.b.data(), o.ldb, want.data(), 9);
+    for (int64_t j = 0; j < 9; ++j) {
+      EXPECT_TRUE(std::isfinite(c[j])) << cpu::isa_name(isa) << " clean row, column " << j;
+      EXPECT_TRUE(std::isnan(c[9 + j])) << cpu::isa_name(isa) << " NaN row, column " << j;
+      EXPECT_TRUE(std::isnan(c[18 + j])) << cpu::isa_name(isa) << " inf row, column " << j;
+      EXPECT_EQ(c[27 + j], want[27 + j]) << cpu::isa_name(isa) << " tiny block, column " << j;
+    }
+    std::vector<float> row(9);
+    k.matmul_bt_q4_k(1, 9, 512, clean.data(), o.lda, o.b.data(), o.ldb, row.data(), 9);
+    EXPECT_TRUE(same_bits(row, std::vector<float>(c.begin(), c.begin() + 9))) << cpu::isa_name(isa);
+  }
 }
 
 TEST(Q4_KKernels, PartsAreOneCallEachAndEveryResultIsTheSameForAnyThreadCount) {
@@ -323,7 +402,7 @@ void check_family(const nlohmann::json& config, const std::vector<std::string>& 
     quantised += !as_q8;
   }
   EXPECT_GT(quantised, 2);
-  // The output matrix (and odd rows) are Q8_0, whose decode streams quantise their activations
+  // The decode streams (Q4_K, and the Q8_0 output matrix and odd rows) quantise their activations
   // per block: the Q8_0 models' bound (test_q8_0_kernels.cpp), not bf16's 1e-5.
   expect_same_as_float_model(q4, dequantised, gen, 1.5e-2);
 }

@@ -39,62 +39,10 @@ namespace {
 using kernels::BlockQ8_0;
 using kernels::kQ8Block;
 
-struct Operands {
-  int64_t M, N, K, lda, ldb;      // ldb in blocks
-  std::vector<float> a;           // [M, lda]
-  std::vector<BlockQ8_0> b;       // [N, ldb] blocks
-  std::vector<float> b_wide;      // [N, ldb·32] the dequantised values
-};
+using Operands = QuantOperands<Q8Format>;
 
 Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K) {
-  Operands o{M, N, K, K + 3, K / kQ8Block + 1, {}, {}, {}};
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  o.a.resize(static_cast<size_t>(M * o.lda));
-  for (float& x : o.a) x = d(gen);
-  o.b.resize(static_cast<size_t>(N * o.ldb));
-  o.b_wide.resize(static_cast<size_t>(N * o.ldb * kQ8Block));
-  std::vector<float> row(static_cast<size_t>(o.ldb * kQ8Block));
-  for (int64_t j = 0; j < N; ++j) {
-    const float spread = std::exp(d(gen));  // rows of different magnitudes
-    for (float& x : row) x = d(gen) * spread;
-    kernels::quantize_row_q8_0(row.data(), o.ldb * kQ8Block, o.b.data() + j * o.ldb);
-    kernels::dequantize_row_q8_0(o.b.data() + j * o.ldb, o.ldb * kQ8Block, o.b_wide.data() + j * o.ldb * kQ8Block);
-  }
-  return o;
-}
-
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
-
-// max |got − ref| / (|A row| · |B row|) over C [M, N] (ldc): the error relative to the dot
-// product's scale.
-double scaled_error(const Operands& o, const std::vector<float>& got, const std::vector<float>& ref, int64_t ldc) {
-  const int64_t ldw = o.ldb * kQ8Block;
-  std::vector<double> na(static_cast<size_t>(o.M)), nb(static_cast<size_t>(o.N));
-  for (int64_t i = 0; i < o.M; ++i)
-    for (int64_t k = 0; k < o.K; ++k) na[i] += double{o.a[i * o.lda + k]} * o.a[i * o.lda + k];
-  for (int64_t j = 0; j < o.N; ++j)
-    for (int64_t k = 0; k < o.K; ++k) nb[j] += double{o.b_wide[j * ldw + k]} * o.b_wide[j * ldw + k];
-  double worst = 0;
-  for (int64_t i = 0; i < o.M; ++i)
-    for (int64_t j = 0; j < o.N; ++j)
-      worst = std::max(worst, std::abs(double{got[i * ldc + j]} - ref[i * ldc + j]) / std::sqrt(na[i] * nb[j]));
-  return worst;
-}
-
-// A's rows quantised as the streams quantise them (quantize_activations_q8): q [M, K], d [M, K/32].
-struct QuantizedA {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-};
-
-QuantizedA quantize_a(const Operands& o) {
-  const int64_t nb = o.K / kQ8Block;
-  QuantizedA a{std::vector<int8_t>(static_cast<size_t>(o.M * o.K)), std::vector<float>(static_cast<size_t>(o.M * nb))};
-  for (int64_t i = 0; i < o.M; ++i)
-    kernels::quantize_activations_q8(o.a.data() + i * o.lda, o.K, a.q.data() + i * o.K, a.d.data() + i * nb);
-  return a;
+  return make_operands<Q8Format>(gen, M, N, K, false);
 }
 
 // The streams' chain for C[i, j] as dispatch.h states it, written out in scalar float: per block
