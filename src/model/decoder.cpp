@@ -61,7 +61,7 @@ std::vector<KVCache> new_caches(const Decoder& d, int64_t batch, int64_t max_tok
   std::vector<KVCache> caches;
   caches.reserve(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l)
-    caches.emplace_back(batch, c.num_kv_heads, max_tokens, c.head_dim, c.head_dim);
+    caches.emplace_back(batch, c.num_kv_heads, max_tokens, c.head_dim, c.head_dim, d.kv_type);
   return caches;
 }
 
