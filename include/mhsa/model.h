@@ -121,7 +121,8 @@ class Model {
   // layer's attention probabilities [B, Hq, T, T], exact (from the kernel's log-sum-exp).
   Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention = nullptr) const;
   // The element type of the KV caches this model makes (new_cache, new_kv_pool, generate, and so
-  // ChatSession and the server): f32 (the default), or bf16 / f16 — half the cache's memory and
+  // ChatSession and the server; forward() keeps float32 keys and values, as it keeps no cache):
+  // f32 (the default), or bf16 / f16 — half the cache's memory and
   // of the bytes a decode step reads from it; keys and values rounded once (nearest even) as they
   // are cached, attention computed in float32 on them widened exactly. Any cache works with any
   // model whatever this says.

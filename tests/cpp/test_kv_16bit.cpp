@@ -3,8 +3,8 @@
 // equals bit for bit the float32 kernel on the exactly widened keys and values, for every ISA's
 // fast kernel (split-K decode and the flash forward) and for the reference; KVCache rounds each
 // key and value once (nearest even) as it appends; a model decoding over a 16-bit cache stays
-// within the rounding's bound of the float32 cache's logits; a 16-bit pool gives back every
-// block; the option's name is in its error.
+// within the rounding's bound of the float32 cache's logits (forward(), which keeps no cache,
+// unchanged); a 16-bit pool gives back every block; the option's name is in its error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -276,6 +276,10 @@ TEST(KV16Bit, ModelDecodeNearFloat32Cache) {
       const std::vector<int32_t> prompt = random_ids(gen, model, 41 + static_cast<int64_t>(gen() % 30));
       Tensor a = model.extend(c32, prompt, 1, static_cast<int64_t>(prompt.size()), true);
       Tensor b = model.extend(c16, prompt, 1, static_cast<int64_t>(prompt.size()), true);
+      // forward() keeps no cache: float32 keys and values whatever kv_type() says.
+      const Tensor f16kv = model.forward(prompt, 1, static_cast<int64_t>(prompt.size()));
+      model.set_kv_type(KVType::f32);
+      expect_same_bits(f16kv, model.forward(prompt, 1, static_cast<int64_t>(prompt.size())), "forward");
       const int64_t V = model.config().vocab_size;
       int same = 0, steps = 24;
       for (int step = 0; step < steps; ++step) {
