@@ -32,6 +32,8 @@ namespace {
 struct BenchArgs {
   std::string model;   // a model directory: time its pp/tg cases instead of the standard ones
   std::string dtype;   // its weights: f32 or bf16
+  std::string kv_dtype;  // its KV cache: f32, bf16 or f16
+  int64_t depth = 0;     // tokens in the cache before the timed decoding
   std::string filter;  // comma-separated substrings: the cases whose name contains one of them run
   std::string json;    // write the results here too
   double min_seconds = 1.0;
@@ -264,10 +266,18 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 // blocks counted as the model keeps it).
 // No tokenizer: the ids are arbitrary. Work is counted from the config: every projection and the
 // LM head (2 FLOPs per weight per token) and the attention pairs each layer's window leaves; a
-// decoded token reads every layer's weights, the head and the cache.
-std::vector<Case> model_cases(const std::string& dir, const std::string& dtype) {
+// decoded token reads every layer's weights, the head and the cache. --kv-dtype bf16/f16: the
+// cache holds 16-bit keys and values (the cases named "<family>_kv<type>_pp512" and
+// "..._tg128", the cache counted at 2 bytes a value); --depth N: the decoding starts after a prompt of N tokens (prefilled
+// once, untimed; each run rewinds the cache to it), named "..._tg128_d<N>" (llama-bench's
+// "tg128 @ dN").
+std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, const std::string& kv_dtype,
+                              int64_t depth) {
   const WeightType wt = parse_weight_type(dtype, "--dtype");
-  auto model = std::make_shared<const Model>(Model::load(dir, wt));
+  const KVType kv_type = parse_kv_type(kv_dtype, "--kv-dtype");
+  Model loaded = Model::load(dir, wt);
+  loaded.set_kv_type(kv_type);
+  auto model = std::make_shared<const Model>(std::move(loaded));
   const ModelConfig& c = model->config();
   const double C = double(c.hidden_size), V = double(c.vocab_size), F = double(c.intermediate_size);
   const double q = double(c.num_heads * c.head_dim), kv = double(c.num_kv_heads * c.head_dim);
@@ -287,8 +297,14 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype) 
   const double weight_bytes_read =
       c.num_layers * (in_c * per_value(C, false) + q * C * per_value(q, false) + F * C * per_value(F, false)) +
       V * C * per_value(C, true);
-  const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions);
-  const std::string pp_name = family + "_pp" + std::to_string(pp), tg_name = family + "_tg" + std::to_string(tg);
+  const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions - depth);
+  if (tg < 1)
+    throw Error(detail::message("--depth: expected at most ", c.max_positions - 1, " (the model's context less one), got ",
+                                depth));
+  const std::string kv_part = kv_type == KVType::f32 ? "" : "_kv" + std::string(kv_type_name(kv_type));
+  const std::string pp_name = family + kv_part + "_pp" + std::to_string(pp);
+  const std::string tg_name =
+      family + kv_part + "_tg" + std::to_string(tg) + (depth > 0 ? "_d" + std::to_string(depth) : "");
   Case prefill{pp_name, [=](double min_seconds) {
                  std::vector<int32_t> ids(static_cast<size_t>(pp));
                  for (int64_t t = 0; t < pp; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919) % c.vocab_size);
@@ -308,15 +324,24 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype) 
                  return Result{pp_name, "GFLOP/s", s, flops, double(pp)};
                }};
   Case decode{tg_name, [=](double min_seconds) {
+                ModelCache cache = model->new_cache(1, depth + tg);
+                if (depth > 0) {
+                  std::vector<int32_t> prompt(static_cast<size_t>(depth));
+                  for (int64_t t = 0; t < depth; ++t)
+                    prompt[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919) % c.vocab_size);
+                  (void)model->extend(cache, prompt, 1, depth, true);
+                }
                 const Timing s = time_runs(
                     [&] {
-                      ModelCache cache = model->new_cache(1, tg);
+                      cache.truncate(depth);
                       std::vector<int32_t> token = {1 % static_cast<int32_t>(c.vocab_size)};
                       for (int64_t i = 0; i < tg; ++i) (void)model->extend(cache, token, 1, 1, true);
                     },
                     min_seconds);
-                const double cache = c.num_layers * 2.0 * kv * (tg + 1) / 2.0;  // read per step, on average
-                return Result{tg_name, "GB/s", s, tg * (weight_bytes_read + cache * sizeof(float)), double(tg)};
+                // The cache read per step, on average: keys and values of depth + (tg + 1)/2 tokens.
+                const double cache_values = c.num_layers * 2.0 * kv * (double(depth) + (tg + 1) / 2.0);
+                return Result{tg_name, "GB/s", s,
+                              tg * (weight_bytes_read + cache_values * double(kv_type_bytes(kv_type))), double(tg)};
               }};
   return {prefill, decode};
 }
@@ -337,7 +362,9 @@ void run(const BenchArgs& a) {
   std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
   if (!a.json.empty()) json.emplace(a.json, "--json");
   // A model directory is loaded before the measurements: a bad one fails at once.
-  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype) : std::vector<Case>{
+  if (a.model.empty() && (a.kv_dtype != "f32" || a.depth != 0))
+    throw Error("mhsa bench: --kv-dtype and --depth: expected with --model (they set its decode case), got no --model");
+  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype, a.kv_dtype, a.depth) : std::vector<Case>{
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),
@@ -392,6 +419,11 @@ void add_bench_command(CLI::App& app) {
                   "time prompt processing (pp512) and decoding (tg128) of this model directory (any family) "
                   "instead of the standard cases");
   add_dtype_option(cmd, args->dtype);
+  add_kv_dtype_option(cmd, args->kv_dtype);
+  cmd->add_option("--depth", args->depth,
+                  "with --model: decode after a prompt of this many tokens (prefilled once, not timed)")
+      ->default_val(0)
+      ->check(integer_in(0, int64_t{1} << 30));
   cmd->add_option("--filter", args->filter, "run only the cases whose name contains this (or one of these, comma-separated)");
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")

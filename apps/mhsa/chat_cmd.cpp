@@ -38,7 +38,7 @@ constexpr uint64_t kMaxFileBytes = uint64_t{16} << 20;  // --messages and --chat
 constexpr size_t kMaxLineBytes = size_t{4} << 20;       // one line typed or piped in
 
 struct ChatArgs {
-  std::string model, system, chat_template, messages, dtype;
+  std::string model, system, chat_template, messages, dtype, kv_dtype;
   ChatOptions options;
   bool json = false, verbose = false;
   int threads = 0;
@@ -217,7 +217,7 @@ void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
 void run(ChatArgs& a) {
   use_threads(a.threads);
   const std::filesystem::path dir = model_dir(a.model);
-  const LoadedModel loaded = load_model(dir, a.dtype);
+  const LoadedModel loaded = load_model(dir, a.dtype, a.kv_dtype);
   if (!a.chat_template.empty()) {
     a.options.chat_template = read_bounded(a.chat_template, "--chat-template");
     if (a.options.chat_template.empty())
@@ -249,6 +249,7 @@ void add_chat_command(CLI::App& app) {
                   "model directory: config.json, model.safetensors, tokenizer.json and tokenizer_config.json "
                   "(with its chat_template)");
   add_dtype_option(cmd, a->dtype);
+  add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_option("--system", a->system, "a system message at the start of the conversation");
   cmd->add_option("--chat-template", a->chat_template, "a Jinja chat template file to use instead of the model's");
   cmd->add_option("--messages", a->messages,

@@ -29,8 +29,11 @@ std::filesystem::path model_dir(const std::string& given) {
   throw Error("--model: expected a model directory, or the default model in one of: " + places + ", got none");
 }
 
-LoadedModel load_model(const std::filesystem::path& dir, const std::string& dtype) {
-  Model model = Model::load(dir, parse_weight_type(dtype, "--dtype"));
+LoadedModel load_model(const std::filesystem::path& dir, const std::string& dtype, const std::string& kv_dtype) {
+  const WeightType weights = parse_weight_type(dtype, "--dtype");
+  const KVType kv = parse_kv_type(kv_dtype, "--kv-dtype");
+  Model model = Model::load(dir, weights);
+  model.set_kv_type(kv);
   const int64_t n_vocab = model.config().vocab_size;
   Tokenizer tokenizer = Tokenizer::for_model(dir, n_vocab);  // BPE, or bytes
   // The embedding may have more rows than the tokenizer has tokens (Qwen2.5: 151936 for 151665):

@@ -33,7 +33,7 @@ namespace mhsa::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model, dtype;
+  std::string model, dtype, kv_dtype;
   std::string prompt;
   GenerationOptions options;
   std::vector<std::string> stop;
@@ -45,7 +45,7 @@ struct GenerateArgs {
 
 void run(const GenerateArgs& a) {
   use_threads(a.threads);
-  const LoadedModel loaded = load_model(model_dir(a.model), a.dtype);
+  const LoadedModel loaded = load_model(model_dir(a.model), a.dtype, a.kv_dtype);
   const Model& model = loaded.model;
   const Tokenizer& tok = loaded.tokenizer;
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
@@ -117,6 +117,7 @@ void add_generate_command(CLI::App& app) {
                   "model directory: config.json, model.safetensors (+ vocab.json, merges.txt for GPT-2's tokens); "
                   "default: the embedded byte-level model");
   add_dtype_option(cmd, a->dtype);
+  add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_option("--prompt", a->prompt, "the text to continue ('-' reads stdin; empty starts from end-of-text)");
   cmd->add_option("-n,--max-new-tokens", a->options.max_new_tokens, "tokens to generate at most")
       ->default_val(64)

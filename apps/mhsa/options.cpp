@@ -132,6 +132,15 @@ CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype) {
       ->default_val("f32");
 }
 
+CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype) {
+  return cmd
+      ->add_option("--kv-dtype", kv_dtype,
+                   "KV cache elements: f32, bf16 or f16 (16-bit: half the cache's memory and of the bytes a "
+                   "decode step reads from it; keys and values rounded once as they are cached, attention still "
+                   "computed in float32)")
+      ->default_val("f32");
+}
+
 void use_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }

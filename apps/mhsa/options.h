@@ -35,6 +35,8 @@ CLI::Validator one_of(std::vector<std::string> words);
 CLI::Option* add_threads_option(CLI::App* cmd, int& threads);
 // --dtype f32|bf16|q8_0|q4_k: how the model keeps its weights (mhsa::WeightType, checked when the model loads).
 CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype);
+// --kv-dtype f32|bf16|f16: the KV cache's element type (mhsa::KVType, checked before the model loads).
+CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype);
 // Applies a -t value (0 leaves OpenMP's choice as it is).
 void use_threads(int threads);
 

@@ -81,19 +81,38 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
                                   TensorView out, const AttentionOptions& options = {},
                                   TensorView lse = {});
 
+// 16-bit elements (see the 16-bit entry points below).
+template <class T>
+concept Float16Element = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+// The elements a KV cache may hold (kv_cache.h): float32, or bfloat16 / float16.
+template <class T>
+concept KVElementType = std::is_same_v<T, float> || Float16Element<T>;
+
+// Keys and values of a 16-bit KV cache (kv_cache.h's KVType bf16 or f16), read as they are:
+// float32 queries and outputs, the keys and values widened exactly by the kernels as they read
+// them (no float32 copy: widened in registers, or while packed into key blocks), so out and lse
+// are, bit for bit, those of the float32 call on the widened k and v. Forward only.
+template <Float16Element T>
+void scaled_dot_product_attention(ConstTensorView q, View<const T> k, View<const T> v, TensorView out,
+                                  const AttentionOptions& options = {}, TensorView lse = {});
+
 // Keys and values of one sequence in fixed-size blocks (a paged KV cache, see kv_pool.h): key j of
 // kv head h is row j % block_tokens of k_blocks[j / block_tokens], a block being [Hkv,
-// block_tokens, D] contiguous (values alike, [Hkv, block_tokens, Dv]). Blocks past the length may
-// be absent.
-struct PagedKV {
-  std::span<const float* const> k_blocks, v_blocks;
+// block_tokens, D] contiguous (values alike, [Hkv, block_tokens, Dv]) of T elements (float32, or
+// bfloat16 / float16: a 16-bit pool, widened exactly as read). Blocks past the length may be
+// absent.
+template <KVElementType T>
+struct PagedKVOf {
+  std::span<const T* const> k_blocks, v_blocks;
   int64_t block_tokens = 0, length = 0;  // tokens per block (a power of two); keys held (Tk)
   int64_t kv_heads = 0, head_dim = 0, v_head_dim = 0;
 };
+using PagedKV = PagedKVOf<float>;
 // The attention of q [1, Hq, Tq, D] over paged keys and values, with the contract above: the
 // kernels read each key where it lies (no gather), so the result is, bit for bit, that of the
 // contiguous k [1, Hkv, Tk, D] and v the blocks hold.
-void scaled_dot_product_attention(ConstTensorView q, const PagedKV& kv, TensorView out,
+template <KVElementType T>
+void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<T>& kv, TensorView out,
                                   const AttentionOptions& options = {}, TensorView lse = {});
 
 struct AttentionResult {
@@ -127,10 +146,7 @@ AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, Const
 // gradients rounded to the input type (nearest even) once at the end; the mask stays float32.
 // Equal, bit for bit, to the float32 call on the widened inputs with its results rounded. Today
 // the inputs are widened into a float32 copy at the boundary (O(B·H·T·D) memory, negligible time
-// next to the O(T²) work); the kernels do not read 16-bit elements themselves yet.
-template <class T>
-concept Float16Element = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
-
+// next to the O(T²) work). (A 16-bit KV cache with float32 queries: the entry point above.)
 template <Float16Element T>
 void scaled_dot_product_attention(View<const T> q, View<const T> k, View<const T> v, View<T> out,
                                   const AttentionOptions& options = {}, TensorView lse = {});

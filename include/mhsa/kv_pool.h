@@ -10,6 +10,8 @@
 // Admission by memory: reserve(n) promises n future allocations (false when the pool cannot keep
 // the promise), so a sequence that reserved its prompt + max_tokens never runs out half-way.
 // Memory: a block's storage is allocated when it is first handed out and kept until the pool goes.
+// Elements are float32 or 16-bit (KVType, kv_cache.h): a 16-bit block holds the same tokens in
+// half the bytes (block_bytes), so the same memory holds twice the blocks; admission counts blocks.
 // Not thread-safe: one owner (the server's scheduler thread). Attention gathers a sequence's
 // blocks into one contiguous [Hkv, length, D] view per layer (nn/block.cpp); mhsa generate, chat
 // and Python keep the contiguous ModelCache.
@@ -21,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "mhsa/kv_cache.h"
 #include "mhsa/tensor.h"
 
 namespace mhsa {
@@ -49,7 +52,7 @@ class KVBlockPool {
   // Throws mhsa::Error for a count ≤ 0 (blocks, block_tokens, layers, heads, head sizes) and for
   // block_tokens not a power of two.
   KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int64_t block_tokens,
-              int64_t blocks);
+              int64_t blocks, KVType type = KVType::f32);
   KVBlockPool(const KVBlockPool&) = delete;
   KVBlockPool& operator=(const KVBlockPool&) = delete;
 
@@ -58,8 +61,9 @@ class KVBlockPool {
   int64_t head_dim() const { return head_dim_; }
   int64_t v_head_dim() const { return v_head_dim_; }
   int64_t block_tokens() const { return block_tokens_; }
+  KVType type() const { return type_; }
   int64_t blocks() const { return static_cast<int64_t>(refs_.size()); }
-  int64_t block_bytes() const;  // keys and values of every layer
+  int64_t block_bytes() const;  // keys and values of every layer, kv_type_bytes(type()) each
   // Blocks not held by a sequence nor promised (never used, free, or cached), counted for reserve.
   int64_t available() const;
   KVPoolStats stats() const;
@@ -79,9 +83,10 @@ class KVBlockPool {
   // Gives back s's blocks and what is left of its promise; s is empty afterwards.
   void release(PagedSequence& s);
 
-  // Block b of layer l: keys [Hkv, block_tokens, D], values [Hkv, block_tokens, Dv].
-  float* keys(int64_t layer, int32_t b);
-  float* values(int64_t layer, int32_t b);
+  // Block b of layer l: keys [Hkv, block_tokens, D], values [Hkv, block_tokens, Dv], elements of
+  // type() (float, bfloat16 or float16).
+  void* keys(int64_t layer, int32_t b);
+  void* values(int64_t layer, int32_t b);
   // Throws unless b is a block held by a sequence.
   void check_held(int32_t b, const char* what) const;
   int32_t holders(int32_t b) const { return refs_[static_cast<size_t>(b)]; }  // b: a valid block
@@ -95,7 +100,10 @@ class KVBlockPool {
   void drop_ref(int32_t b);
 
   int64_t layers_, kv_heads_, head_dim_, v_head_dim_, block_tokens_;
-  std::vector<Tensor> storage_;       // per block, allocated on first use: [layers, Hkv, bs, D + Dv]
+  KVType type_;
+  // Per block, allocated on first use: [layers, Hkv, bs, D + Dv] elements of type_ (two 16-bit
+  // ones per float).
+  std::vector<Tensor> storage_;
   std::vector<int32_t> refs_;         // sequences holding each block
   std::vector<int32_t> free_;         // never used or unindexed blocks with no holder
   std::map<uint64_t, int32_t> lru_;   // cached blocks by release order (tick → block)

@@ -120,13 +120,21 @@ class Model {
   // Logits [B, T, V] of ids [B, T] (row-major), positions 0..T-1. With `attention`, also every
   // layer's attention probabilities [B, Hq, T, T], exact (from the kernel's log-sum-exp).
   Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention = nullptr) const;
-  // An empty cache for `batch` sequences of up to `max_tokens` tokens (≤ max_positions).
+  // The element type of the KV caches this model makes (new_cache, new_kv_pool, generate, and so
+  // ChatSession and the server; forward() keeps float32 keys and values, as it keeps no cache):
+  // f32 (the default), or bf16 / f16 — half the cache's memory and
+  // of the bytes a decode step reads from it; keys and values rounded once (nearest even) as they
+  // are cached, attention computed in float32 on them widened exactly. Any cache works with any
+  // model whatever this says.
+  KVType kv_type() const { return kv_type_; }
+  void set_kv_type(KVType type) { kv_type_ = type; }
+  // An empty cache (of kv_type()) for `batch` sequences of up to `max_tokens` tokens (≤ max_positions).
   ModelCache new_cache(int64_t batch, int64_t max_tokens) const;
-  // A pool of `blocks` KV blocks of `block_tokens` tokens each for this model's layers (the
-  // server's paged cache; memory is taken as blocks are first used).
+  // A pool of `blocks` KV blocks (of kv_type()) of `block_tokens` tokens each for this model's
+  // layers (the server's paged cache; memory is taken as blocks are first used).
   KVBlockPool new_kv_pool(int64_t blocks, int64_t block_tokens) const {
     return KVBlockPool(config_.num_layers, config_.num_kv_heads, config_.head_dim, config_.head_dim, block_tokens,
-                       blocks);
+                       blocks, kv_type_);
   }
   // Runs ids [B, n] at positions cache.length() .. + n − 1, appends them to the cache, and returns
   // the logits [B, n, V], or only each sequence's last row [B, 1, V] with last_only.
@@ -180,6 +188,7 @@ class Model {
   ModelConfig config_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::unique_ptr<const Layout> layout_;
+  KVType kv_type_ = KVType::f32;
 };
 
 }  // namespace mhsa

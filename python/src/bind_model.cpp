@@ -229,27 +229,35 @@ Model.load(dir) reads a Hugging Face directory: config.json and model.safetensor
   model
       .def_static(
           "load",
-          [](const std::filesystem::path& dir, const std::string& dtype) {
+          [](const std::filesystem::path& dir, const std::string& dtype, const std::string& kv_dtype) {
             const WeightType wt = parse_weight_type(dtype, "Model.load: dtype");
+            const KVType kv = parse_kv_type(kv_dtype, "Model.load: kv_dtype");
             GilReleased unlocked;
-            return Model::load(dir, wt);
+            Model model = Model::load(dir, wt);
+            model.set_kv_type(kv);
+            return model;
           },
-          "path"_a, "dtype"_a = "f32",
+          "path"_a, "dtype"_a = "f32", "kv_dtype"_a = "f32",
           "Loads config.json + the safetensors weights from a directory. dtype \"bf16\" keeps the weight matrices "
           "(linear layers, embedding, output) as bfloat16, rounded to nearest-even: about half the bytes per "
           "decoded token; dtype \"q8_0\" quantises them to GGUF's Q8_0 blocks (32 int8 weights and an f16 scale; "
           "a matrix whose rows are not a multiple of 32 stays float32): about a quarter; dtype \"q4_k\" to GGUF's "
           "Q4_K blocks (256 4-bit weights with 6-bit scales and mins per 32; the output matrix, and rows not a "
-          "multiple of 256, Q8_0): about an eighth. All inference only (loss_and_grad refuses).")
+          "multiple of 256, Q8_0): about an eighth. All inference only (loss_and_grad refuses). kv_dtype \"bf16\" "
+          "or \"f16\": the KV caches the model makes (new_cache, generate, ChatSession) hold 16-bit keys and "
+          "values, rounded once to nearest-even: half the cache's memory; attention still computes in float32.")
       .def_static(
           "random",
-          [](const py::dict& config, uint64_t seed) {
+          [](const py::dict& config, uint64_t seed, const std::string& kv_dtype) {
             const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
             const ModelConfig c = ModelConfig::parse(text, "config");
+            const KVType kv = parse_kv_type(kv_dtype, "Model.random: kv_dtype");
             GilReleased unlocked;
-            return Model::random(c, seed);
+            Model model = Model::random(c, seed);
+            model.set_kv_type(kv);
+            return model;
           },
-          "config"_a, "seed"_a = 0,
+          "config"_a, "seed"_a = 0, "kv_dtype"_a = "f32",
           R"(Random weights (normal, std 0.02; norm weights 1, biases 0) for a Hugging Face config.json given as a dict,
 e.g. {"model_type": "llama", "hidden_size": 576, ...}: the keys and defaults of that family's
 config class, checked as Model.load checks config.json. For benchmarks and tests.)")
@@ -258,6 +266,8 @@ config class, checked as Model.load checks config.json. For benchmarks and tests
       .def_property_readonly("family", [](const Model& g) { return std::string(family_name(g.family())); })
       .def_property_readonly("dtype", [](const Model& g) { return std::string(weight_type_name(g.weight_type())); },
                              "How the weight matrices are kept: \"f32\", \"bf16\", \"q8_0\" or \"q4_k\".")
+      .def_property_readonly("kv_dtype", [](const Model& g) { return std::string(kv_type_name(g.kv_type())); },
+                             "The element type of the KV caches the model makes: \"f32\", \"bf16\" or \"f16\".")
       .def_property_readonly(
           "parameter_names",
           [](const Model& g) {

@@ -179,7 +179,7 @@ void ChatSession::ensure_capacity(int64_t tokens) {
   if (cache_.length() > 0) {
     std::vector<KVCache>& from = ModelAccess::layers(cache_);
     std::vector<KVCache>& to = ModelAccess::layers(grown);
-    for (size_t l = 0; l < from.size(); ++l) to[l].append(from[l].keys(), from[l].values());
+    for (size_t l = 0; l < from.size(); ++l) to[l].append(from[l]);
   }
   cache_ = std::move(grown);
 }

@@ -57,9 +57,18 @@ void bind_mask(std::string_view fn, const ConstTensorView& mask, AttentionParams
   p.mask_stride = stride;
 }
 
-// Validates q, k, (v) and the options; fills every input field of the params.
-AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const ConstTensorView& k,
-                            const ConstTensorView* v, const AttentionOptions& opt) {
+template <class T>
+constexpr kernels::KVElement kv_element_of() {
+  if constexpr (std::is_same_v<T, bfloat16>) return kernels::KVElement::bf16;
+  if constexpr (std::is_same_v<T, float16>) return kernels::KVElement::f16;
+  return kernels::KVElement::f32;
+}
+
+// Validates q, k, (v) and the options; fills every input field of the params. K: the keys' and
+// values' element type (float, or bfloat16 / float16 for a 16-bit KV cache).
+template <class K>
+AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const View<const K>& k,
+                            const View<const K>* v, const AttentionOptions& opt) {
   check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
   check_tensor(fn, "k", k, 4, "[B, Hkv, Tk, D]");
   AttentionParams p;
@@ -76,8 +85,9 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
   check_dim(fn, "k", k, 3, p.D, "head size D, as q.shape[3]");
   p.q = q.data;
   p.q_stride = strides_of(q);
+  p.kv_element = kv_element_of<K>();
   p.k = k.data;
-  p.k_stride = strides_of(k);
+  p.k_stride = k.stride;
   if (v) {
     check_tensor(fn, "v", *v, 4, "[B, Hkv, Tk, Dv]");
     check_dim(fn, "v", *v, 0, p.B, "B, as q.shape[0]");
@@ -85,7 +95,7 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
     check_dim(fn, "v", *v, 2, p.Tk, "Tk, as k.shape[2]");
     p.Dv = v->shape[3];
     p.v = v->data;
-    p.v_stride = strides_of(*v);
+    p.v_stride = v->stride;
   }
   if (opt.scale) {
     const float s = *opt.scale;
@@ -172,15 +182,9 @@ void run_forward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
   }
 }
 
-}  // namespace
-
-namespace detail {
-
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, ConstTensorView k,
-                                     ConstTensorView v, TensorView out, const AttentionOptions& options,
-                                     TensorView lse) {
-  constexpr std::string_view fn = "scaled_dot_product_attention";
-  AttentionParams p = make_params(fn, q, k, &v, options);
+// Checks out and lse against p's shapes, binds them and runs the forward.
+void forward_into(std::string_view fn, AttentionParams& p, const TensorView& out, const TensorView& lse,
+                  std::optional<cpu::Isa> isa) {
   check_output(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv});
   p.out = out.data;
   p.out_stride = out.stride;
@@ -190,6 +194,18 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
     p.lse_stride = lse_strides(lse);
   }
   run_forward(p, isa);
+}
+
+}  // namespace
+
+namespace detail {
+
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, ConstTensorView k,
+                                     ConstTensorView v, TensorView out, const AttentionOptions& options,
+                                     TensorView lse) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  AttentionParams p = make_params(fn, q, k, &v, options);
+  forward_into(fn, p, out, lse, isa);
 }
 
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
@@ -248,8 +264,19 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
   detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, k, v, out, options, lse);
 }
 
-void scaled_dot_product_attention(ConstTensorView q, const PagedKV& kv, TensorView out,
-                                  const AttentionOptions& options, TensorView lse) {
+namespace detail {
+
+template <Float16Element T>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, View<const T> k, View<const T> v,
+                                     TensorView out, const AttentionOptions& options, TensorView lse) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  AttentionParams p = make_params(fn, q, k, &v, options);
+  forward_into(fn, p, out, lse, isa);
+}
+
+template <KVElementType T>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<T>& kv,
+                                     TensorView out, const AttentionOptions& options, TensorView lse) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
   const auto positive = [&](std::string_view arg, int64_t n) {
     if (n <= 0) fail(fn, arg, "a count > 0", std::to_string(n));
@@ -270,27 +297,52 @@ void scaled_dot_product_attention(ConstTensorView q, const PagedKV& kv, TensorVi
   check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
   check_dim(fn, "q", q, 0, 1, "1 (one sequence)");
   // k and v described as their first block's rows; the kernels read them through the block lists.
-  const float* k0 = blocks ? kv.k_blocks[0] : q.data;
-  const float* v0 = blocks ? kv.v_blocks[0] : q.data;
-  const ConstTensorView k(k0, {1, kv.kv_heads, kv.length, kv.head_dim},
-                          {0, kv.block_tokens * kv.head_dim, kv.head_dim, 1});
-  const ConstTensorView v(v0, {1, kv.kv_heads, kv.length, kv.v_head_dim},
-                          {0, kv.block_tokens * kv.v_head_dim, kv.v_head_dim, 1});
+  const T* k0 = blocks ? kv.k_blocks[0] : reinterpret_cast<const T*>(q.data);  // any non-null pointer
+  const T* v0 = blocks ? kv.v_blocks[0] : reinterpret_cast<const T*>(q.data);
+  const View<const T> k(k0, {1, kv.kv_heads, kv.length, kv.head_dim}, {0, kv.block_tokens * kv.head_dim, kv.head_dim, 1});
+  const View<const T> v(v0, {1, kv.kv_heads, kv.length, kv.v_head_dim},
+                        {0, kv.block_tokens * kv.v_head_dim, kv.v_head_dim, 1});
   AttentionParams p = make_params(fn, q, k, &v, options);
   p.k_pages = kv.k_blocks.data();
   p.v_pages = kv.v_blocks.data();
   p.page_shift = std::countr_zero(static_cast<uint64_t>(kv.block_tokens));
   p.page_mask = kv.block_tokens - 1;
-  check_output(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv});
-  p.out = out.data;
-  p.out_stride = out.stride;
-  if (lse.defined()) {
-    check_output(fn, "lse", lse, {p.B, p.Hq, p.Tq});
-    p.lse = lse.data;
-    p.lse_stride = lse_strides(lse);
-  }
-  run_forward(p, kernel_choice(options.backend));
+  forward_into(fn, p, out, lse, isa);
 }
+
+}  // namespace detail
+
+template <Float16Element T>
+void scaled_dot_product_attention(ConstTensorView q, View<const T> k, View<const T> v, TensorView out,
+                                  const AttentionOptions& options, TensorView lse) {
+  detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, k, v, out, options, lse);
+}
+
+template <KVElementType T>
+void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<T>& kv, TensorView out,
+                                  const AttentionOptions& options, TensorView lse) {
+  detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, kv, out, options, lse);
+}
+
+#define MHSA_ATTENTION_PAGED(T)                                                                              \
+  template void scaled_dot_product_attention<T>(ConstTensorView, const PagedKVOf<T>&, TensorView,          \
+                                                const AttentionOptions&, TensorView);                      \
+  template void detail::scaled_dot_product_attention_on<T>(std::optional<cpu::Isa>, ConstTensorView,      \
+                                                           const PagedKVOf<T>&, TensorView,                \
+                                                           const AttentionOptions&, TensorView);
+MHSA_ATTENTION_PAGED(float)
+MHSA_ATTENTION_PAGED(bfloat16)
+MHSA_ATTENTION_PAGED(float16)
+#undef MHSA_ATTENTION_PAGED
+#define MHSA_ATTENTION_KV16(T)                                                                               \
+  template void scaled_dot_product_attention<T>(ConstTensorView, View<const T>, View<const T>, TensorView, \
+                                                const AttentionOptions&, TensorView);                      \
+  template void detail::scaled_dot_product_attention_on<T>(std::optional<cpu::Isa>, ConstTensorView,      \
+                                                           View<const T>, View<const T>, TensorView,       \
+                                                           const AttentionOptions&, TensorView);
+MHSA_ATTENTION_KV16(bfloat16)
+MHSA_ATTENTION_KV16(float16)
+#undef MHSA_ATTENTION_KV16
 
 AttentionResult scaled_dot_product_attention(ConstTensorView q, ConstTensorView k,
                                              ConstTensorView v, const AttentionOptions& options) {
@@ -307,7 +359,7 @@ void attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensorVi
                              TensorView probs, const AttentionOptions& options,
                              std::span<const int64_t> heads) {
   constexpr std::string_view fn = "attention_probabilities";
-  AttentionParams p = make_params(fn, q, k, nullptr, options);
+  AttentionParams p = make_params<float>(fn, q, k, nullptr, options);
   std::vector<int64_t> all_heads;
   if (heads.empty()) {
     for (int64_t h = 0; h < p.Hq; ++h) all_heads.push_back(h);

@@ -16,6 +16,14 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
                                      ConstTensorView v, TensorView out, const AttentionOptions& options,
                                      TensorView lse);
 
+// The 16-bit KV cache entry points (contiguous and paged), likewise.
+template <Float16Element T>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, View<const T> k, View<const T> v,
+                                     TensorView out, const AttentionOptions& options, TensorView lse);
+template <KVElementType T>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<T>& kv,
+                                     TensorView out, const AttentionOptions& options, TensorView lse);
+
 // scaled_dot_product_attention_backward, likewise.
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
                                               ConstTensorView k, ConstTensorView v, ConstTensorView out,

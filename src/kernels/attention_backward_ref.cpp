@@ -51,8 +51,8 @@ void attention_backward_ref(const AttentionParams& p) {
             if (p.dropout > 0.0f) dropout_scales(p, b, h, i, 0, p.Tk, z.data());
             double d_i = 0.0, sum = 0.0;
             for (int64_t j = begin; j < end; ++j) {
-              const float* kj = row(p.k, p.k_stride, b, hk, j);
-              const float* vj = row(p.v, p.v_stride, b, hk, j);
+              const float* kj = key_row(p, b, hk, j);
+              const float* vj = value_row(p, b, hk, j);
               double dot = 0.0, dp = 0.0;
               for (int64_t d = 0; d < p.D; ++d) dot += double(qi[d * p.q_stride[3]]) * kj[d * p.k_stride[3]];
               double s = p.scale * dot;
@@ -78,7 +78,7 @@ void attention_backward_ref(const AttentionParams& p) {
             std::fill(dq.begin(), dq.end(), 0.0);
             for (int64_t j = begin; j < end; ++j) {
               const double ds = prob[j] * (dprob[j] - d_i) * dcap[j] * p.scale;
-              const float* kj = row(p.k, p.k_stride, b, hk, j);
+              const float* kj = key_row(p, b, hk, j);
               for (int64_t d = 0; d < p.D; ++d) {
                 dq[d] += ds * kj[d * p.k_stride[3]];
                 dk[j * p.D + d] += ds * qi[d * p.q_stride[3]];

@@ -8,24 +8,36 @@
 #include <array>
 #include <cstdint>
 
+#include "kernels/bf16.h"
+#include "kernels/half.h"
+#include "mhsa/tensor.h"
+
 namespace mhsa::kernels {
 
 using Strides4 = std::array<int64_t, 4>;
+
+// The element type of keys and values: float32, or 16-bit (a bf16/f16 KV cache, forward only),
+// widened exactly as the kernels read them, so that the result is the float32 kernel's on the
+// widened keys and values, bit for bit.
+enum class KVElement : uint8_t { f32, bf16, f16 };
 
 struct AttentionParams {
   int64_t B = 0, Hq = 0, Hkv = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
   const float* q = nullptr;     // [B, Hq, Tq, D]
   Strides4 q_stride{};
-  const float* k = nullptr;     // [B, Hkv, Tk, D]
+  // Keys and values are of kv_element (float unless a 16-bit cache: forward only); read them
+  // through key_row / value_row.
+  KVElement kv_element = KVElement::f32;
+  const void* k = nullptr;      // [B, Hkv, Tk, D]
   Strides4 k_stride{};
-  const float* v = nullptr;     // [B, Hkv, Tk, Dv]; null when only lse is wanted
+  const void* v = nullptr;      // [B, Hkv, Tk, Dv]; null when only lse is wanted
   Strides4 v_stride{};
   // Paged keys and values (B = 1, forward only), instead of k and v: pages of 2^page_shift
   // tokens; key j of kv head h is row j & page_mask of page j >> page_shift, at
-  // k_pages[j >> page_shift] + h·k_stride[1] + (j & page_mask)·k_stride[2] (values alike).
-  // Null: k and v as above.
-  const float* const* k_pages = nullptr;
-  const float* const* v_pages = nullptr;
+  // pages[j >> page_shift] + h·k_stride[1] + (j & page_mask)·k_stride[2] (values alike), pages
+  // being k_pages as `const T* const*` (T the element type). Null: k and v as above.
+  const void* k_pages = nullptr;
+  const void* v_pages = nullptr;
   int page_shift = 0;
   int64_t page_mask = 0;  // 2^page_shift − 1
   const float* mask = nullptr;  // [B, Hq, Tq, Tk] additive, stride 0 on broadcast dims; or null
@@ -59,13 +71,36 @@ struct AttentionParams {
 };
 
 // Key j and value j of kv head h in batch b: [D] and [Dv] at strides k_stride[3], v_stride[3].
-inline const float* key_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
-  if (p.k_pages) return p.k_pages[j >> p.page_shift] + h * p.k_stride[1] + (j & p.page_mask) * p.k_stride[2];
-  return p.k + b * p.k_stride[0] + h * p.k_stride[1] + j * p.k_stride[2];
+// T: the element type, float, bfloat16 or float16 (as p.kv_element says).
+template <class T = float>
+const T* key_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
+  if (p.k_pages)
+    return static_cast<const T* const*>(p.k_pages)[j >> p.page_shift] + h * p.k_stride[1] +
+           (j & p.page_mask) * p.k_stride[2];
+  return static_cast<const T*>(p.k) + b * p.k_stride[0] + h * p.k_stride[1] + j * p.k_stride[2];
 }
-inline const float* value_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
-  if (p.v_pages) return p.v_pages[j >> p.page_shift] + h * p.v_stride[1] + (j & p.page_mask) * p.v_stride[2];
-  return p.v + b * p.v_stride[0] + h * p.v_stride[1] + j * p.v_stride[2];
+template <class T = float>
+const T* value_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
+  if (p.v_pages)
+    return static_cast<const T* const*>(p.v_pages)[j >> p.page_shift] + h * p.v_stride[1] +
+           (j & p.page_mask) * p.v_stride[2];
+  return static_cast<const T*>(p.v) + b * p.v_stride[0] + h * p.v_stride[1] + j * p.v_stride[2];
+}
+
+// A key or value element as float32, exactly.
+inline float kv_float(float x) { return x; }
+inline float kv_float(bfloat16 x) { return bf16_to_float(x.bits); }
+inline float kv_float(float16 x) { return f16_to_float(x.bits); }
+
+// f(T{}) with T the element type of p's keys and values: one instance of a kernel per type.
+template <class F>
+decltype(auto) with_kv_element(const AttentionParams& p, F&& f) {
+  switch (p.kv_element) {
+    case KVElement::bf16: return f(bfloat16{});
+    case KVElement::f16: return f(float16{});
+    case KVElement::f32: break;
+  }
+  return f(0.0f);
 }
 
 // Keys visible to query row i of batch b form one interval [begin, end), begin <= end (empty

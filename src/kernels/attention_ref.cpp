@@ -2,7 +2,8 @@
 //   s_ij = cap(scale · q_i·k_j) + mask_ij   (for the keys j the causal, window and padding limits
 //   cap(x) = softcap·tanh(x / softcap), or x without soft-capping   leave: key_range)
 //   lse_i = log Σ_j exp(s_ij),  P_ij = exp(s_ij − lse_i),  out_i = Σ_j P_ij z_ij v_j
-// with z_ij dropout's factor (dropout_scales: 0 or 1/(1 − p)), 1 without dropout.
+// with z_ij dropout's factor (dropout_scales: 0 or 1/(1 − p)), 1 without dropout. Keys and values
+// of a 16-bit KV cache are widened exactly as they are read (kv_float).
 // Scalar, float64 accumulation, one query row at a time with an O(Tk) score buffer. They are the
 // oracle for the fast kernels and the fallback for shapes those do not take; never tuned.
 // Rows are independent, so the OpenMP split over rows cannot change any result.
@@ -18,13 +19,15 @@ namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Scaled, masked score of query row (b, h, i) against key j of kv head hk.
+// Scaled, masked score of query row (b, h, i) against key j of kv head hk; T: the keys' element
+// type (a 16-bit key widened exactly).
+template <class T>
 double score(const AttentionParams& p, int64_t b, int64_t h, int64_t hk, int64_t i, int64_t j) {
   const float* qi = p.q + b * p.q_stride[0] + h * p.q_stride[1] + i * p.q_stride[2];
-  const float* kj = key_row(p, b, hk, j);
+  const T* kj = key_row<T>(p, b, hk, j);
   double dot = 0.0;
   for (int64_t d = 0; d < p.D; ++d)
-    dot += static_cast<double>(qi[d * p.q_stride[3]]) * static_cast<double>(kj[d * p.k_stride[3]]);
+    dot += static_cast<double>(qi[d * p.q_stride[3]]) * static_cast<double>(kv_float(kj[d * p.k_stride[3]]));
   double s = static_cast<double>(p.scale) * dot;
   if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
   if (p.mask)
@@ -36,9 +39,8 @@ float& lse_at(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
   return p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
 }
 
-}  // namespace
-
-void attention_forward_ref(const AttentionParams& p) {
+template <class T>
+void forward_ref(const AttentionParams& p) {
   const int64_t group = p.Hq / p.Hkv;
 #pragma omp parallel
   {
@@ -53,7 +55,7 @@ void attention_forward_ref(const AttentionParams& p) {
           const auto [begin, end] = key_range(p, b, i);
           double row_max = kNegInf;  // NaN when a score is NaN: then so are out and lse (IEEE)
           for (int64_t j = begin; j < end; ++j) {
-            scores[j] = score(p, b, h, hk, i, j);
+            scores[j] = score<T>(p, b, h, hk, i, j);
             if (!(scores[j] <= row_max)) row_max = scores[j];
           }
           double sum = 0.0;
@@ -65,8 +67,9 @@ void attention_forward_ref(const AttentionParams& p) {
               const double w = std::exp(scores[j] - row_max);
               sum += w;
               if (p.out) {
-                const float* vj = value_row(p, b, hk, j);
-                for (int64_t d = 0; d < p.Dv; ++d) acc[d] += w * z[j] * static_cast<double>(vj[d * p.v_stride[3]]);
+                const T* vj = value_row<T>(p, b, hk, j);
+                for (int64_t d = 0; d < p.Dv; ++d)
+                  acc[d] += w * z[j] * static_cast<double>(kv_float(vj[d * p.v_stride[3]]));
               }
             }
           }
@@ -79,6 +82,12 @@ void attention_forward_ref(const AttentionParams& p) {
                                                  : static_cast<float>(row_max + std::log(sum));
         }
   }
+}
+
+}  // namespace
+
+void attention_forward_ref(const AttentionParams& p) {
+  with_kv_element(p, [&](auto element) { forward_ref<decltype(element)>(p); });
 }
 
 void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads, int64_t n_heads,
@@ -97,7 +106,7 @@ void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads,
         double sum = 0.0;
         for (int64_t j = 0; j < keys.begin; ++j) row[j * ps[3]] = 0.0f;
         for (int64_t j = keys.begin; j < keys.end; ++j) {
-          const double e = std::exp(score(p, b, h, h / group, i, j) - lse);
+          const double e = std::exp(score<float>(p, b, h, h / group, i, j) - lse);
           row[j * ps[3]] = static_cast<float>(e);
           sum += e;
         }

@@ -18,6 +18,8 @@
 // per kv head counting the group's heads) take a split-K path instead:
 // the keys are cut into fixed slices of kSplitKeys, each slice's partial (m, l, O) is computed
 // by any thread straight from the unpacked cache, and the partials are merged in slice order.
+// Keys and values of a 16-bit KV cache (bfloat16, float16) are widened exactly as they are packed,
+// or in registers on the decode path: bit for bit the float32 result on the widened cache.
 //
 // Every output row is computed by one thread, in an order that depends only on the shapes, so
 // results are bitwise identical for any thread count. Not a backward kernel (see the gradients).
@@ -55,17 +57,19 @@ struct PackedKV {
   AlignedFloats v;     // [blocks·kBc, dv_pad]  zero past Tk and Dv
 };
 
+// T: the keys' and values' element type (16-bit ones are widened here, exactly).
+template <class T>
 void pack_block(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb, PackedKV& kv) {
   float* kt = kv.kt.data() + kb * p.D * kBc;
   float* vp = kv.v.data() + kb * kBc * kv.dv_pad;
   for (int64_t jj = 0; jj < kBc; ++jj) {
     const int64_t j = kb * kBc + jj;
     const bool real = j < p.Tk;
-    const float* k = real ? key_row(p, b, hk, j) : nullptr;
-    const float* v = real && kv.dv_pad > 0 ? value_row(p, b, hk, j) : nullptr;
-    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = real ? k[d * p.k_stride[3]] : 0.0f;
+    const T* k = real ? key_row<T>(p, b, hk, j) : nullptr;
+    const T* v = real && kv.dv_pad > 0 ? value_row<T>(p, b, hk, j) : nullptr;
+    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = real ? widen_kv(k[d * p.k_stride[3]]) : 0.0f;
     for (int64_t d = 0; d < kv.dv_pad; ++d)  // dv_pad is 0 when there are no values
-      vp[jj * kv.dv_pad + d] = real && d < p.Dv ? v[d * p.v_stride[3]] : 0.0f;
+      vp[jj * kv.dv_pad + d] = real && d < p.Dv ? widen_kv(v[d * p.v_stride[3]]) : 0.0f;
   }
 }
 
@@ -188,7 +192,9 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 
 // Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
 // strided (or paged) cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
-// online softmax and P·V as the blocked path.
+// online softmax and P·V as the blocked path. T: the cache's element type (16-bit keys and values
+// are widened in registers, so the result is the float32 one on the widened cache).
+template <class T>
 void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t n_rows,
                   const int64_t* heads, const int64_t* queries, float* o, float* m, float* l) {
   constexpr int64_t kKeys = 4 * kLanes;
@@ -210,7 +216,7 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
     const int64_t n = std::min(kKeys, j1 - jb);
     for (int64_t r = 0; r < n_rows; ++r) std::fill(s[r] + n, s[r] + kKeys, 0.0f);  // finish_scores reads them
     for (int64_t jj = 0; jj < n; ++jj) {
-      const float* kj = key_row(p, b, hk, jb + jj);
+      const T* kj = key_row<T>(p, b, hk, jb + jj);
       for (int64_t r = 0; r < n_rows; ++r) s[r][jj] = decode_dot(q[r], kj, D);
     }
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -223,17 +229,18 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
       // o += P V key by key, a running sum over the slice's 512 keys at most (the slices are
       // merged afterwards, so the error does not grow with Tk); Dv vectors are independent chains.
       for (int64_t jj = lo; jj < hi && values; ++jj) {
-        const float* vj = value_row(p, b, hk, jb + jj);
+        const T* vj = value_row<T>(p, b, hk, jb + jj);
         const Vec pj = splat(s[r][jj]);
         float* orow = o + r * Dv;
         int64_t d = 0;
-        for (; d + kLanes <= Dv; d += kLanes) store(orow + d, fma(pj, load(vj + d), load(orow + d)));
-        for (; d < Dv; ++d) orow[d] += s[r][jj] * vj[d];
+        for (; d + kLanes <= Dv; d += kLanes) store(orow + d, fma(pj, load_kv(vj + d), load(orow + d)));
+        for (; d < Dv; ++d) orow[d] += s[r][jj] * widen_kv(vj[d]);
       }
     }
   }
 }
 
+template <class T>
 void attention_decode(const AttentionParams& p) {
   const int64_t group = p.Hq / p.Hkv, rows = group * p.Tq, Dv = p.out ? p.Dv : 0;
   const int64_t splits = std::max<int64_t>(1, (p.Tk + kSplitKeys - 1) / kSplitKeys);
@@ -256,7 +263,7 @@ void attention_decode(const AttentionParams& p) {
           std::fill(m, m + rows, kNegInf);
           int64_t abs_heads[kDecodeRows];
           for (int64_t r = 0; r < rows; ++r) abs_heads[r] = hk * group + heads[r];
-          decode_slice(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), rows, abs_heads,
+          decode_slice<T>(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), rows, abs_heads,
                        queries.data(), part, m, l);
         }
     // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
@@ -289,10 +296,9 @@ void attention_decode(const AttentionParams& p) {
   }
 }
 
-}  // namespace
-
-void attention_forward(const AttentionParams& p) {
-  if (takes_decode_path(p)) return attention_decode(p);
+template <class T>
+void forward(const AttentionParams& p) {
+  if (takes_decode_path(p)) return attention_decode<T>(p);
   const int64_t group = p.Hq / p.Hkv;
   const int64_t q_blocks = (p.Tq + kBr - 1) / kBr;
   PackedKV kv;  // shared by all threads: packed once per (batch, kv head)
@@ -309,7 +315,7 @@ void attention_forward(const AttentionParams& p) {
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t hk = 0; hk < p.Hkv; ++hk) {
 #pragma omp for schedule(static)
-        for (int64_t kb = 0; kb < kv.blocks; ++kb) pack_block(p, b, hk, kb, kv);
+        for (int64_t kb = 0; kb < kv.blocks; ++kb) pack_block<T>(p, b, hk, kb, kv);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; ++t) {
           const int64_t i0 = (q_blocks - 1 - t / group) * kBr;
@@ -317,6 +323,12 @@ void attention_forward(const AttentionParams& p) {
         }
       }
   }
+}
+
+}  // namespace
+
+void attention_forward(const AttentionParams& p) {
+  with_kv_element(p, [&](auto element) { forward<decltype(element)>(p); });
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA

@@ -71,8 +71,8 @@ void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     t.end[r] = keys.end;
   }
   std::fill(t.dq.begin(), t.dq.end(), 0.0f);
-  const float* k = p.k + b * p.k_stride[0] + hk * p.k_stride[1];
-  const float* v = p.v + b * p.v_stride[0] + hk * p.v_stride[1];
+  const float* k = static_cast<const float*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
+  const float* v = static_cast<const float*>(p.v) + b * p.v_stride[0] + hk * p.v_stride[1];
   for (int64_t j = 0; j < t.key_blocks * kBc; ++j) {
     const int64_t kb = j / kBc, jj = j % kBc;
     const bool real = j < p.Tk;

@@ -61,7 +61,7 @@ std::vector<KVCache> new_caches(const Decoder& d, int64_t batch, int64_t max_tok
   std::vector<KVCache> caches;
   caches.reserve(static_cast<size_t>(c.num_layers));
   for (int64_t l = 0; l < c.num_layers; ++l)
-    caches.emplace_back(batch, c.num_kv_heads, max_tokens, c.head_dim, c.head_dim);
+    caches.emplace_back(batch, c.num_kv_heads, max_tokens, c.head_dim, c.head_dim, d.kv_type);
   return caches;
 }
 
@@ -170,8 +170,10 @@ Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_
   if (T > c.max_positions)
     fail(fn, "T", message("at most ", d.context_key, " = ", c.max_positions, " tokens"), std::to_string(T));
   if (B <= 0 || T <= 0) fail(fn, "ids", "a non-empty batch [B, T]", message("[", B, ", ", T, "]"));
-  std::vector<KVCache> caches = new_caches(d, B, T);
-  if (!attention) return extend(d, caches, ids, B, T, false);
+  Decoder exact = d;  // no cache outlives the forward: its keys and values stay float32 whatever kv_type says
+  exact.kv_type = KVType::f32;
+  std::vector<KVCache> caches = new_caches(exact, B, T);
+  if (!attention) return extend(exact, caches, ids, B, T, false);
   if (static_cast<int64_t>(ids.size()) != B * T)
     fail(fn, "ids", message(B * T, " ids (B·T = ", B, "·", T, ")"), std::to_string(ids.size()));
   for (int64_t i = 0; i < B * T; ++i)

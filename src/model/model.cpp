@@ -336,7 +336,7 @@ auto with_decoder(const Model& m, bool names, F&& f) {
   std::vector<std::string> n;
   if (names)
     for (auto& [name, t] : m.parameters()) n.push_back(std::move(name));
-  const detail::Decoder d{s, "Model", "max_positions", m.config().eos_token_ids, n};
+  const detail::Decoder d{s, "Model", "max_positions", m.config().eos_token_ids, n, m.kv_type()};
   return f(d);
 }
 

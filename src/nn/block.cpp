@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "nn/kv_store.h"
 
 namespace mhsa::nn {
 namespace {
@@ -85,8 +86,16 @@ void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows
 void attend_over_cache(const Dims& d, int64_t B, int64_t T, float* qkv, float* ctx, KVCache& cache,
                        const AttentionOptions& opt) {
   cache.append(heads_view(qkv, B, T, d.N, d.Nq, d.Hkv, d.D), heads_view(qkv, B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D));
-  scaled_dot_product_attention(heads_view(qkv, B, T, d.N, 0, d.Hq, d.D), cache.keys(), cache.values(),
-                               heads_view(ctx, B, T, d.Nq, 0, d.Hq, d.D), opt);
+  const ConstTensorView q = heads_view(qkv, B, T, d.N, 0, d.Hq, d.D);
+  const TensorView out = heads_view(ctx, B, T, d.Nq, 0, d.Hq, d.D);
+  with_kv_type(cache.type(), [&](auto element) {
+    using E = decltype(element);
+    if constexpr (std::is_same_v<E, float>) {
+      scaled_dot_product_attention(q, cache.keys(), cache.values(), out, opt);
+    } else {  // a 16-bit cache, read as it is
+      scaled_dot_product_attention(q, cache.keys_as<E>(), cache.values_as<E>(), out, opt);
+    }
+  });
 }
 
 // ctx [1, T, Hq·D] = the attention of the q heads of qkv [1, T, N] over a paged sequence's keys and
@@ -96,26 +105,31 @@ void attend_over_pages(const Dims& d, int64_t layer, int64_t T, float* qkv, floa
                        const AttentionOptions& opt) {
   KVBlockPool& pool = *seq.pool;
   const int64_t bs = pool.block_tokens();
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = seq.length + t;
-    const int32_t b = seq.blocks[static_cast<size_t>(pos / bs)];
-    const float* row = qkv + t * d.N;
-    float* k = pool.keys(layer, b) + (pos % bs) * d.D;
-    float* v = pool.values(layer, b) + (pos % bs) * d.D;
-    for (int64_t h = 0; h < d.Hkv; ++h) {
-      std::copy_n(row + d.Nq + h * d.D, d.D, k + h * bs * d.D);
-      std::copy_n(row + d.Nq + d.Nkv + h * d.D, d.D, v + h * bs * d.D);
+  with_kv_type(pool.type(), [&](auto element) {
+    using E = decltype(element);
+    for (int64_t t = 0; t < T; ++t) {  // rounded to the pool's type as they are written
+      const int64_t pos = seq.length + t;
+      const int32_t b = seq.blocks[static_cast<size_t>(pos / bs)];
+      const float* row = qkv + t * d.N;
+      E* k = static_cast<E*>(pool.keys(layer, b)) + (pos % bs) * d.D;
+      E* v = static_cast<E*>(pool.values(layer, b)) + (pos % bs) * d.D;
+      for (int64_t h = 0; h < d.Hkv; ++h)
+        for (int64_t i = 0; i < d.D; ++i) {
+          narrow_kv(row[d.Nq + h * d.D + i], k[h * bs * d.D + i]);
+          narrow_kv(row[d.Nq + d.Nkv + h * d.D + i], v[h * bs * d.D + i]);
+        }
     }
-  }
-  const int64_t length = seq.length + T;
-  const size_t blocks = static_cast<size_t>(pool.blocks_for(length));
-  std::vector<const float*> kb(blocks), vb(blocks);
-  for (size_t i = 0; i < blocks; ++i) {
-    kb[i] = pool.keys(layer, seq.blocks[i]);
-    vb[i] = pool.values(layer, seq.blocks[i]);
-  }
-  scaled_dot_product_attention(heads_view(qkv, 1, T, d.N, 0, d.Hq, d.D), PagedKV{kb, vb, bs, length, d.Hkv, d.D, d.D},
-                               heads_view(ctx, 1, T, d.Nq, 0, d.Hq, d.D), opt);
+    const int64_t length = seq.length + T;
+    const size_t blocks = static_cast<size_t>(pool.blocks_for(length));
+    std::vector<const E*> kb(blocks), vb(blocks);
+    for (size_t i = 0; i < blocks; ++i) {
+      kb[i] = static_cast<const E*>(pool.keys(layer, seq.blocks[i]));
+      vb[i] = static_cast<const E*>(pool.values(layer, seq.blocks[i]));
+    }
+    scaled_dot_product_attention(heads_view(qkv, 1, T, d.N, 0, d.Hq, d.D),
+                                 PagedKVOf<E>{kb, vb, bs, length, d.Hkv, d.D, d.D},
+                                 heads_view(ctx, 1, T, d.Nq, 0, d.Hq, d.D), opt);
+  });
 }
 
 // y [rows, C] = attention(h [rows, C]) of layer `layer`.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstddef>
 #include <string>
 
 #include "core/check.h"
@@ -18,8 +19,9 @@ void check_count(const char* what, int64_t n) {
 }  // namespace
 
 KVBlockPool::KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int64_t block_tokens,
-                         int64_t blocks)
-    : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), v_head_dim_(v_head_dim), block_tokens_(block_tokens) {
+                         int64_t blocks, KVType type)
+    : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), v_head_dim_(v_head_dim), block_tokens_(block_tokens),
+      type_(type) {
   check_count("layers", layers);
   check_count("kv_heads", kv_heads);
   check_count("head_dim", head_dim);
@@ -29,8 +31,10 @@ KVBlockPool::KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int
     detail::fail("KVBlockPool", "block_tokens", "a power of two (1, 2, 4, ..., 16, ...)", std::to_string(block_tokens));
   check_count("blocks", blocks);
   if (blocks > (int64_t{1} << 30)) detail::fail("KVBlockPool", "blocks", "at most 2^30", std::to_string(blocks));
+  if (type != KVType::f32 && type != KVType::bf16 && type != KVType::f16)
+    detail::fail("KVBlockPool", "type", "KVType f32, bf16 or f16", std::to_string(static_cast<int>(type)));
   (void)detail::checked_count("KVBlockPool: a block [layers, Hkv, block_tokens, D + Dv]",
-                              {layers, kv_heads, block_tokens, head_dim + v_head_dim}, sizeof(float));
+                              {layers, kv_heads, block_tokens, head_dim + v_head_dim}, kv_type_bytes(type));
   const auto n = static_cast<size_t>(blocks);
   storage_.resize(n);
   refs_.assign(n, 0);
@@ -41,7 +45,7 @@ KVBlockPool::KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int
 }
 
 int64_t KVBlockPool::block_bytes() const {
-  return layers_ * kv_heads_ * block_tokens_ * (head_dim_ + v_head_dim_) * static_cast<int64_t>(sizeof(float));
+  return layers_ * kv_heads_ * block_tokens_ * (head_dim_ + v_head_dim_) * kv_type_bytes(type_);
 }
 
 int64_t KVBlockPool::available() const { return blocks() - used_ - reserved_; }
@@ -63,7 +67,7 @@ int32_t KVBlockPool::take_block() {
   const int32_t b = !free_.empty() ? free_.back() : lru_.begin()->second;
   Tensor& t = storage_[static_cast<size_t>(b)];
   if (!t.defined())  // may throw (out of memory): nothing has changed yet
-    t = Tensor({layers_, kv_heads_, block_tokens_, head_dim_ + v_head_dim_}, "KVBlockPool: a block");
+    t = Tensor({(block_bytes() + 3) / 4}, "KVBlockPool: a block [layers, Hkv, block_tokens, D + Dv]");
   if (!free_.empty()) {
     free_.pop_back();
   } else {  // evicted: its index entry goes (entries chained to it become unreachable)
@@ -155,11 +159,14 @@ void KVBlockPool::release(PagedSequence& s) {
   s = PagedSequence{};
 }
 
-float* KVBlockPool::keys(int64_t layer, int32_t b) {
-  return storage_[static_cast<size_t>(b)].data() + layer * kv_heads_ * block_tokens_ * (head_dim_ + v_head_dim_);
+void* KVBlockPool::keys(int64_t layer, int32_t b) {
+  auto* base = reinterpret_cast<std::byte*>(storage_[static_cast<size_t>(b)].data());
+  return base + layer * kv_heads_ * block_tokens_ * (head_dim_ + v_head_dim_) * kv_type_bytes(type_);
 }
 
-float* KVBlockPool::values(int64_t layer, int32_t b) { return keys(layer, b) + kv_heads_ * block_tokens_ * head_dim_; }
+void* KVBlockPool::values(int64_t layer, int32_t b) {
+  return static_cast<std::byte*>(keys(layer, b)) + kv_heads_ * block_tokens_ * head_dim_ * kv_type_bytes(type_);
+}
 
 void KVBlockPool::check_held(int32_t b, const char* what) const {
   if (b < 0 || b >= blocks() || refs_[static_cast<size_t>(b)] == 0)

@@ -68,6 +68,8 @@ void check_cache(const MultiHeadAttention& m, std::string_view fn, std::string_v
   if (cache.kv_heads() != m.num_kv_heads() || cache.head_dim() != m.head_dim() || cache.v_head_dim() != m.head_dim())
     fail(fn, arg, message(m.num_kv_heads(), " kv heads of size ", m.head_dim(), " (this layer's)"),
          message(cache.kv_heads(), " kv heads of size ", cache.head_dim(), "/", cache.v_head_dim()));
+  if (cache.type() != KVType::f32)  // the layer's caches (new_cache, project_memory) are float32
+    fail(fn, arg, "a float32 cache (KVType f32)", message("a ", kv_type_name(cache.type()), " cache"));
 }
 
 void record(MhaTape& tape, const MhaOptions& o, const ConstTensorView& x, const ConstTensorView& memory, Tensor qkv,

@@ -155,13 +155,15 @@ inline bool takes_decode_path(const AttentionParams& p) {
 
 // The decode path's q·k (few query rows, keys read in place): kLanes products at a time, the
 // lanes summed by reduce_sum at the end. The backward calls it on the shapes the forward took
-// the decode path for, so that it recomputes the forward's scores bit for bit.
-inline float decode_dot(const float* a, const float* b, int64_t n) {
+// the decode path for, so that it recomputes the forward's scores bit for bit. A 16-bit key
+// (bfloat16, float16) is widened in registers: the same products as on the widened key.
+template <class T>
+float decode_dot(const float* a, const T* b, int64_t n) {
   const int64_t full = n / kLanes * kLanes;
   Vec acc = splat(0.0f);
-  for (int64_t d = 0; d < full; d += kLanes) acc = fma(load(a + d), load(b + d), acc);
+  for (int64_t d = 0; d < full; d += kLanes) acc = fma(load(a + d), load_kv(b + d), acc);
   if (full < n) acc = fma(load_partial(a + full, static_cast<int>(n - full), 0.0f),
-                          load_partial(b + full, static_cast<int>(n - full), 0.0f), acc);
+                          load_partial_kv(b + full, static_cast<int>(n - full)), acc);
   return reduce_sum(acc);
 }
 

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/bf16.h"
 #include "kernels/half.h"
+#include "mhsa/tensor.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -93,6 +95,34 @@ inline float f16_scalar(uint16_t h) {
   return f16_to_float(h);
 #endif
 }
+// kLanes IEEE f16 values from p, widened exactly: F16C's vcvtph2ps where the ISA has it.
+inline Vec load_f16(const uint16_t* p) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__F16C__) && defined(__AVX2__)
+  return (Vec)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  Vec v;
+  for (int i = 0; i < kLanes; ++i) v[i] = f16_scalar(p[i]);
+  return v;
+#endif
+}
+
+// Keys and values of a KV cache (float, bfloat16 or float16 elements) as float32 vectors, exactly:
+// kLanes from p, or the first n < kLanes and zeros; one element.
+inline Vec load_kv(const float* p) { return load(p); }
+inline Vec load_kv(const bfloat16* p) { return load_bf16(&p->bits); }
+inline Vec load_kv(const float16* p) { return load_f16(&p->bits); }
+inline Vec load_partial_kv(const float* p, int n) { return load_partial(p, n, 0.0f); }
+inline Vec load_partial_kv(const bfloat16* p, int n) { return load_partial_bf16(&p->bits, n); }
+inline Vec load_partial_kv(const float16* p, int n) {
+  Vec v = splat(0.0f);
+  for (int i = 0; i < n; ++i) v[i] = f16_scalar(p[i].bits);
+  return v;
+}
+inline float widen_kv(float x) { return x; }
+inline float widen_kv(bfloat16 x) { return bf16_to_float(x.bits); }
+inline float widen_kv(float16 x) { return f16_scalar(x.bits); }
 inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
 // Square root of every lane (the hardware instruction; the vector extensions have none).
 inline Vec sqrt(Vec x) {
