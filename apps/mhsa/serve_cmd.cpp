@@ -46,7 +46,7 @@ constexpr size_t kMaxBodyBytes = size_t{1} << 20;
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
 
 struct ServeArgs {
-  std::string model, host = "127.0.0.1", api_key, kv_dtype = "f32";
+  std::string model, host = "127.0.0.1", api_key, dtype = "f32", kv_dtype = "f32";
   int port = 8080, parallel = 4, queue = 16, threads = 0;
   int64_t ctx_size = 0, kv_blocks = 0;
   bool no_prefix_sharing = false;
@@ -323,7 +323,7 @@ void run(const ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a client gone while we write: an error from write, not a signal
   use_threads(a.threads);
-  const LoadedModel loaded = load_model(model_dir(a.model), "f32", a.kv_dtype);
+  const LoadedModel loaded = load_model(model_dir(a.model), a.dtype, a.kv_dtype);
   const int64_t max_positions = loaded.model.config().max_positions;
   if (a.ctx_size > max_positions)
     throw Error(message("mhsa serve: --ctx-size: expected at most ", max_positions, " (the model's context), got ", a.ctx_size));
@@ -353,8 +353,12 @@ void run(const ServeArgs& a) {
     scheduler.shutdown();  // running requests end as cancelled
     server.stop();
   });
-  std::printf("mhsa serve: listening on http://%s:%d (model %s, context %lld tokens, %d parallel, %d threads)\n",
-              a.host.c_str(), port, id.c_str(), static_cast<long long>(served.context), a.parallel, omp_get_max_threads());
+  const Model& m = loaded.model;
+  std::printf("mhsa serve: listening on http://%s:%d (model %s, %s weights, %s KV cache, context %lld tokens, "
+              "%d parallel, %d threads)\n",
+              a.host.c_str(), port, id.c_str(), std::string(weight_type_name(m.weight_type())).c_str(),
+              std::string(kv_type_name(m.kv_type())).c_str(), static_cast<long long>(served.context), a.parallel,
+              omp_get_max_threads());
   std::fflush(stdout);
   server.listen();
   if (!quit.load()) pthread_kill(waiter.native_handle(), SIGTERM);  // listen ended on its own: release the waiter
@@ -383,6 +387,7 @@ void add_serve_command(CLI::App& app) {
                   "half the memory with --kv-dtype bf16 or f16)")
       ->default_val(0)
       ->check(integer_in(0, int64_t{1} << 30));
+  add_dtype_option(cmd, a->dtype);
   add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_flag("--no-prefix-sharing", a->no_prefix_sharing, "compute every prompt in full (no shared KV blocks)");
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (all but /health)");

@@ -57,7 +57,7 @@ class Server:
     def __init__(self, model, *args):
         self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", str(model), "--port", "0", *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
+        self.ready = line = self.proc.stdout.readline()
         m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
         assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read()}"
         self.url, self.port = m.group(1), int(m.group(2))
@@ -616,3 +616,25 @@ def test_usage_errors_exit_2(gpt2, gpt2_dir):
         r = subprocess.run([str(CLI), "serve", "-t", "1", "--model", str(gpt2_dir), *map(str, args)],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and text in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+def test_serve_dtype_equals_generate(gpt2_dir, dtype, rng):
+    # `--dtype` as on `mhsa generate`: the weights kept as bfloat16 or Q8_0 blocks (the ready line
+    # says which). One request at a time, so every step has generate's rows: greedy completions are
+    # generate's with the same dtype.
+    s = Server(gpt2_dir, "--dtype", dtype, "--parallel", 1)
+    try:
+        assert f"{dtype} weights, f32 KV cache" in s.ready, s.ready
+        for _ in range(3):
+            prompt, n = words(rng, rng.randint(2, 8)), rng.randint(20, 40)
+            ref = generate(gpt2_dir, prompt, n, "--dtype", dtype)
+            r = s.client().completions.create(model=s.id, prompt=prompt, max_tokens=n, temperature=0)
+            assert r.choices[0].text == ref["text"], (dtype, prompt)
+            assert r.usage.completion_tokens == len(ref["tokens"])
+            assert metric(s, "mhsa_kv_blocks_used") == 0
+    finally:
+        assert s.stop() == 0
+    r = subprocess.run([str(CLI), "serve", "-t", "1", "--model", str(gpt2_dir), "--dtype", "q9"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--dtype" in r.stderr and "q9" in r.stderr, r.stderr
