@@ -34,6 +34,7 @@ struct BenchArgs {
   std::string dtype;   // its weights: f32 or bf16
   std::string kv_dtype;  // its KV cache: f32, bf16 or f16
   int64_t depth = 0;     // tokens in the cache before the timed decoding
+  int64_t batch = 1;     // sequences decoded together (Model::step, as mhsa serve batches them)
   std::string filter;  // comma-separated substrings: the cases whose name contains one of them run
   std::string json;    // write the results here too
   double min_seconds = 1.0;
@@ -270,9 +271,12 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 // cache holds 16-bit keys and values (the cases named "<family>_kv<type>_pp512" and
 // "..._tg128", the cache counted at 2 bytes a value); --depth N: the decoding starts after a prompt of N tokens (prefilled
 // once, untimed; each run rewinds the cache to it), named "..._tg128_d<N>" (llama-bench's
-// "tg128 @ dN").
+// "tg128 @ dN"); --batch N (> 1): N sequences, each with its own cache, decode together through
+// Model::step (one forward of N rows per step, as mhsa serve's continuous batching runs them),
+// named "..._tg128_b<N>": tokens/s counts all N sequences' tokens, the bytes the weights once per
+// step plus every sequence's cache.
 std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, const std::string& kv_dtype,
-                              int64_t depth) {
+                              int64_t depth, int64_t batch) {
   const WeightType wt = parse_weight_type(dtype, "--dtype");
   const KVType kv_type = parse_kv_type(kv_dtype, "--kv-dtype");
   Model loaded = Model::load(dir, wt);
@@ -297,14 +301,15 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
   const double weight_bytes_read =
       c.num_layers * (in_c * per_value(C, false) + q * C * per_value(q, false) + F * C * per_value(F, false)) +
       V * C * per_value(C, true);
-  const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions - depth);
+  const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions - depth - (batch - 1));
   if (tg < 1)
-    throw Error(detail::message("--depth: expected at most ", c.max_positions - 1, " (the model's context less one), got ",
-                                depth));
+    throw Error(detail::message("--depth: expected at most ", c.max_positions - batch,
+                                " (the model's context less --batch), got ", depth));
   const std::string kv_part = kv_type == KVType::f32 ? "" : "_kv" + std::string(kv_type_name(kv_type));
   const std::string pp_name = family + kv_part + "_pp" + std::to_string(pp);
-  const std::string tg_name =
-      family + kv_part + "_tg" + std::to_string(tg) + (depth > 0 ? "_d" + std::to_string(depth) : "");
+  const std::string tg_name = family + kv_part + "_tg" + std::to_string(tg) +
+                              (depth > 0 ? "_d" + std::to_string(depth) : "") +
+                              (batch > 1 ? "_b" + std::to_string(batch) : "");
   Case prefill{pp_name, [=](double min_seconds) {
                  std::vector<int32_t> ids(static_cast<size_t>(pp));
                  for (int64_t t = 0; t < pp; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919) % c.vocab_size);
@@ -323,6 +328,36 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
                  }
                  return Result{pp_name, "GFLOP/s", s, flops, double(pp)};
                }};
+  // The cache read per step by one sequence, on average: keys and values of depth + (tg + 1)/2 tokens.
+  const double cache_values = c.num_layers * 2.0 * kv * (double(depth) + (tg + 1) / 2.0);
+  Case batched{tg_name, [=](double min_seconds) {
+                 // Sequence s starts after a prompt of depth + s tokens (distinct lengths and
+                 // positions, as a server's sequences have), prefilled once, untimed.
+                 std::vector<ModelCache> caches;
+                 std::vector<int64_t> starts;
+                 for (int64_t s = 0; s < batch; ++s) {
+                   starts.push_back(depth + s);
+                   caches.push_back(model->new_cache(1, depth + s + tg));
+                   std::vector<int32_t> prompt(static_cast<size_t>(depth + s));
+                   for (int64_t t = 0; t < depth + s; ++t)
+                     prompt[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919 + s) % c.vocab_size);
+                   if (!prompt.empty()) (void)model->extend(caches.back(), prompt, 1, depth + s, true);
+                 }
+                 const std::vector<int32_t> token(static_cast<size_t>(batch), 1 % static_cast<int32_t>(c.vocab_size));
+                 std::vector<SequenceStep> seqs(static_cast<size_t>(batch));
+                 for (size_t s = 0; s < seqs.size(); ++s) seqs[s] = {&caches[s], std::span(token).subspan(s, 1)};
+                 const Timing t = time_runs(
+                     [&] {
+                       for (size_t s = 0; s < caches.size(); ++s) caches[s].truncate(starts[s]);
+                       for (int64_t i = 0; i < tg; ++i) (void)model->step(seqs);
+                     },
+                     min_seconds);
+                 // Sequence s reads s more cached tokens than cache_values counts: (batch - 1)/2 on average.
+                 const double extra = c.num_layers * 2.0 * kv * (batch - 1) / 2.0;
+                 const double bytes = weight_bytes_read + batch * (cache_values + extra) * double(kv_type_bytes(kv_type));
+                 return Result{tg_name, "GB/s", t, tg * bytes, double(tg * batch)};
+               }};
+  if (batch > 1) return {prefill, batched};
   Case decode{tg_name, [=](double min_seconds) {
                 ModelCache cache = model->new_cache(1, depth + tg);
                 if (depth > 0) {
@@ -338,8 +373,6 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
                       for (int64_t i = 0; i < tg; ++i) (void)model->extend(cache, token, 1, 1, true);
                     },
                     min_seconds);
-                // The cache read per step, on average: keys and values of depth + (tg + 1)/2 tokens.
-                const double cache_values = c.num_layers * 2.0 * kv * (double(depth) + (tg + 1) / 2.0);
                 return Result{tg_name, "GB/s", s,
                               tg * (weight_bytes_read + cache_values * double(kv_type_bytes(kv_type))), double(tg)};
               }};
@@ -362,9 +395,10 @@ void run(const BenchArgs& a) {
   std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
   if (!a.json.empty()) json.emplace(a.json, "--json");
   // A model directory is loaded before the measurements: a bad one fails at once.
-  if (a.model.empty() && (a.kv_dtype != "f32" || a.depth != 0))
-    throw Error("mhsa bench: --kv-dtype and --depth: expected with --model (they set its decode case), got no --model");
-  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype, a.kv_dtype, a.depth) : std::vector<Case>{
+  if (a.model.empty() && (a.kv_dtype != "f32" || a.depth != 0 || a.batch != 1))
+    throw Error("mhsa bench: --kv-dtype, --depth and --batch: expected with --model (they set its decode case), got no "
+                "--model");
+  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype, a.kv_dtype, a.depth, a.batch) : std::vector<Case>{
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),
@@ -424,6 +458,11 @@ void add_bench_command(CLI::App& app) {
                   "with --model: decode after a prompt of this many tokens (prefilled once, not timed)")
       ->default_val(0)
       ->check(integer_in(0, int64_t{1} << 30));
+  cmd->add_option("--batch", args->batch,
+                  "with --model: decode this many sequences together, one forward of N rows per step (as mhsa "
+                  "serve batches them); tokens/s counts them all")
+      ->default_val(1)
+      ->check(integer_in(1, 256));
   cmd->add_option("--filter", args->filter, "run only the cases whose name contains this (or one of these, comma-separated)");
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")
