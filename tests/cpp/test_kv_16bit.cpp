@@ -309,7 +309,7 @@ TEST(KV16Bit, PagedStepEqualsCacheStepAndBlocksComeBack) {
   auto gen = test::test_rng();
   Model model = Model::random(ModelConfig::parse(llama_config().dump()), gen());
   model.set_kv_type(KVType::bf16);
-  const int64_t bs = 1 + static_cast<int64_t>(gen() % 9);
+  const int64_t bs = int64_t{1} << (gen() % 5);  // 1 to 16 tokens: block sizes are powers of two
   KVBlockPool pool = model.new_kv_pool(3 * ((100 + bs - 1) / bs), bs);
   ASSERT_EQ(pool.type(), KVType::bf16);
   std::vector<ModelCache> caches;
