@@ -4,7 +4,7 @@
 // that multiply the same A (q | k | v, gate | up) are one call: their rows form one row space
 // that the threads split evenly, in groups of kGroup rows, each thread one contiguous range, read
 // in order (one sequential stream: interleaving several rows' streams measured slower). Each row
-// of B is read once, from memory, and dotted with up to kRows rows of A held in L1. Every C
+// of B is read once, from memory, and dotted with up to 8 rows of A held in L1. Every C
 // element is one FMA chain over k in vector steps and the same horizontal sum, whatever the
 // grouping and the thread count. Not for large M: that is a GEMM.
 //
@@ -87,8 +87,13 @@ void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, float* out) {
   for (int j = 0; j < J; ++j) out[j] = reduce_sum(acc[j]);
 }
 
+// Rows of A per pass of the float and bfloat16 streams: 8 independent FMA chains (two FMA units
+// of 4 cycles' latency need 8 in flight; a pass of 4 rows ran at half the FMA rate, and a server
+// decoding 8 sequences needed two passes). 8 A rows, one B vector and a load fit 16 registers.
+constexpr int kFloatRows = 8;
+
 // C[M, rows] = A[M, K] · B[rows, K]ᵀ, B's rows in order (one sequential stream when they are
-// contiguous), each group of kGroup rows L1-resident while every kRows rows of A pass over it.
+// contiguous), each group of kGroup rows L1-resident while every kFloatRows rows of A pass over it.
 template <class TB>
 void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t rows,
                    float* C, int64_t ldc) {
@@ -101,12 +106,16 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
     }
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
-    for (int64_t m = 0; m < M; m += kRows)
+    for (int64_t m = 0; m < M; m += kFloatRows)
       for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
         const float* a = A + m * lda;
         const TB* b = B + n * ldb;
         float* out = C + m * ldc + n;
-        switch (std::min<int64_t>(kRows, M - m)) {
+        switch (std::min<int64_t>(kFloatRows, M - m)) {
+          case 8: dot_rows<8>(K, a, lda, b, out, ldc); break;
+          case 7: dot_rows<7>(K, a, lda, b, out, ldc); break;
+          case 6: dot_rows<6>(K, a, lda, b, out, ldc); break;
+          case 5: dot_rows<5>(K, a, lda, b, out, ldc); break;
           case 4: dot_rows<4>(K, a, lda, b, out, ldc); break;
           case 3: dot_rows<3>(K, a, lda, b, out, ldc); break;
           case 2: dot_rows<2>(K, a, lda, b, out, ldc); break;
