@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
 
   const std::vector<Shape> shapes = {
       {"qkv proj", 1024, 2304, 768}, {"out proj", 1024, 768, 768}, {"decode", 1, 2304, 768},
-      {"decode", 2, 2304, 768},      {"decode", 4, 2304, 768},     {"decode", 8, 2304, 768},
+      {"decode", 2, 2304, 768},      {"decode", 4, 2304, 768},     {"decode", 6, 2304, 768},
+      {"decode", 8, 2304, 768},      {"decode", 8, 3072, 768},     {"decode", 8, 768, 3072},
       {"small M", 32, 2304, 768},    {"odd", 1025, 1025, 97},      {"odd", 97, 97, 1025},
       {"odd", 7, 7, 7},
   };

@@ -13,8 +13,9 @@
 // lane and stored/reloaded between K blocks (exact) — or, for M <= kFreshMaxM, the same chain
 // restarted every kFreshKC terms and added on (more accurate where it costs nothing). Packing,
 // blocking, tile shape, edge handling and the thread split therefore cannot change a single bit:
-// the result depends on the inputs and on M <= kFreshMaxM only (per ISA: portable code without
-// FMA rounds the product separately, consistently).
+// the result depends on the inputs and on M's class only — M <= kStreamMaxM (4: decode, B
+// streamed with K split in fixed parts, gemm_stream), M <= kFreshMaxM (16), larger — (per ISA:
+// portable code without FMA rounds the product separately, consistently).
 //
 // gemm_ex adds what backward passes need: either operand stored transposed, and C += A·B (the
 // chains start from C). It always takes the packed path (the transposes are in packing only), so
@@ -330,29 +331,39 @@ void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
 // segments of kFreshKC (each a fresh fma chain, rows ascending, added to the part's running sum:
 // blocked summation as in the kFresh micro-kernels), and C = bias + part0 + part1 + ... in part
 // order. So results depend on the inputs only (and on this path: M <= kStreamMaxM), and the
-// parts' sums are the only extra traffic: kStreamParts·M·N floats, in L2.
+// parts' sums are the only extra traffic: kStreamParts·M·N floats, in L2. Tried up to 8 rows (a
+// server's batch): at 6 and 8 rows the in-place micro-tiles (12 FMAs per 8 loads, against this
+// path's 8 per ~10) were faster on a 2-core Zen 3 (docs/performance.md, 2026-11-27).
 constexpr int64_t kStreamMaxM = 4;
 constexpr int64_t kStreamParts = 8;
+// Columns per pass of stream_rows with M > 1: R rows of B (8 KiB at R = 8) stay in L1 while every
+// row of A passes over them, so B comes from memory once and from L1 M − 1 times, not from L2 (a
+// multiple of kLanes: only the last chunk has a partial vector; the order of every sum is
+// unchanged). Measured at N 2304, K 768, 2 threads: docs/performance.md (2026-11-27).
+constexpr int64_t kStreamChunk = 256;
 
 template <int R, bool kFirst>
 void stream_rows(int64_t M, int64_t N, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t k,
                  float* acc) {  // acc[m, 0:N] (+)= Σ_r A[m, k + r] · B[k + r, 0:N], r < R; kFirst: from 0
-  const int64_t full = N / kLanes * kLanes;
-  for (int64_t m = 0; m < M; ++m) {
-    Vec a[R];
-    for (int r = 0; r < R; ++r) a[r] = splat(A[m * lda + k + r]);
-    float* c = acc + m * N;
-    int64_t n = 0;
-    for (; n < full; n += kLanes) {
-      Vec s = kFirst ? splat(0.0f) : load(c + n);
-      for (int r = 0; r < R; ++r) s = fma(a[r], load(B + (k + r) * ldb + n), s);
-      store(c + n, s);
-    }
-    if (n < N) {
-      const int rest = static_cast<int>(N - n);
-      Vec s = kFirst ? splat(0.0f) : load_partial(c + n, rest, 0.0f);
-      for (int r = 0; r < R; ++r) s = fma(a[r], load_partial(B + (k + r) * ldb + n, rest, 0.0f), s);
-      store_partial(c + n, s, rest);
+  const int64_t chunk = M == 1 ? N : kStreamChunk;  // one row of A: nothing to keep in L1
+  for (int64_t j0 = 0; j0 < N; j0 += chunk) {
+    const int64_t j1 = std::min(N, j0 + chunk), full = j0 + (j1 - j0) / kLanes * kLanes;
+    for (int64_t m = 0; m < M; ++m) {
+      Vec a[R];
+      for (int r = 0; r < R; ++r) a[r] = splat(A[m * lda + k + r]);
+      float* c = acc + m * N;
+      int64_t n = j0;
+      for (; n < full; n += kLanes) {
+        Vec s = kFirst ? splat(0.0f) : load(c + n);
+        for (int r = 0; r < R; ++r) s = fma(a[r], load(B + (k + r) * ldb + n), s);
+        store(c + n, s);
+      }
+      if (n < j1) {
+        const int rest = static_cast<int>(j1 - n);
+        Vec s = kFirst ? splat(0.0f) : load_partial(c + n, rest, 0.0f);
+        for (int r = 0; r < R; ++r) s = fma(a[r], load_partial(B + (k + r) * ldb + n, rest, 0.0f), s);
+        store_partial(c + n, s, rest);
+      }
     }
   }
 }
