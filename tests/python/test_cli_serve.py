@@ -14,7 +14,6 @@ import os
 import random
 import re
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,15 +27,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
-TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_models import write_gpt2_dir  # noqa: E402
 from tiny_chat_model import WORDS, write_chat_dir  # noqa: E402
 
 
@@ -74,15 +72,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpt2-serve")
-    torch.manual_seed(4321)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128)).eval()
-    with torch.no_grad():  # a livelier random model: varied tokens
-        model.transformer.wte.weight.mul_(20.0)
-    model.save_pretrained(d, safe_serialization=True)
-    shutil.copy(TOKENIZER / "encoder.json", d / "vocab.json")
-    shutil.copy(TOKENIZER / "vocab.bpe", d / "merges.txt")
-    return d
+    return write_gpt2_dir(tmp_path_factory.mktemp("gpt2-serve"), seed=4321)
 
 
 @pytest.fixture(scope="module")

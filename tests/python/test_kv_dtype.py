@@ -7,14 +7,13 @@ completion equal to `mhsa generate --kv-dtype bf16`); bad values named."""
 import json
 import os
 import re
-import shutil
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import mhsa
 
@@ -22,8 +21,9 @@ transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
-TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
 DEFAULT_MODEL = ROOT / "models" / "default"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_models import write_gpt2_dir  # noqa: E402
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 211, "hidden_size": 48,
          "intermediate_size": 77, "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2,
@@ -88,15 +88,7 @@ def test_cli_kv_dtype_options():
 
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("gpt2-kv16")
-    torch.manual_seed(2468)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128)).eval()
-    with torch.no_grad():  # a livelier random model: varied tokens
-        model.transformer.wte.weight.mul_(20.0)
-    model.save_pretrained(d, safe_serialization=True)
-    shutil.copy(TOKENIZER / "encoder.json", d / "vocab.json")
-    shutil.copy(TOKENIZER / "vocab.bpe", d / "merges.txt")
-    return d
+    return write_gpt2_dir(tmp_path_factory.mktemp("gpt2-kv16"), seed=2468)
 
 
 def metric(url, name):

@@ -5,42 +5,16 @@ dtypes; a stopped bf16 run resumes bit for bit; the dtype is recorded in the che
 and on the log's step lines; any other --dtype is refused naming the option. Tiny models: seconds."""
 
 import json
-import os
-import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import safetensors
 
 import mhsa
 
-ROOT = Path(__file__).resolve().parents[2]
-CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
-T, B = 24, 3
-TINY = ["--arch", "llama", "--layers", 2, "--heads", 4, "--kv-heads", 2, "--embd", 32, "--context", T, "--batch", B,
-        "--warmup", 3, "--eval-every", 5, "--lr", "3e-3", "--val-fraction", "0.04"]
-
-
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_bytes((ROOT / "README.md").read_bytes()[:12000])
-    return path
-
-
-def train(*args, check=True):
-    r = subprocess.run([str(CLI), "train", *map(str, args)], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, OMP_NUM_THREADS="2"))
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
-
-
-def state(out):
-    with safetensors.safe_open(str(out / "train_state.safetensors"), "np") as f:
-        meta = f.metadata()
-        return json.loads(meta["history"]), json.loads(meta["options"]), {k: f.get_tensor(k) for k in f.keys()}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_models import B, CLI, ROOT, TINY, T, state, text, train  # noqa: E402,F401
 
 
 def log(out):
