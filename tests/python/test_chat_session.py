@@ -104,7 +104,12 @@ def test_an_exception_in_on_text_ends_the_answer_cleanly(chat, rng):
     with pytest.raises(mhsa.Error, match="ChatSession.messages: expected a session that is not answering"):
         s.send(user, on_text=on_text)
     if shown:  # the answer as far as it was shown stays in the conversation
-        assert s.finish_reason == "cancelled"
+        # Cancelled — unless the first piece shown was the last: bytes of incomplete UTF-8 held back
+        # until the answer ended at max_new_tokens, then flushed as U+FFFD (a random model's answer).
+        if s.finish_reason == "length":
+            assert s.last_turn["generated_tokens"] == 40 and shown[0].endswith("\ufffd"), (shown, s.last_turn)
+        else:
+            assert s.finish_reason == "cancelled"
         assert s.messages == [{"role": "user", "content": user}, {"role": "assistant", "content": shown[0]}]
 
     def interrupt(piece):
