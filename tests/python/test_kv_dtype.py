@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -119,6 +120,9 @@ def test_serve_with_16bit_pool(gpt2_dir):
                         "--json", "--kv-dtype", "bf16")
                 assert r.returncode == 0, r.stderr
                 assert got == json.loads(r.stdout)["text"]
+                deadline = time.monotonic() + 10  # blocks go back at the end of the request's last step
+                while metric(url, "mhsa_kv_blocks_used") != 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 assert metric(url, "mhsa_kv_blocks_used") == 0  # every block back after the request
         finally:
             proc.terminate()
