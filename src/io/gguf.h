@@ -9,7 +9,7 @@
 // errors), dims (1 to 4, products checked for overflow, rows whole blocks), offsets (aligned,
 // inside the data section, no two tensors overlapping). A malformed or hostile file gives an
 // mhsa::Error "gguf <file>: <what>: expected …, got …". GgufWriter writes one atomically. Tensors
-// load as float32 from F32, F16, BF16, Q8_0, Q4_0 and Q4_K; the writer stores F32, F16, BF16,
+// load as float32 from F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K; the writer stores F32, F16, BF16,
 // Q8_0 and Q4_K (mhsa's own Q4_K quantiser, kernels/q4_k.h). Not public, not a model: model/gguf_model.cpp maps names and metadata to a Model.
 #pragma once
 
@@ -28,7 +28,9 @@ namespace mhsa::detail {
 
 // ggml's type ids of the types this reader loads and this writer stores; every other ggml type is
 // known by name and size (so its extent is validated) and refused when loaded.
-enum class GgufType : uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q4_k = 12, bf16 = 30 };
+enum class GgufType : uint32_t {
+  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q4_k = 12, q5_k = 13, q6_k = 14, bf16 = 30
+};
 // "F32", "Q5_K", …; "type <id>" for an id ggml does not have.
 std::string gguf_type_name(uint32_t type);
 // "f32", "f16", "bf16", "q8_0", "q4_k" (any case) → the type; anything else throws naming `what`.

@@ -249,7 +249,7 @@ def test_bad_rope_freqs_are_refused(rng, tmp_path):
 def test_quantised_tensors_dequantise_as_gguf_does(rng, tmp_path):
     state = save(LLAMA, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
     cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
-    for qtype in (Q.Q8_0, Q.Q4_0):
+    for qtype in (Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
         path = tmp_path / f"{qtype.name}.gguf"
         write_llama_cpp_file(path, state, cfg, qtype)
         reader = gguf.GGUFReader(str(path))
@@ -265,20 +265,90 @@ def test_quantised_tensors_dequantise_as_gguf_does(rng, tmp_path):
         np.testing.assert_array_equal(model["model.layers.1.self_attn.k_proj.weight"], unpermute(q, cfg.num_key_value_heads))
 
 
-def test_q4_k_blocks_dequantise_as_gguf_does(rng, tmp_path):
-    blocks = rng.integers(0, 256, (3, 5, 144), dtype=np.uint8)
-    scales = rng.uniform(-2, 2, (3, 5, 2)).astype(np.float16)  # finite d and dmin
-    blocks[..., :4] = scales.view(np.uint8).reshape(3, 5, 4)
-    raw = blocks.reshape(3, 5 * 144)
-    w = gguf.GGUFWriter(str(tmp_path / "q4k.gguf"), "llama")
-    w.add_tensor("x", raw, raw_dtype=Q.Q4_K)
+# The k-quant super-blocks: bytes per 256 values, and where their f16 scales lie.
+K_QUANTS = {Q.Q4_K: (144, [0, 2]), Q.Q5_K: (176, [0, 2]), Q.Q6_K: (210, [208])}
+
+
+@pytest.mark.parametrize("qtype", list(K_QUANTS), ids=lambda q: q.name)
+def test_k_quant_blocks_dequantise_as_gguf_does(qtype, rng, tmp_path):
+    """Random super-blocks (every quant, scale and high bit drawn; finite f16 scales) read by mhsa
+    as the gguf package dequantises them: llama.cpp's Q4_K_M/Q5_K_M files mix Q5_K and Q6_K in."""
+    size, scale_at = K_QUANTS[qtype]
+    blocks = rng.integers(0, 256, (3, 5, size), dtype=np.uint8)
+    for at in scale_at:
+        blocks[..., at:at + 2] = rng.uniform(-2, 2, (3, 5, 1)).astype(np.float16).view(np.uint8)
+    raw = blocks.reshape(3, 5 * size)
+    w = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
+    w.add_tensor("x", raw, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    got = mhsa.read_gguf(tmp_path / "q4k.gguf")
-    assert got["types"]["x"] == "Q4_K" and got["shapes"]["x"] == [3, 5 * 256]
-    np.testing.assert_array_equal(got["tensors"]["x"], gguf.quants.dequantize(raw, Q.Q4_K).astype(np.float32))
+    got = mhsa.read_gguf(tmp_path / "k.gguf")
+    assert got["types"]["x"] == qtype.name and got["shapes"]["x"] == [3, 5 * 256]
+    np.testing.assert_array_equal(got["tensors"]["x"], gguf.quants.dequantize(raw, qtype).astype(np.float32))
+
+
+def test_a_q4_k_m_style_mix_loads(rng, tmp_path):
+    """llama.cpp's Q4_K_M keeps most matrices Q4_K and some (attn_v, ffn_down, output) Q6_K, or
+    Q5_0 where a row is not whole super-blocks. Such a file loads with those matrices dequantised
+    exactly (float32), and as a q4_k model (its Q4_K matrices as stored) near the float32 logits."""
+    state = save(LLAMA_256, tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    mhsa.save_gguf(mhsa.Model.load(tmp_path / "hf"), tmp_path / "q4.gguf", "q4_k")  # our Q4_K blocks to reuse
+    q4_k = {t.name: t.data for t in gguf.GGUFReader(str(tmp_path / "q4.gguf")).tensors if t.tensor_type == Q.Q4_K}
+    path = tmp_path / "mix.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    types = {}
+    for name, t in llama_cpp_tensors(state, cfg).items():
+        t = t.astype(np.float32)
+        if t.ndim == 2:
+            # Q6_K blocks of random bytes with small scales stand in for llama.cpp's quantiser
+            # (the gguf package has no Q6_K quantiser); Q4_K/Q8_0 as the package quantises.
+            qtype = (Q.Q6_K if "attn_v" in name or name == "output.weight" else
+                     Q.Q5_0 if "ffn_down" in name else Q.Q4_K if name in q4_k else Q.Q8_0)  # 288 columns: no k-quant
+            if qtype == Q.Q6_K:
+                raw = rng.integers(0, 256, (t.shape[0], t.shape[1] // 256 * 210), dtype=np.uint8)
+                blocks = raw.reshape(t.shape[0], -1, 210)
+                blocks[..., 208:210] = rng.uniform(1e-4, 1e-3, blocks.shape[:2] + (1,)).astype(np.float16).view(np.uint8)
+                w.add_tensor(name, raw, raw_dtype=qtype)
+            elif qtype == Q.Q4_K:
+                w.add_tensor(name, q4_k[name], raw_dtype=qtype)
+            else:
+                w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+            types[name] = qtype
+        else:
+            w.add_tensor(name, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    reader = gguf.GGUFReader(str(path))
+    assert {t.name: t.tensor_type for t in reader.tensors if t.name in types} == types
+    assert Q.Q4_K in types.values()
+    f32 = mhsa.Model.load(path)
+    params = mhsa.model_parameters(f32)
+    stored = {t.name: t for t in reader.tensors}
+    np.testing.assert_array_equal(params["model.layers.1.mlp.down_proj.weight"],
+                                  gguf.quants.dequantize(stored["blk.1.ffn_down.weight"].data, Q.Q5_0))
+    np.testing.assert_array_equal(params["lm_head.weight"], gguf.quants.dequantize(stored["output.weight"].data, Q.Q6_K))
+    np.testing.assert_array_equal(params["model.layers.0.self_attn.v_proj.weight"],
+                                  gguf.quants.dequantize(stored["blk.0.attn_v.weight"].data, Q.Q6_K))
+    q4 = mhsa.Model.load(path, dtype="q4_k")  # its Q4_K matrices as stored, the others quantised again
+    ids = rng.integers(0, cfg.vocab_size, 13).tolist()
+    want, got = np.asarray(f32.forward(ids)), np.asarray(q4.forward(ids))
+    assert np.isfinite(got).all()
+    # Q6_K/Q5_0 matrices are requantised to 4 bits (the lm_head to Q8_0): a few percent off.
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.2
 
 
 def test_save_gguf_writes_q4_k_that_gguf_dequantises_to_our_weights(rng, tmp_path):
