@@ -50,6 +50,7 @@ struct ServeArgs {
   int port = 8080, parallel = 4, queue = 16, threads = 0;
   int64_t ctx_size = 0, kv_blocks = 0;
   bool no_prefix_sharing = false;
+  bool preempt = false;
 };
 
 constexpr int64_t kBlockTokens = 16;  // tokens per KV block
@@ -127,6 +128,12 @@ class Metrics {
     out += message("mhsa_prefix_cache_blocks_total ", s.prefix_blocks, "\n");
     metric("mhsa_prefix_cache_tokens_total", "counter", "Prompt tokens not prefilled because their blocks were shared.");
     out += message("mhsa_prefix_cache_tokens_total ", s.prefix_tokens, "\n");
+    metric("mhsa_preemptions_total", "counter", "Running requests preempted for KV blocks (--preempt).");
+    out += message("mhsa_preemptions_total ", s.preemptions, "\n");
+    metric("mhsa_preempted_requests", "gauge", "Preempted requests waiting to resume.");
+    out += message("mhsa_preempted_requests ", s.preempted, "\n");
+    metric("mhsa_recomputed_tokens_total", "counter", "Tokens computed again when preempted requests resumed.");
+    out += message("mhsa_recomputed_tokens_total ", s.recomputed_tokens, "\n");
     metric("mhsa_request_duration_seconds", "summary", "From a generation's arrival to its last token.");
     out += message("mhsa_request_duration_seconds_sum ", latency_sum_, "\nmhsa_request_duration_seconds_count ",
                    latency_count_, "\n");
@@ -342,6 +349,7 @@ void run(const ServeArgs& a) {
   so.block_tokens = kBlockTokens;
   so.kv_blocks = a.kv_blocks > 0 ? a.kv_blocks : a.parallel * ((served.context + kBlockTokens - 1) / kBlockTokens);
   so.prefix_sharing = !a.no_prefix_sharing;
+  so.preempt = a.preempt;
   serve::Scheduler scheduler(loaded.model, loaded.tokenizer, so);
   Server server(a, served, scheduler);
   const int port = server.bind();
@@ -390,6 +398,10 @@ void add_serve_command(CLI::App& app) {
   add_dtype_option(cmd, a->dtype);
   add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_flag("--no-prefix-sharing", a->no_prefix_sharing, "compute every prompt in full (no shared KV blocks)");
+  cmd->add_flag("--preempt", a->preempt,
+                "admit a request by its prompt, not its prompt + max_tokens, and take KV blocks as it grows; when "
+                "the pool runs out, the latest requests are preempted and resumed later by computing their tokens "
+                "again (more requests at once when answers end early)");
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (all but /health)");
   add_threads_option(cmd, a->threads);
   cmd->callback([a] { run(*a); });

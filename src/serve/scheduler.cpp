@@ -124,7 +124,8 @@ struct Scheduler::Sequence {
         history(job->request().prompt),
         rng(job->request().options.seed * 0x2545F4914F6CDD1Dull),  // Model::generate's first sequence
         decoder(tokenizer),
-        text(job->request().stop) {}
+        text(job->request().stop),
+        target(history.size()) {}
   ~Sequence() { pool.release(paged); }
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
@@ -136,10 +137,20 @@ struct Scheduler::Sequence {
   uint64_t rng;
   IncrementalDecoder decoder;
   text::TextStream text;
-  size_t prefilled = 0;  // prompt tokens in the cache (shared blocks included)
+  uint64_t arrival = 0;  // order of admission (kept when preempted): later arrivals are preempted first
+  // history[0, target) is prefilled (in chunks) before the sequence decodes, a token is sampled
+  // from the last chunk's logits: the prompt, or on resuming after a preemption all of history
+  // (its last token the one sampled but not yet run: its logits give the next token).
+  size_t target = 0;
+  size_t prefilled = 0;  // tokens of history[0, target) in the cache (shared blocks included)
   int64_t generated = 0;
-  int32_t pending = -1;  // a token sampled but not yet run
+  int32_t pending = -1;  // a token sampled but not yet run (history's last)
+  int64_t planned = 0;   // tokens it runs in this step (0: none)
   bool done = false;     // finished or cancelled: leaves at the end of the step
+  bool preempted = false;  // its blocks given back: leaves `active` for preempted_ at the end of the step
+  int64_t preemptions = 0;
+  int64_t computed = 0;  // history[0, computed) has been run at least once (before any preemption)
+  bool prefilling() const { return prefilled < target; }
   // With Request::top_logprobs ≥ 0: the tokens' log-probabilities, each with the byte of text.text()
   // where its text begins, held until that text is given out (emitted).
   std::deque<std::pair<size_t, TokenLogprob>> held;
@@ -230,9 +241,44 @@ SchedulerStats Scheduler::stats() const {
 int64_t Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& active) {
   int64_t cancelled = 0;
   const int64_t bs = pool_.block_tokens();
-  while (!queue_.empty() && active.size() < static_cast<size_t>(options_.parallel)) {
+  // Takes s's shared prefix and promise; false (nothing kept) when the pool cannot promise them.
+  const auto place = [&](Sequence& s) {
+    const int64_t n = static_cast<int64_t>(s.target);  // whole blocks of it but its last token, which must run
+    const int64_t shared = options_.prefix_sharing ? pool_.share_prefix(s.paged, std::span(s.history).first(s.target),
+                                                                        (n - 1) / bs)
+                                                   : 0;
+    // Promise: the prompt and max_tokens; with preemption the tokens to prefill and one more.
+    const int64_t tokens = options_.preempt ? n + 1 : request_tokens(s.job->request());
+    if (!pool_.reserve(s.paged, pool_.blocks_for(tokens) - shared)) {
+      pool_.release(s.paged);  // it waits for blocks (its shared ones go back)
+      return false;
+    }
+    s.prefilled = static_cast<size_t>(shared * bs);
+    if (s.preemptions == 0) {
+      stats_.prefix_requests += shared > 0;
+      stats_.prefix_blocks += shared;
+      stats_.prefix_tokens += shared * bs;
+    }
+    return true;
+  };
+  const auto enter = [&](std::unique_ptr<Sequence> s) {  // in order of arrival
+    const auto at = std::find_if(active.begin(), active.end(), [&](const auto& a) { return a->arrival > s->arrival; });
+    active.insert(at, std::move(s));
+  };
+  // Preempted sequences first (they arrived before anything queued), in order of arrival.
+  std::erase_if(preempted_, [&](const std::unique_ptr<Sequence>& s) {
+    if (!s->job->cancelled()) return false;
+    s->job->finish(Finish::cancelled);
+    ++cancelled;
+    return true;
+  });
+  while (!preempted_.empty() && active.size() < static_cast<size_t>(options_.parallel) && place(*preempted_.front())) {
+    preempted_.front()->preempted = false;
+    enter(std::move(preempted_.front()));
+    preempted_.erase(preempted_.begin());
+  }
+  while (preempted_.empty() && !queue_.empty() && active.size() < static_cast<size_t>(options_.parallel)) {
     const std::shared_ptr<Job> job = queue_.front();
-    const Request& r = job->request();
     if (job->cancelled()) {
       job->finish(Finish::cancelled);
       ++cancelled;
@@ -241,23 +287,38 @@ int64_t Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& active) {
     }
     try {
       auto s = std::make_unique<Sequence>(job, pool_, tokenizer_);
-      // Whole blocks of the prompt but its last token, which must run for its logits.
-      const int64_t prompt = static_cast<int64_t>(r.prompt.size());
-      const int64_t shared = options_.prefix_sharing ? pool_.share_prefix(s->paged, r.prompt, (prompt - 1) / bs) : 0;
-      if (!pool_.reserve(s->paged, pool_.blocks_for(request_tokens(r)) - shared))
-        break;  // it waits for blocks (s gives its shared ones back)
-      s->prefilled = static_cast<size_t>(shared * bs);
-      stats_.prefix_requests += shared > 0;
-      stats_.prefix_blocks += shared;
-      stats_.prefix_tokens += shared * bs;
-      active.push_back(std::move(s));
+      if (!place(*s)) break;  // it waits for blocks
+      s->arrival = ++arrivals_;
+      enter(std::move(s));
     } catch (const std::exception& e) {
       job->finish(Finish::error, error_text(e));
     }
     queue_.pop_front();
   }
   stats_.queued = static_cast<int64_t>(queue_.size());
+  stats_.preempted = static_cast<int64_t>(preempted_.size());
   return cancelled;
+}
+
+bool Scheduler::ensure_blocks(Sequence& s, int64_t tokens, std::vector<std::unique_ptr<Sequence>>& active,
+                              StepCounts& counts) {
+  const int64_t short_by = pool_.blocks_for(tokens) - static_cast<int64_t>(s.paged.blocks.size()) - s.paged.reserved;
+  if (short_by <= 0 || !options_.preempt) return true;  // promised (without preemption: grow says if not)
+  while (!pool_.reserve(s.paged, short_by)) {
+    // The latest arrival still holding blocks gives them back; none later than s: s waits.
+    Sequence* victim = nullptr;
+    for (auto& a : active)
+      if (a.get() != &s && !a->done && !a->preempted && a->arrival > s.arrival) victim = a.get();
+    if (!victim) return false;
+    pool_.release(victim->paged);
+    victim->preempted = true;
+    victim->planned = 0;
+    victim->target = victim->history.size();  // all of it again, the unrun token last
+    victim->prefilled = 0;
+    ++victim->preemptions;
+    ++counts.preemptions;
+  }
+  return true;
 }
 
 void Scheduler::run() {
@@ -265,14 +326,16 @@ void Scheduler::run() {
   for (;;) {
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty() || !preempted_.empty(); });
       if (stopping_) {
         for (auto& j : queue_) j->finish(Finish::cancelled);
         for (auto& s : active) s->job->finish(Finish::cancelled);
-        stats_.cancelled += static_cast<int64_t>(queue_.size() + active.size());
+        for (auto& s : preempted_) s->job->finish(Finish::cancelled);
+        stats_.cancelled += static_cast<int64_t>(queue_.size() + active.size() + preempted_.size());
         queue_.clear();
         active.clear();
-        stats_.queued = stats_.active = 0;
+        preempted_.clear();
+        stats_.queued = stats_.active = stats_.preempted = 0;
         stats_.kv = pool_.stats();
         return;
       }
@@ -291,6 +354,9 @@ void Scheduler::run() {
     stats_.sequences_total += counts.sequences;
     stats_.finished += counts.finished;
     stats_.cancelled += counts.cancelled;
+    stats_.preemptions += counts.preemptions;
+    stats_.preempted = static_cast<int64_t>(preempted_.size());
+    stats_.recomputed_tokens += counts.recomputed;
     stats_.busy_seconds += std::chrono::duration<double>(Job::clock::now() - t0).count();
     stats_.kv = pool_.stats();
   }
@@ -300,23 +366,9 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
   StepCounts counts;
   // Who runs: every decoding sequence (one token each), then prompt chunks of the others, in
   // order of arrival, while the step's token budget lasts.
-  std::vector<Sequence*> running;
-  std::vector<SequenceStep> steps;
   int64_t budget = options_.step_tokens;
-  const auto take = [&](Sequence& s, std::span<const int32_t> ids) {
-    try {
-      pool_.grow(s.paged, s.paged.length + static_cast<int64_t>(ids.size()));  // from its promise
-    } catch (const std::exception& e) {
-      s.job->finish(Finish::error, error_text(e));
-      ++counts.finished;
-      s.done = true;
-      return;
-    }
-    running.push_back(&s);
-    steps.push_back({nullptr, ids, &s.paged});
-    budget -= static_cast<int64_t>(ids.size());
-  };
   for (auto& s : active) {
+    s->planned = 0;
     if (s->job->cancelled()) {
       s->job->finish(Finish::cancelled);
       ++counts.cancelled;
@@ -325,18 +377,41 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
       s->job->finish(Finish::length);
       ++counts.finished;
       s->done = true;
-    } else if (s->prefilled == s->job->request().prompt.size()) {
-      take(*s, std::span(&s->pending, 1));
+    } else if (!s->prefilling()) {
+      s->planned = 1;
+      --budget;
     }
   }
   for (auto& s : active) {
-    if (s->done || s->prefilled == s->job->request().prompt.size() || budget <= 0) continue;
-    const std::vector<int32_t>& prompt = s->job->request().prompt;
-    take(*s, std::span(prompt).subspan(s->prefilled, std::min<size_t>(static_cast<size_t>(budget),
-                                                                        prompt.size() - s->prefilled)));
+    if (s->done || !s->prefilling() || budget <= 0) continue;
+    s->planned = std::min<int64_t>(budget, static_cast<int64_t>(s->target - s->prefilled));
+    budget -= s->planned;
+  }
+  // Blocks for them, in order of arrival (with preemption, a sequence may take a later one's).
+  std::vector<Sequence*> running;
+  std::vector<SequenceStep> steps;
+  for (auto& s : active) {
+    if (s->planned == 0 || s->preempted) continue;
+    const int64_t tokens = s->paged.length + s->planned;
+    try {
+      if (!ensure_blocks(*s, tokens, active, counts)) continue;  // it waits for an earlier arrival's blocks
+      pool_.grow(s->paged, tokens);
+    } catch (const std::exception& e) {
+      s->job->finish(Finish::error, error_text(e));
+      ++counts.finished;
+      s->done = true;
+      continue;
+    }
+    running.push_back(s.get());
+    const std::span<const int32_t> ids = s->prefilling() ? std::span(s->history).subspan(s->prefilled, static_cast<size_t>(s->planned))
+                                                         : std::span<const int32_t>(&s->pending, 1);
+    steps.push_back({nullptr, ids, &s->paged});
   }
   if (!steps.empty()) run_step(running, steps, counts);
-  std::erase_if(active, [](const std::unique_ptr<Sequence>& s) { return s->done; });  // gives their blocks back now
+  for (auto& s : active)
+    if (s->preempted && !s->done) preempted_.push_back(std::move(s));  // active is in order of arrival: so is this
+  std::sort(preempted_.begin(), preempted_.end(), [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+  std::erase_if(active, [](const std::unique_ptr<Sequence>& s) { return !s || s->done; });  // gives their blocks back now
   return counts;
 }
 
@@ -354,17 +429,22 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
   const int64_t V = model_.config().vocab_size;
   for (size_t i = 0; i < running.size(); ++i) {
     Sequence& s = *running[i];
-    const size_t prompt = s.job->request().prompt.size();
     const int64_t n = static_cast<int64_t>(steps[i].ids.size()), before = s.generated;
     bool go_on = false;
     try {
       if (!error.empty()) throw Error(error);
       if (options_.prefix_sharing) pool_.index_full_blocks(s.paged, s.history);
-      if (s.prefilled < prompt) {  // a prompt chunk: a token is sampled after the last one
+      const int64_t from = s.paged.length - n;  // the step's tokens: history[from, from + n)
+      if (s.prefilling()) {  // a prompt chunk: a token is sampled after the last one
         s.prefilled += static_cast<size_t>(n);
-        counts.prompt_tokens += n;
+        // Tokens run before a preemption count as recomputed; the prompt's others as prompt tokens.
+        const int64_t fresh = std::max(from, s.computed);
+        counts.recomputed += std::min(fresh, s.paged.length) - from;
+        counts.prompt_tokens += std::max<int64_t>(
+            0, std::min<int64_t>(s.paged.length, static_cast<int64_t>(s.job->request().prompt.size())) - fresh);
       }
-      go_on = s.prefilled < prompt || advance(s, {logits.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)});
+      s.computed = std::max(s.computed, s.paged.length);
+      go_on = s.prefilling() || advance(s, {logits.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)});
     } catch (const std::exception& e) {
       s.job->finish(Finish::error, error_text(e));
     }

@@ -10,7 +10,9 @@
 // block table. A queued job is admitted when a place among the `parallel` is free and the pool
 // can promise blocks for its prompt + max_tokens (less the blocks it shares); otherwise it waits
 // in the queue (first come, first served), and submit refuses (503) past `max_queue` or a job
-// that the whole pool could not hold. The full blocks of a prompt (and of generated text) are
+// that the whole pool could not hold. With SchedulerOptions::preempt, a job is admitted by its
+// prompt alone and takes blocks as it grows; a sequence short of blocks preempts the ones that
+// arrived after it (recomputed when they resume). The full blocks of a prompt (and of generated text) are
 // indexed by their tokens, so a later prompt with the same beginning (a shared system prompt, a
 // chat's earlier turns) takes them instead of prefilling them again; its last prompt token is
 // always run (its logits give the first token). A request may ask for each generated token's
@@ -117,6 +119,13 @@ struct SchedulerOptions {
   int64_t kv_blocks = 0;
   int64_t block_tokens = 16;
   bool prefix_sharing = true;
+  // false: a request is admitted when the pool can promise blocks for its prompt + max_tokens,
+  // so it never runs out (llama.cpp's slots). true: admitted by its prompt (+ one token), its
+  // blocks taken as it grows; when the pool runs out, the latest-arrived running sequences are
+  // preempted — their blocks given back (full ones stay cached for their return), their state
+  // kept — and resumed later by prefilling their tokens again (vLLM's recompute), before any new
+  // request. More requests run at once when answers end before max_tokens.
+  bool preempt = false;
 };
 
 // Counters for /metrics (totals since start, and the present state).
@@ -131,6 +140,9 @@ struct SchedulerStats {
   int64_t prefix_blocks = 0;    // blocks they shared
   int64_t prefix_tokens = 0;    // prompt tokens those blocks held: not prefilled
   int64_t kv_block_bytes = 0;   // memory per block (every layer's keys and values)
+  int64_t preemptions = 0;      // running sequences preempted (SchedulerOptions::preempt)
+  int64_t preempted = 0;        // sequences waiting to resume now
+  int64_t recomputed_tokens = 0;  // tokens prefilled again on resuming (not counted in prompt_tokens)
 };
 
 class Scheduler {
@@ -155,11 +167,16 @@ class Scheduler {
   struct Sequence;
   struct StepCounts {
     int64_t rows = 0, sequences = 0, prompt_tokens = 0, generated = 0, finished = 0, cancelled = 0;
+    int64_t preemptions = 0, recomputed = 0;
   };
   void run();
-  // Moves queued jobs to `active` while there is a place and the pool can promise their blocks
-  // (under mutex_); drops cancelled ones. Returns how many were cancelled.
+  // Moves preempted sequences, then queued jobs, to `active` (kept in order of arrival) while
+  // there is a place and the pool can promise their blocks (under mutex_); drops cancelled ones.
+  // Returns how many were cancelled.
   int64_t admit(std::vector<std::unique_ptr<Sequence>>& active);
+  // Whether s's blocks can cover `tokens` tokens: from its promise, or (preempt) from the pool,
+  // preempting sequences that arrived after s when it is short. False: s waits this step.
+  bool ensure_blocks(Sequence& s, int64_t tokens, std::vector<std::unique_ptr<Sequence>>& active, StepCounts& counts);
   // One batched step over the active sequences; drops the finished and cancelled ones.
   StepCounts step_all(std::vector<std::unique_ptr<Sequence>>& active);
   // The forward of the sequences chosen (steps[i] is running[i]'s) and what follows from it.
@@ -174,6 +191,8 @@ class Scheduler {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::unique_ptr<Sequence>> preempted_;  // in order of arrival; the scheduler thread's (and admit's)
+  uint64_t arrivals_ = 0;                             // jobs admitted so far: each sequence's arrival number
   bool stopping_ = false;
   SchedulerStats stats_;  // under mutex_
   std::thread thread_;

@@ -4,7 +4,8 @@
 // rounding across row counts, see test_model_step.cpp), stop strings cut the text, a full queue
 // refuses, cancellation and shutdown end jobs; the paged KV pool: a shared prompt prefix is
 // prefilled once and gives the same text, a full pool queues jobs, a request larger than the pool
-// is refused, every block comes back; log-probabilities: each token's is the log-softmax of
+// is refused, every block comes back; preemption: sequences preempted mid-prompt or mid-answer
+// resume with the text they get alone, preempted ones can be cancelled; log-probabilities: each token's is the log-softmax of
 // Model::forward's logits at its place (greedy and sampled, top lists sorted, batched as alone),
 // text offsets where the token's text begins, none for tokens cut with a stop string.
 #include <gtest/gtest.h>
@@ -289,6 +290,91 @@ TEST(Serve, FullPoolQueuesThenRefusesAndBlocksComeBack) {
   EXPECT_EQ(st.active + st.queued, 0);
   EXPECT_EQ(st.kv.used + st.kv.reserved, 0);
   EXPECT_EQ(st.cancelled, 3);
+}
+
+// With preemption, requests are admitted by their prompts and grow on demand: six requests whose
+// answers together need far more blocks than the pool has run four at a time, the latest
+// arrivals are preempted and later resumed by prefilling their tokens again, and each gives the
+// text Model::generate gives it alone (greedy and seeded sampling: the sampler's state survives).
+TEST(Serve, PreemptedSequencesResumeWithTheSameText) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(256, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  serve::SchedulerOptions o{4, 8};
+  o.kv_blocks = 12;  // 192 tokens; each request fits alone (at most 30 + 60 tokens: 6 blocks)
+  o.preempt = true;
+  o.step_tokens = 16;  // prompts in chunks: preemption also hits sequences mid-prompt
+  Scheduler scheduler(model, tok, o);
+  std::vector<std::shared_ptr<Job>> jobs;
+  std::vector<std::vector<int32_t>> expected;
+  int64_t prompt_tokens = 0;
+  for (int i = 0; i < 6; ++i) {
+    Request r;
+    const size_t n = std::uniform_int_distribution<size_t>(5, 30)(gen);
+    for (size_t k = 0; k < n; ++k) r.prompt.push_back(std::uniform_int_distribution<int32_t>('a', 'z')(gen));
+    r.options.max_new_tokens = std::uniform_int_distribution<int64_t>(40, 60)(gen);
+    r.options.temperature = i % 2 ? 0.0f : 0.8f;
+    r.options.seed = gen();
+    r.options.stop_at_eos = false;
+    ASSERT_TRUE(scheduler.fits(r));
+    expected.push_back(model.generate(r.prompt, 1, static_cast<int64_t>(n), r.options)[0]);
+    jobs.push_back(std::make_shared<Job>(r));
+    prompt_tokens += static_cast<int64_t>(n);
+  }
+  for (auto& j : jobs) ASSERT_TRUE(scheduler.submit(j));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Result r = collect(*jobs[i]);
+    EXPECT_EQ(r.finish, Finish::length) << i;
+    EXPECT_EQ(r.tokens, static_cast<int64_t>(expected[i].size())) << i;
+    EXPECT_EQ(r.text, text::lossy_utf8(tok.decode(expected[i], true))) << i;
+  }
+  serve::SchedulerStats st = settled(scheduler);
+  for (int i = 0; i < 1000 && st.finished < 6; ++i, st = scheduler.stats())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(st.finished, 6);
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_GT(st.recomputed_tokens, 0);
+  EXPECT_EQ(st.prompt_tokens, prompt_tokens);  // first prefills only: resumed ones count as recomputed
+  EXPECT_EQ(st.preempted, 0);
+  EXPECT_EQ(st.kv.used, 0);
+  EXPECT_EQ(st.kv.reserved, 0);
+}
+
+// Preempted sequences whose clients leave, and shutdown with sequences preempted: every job ends,
+// every block comes back.
+TEST(Serve, PreemptedSequencesCanBeCancelled) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(512, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  serve::SchedulerOptions o{4, 8};
+  o.kv_blocks = 24;
+  o.preempt = true;
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    Scheduler scheduler(model, tok, o);
+    for (int i = 0; i < 6; ++i) {
+      Request r;
+      r.prompt.assign(static_cast<size_t>(std::uniform_int_distribution<int>(3, 20)(gen)), 'x');
+      r.prompt.push_back(static_cast<int32_t>('a' + i));
+      r.options.max_new_tokens = 300;
+      r.options.stop_at_eos = false;
+      jobs.push_back(std::make_shared<Job>(r));
+      ASSERT_TRUE(scheduler.submit(jobs.back()));
+    }
+    for (int i = 0; i < 4000 && scheduler.stats().preemptions == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ASSERT_GT(scheduler.stats().preemptions, 0);
+    for (int i = 0; i < 6; i += 2) jobs[static_cast<size_t>(i)]->cancel();
+    for (int i = 0; i < 6; i += 2) EXPECT_EQ(collect(*jobs[static_cast<size_t>(i)]).finish, Finish::cancelled) << i;
+    const serve::SchedulerStats st = scheduler.stats();
+    EXPECT_LE(st.kv.used, 24);
+    scheduler.shutdown();  // the others, running or preempted, are cancelled
+    const serve::SchedulerStats end = scheduler.stats();
+    EXPECT_EQ(end.kv.used, 0);
+    EXPECT_EQ(end.kv.reserved, 0);
+    EXPECT_EQ(end.preempted + end.active + end.queued, 0);
+  }
+  for (auto& j : jobs) EXPECT_NE(collect(*j).finish, Finish::running);
 }
 
 int64_t code_points(const std::string& s) {

@@ -5,7 +5,8 @@ sampled with a seed); concurrent requests get what they get alone; hostile HTTP 
 types, huge numbers, a 10 MB body, a request cut off, a wrong API key, a full queue, a client that
 leaves mid-stream) gets the documented status and the server keeps serving; the paged KV pool: a
 full pool queues, a request larger than it is refused, the blocks come back, a shared prompt prefix
-is prefilled once and gives generate's text; SIGTERM exits 0; log-probabilities (completions' and
+is prefilled once and gives generate's text, with --preempt requests that need more than the pool
+are preempted and resume with the text they get alone; SIGTERM exits 0; log-probabilities (completions' and
 chat's shapes): each token's is the log-softmax of mhsa.Model's own logits at its place, top lists
 sorted and counted, text offsets, streamed as whole, batched as alone, bad values 400."""
 
@@ -520,6 +521,31 @@ def metric(s, *names):
         text = r.read().decode()
     values = [float(re.search(rf"^{name} (\S+)$", text, re.M).group(1)) for name in names]
     return values[0] if len(values) == 1 else values
+
+
+def test_preempt_admits_by_prompt_and_resumes_with_the_same_text(chat_dir, rng):
+    """--preempt: four requests whose answers need 1.7x the pool run at once; the latest are
+    preempted and resumed, and each answer equals the one it gets alone (greedy and seeded)."""
+    s = Server(chat_dir, "--parallel", 4, "--kv-blocks", 12, "--preempt")  # 192 tokens
+    try:
+        c = s.client(timeout=120)
+        reqs = [dict(model=s.id, prompt=words(rng, rng.randint(1, 4)), max_tokens=rng.randint(60, 70),
+                     temperature=0 if i % 2 else 0.9, seed=rng.randint(0, 1 << 30)) for i in range(4)]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda r: c.completions.create(**r), reqs))
+        assert metric(s, "mhsa_preemptions_total") > 0 and metric(s, "mhsa_recomputed_tokens_total") > 0
+        for r, got in zip(reqs, together):
+            alone = c.completions.create(**r)
+            assert got.choices[0].text == alone.choices[0].text and got.usage == alone.usage
+        for _ in range(100):
+            if metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_kv_blocks_used") == 0:
+                break
+            time.sleep(0.05)
+        assert metric(s, "mhsa_kv_blocks_used", "mhsa_kv_blocks_reserved", "mhsa_preempted_requests") == [0, 0, 0]
+        # Still refused at once: a request the whole pool could not hold.
+        assert_error(post(s.url + "/v1/completions", dict(reqs[0], max_tokens=200)), 503, code="kv_cache_full")
+    finally:
+        assert s.stop() == 0
 
 
 def test_full_queue_503_and_disconnect_cancels(chat_dir):
