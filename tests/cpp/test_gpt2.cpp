@@ -159,24 +159,26 @@ TEST(Gpt2Kernels, TransposedStreamMatchesFloat64) {
 // bfloat16 B too): a batch of decoding sequences gets the bits each gets alone.
 TEST(Gpt2Kernels, TransposedStreamRowsDoNotDependOnTheRowCount) {
   auto gen = test_rng();
-  const int64_t N = 37, K = 203, M_max = 11;
-  const Tensor a = random_tensor(gen, {M_max, K}), b = random_tensor(gen, {N, K});
-  std::vector<uint16_t> b16(static_cast<size_t>(N * K));
-  for (size_t i = 0; i < b16.size(); ++i) b16[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(b.data()[i]) >> 16);
-  for (cpu::Isa isa : cpu::usable_isas()) {
-    const kernels::KernelTable& k = kernels::kernels_for(isa);
-    Tensor alone({M_max, N}), alone16({M_max, N});
-    for (int64_t m = 0; m < M_max; ++m) {
-      k.matmul_bt(1, N, K, a.data() + m * K, K, b.data(), K, alone.data() + m * N, N);
-      k.matmul_bt_bf16(1, N, K, a.data() + m * K, K, b16.data(), K, alone16.data() + m * N, N);
-    }
-    for (int64_t M = 2; M <= M_max; ++M) {
-      Tensor got({M, N}), got16({M, N});
-      k.matmul_bt(M, N, K, a.data(), K, b.data(), K, got.data(), N);
-      k.matmul_bt_bf16(M, N, K, a.data(), K, b16.data(), K, got16.data(), N);
-      EXPECT_EQ(std::memcmp(got.data(), alone.data(), sizeof(float) * M * N), 0) << cpu::isa_name(isa) << " M " << M;
-      EXPECT_EQ(std::memcmp(got16.data(), alone16.data(), sizeof(float) * M * N), 0)
-          << cpu::isa_name(isa) << " bf16 M " << M;
+  for (const int64_t K : {203, 1100}) {  // 1100: K in chunks of 512 and a partial vector
+    const int64_t N = 37, M_max = 11;
+    const Tensor a = random_tensor(gen, {M_max, K}), b = random_tensor(gen, {N, K});
+    std::vector<uint16_t> b16(static_cast<size_t>(N * K));
+    for (size_t i = 0; i < b16.size(); ++i) b16[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(b.data()[i]) >> 16);
+    for (cpu::Isa isa : cpu::usable_isas()) {
+      const kernels::KernelTable& k = kernels::kernels_for(isa);
+      Tensor alone({M_max, N}), alone16({M_max, N});
+      for (int64_t m = 0; m < M_max; ++m) {
+        k.matmul_bt(1, N, K, a.data() + m * K, K, b.data(), K, alone.data() + m * N, N);
+        k.matmul_bt_bf16(1, N, K, a.data() + m * K, K, b16.data(), K, alone16.data() + m * N, N);
+      }
+      for (int64_t M = 2; M <= M_max; ++M) {
+        Tensor got({M, N}), got16({M, N});
+        k.matmul_bt(M, N, K, a.data(), K, b.data(), K, got.data(), N);
+        k.matmul_bt_bf16(M, N, K, a.data(), K, b16.data(), K, got16.data(), N);
+        EXPECT_EQ(std::memcmp(got.data(), alone.data(), sizeof(float) * M * N), 0) << cpu::isa_name(isa) << " M " << M;
+        EXPECT_EQ(std::memcmp(got16.data(), alone16.data(), sizeof(float) * M * N), 0)
+            << cpu::isa_name(isa) << " bf16 M " << M;
+      }
     }
   }
 }
