@@ -524,19 +524,31 @@ def metric(s, *names):
 
 
 def test_preempt_admits_by_prompt_and_resumes_with_the_same_text(chat_dir, rng):
-    """--preempt: four requests whose answers need 1.7x the pool run at once; the latest are
-    preempted and resumed, and each answer equals the one it gets alone (greedy and seeded)."""
+    """--preempt: four requests whose answers need about twice the pool arrive together; the
+    latest are preempted and resumed, and each answer equals the one it gets alone (greedy and
+    seeded). A round of this tiny model takes tens of milliseconds, so on a busy host the four may
+    not overlap: up to five rounds, until one preempts."""
     s = Server(chat_dir, "--parallel", 4, "--kv-blocks", 12, "--preempt")  # 192 tokens
     try:
         c = s.client(timeout=120)
-        reqs = [dict(model=s.id, prompt=words(rng, rng.randint(1, 4)), max_tokens=rng.randint(60, 70),
-                     temperature=0 if i % 2 else 0.9, seed=rng.randint(0, 1 << 30)) for i in range(4)]
-        with ThreadPoolExecutor(4) as pool:
-            together = list(pool.map(lambda r: c.completions.create(**r), reqs))
+        for _ in range(5):
+            reqs = [dict(model=s.id, prompt=words(rng, rng.randint(1, 4)), max_tokens=rng.randint(90, 100),
+                         temperature=0 if i % 2 else 0.9, seed=rng.randint(0, 1 << 30)) for i in range(4)]
+            start = threading.Barrier(len(reqs))
+
+            def at_once(r):  # the four arrive within a few milliseconds of each other
+                client = s.client(timeout=120)
+                start.wait()
+                return client.completions.create(**r)
+
+            with ThreadPoolExecutor(4) as pool:
+                together = list(pool.map(at_once, reqs))
+            for r, got in zip(reqs, together):
+                alone = c.completions.create(**r)
+                assert got.choices[0].text == alone.choices[0].text and got.usage == alone.usage
+            if metric(s, "mhsa_preemptions_total") > 0:
+                break
         assert metric(s, "mhsa_preemptions_total") > 0 and metric(s, "mhsa_recomputed_tokens_total") > 0
-        for r, got in zip(reqs, together):
-            alone = c.completions.create(**r)
-            assert got.choices[0].text == alone.choices[0].text and got.usage == alone.usage
         for _ in range(100):
             if metric(s, "mhsa_batch_size") == 0 and metric(s, "mhsa_kv_blocks_used") == 0:
                 break
