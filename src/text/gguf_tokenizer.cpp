@@ -18,7 +18,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstring>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -232,22 +232,15 @@ void sentencepiece(const detail::GgufFile& f, const std::string& fn, std::unique
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   vocab_json(model, added, v, fn, name.find("phi-3") != std::string::npos || name.find("phi3") != std::string::npos);
   // Byte tokens: llama.cpp reads the byte from a type-6 token's text, which must say <0xNN>.
-  std::array<bool, 256> have{};
   for (size_t id = 0; id < n; ++id) {
-    if (v.types[id] != kByte) continue;
     const std::string& t = v.tokens[id];
-    unsigned value = 0;
-    const bool ok = t.size() == 6 && t.starts_with("<0x") && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
-                    std::isxdigit(static_cast<unsigned char>(t[4])) && std::sscanf(t.c_str() + 3, "%2x", &value) == 1;
-    if (!ok) fail(fn, message(key_arg("tokenizer.ggml.tokens"), "[", id, "]"), "a byte token (type 6) written <0xNN>", quote(t));
-    have[value] = true;
+    if (v.types[id] == kByte && !(t.size() == 6 && t.starts_with("<0x") && t[5] == '>' &&
+                                  std::isxdigit(static_cast<unsigned char>(t[3])) && std::isxdigit(static_cast<unsigned char>(t[4]))))
+      fail(fn, message(key_arg("tokenizer.ggml.tokens"), "[", id, "]"), "a byte token (type 6) written <0xNN>", quote(t));
   }
-  const int32_t unk = special_id(f, fn, "unknown", n, 0);
-  if (unk >= 0) model["unk_token"] = v.tokens[static_cast<size_t>(unk)];
-  if (unk < 0 && std::count(have.begin(), have.end(), true) < 256)
-    fail(fn, key_arg("tokenizer.ggml.tokens"),
-         "the 256 byte tokens <0x00>..<0xFF> (type 6) or an unknown token, for text the pieces do not cover",
-         message(std::count(have.begin(), have.end(), true), " byte tokens and no unknown token"));
+  // A character no piece covers becomes its bytes' tokens, else the unknown token (llama.cpp's
+  // default id 0 when the metadata names none).
+  if (const int32_t unk = special_id(f, fn, "unknown", n, 0); unk >= 0) model["unk_token"] = v.tokens[static_cast<size_t>(unk)];
   // The text gets "▁" for each space, and one before it (add_space_prefix) that decoding removes.
   const bool prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(true);
   json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}};
