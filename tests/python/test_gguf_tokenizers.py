@@ -73,7 +73,7 @@ def test_llama_cpp_vocab_files_through_the_cli_with_bos(name):
     path, tests = vocab_tests(name)
     meta = mhsa.read_gguf(path, load=False)["metadata"]
     bos = meta["tokenizer.ggml.bos_token_id"]
-    for text, want in tests[:12]:
+    for text, want in tests[8:13]:  # a few: each run loads the vocabulary (llama-bpe: ~2 s)
         r = subprocess.run([str(CLI), "tokenize", "--model", str(path), "--json", "--", text],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
