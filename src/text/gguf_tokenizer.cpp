@@ -1,7 +1,7 @@
 // text/gguf_tokenizer.cpp — the tokenizer stored in a GGUF file's metadata (tokenizer.ggml.*), read
 // as llama.cpp reads it (src/llama-vocab.cpp), for the tokenizers mhsa has:
-//   - "gpt2" with pre-tokenizer "gpt-2": GPT-2's byte-level BPE, read as vocab.json + merges.txt
-//     (its <|endoftext|> the only special token, as from GPT-2's files);
+//   - "gpt2" with pre-tokenizer "gpt-2" and no special token but <|endoftext|>: GPT-2's byte-level
+//     BPE, read as vocab.json + merges.txt (as from GPT-2's files);
 //   - "gpt2" with another pre-tokenizer llama.cpp names (Llama 3's "llama-bpe", "qwen2", "smollm",
 //     "starcoder", "default", ...): byte-level BPE behind that name's list of Split regexes;
 //   - "llama": SentencePiece BPE (Llama 2, Mistral v0.1, TinyLlama, Phi-3): a "▁" for each space
@@ -317,6 +317,18 @@ Tokenizer gguf_tokenizer(const detail::GgufFile& f, int64_t vocab_size) {
   if (model != "gpt2")
     fail(fn, key_arg("tokenizer.ggml.model"),
          "\"llama\" (SentencePiece) or \"gpt2\" (byte-level BPE): the GGUF tokenizers mhsa reads", quote(model));
+  // "gpt-2" with special or added tokens beyond <|endoftext|> (a Hugging Face tokenizer.json that
+  // mhsa quantize or a converter wrote) is the GPT-2 pattern with those tokens.
+  const std::vector<int64_t> types = f.value("tokenizer.ggml.token_type") ? f.get_ints("tokenizer.ggml.token_type")
+                                                                         : std::vector<int64_t>();
+  const std::vector<std::string_view> names = f.get_strings("tokenizer.ggml.tokens");
+  bool added = false;
+  for (size_t id = 0; id < types.size() && id < names.size(); ++id)
+    added = added || ((types[id] == kControl || types[id] == kUserDefined || types[id] == kUnknown) && names[id] != "<|endoftext|>");
+  if (pre == "gpt-2" && added) {
+    byte_level(f, fn, PreTokenizer{{"gpt-2"}, {kGpt2}}, hf);
+    return Tokenizer::from_hf(std::move(hf));
+  }
   if (pre != "gpt-2") {
     for (const PreTokenizer& p : pre_tokenizers())
       if (std::find(p.names.begin(), p.names.end(), pre) != p.names.end()) {

@@ -239,3 +239,43 @@ def test_hostile_tokenizer_metadata_is_refused(tmp_path, case, key, words):
     assert key in str(e.value) and words in str(e.value), str(e.value)
     r = subprocess.run([str(CLI), "tokenize", "--model", str(path), "x"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and key in r.stderr, r.stderr
+
+
+# ---- mhsa quantize writes a tokenizer.json that reads back the same ----------------------------
+
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@pytest.mark.parametrize("style, pre", [("gpt2", "gpt-2"), ("llama3", "llama-bpe"), ("qwen2", "qwen2")])
+def test_quantized_tokenizer_json_reads_back_the_same(style, pre, rng, tmp_path):
+    """A Llama directory's byte-level tokenizer.json (trained by `tokenizers` with GPT-2's, Llama 3's
+    (ignore_merges) or Qwen2's pre-tokenizer, BOS added by its post-processor, special and
+    non-special added tokens) quantized to GGUF: tokenizer.ggml.pre names it as llama.cpp does, and
+    the GGUF file's tokenizer encodes random prompts, special tokens included, as the directory's."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=style == "gpt2")
+    split = {"llama3": LLAMA3_SPLIT, "qwen2": LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")}.get(style)
+    tok.pre_tokenizer = (byte_level if style == "gpt2" else
+                         pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), "isolated"), byte_level]))
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|begin|>", "<|end|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([random_text(np.random.default_rng(3), 40) for _ in range(100)], trainer)
+    tok.add_tokens(["<note>"])
+    tok.post_processor = processors.TemplateProcessing(single="<|begin|> $A", special_tokens=[("<|begin|>", 0)])
+    d = tmp_path / "hf"
+    save((LLAMA[0], {**LLAMA[1], "vocab_size": tok.get_vocab_size(), "bos_token_id": 0, "eos_token_id": 1}, LLAMA[2]), d)
+    tok.save(str(d / "tokenizer.json"))
+    out = tmp_path / "m.gguf"
+    r = subprocess.run([str(CLI), "quantize", "--model", str(d), "--to", "f32", "--out", str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    meta = mhsa.read_gguf(out, load=False)["metadata"]
+    assert meta["tokenizer.ggml.pre"] == pre and meta["tokenizer.ggml.add_bos_token"] is True
+    a, b = mhsa.Tokenizer.load(d), mhsa.Tokenizer.load(out)
+    for _ in range(100):
+        p = random_text(rng, int(rng.integers(1, 30))) + str(rng.choice(["", "<|end|>", " <note> x", "<|begin|>"]))
+        assert b.encode(p) == a.encode(p), p
+        assert b.decode(b.encode(p)) == a.decode(a.encode(p)), p
