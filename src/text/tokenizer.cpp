@@ -473,7 +473,7 @@ Tokenizer Tokenizer::load_dir(const fs::path& dir) {
   std::error_code ec;
   if (fs::is_regular_file(dir, ec)) return text::gguf_tokenizer(detail::GgufFile::open(dir), -1);
   if (!fs::is_directory(dir, ec))
-    fail("Tokenizer::load_dir", "dir", "a directory (or a GGUF file)", message("'", dir.string(), "' (", fs::exists(dir, ec) ? "not a directory or a file" : "no such directory", ")"));
+    fail("Tokenizer::load_dir", "dir", "a directory", message("'", dir.string(), "' (", fs::exists(dir, ec) ? "not a directory" : "no such directory", ")"));
   const detail::DirLock lock(dir, detail::DirLock::Mode::shared);  // one checkpoint's files (io/checkpoint_dir.h)
   if (fs::exists(dir / "tokenizer.json", ec)) {
     const auto read_bounded = [&](const fs::path& p, uint64_t limit) -> std::string {
