@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what mhsa needs on a fresh Debian machine: the C++ toolchain and libraries (apt-get)
 # and the Python build tools (pip). With --test, also what the tests use as oracles: PyTorch,
-# Hugging Face transformers and tokenizers, tiktoken; pytest; and Debian's Chromium with Playwright
-# (driving /usr/bin/chromium: Playwright's own browser downloads are never used) and Pillow, to
-# test the `mhsa explain` report in a real browser.
+# Hugging Face transformers and tokenizers, tiktoken, sentencepiece; pytest; and Debian's Chromium
+# with Playwright (driving /usr/bin/chromium: Playwright's own browser downloads are never used)
+# and Pillow, to test the `mhsa explain` report in a real browser; and llama.cpp's tokenizer test
+# files (scripts/fetch_llama_vocab.sh: once, into ~/.cache/mhsa).
 set -euo pipefail
 
 with_tests=0
@@ -36,11 +37,12 @@ fi
 
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)
-[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers gguf tiktoken tokenizers playwright pillow pexpect openai ml_dtypes)
+[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers gguf tiktoken tokenizers sentencepiece playwright pillow pexpect openai ml_dtypes)
 if [ "$with_tests" -eq 1 ]; then
   say "pip install: ${pip_packages[*]} (PyTorch alone is ~1 GB: several minutes on a fresh machine)"
 else
   say "pip install: ${pip_packages[*]}"
 fi
 "$python" -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}"
+[ "$with_tests" -eq 1 ] && PYTHON="$python" "$(dirname "$0")/fetch_llama_vocab.sh"
 echo "setup.sh: ready ($("$python" --version), $(cmake --version | head -n1))"

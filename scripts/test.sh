@@ -55,7 +55,7 @@ fuzz() {
 }
 step "fuzzing the safetensors reader (30 s)"
 fuzz safetensors 30
-step "fuzzing the GGUF reader and its model mapping: GgufFile::parse, tensor loading, GgufModelFile::config_of (15 s)"
+step "fuzzing the GGUF reader, its model mapping and its tokenizer: GgufFile::parse, tensor loading, GgufModelFile::config_of, gguf_tokenizer (15 s)"
 fuzz gguf 15
 step "fuzzing the tokenizer: any bytes encode and decode back (20 s)"
 fuzz tokenizer 20 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer

@@ -1,7 +1,8 @@
 // apps/mhsa/tokenize_cmd.cpp — `mhsa tokenize`: the token ids of a text, or with --decode the
 // text of token ids, using the tokenizer files of a model directory (tokenizer.json, encoded as
 // transformers' tokenizer(text) encodes it, BOS included unless --no-special-tokens; or GPT-2's
-// vocab.json + merges.txt / encoder.json + vocab.bpe). TEXT "-" reads standard input. A quick look
+// vocab.json + merges.txt / encoder.json + vocab.bpe; or a GGUF file's tokenizer, encoded as llama.cpp
+// encodes it, BOS as its metadata says). TEXT "-" reads standard input. A quick look
 // at how text splits; not a batch tool: one text per call.
 #include <unistd.h>
 
@@ -95,7 +96,7 @@ void add_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "token ids of a text (or, with --decode, the text of ids)");
   cmd->add_option("--model", args->model,
-                  "directory with tokenizer.json, or vocab.json + merges.txt (or encoder.json + vocab.bpe)")
+                  "directory with tokenizer.json, or vocab.json + merges.txt (or encoder.json + vocab.bpe); or a .gguf file")
       ->required();
   cmd->add_option("TEXT", args->text, "the text, or token ids with --decode; '-' reads standard input")->required();
   CLI::Option* json = cmd->add_flag(

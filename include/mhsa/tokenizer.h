@@ -23,9 +23,12 @@
 namespace mhsa {
 
 class Tokenizer;
+namespace detail {
+class GgufFile;
+}  // namespace detail
 namespace text {
 class HfTokenizer;
-Tokenizer gguf_tokenizer(const std::filesystem::path& path, int64_t vocab_size);  // text/gguf_tokenizer.cpp
+Tokenizer gguf_tokenizer(const detail::GgufFile& file, int64_t vocab_size);  // text/gguf_tokenizer.cpp
 }  // namespace text
 
 struct EncodeOptions {
@@ -59,7 +62,8 @@ class Tokenizer {
                          const std::string& vocab_name = "vocab.json", const std::string& merges_name = "merges.txt");
   // A directory with tokenizer.json (with tokenizer_config.json and generation_config.json when
   // present: BOS/EOS, chat template), else vocab.json + merges.txt (Hugging Face GPT-2) or
-  // encoder.json + vocab.bpe (OpenAI).
+  // encoder.json + vocab.bpe (OpenAI). A path to a file is a GGUF file: the tokenizer its
+  // metadata holds (see for_model).
   static Tokenizer load_dir(const std::filesystem::path& dir);
   // tokenizer.json's text (and tokenizer_config.json's, generation_config.json's, or empty);
   // `dir` stands for their directory in errors.
@@ -70,8 +74,11 @@ class Tokenizer {
   static Tokenizer bytes();
   // The tokenizer of a model directory: its vocabulary files when it has them, else bytes() for
   // a model of 256 tokens; an error naming the directory otherwise. A path to a file is a GGUF
-  // file: the GPT-2 byte-level BPE its metadata holds (tokenizer.ggml.model "gpt2", pre-tokenizer
-  // "gpt-2"), any other GGUF tokenizer refused by name.
+  // file: the tokenizer its metadata holds, encoding as llama.cpp does — SentencePiece
+  // (tokenizer.ggml.model "llama": Llama 2, Mistral, Phi-3) or byte-level BPE ("gpt2") with one of
+  // llama.cpp's pre-tokenizers ("gpt-2", "llama-bpe", "qwen2", "smollm", "starcoder", "default",
+  // ...); these but "gpt-2" behave as a tokenizer.json (is_tokenizer_json()). Any other GGUF
+  // tokenizer is refused by name.
   static Tokenizer for_model(const std::filesystem::path& dir, int64_t vocab_size);
 
   // Any bytes (invalid UTF-8 included) → ids; decode(encode(s)) == s byte for byte. With
@@ -108,6 +115,8 @@ class Tokenizer {
   std::string chat_template() const;
   std::string bos_token() const;
   std::string eos_token() const;
+  // A tokenizer.json, or a GGUF tokenizer built as one: BOS from the post-processor, special
+  // tokens as Hugging Face matches them.
   bool is_tokenizer_json() const;
   // transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt, **variables):
   // the chat template rendered (mhsa/chat_template.h) with tokenizer_config.json's special tokens
@@ -132,8 +141,9 @@ class Tokenizer {
  private:
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
-  friend Tokenizer text::gguf_tokenizer(const std::filesystem::path& path, int64_t vocab_size);
+  friend Tokenizer text::gguf_tokenizer(const detail::GgufFile& file, int64_t vocab_size);
   void set_gguf_chat_template(std::string source);  // for a GPT-2 files or bytes tokenizer
+  static Tokenizer from_hf(std::unique_ptr<text::HfTokenizer> hf);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -79,7 +79,8 @@ void bind_tokenizer(py::module_& m) {
 Tokenizer.load(dir) reads tokenizer.json (with tokenizer_config.json and generation_config.json
 when present) and encodes and decodes exactly as the `tokenizers` library does; without it,
 vocab.json + merges.txt (a Hugging Face GPT-2 directory) or OpenAI's encoder.json + vocab.bpe,
-whose ids equal tiktoken's "gpt2" encoding for every text.)")
+whose ids equal tiktoken's "gpt2" encoding for every text. Tokenizer.load("FILE.gguf") reads the
+tokenizer in a GGUF file's metadata (SentencePiece or byte-level BPE), encoding as llama.cpp does.)")
       .def_static(
           "load",
           [](const std::filesystem::path& dir) {
@@ -88,7 +89,7 @@ whose ids equal tiktoken's "gpt2" encoding for every text.)")
           },
           "path"_a,
           "The tokenizer in a directory (str or os.PathLike): tokenizer.json, else vocab.json + merges.txt or "
-          "encoder.json + vocab.bpe.")
+          "encoder.json + vocab.bpe; or the tokenizer of a GGUF file's metadata.")
       .def(
           "encode",
           [](const Tokenizer& t, py::handle text, bool add_special_tokens, std::optional<bool> allow_special) {

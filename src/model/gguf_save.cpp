@@ -1,6 +1,7 @@
 // model/gguf_save.cpp — a llama or gpt2 Model written as the GGUF file llama.cpp's converter would
 // write (see model/gguf_model.h): its tensor names and layouts, its metadata keys, and a byte-level
-// BPE tokenizer (tokenizer.json's, or GPT-2's vocab.json + merges.txt) as tokenizer.ggml.*, its
+// BPE tokenizer (tokenizer.json's, or GPT-2's vocab.json + merges.txt) as tokenizer.ggml.* (with
+// llama.cpp's name of its pre-tokenizer when it is GPT-2's, Llama 3's or Qwen2's), its
 // chat template as tokenizer.chat_template; llama3 RoPE scaling as the converter's rope_freqs
 // tensor. Other tokenizers are not converted: the file then says "no_vocab", which llama.cpp
 // reads as a model without a vocabulary (token ids in, logits out).
@@ -14,6 +15,7 @@
 #include "io/json.h"
 #include "model/gguf_model.h"
 #include "model/gguf_names.h"
+#include "mhsa/tokenizer.h"
 
 namespace mhsa::detail {
 namespace {
@@ -28,7 +30,34 @@ struct Vocab {
   std::vector<std::string> tokens;
   std::vector<int32_t> types;
   std::vector<std::string> merges;
+  std::string pre = "default";  // tokenizer.ggml.pre
 };
+
+// llama.cpp's name for a tokenizer.json pre-tokenizer it knows (convert_hf_to_gguf.py picks it by
+// the tokenizer's output): GPT-2's ByteLevel regex, Llama 3's or Qwen2's Split then ByteLevel;
+// "default" for any other, as before.
+std::string pre_name(const json& j) {
+  const json* p = j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object() ? &j["pre_tokenizer"] : nullptr;
+  if (!p) return "default";
+  const auto byte_level = [](const json& x, bool regex) {
+    return x.is_object() && x.value("type", "") == "ByteLevel" && x.value("use_regex", true) == regex &&
+           !x.value("add_prefix_space", false);
+  };
+  if (byte_level(*p, true)) return "gpt-2";
+  const json list = p->value("type", "") == "Sequence" ? p->value("pretokenizers", json()) : json();
+  if (!list.is_array() || list.size() != 2 || !list[0].is_object()) return "default";
+  const json& a = list[0];
+  if (a.value("type", "") != "Split" || a.value("behavior", "") != "Isolated" || a.value("invert", false) ||
+      !byte_level(list[1], false) || !a.contains("pattern") || !a["pattern"].is_object())
+    return "default";
+  const std::string r = a["pattern"].value("Regex", "");
+  const std::string common = R"(|[^\r\n\p{L}\p{N}]?\p{L}+|)";
+  const std::string tail = R"(| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  const std::string contractions = R"((?i:'s|'t|'re|'ve|'m|'ll|'d))";
+  if (r == contractions + common + R"(\p{N}{1,3})" + tail) return "llama-bpe";
+  if (r == contractions + common + R"(\p{N})" + tail) return "qwen2";
+  return "default";
+}
 
 // Places token `text` at `id`, growing the table.
 void place(Vocab& v, int64_t id, std::string text, int32_t type, int64_t n_vocab, const std::string& file) {
@@ -70,6 +99,7 @@ std::optional<Vocab> byte_level_vocab(const fs::path& dir, int64_t n_vocab) {
     if (!byte_level || !j.contains("model") || !j["model"].is_object() || j["model"].value("type", "") != "BPE")
       return std::nullopt;
     read_vocab(v, j["model"].value("vocab", json()), n_vocab, file);
+    v.pre = pre_name(j);
     read_merges(v, j["model"].value("merges", json::array()), file);
     if (j.contains("added_tokens") && j["added_tokens"].is_array())
       for (const json& t : j["added_tokens"])
@@ -187,12 +217,18 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
   w.add_u32("general.quantization_version", 2);
   if (const std::optional<Vocab> v = byte_level_vocab(tokenizer_dir, c.vocab_size)) {
     w.add_string("tokenizer.ggml.model", "gpt2");
-    w.add_string("tokenizer.ggml.pre", gpt2 ? "gpt-2" : "default");
+    w.add_string("tokenizer.ggml.pre", gpt2 ? "gpt-2" : v->pre);
     w.add_strings("tokenizer.ggml.tokens", v->tokens);
     w.add_i32s("tokenizer.ggml.token_type", v->types);
     w.add_strings("tokenizer.ggml.merges", v->merges);
     if (c.bos_token_id >= 0) w.add_u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(c.bos_token_id));
     if (!c.eos_token_ids.empty()) w.add_u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(c.eos_token_ids[0]));
+    if (fs::exists(tokenizer_dir / "tokenizer.json")) {  // BOS/EOS as its post-processor adds them
+      const std::vector<int32_t> ids = Tokenizer::load_dir(tokenizer_dir).encode("", EncodeOptions{true, false});
+      w.add_bool("tokenizer.ggml.add_bos_token", !ids.empty() && ids.front() == c.bos_token_id);
+      w.add_bool("tokenizer.ggml.add_eos_token",
+                 !ids.empty() && !c.eos_token_ids.empty() && ids.back() == c.eos_token_ids[0]);
+    }
   } else {
     w.add_string("tokenizer.ggml.model", "no_vocab");
   }

@@ -65,7 +65,16 @@ HfTokenizer::~HfTokenizer() = default;
 
 HfTokenizer::HfTokenizer(std::string_view tokenizer_json, std::string_view config_json, std::string_view generation_json,
                          const std::string& dir) {
-  const json root = detail::parse_json(tokenizer_json, kFn, message("'", dir, "/tokenizer.json'"));
+  init(detail::parse_json(tokenizer_json, kFn, message("'", dir, "/tokenizer.json'")), config_json, generation_json, dir);
+}
+
+HfTokenizer::HfTokenizer(const json& root, std::string_view config_json, std::string_view generation_json,
+                         const std::string& dir) {
+  init(root, config_json, generation_json, dir);
+}
+
+void HfTokenizer::init(const json& root, std::string_view config_json, std::string_view generation_json,
+                       const std::string& dir) {
   const Where file{"tokenizer.json"};
   if (!root.is_object()) fail(kFn, file.path, "a JSON object", detail::json_excerpt(root));
   for (const char* key : {"truncation", "padding"})
@@ -385,7 +394,10 @@ void HfTokenizer::add_join(std::string_view left, std::string_view right) {
 }
 
 // A piece longer than the cache takes (a whole text, for a model without a pre-tokenizer) is
-// cut into words that are then encoded on their own, through the cache, at each boundary
+// cut into words that are then encoded on their own, through the cache. Merging by score
+// (use_scores) cuts between characters x and s wherever no token that text may form has x
+// followed by s: no symbol can then ever span the cut, and each side's pairs are queued in the
+// same order alone as together (highest score first, leftmost first). Merging by rank cuts into words that are then encoded on their own, through the cache, at each boundary
 // between characters x and s where
 //   - x and s are each a token of the vocabulary, so each is one initial symbol (and no unknown
 //     characters, fused or not, meet there), and
@@ -407,12 +419,13 @@ void HfTokenizer::model(std::string_view piece, std::vector<int32_t>& out) const
     bool known;
     int len = 1;
     if (c < 0x80) {
-      known = ascii_ids_[c] >= 0;
+      known = by_score_ || ascii_ids_[c] >= 0;
     } else {
       const Utf8 d = decode_utf8(piece, i);
       cp = d.valid ? d.cp : 0x110000 + c, len = d.len;
-      if (cp != memo_cp) memo_cp = cp, memo_known = d.valid && model_ids_.contains(piece.substr(i, static_cast<size_t>(len)));
-      known = memo_known;
+      if (!by_score_ && cp != memo_cp)
+        memo_cp = cp, memo_known = d.valid && model_ids_.contains(piece.substr(i, static_cast<size_t>(len)));
+      known = by_score_ || memo_known;
     }
     if (known && prev_known && i > word) {
       const bool joined = prev < 128 && cp < 128 ? (ascii_joins_[prev * 2 + cp / 64] >> (cp % 64)) & 1
@@ -466,6 +479,7 @@ void HfTokenizer::model_words(std::span<const std::string_view> words, std::vect
 // symbol per character (byte-level: per byte), unknown ones by byte fallback, the unknown token
 // (fused) or nothing, then the merges.
 void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& out) const {
+  if (by_score_) return model_by_score(piece, out);
   if (ignore_merges_)
     if (const auto it = model_ids_.find(piece); it != model_ids_.end()) {
       out.push_back(it->second);
@@ -520,6 +534,101 @@ void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& o
   if (pending_unk) symbols.push_back(*unk_);
   bpe_merge(symbols, merges_, out);
   if (symbols.capacity() > WordCache::kMaxWordBytes * 1024) symbols = {};  // a huge piece's buffer is not kept
+}
+
+void HfTokenizer::use_scores(std::vector<float> scores, std::vector<bool> mergeable) {
+  if (byte_level_ || scores.size() != tokens_.size() || mergeable.size() != tokens_.size())
+    fail("Tokenizer::use_scores", "scores", message(tokens_.size(), " scores of a model that is not byte-level"),
+         message(scores.size(), byte_level_ ? " (byte-level)" : ""));
+  scores_ = std::move(scores);
+  mergeable_ = std::move(mergeable);
+  by_score_ = true;
+  cut_words_ = true;
+  ascii_joins_.fill(0);
+  joins_.clear();
+  for (size_t id = 0; id < tokens_.size(); ++id) {  // each pair of adjacent characters in a token
+    if (!mergeable_[id]) continue;
+    const std::string& t = tokens_[id];
+    char32_t prev = 0;
+    for (size_t i = 0; i < t.size();) {
+      const Utf8 d = decode_utf8(t, i);
+      const char32_t cp = d.valid ? d.cp : 0x110000 + static_cast<unsigned char>(t[i]);  // as model() reads them
+      if (i > 0) {
+        if (prev < 128 && cp < 128) ascii_joins_[prev * 2 + cp / 64] |= uint64_t{1} << (cp % 64);
+        else joins_.insert(uint64_t{prev} << 32 | cp);
+      }
+      prev = cp;
+      i += static_cast<size_t>(d.len);
+    }
+  }
+}
+
+// llama.cpp's llm_tokenizer_spm (and sentencepiece's BPE): symbols are the piece's characters in a
+// linked list; a heap holds every adjacent pair whose concatenation is a token, by that token's
+// score (the leftmost of equal scores first). The best pair is joined unless one of its symbols
+// has changed since it was queued (their lengths no longer add up), and the new symbol's pairs
+// with its neighbours are queued: O(n log n). A symbol that is no token (a character the
+// vocabulary lacks) becomes its bytes' <0xNN> tokens when it has them all, else the unknown token.
+void HfTokenizer::model_by_score(std::string_view piece, std::vector<int32_t>& out) const {
+  struct Symbol {
+    uint32_t begin, len;
+    int32_t prev, next;
+  };
+  struct Pair {
+    float score;
+    int32_t left, right;
+    uint32_t len;
+  };
+  thread_local std::vector<Symbol> symbols;  // reused: no allocation per word
+  thread_local std::vector<Pair> heap;
+  symbols.clear();
+  heap.clear();
+  for (size_t i = 0; i < piece.size();) {
+    const auto len = static_cast<uint32_t>(decode_utf8(piece, i).len);
+    const auto k = static_cast<int32_t>(symbols.size());
+    symbols.push_back({static_cast<uint32_t>(i), len, k - 1, i + len < piece.size() ? k + 1 : -1});
+    i += len;
+  }
+  const auto before = [](const Pair& a, const Pair& b) { return a.score < b.score || (a.score == b.score && a.left > b.left); };
+  const auto queue = [&](int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    const Symbol& l = symbols[static_cast<size_t>(left)];
+    const uint32_t len = l.len + symbols[static_cast<size_t>(right)].len;
+    const auto it = model_ids_.find(piece.substr(l.begin, len));
+    if (it == model_ids_.end() || !mergeable_[static_cast<size_t>(it->second)]) return;
+    heap.push_back({scores_[static_cast<size_t>(it->second)], left, right, len});
+    std::push_heap(heap.begin(), heap.end(), before);
+  };
+  for (size_t k = 1; k < symbols.size(); ++k) queue(static_cast<int32_t>(k - 1), static_cast<int32_t>(k));
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), before);
+    const Pair p = heap.back();
+    heap.pop_back();
+    Symbol& l = symbols[static_cast<size_t>(p.left)];
+    Symbol& r = symbols[static_cast<size_t>(p.right)];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != p.len) continue;  // one of them has changed
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) symbols[static_cast<size_t>(r.next)].prev = p.left;
+    queue(l.prev, p.left);
+    queue(p.left, l.next);
+  }
+  for (int32_t k = symbols.empty() ? -1 : 0; k >= 0; k = symbols[static_cast<size_t>(k)].next) {
+    const Symbol& s = symbols[static_cast<size_t>(k)];
+    const std::string_view text = piece.substr(s.begin, s.len);
+    if (const auto it = model_ids_.find(text); it != model_ids_.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    bool bytes = true;
+    for (const char c : text) bytes = bytes && fallback_ids_[static_cast<unsigned char>(c)] >= 0;
+    if (bytes)
+      for (const char c : text) out.push_back(fallback_ids_[static_cast<unsigned char>(c)]);
+    else if (unk_)
+      out.push_back(*unk_);
+  }
+  if (symbols.capacity() > WordCache::kMaxWordBytes * 1024) symbols = {}, heap = {};  // a huge piece's buffers are not kept
 }
 
 std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens, bool allow_special) const {

@@ -3,7 +3,9 @@
 // its normalizer, pre-tokenizer, added tokens, post-processor and decoder, encoding and decoding
 // exactly as `tokenizers` does. Components outside the supported set (see docs) are refused by
 // name at load, never approximated. tokenizer_config.json and generation_config.json add the
-// BOS/EOS tokens and the chat template. Private to the library: mhsa::Tokenizer is the API.
+// BOS/EOS tokens and the chat template. A GGUF file's tokenizer (gguf_tokenizer.cpp) is built as
+// such a file; its SentencePiece model then merges by the pieces' scores (use_scores) instead of
+// by a list of merges. Private to the library: mhsa::Tokenizer is the API.
 #pragma once
 
 #include <array>
@@ -17,6 +19,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "text/bpe.h"
 #include "text/normalize.h"
@@ -37,7 +41,18 @@ class HfTokenizer {
   // The files' contents (config and generation may be empty: absent); `dir` names them in errors.
   HfTokenizer(std::string_view tokenizer_json, std::string_view config_json, std::string_view generation_json,
               const std::string& dir);
+  // The same from tokenizer.json already parsed (gguf_tokenizer.cpp builds one).
+  HfTokenizer(const nlohmann::json& tokenizer, std::string_view config_json, std::string_view generation_json,
+              const std::string& dir);
   ~HfTokenizer();
+
+  // SentencePiece BPE as llama.cpp runs a GGUF "llama" vocabulary (and as sentencepiece does):
+  // the model ignores the merges and, starting from the characters of a piece, repeatedly joins
+  // the adjacent pair whose concatenation is a token with the highest score (the leftmost of
+  // equals); a character that ends up in no token becomes its bytes' <0xNN> tokens, else the
+  // unknown token. scores[id] for every id; `mergeable[id]` false for tokens text never forms
+  // (control, unknown, unused). Not for a byte-level model.
+  void use_scores(std::vector<float> scores, std::vector<bool> mergeable);
 
   // As tokenizers' Tokenizer.encode(text, add_special_tokens): added tokens are matched first
   // (special ones only with allow_special; otherwise their text is ordinary text).
@@ -88,6 +103,9 @@ class HfTokenizer {
   // model
   BpeMerges merges_;
   bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
+  bool by_score_ = false;         // use_scores: SentencePiece merging by score
+  std::vector<float> scores_;     // by_score_: id → score
+  std::vector<bool> mergeable_;   // by_score_: id → text may form it
   std::optional<int32_t> unk_;
   std::array<int32_t, 256> byte_ids_{};   // byte-level: the token of each byte's character; -1: none
   std::array<int32_t, 256> fallback_ids_{};  // <0xNN>; -1: none
@@ -119,6 +137,9 @@ class HfTokenizer {
   void model_words(std::span<const std::string_view> words, std::vector<int32_t>& out) const;
   void cached(std::string_view word, uint64_t h, std::vector<int32_t>& out) const;
   void model_uncached(std::string_view piece, std::vector<int32_t>& out) const;
+  void model_by_score(std::string_view piece, std::vector<int32_t>& out) const;
+  void init(const nlohmann::json& root, std::string_view config_json, std::string_view generation_json,
+            const std::string& dir);
   std::vector<std::string> decode_tokens(std::vector<std::string> tokens, bool exact) const;
 };
 

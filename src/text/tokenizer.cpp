@@ -18,6 +18,7 @@
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
 #include "io/file.h"
+#include "io/gguf.h"
 #include "io/json.h"
 #include "mhsa/chat_template.h"
 #include "text/bpe.h"
@@ -470,6 +471,7 @@ Tokenizer Tokenizer::parse(std::string_view vocab_json, std::string_view merges_
 
 Tokenizer Tokenizer::load_dir(const fs::path& dir) {
   std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) return text::gguf_tokenizer(detail::GgufFile::open(dir), -1);
   if (!fs::is_directory(dir, ec))
     fail("Tokenizer::load_dir", "dir", "a directory", message("'", dir.string(), "' (", fs::exists(dir, ec) ? "not a directory" : "no such directory", ")"));
   const detail::DirLock lock(dir, detail::DirLock::Mode::shared);  // one checkpoint's files (io/checkpoint_dir.h)
@@ -517,6 +519,12 @@ Tokenizer Tokenizer::parse_json(std::string_view tokenizer_json, std::string_vie
   return Tokenizer(std::move(impl));
 }
 
+Tokenizer Tokenizer::from_hf(std::unique_ptr<text::HfTokenizer> hf) {
+  auto impl = std::make_unique<Impl>();
+  impl->hf = std::move(hf);
+  return Tokenizer(std::move(impl));
+}
+
 Tokenizer Tokenizer::bytes() {
   auto impl = std::make_unique<Impl>();
   for (int b = 0; b < 256; ++b) {
@@ -529,7 +537,7 @@ Tokenizer Tokenizer::bytes() {
 
 Tokenizer Tokenizer::for_model(const fs::path& dir, int64_t vocab_size) {
   std::error_code ec;
-  if (fs::is_regular_file(dir, ec)) return text::gguf_tokenizer(dir, vocab_size);
+  if (fs::is_regular_file(dir, ec)) return text::gguf_tokenizer(detail::GgufFile::open(dir), vocab_size);
   if (fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "vocab.json", ec) || fs::exists(dir / "encoder.json", ec))
     return load_dir(dir);
   if (vocab_size == 256) return bytes();

@@ -1,7 +1,8 @@
-// tests/fuzz/gguf_fuzz.cpp — libFuzzer target for the GGUF reader and its model mapping. Any input
-// must either parse (and then every metadata value must read through the typed getters or throw
-// mhsa::Error, every tensor up to a bounded size load, and the model config be read or refused)
-// or throw mhsa::Error; anything else — a crash, a sanitizer report, another exception type — is a
+// tests/fuzz/gguf_fuzz.cpp — libFuzzer target for the GGUF reader, its model mapping and its
+// tokenizer. Any input must either parse (and then every metadata value must read through the
+// typed getters or throw mhsa::Error, every tensor up to a bounded size load, the model config be
+// read or refused, and the tokenizer of the metadata be read or refused — when read, it encodes and
+// decodes a few texts) or throw mhsa::Error; anything else — a crash, a sanitizer report, another exception type — is a
 // bug. scripts/test.sh runs it for a bounded time from the seed files in tests/fuzz/gguf_corpus.
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include "io/gguf.h"
 #include "mhsa/error.h"
 #include "model/gguf_model.h"
+#include "mhsa/tokenizer.h"
 
 namespace {
 template <class F>
@@ -36,6 +38,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     for (const GgufTensorInfo& t : file.tensors())
       if (t.bytes <= (uint64_t{1} << 20)) attempt([&] { (void)file.load(t); });
+    attempt([&] {
+      const mhsa::Tokenizer tok = mhsa::text::gguf_tokenizer(file, -1);
+      for (const char* text : {"Hello world", " a  b\n\n12345 \xe4\xb8\xad\xe6\x96\x87 <s></s><|endoftext|>", "\xff\xfe x", ""}) {
+        (void)tok.decode(tok.encode(text, mhsa::EncodeOptions{true, true}));
+        (void)tok.decode(tok.encode(text, mhsa::EncodeOptions{false, false}), true);
+      }
+    });
     (void)GgufModelFile::config_of(file);
   } catch (const mhsa::Error&) {
   }
