@@ -134,9 +134,10 @@ def llama3_rope_freqs(cfg):
     return torch.tensor(out, dtype=torch.float32).numpy()
 
 
-def write_llama_cpp_file(path, state, cfg, qtype=None, metadata=None):
+def write_llama_cpp_file(path, state, cfg, qtype=None, metadata=None, add=None):
     """A GGUF file as llama.cpp's converter writes one, through the gguf package's writer;
-    metadata(writer) adds more keys."""
+    metadata(writer) adds more keys; add(writer, name, array) stores each tensor instead of the
+    default (F32, or qtype for matrices)."""
     gpt2 = cfg.model_type == "gpt2"
     w = gguf.GGUFWriter(str(path), "gpt2" if gpt2 else "llama")
     if gpt2:
@@ -166,7 +167,9 @@ def write_llama_cpp_file(path, state, cfg, qtype=None, metadata=None):
         metadata(w)
     for name, t in llama_cpp_tensors(state, cfg).items():
         t = t.astype(np.float32)
-        if qtype is not None and t.ndim == 2 and t.shape[-1] % 32 == 0 and name != "position_embd.weight":
+        if add is not None:
+            add(w, name, t)
+        elif qtype is not None and t.ndim == 2 and t.shape[-1] % 32 == 0 and name != "position_embd.weight":
             w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, t)
@@ -298,40 +301,28 @@ def test_a_q4_k_m_style_mix_loads(rng, tmp_path):
     mhsa.save_gguf(mhsa.Model.load(tmp_path / "hf"), tmp_path / "q4.gguf", "q4_k")  # our Q4_K blocks to reuse
     q4_k = {t.name: t.data for t in gguf.GGUFReader(str(tmp_path / "q4.gguf")).tensors if t.tensor_type == Q.Q4_K}
     path = tmp_path / "mix.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     types = {}
-    for name, t in llama_cpp_tensors(state, cfg).items():
-        t = t.astype(np.float32)
-        if t.ndim == 2:
-            # Q6_K blocks of random bytes with small scales stand in for llama.cpp's quantiser
-            # (the gguf package has no Q6_K quantiser); Q4_K/Q8_0 as the package quantises.
-            qtype = (Q.Q6_K if "attn_v" in name or name == "output.weight" else
-                     Q.Q5_0 if "ffn_down" in name else Q.Q4_K if name in q4_k else Q.Q8_0)  # 288 columns: no k-quant
-            if qtype == Q.Q6_K:
-                raw = rng.integers(0, 256, (t.shape[0], t.shape[1] // 256 * 210), dtype=np.uint8)
-                blocks = raw.reshape(t.shape[0], -1, 210)
-                blocks[..., 208:210] = rng.uniform(1e-4, 1e-3, blocks.shape[:2] + (1,)).astype(np.float16).view(np.uint8)
-                w.add_tensor(name, raw, raw_dtype=qtype)
-            elif qtype == Q.Q4_K:
-                w.add_tensor(name, q4_k[name], raw_dtype=qtype)
-            else:
-                w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
-            types[name] = qtype
-        else:
+
+    def add(w, name, t):
+        if t.ndim != 2:
             w.add_tensor(name, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            return
+        # Q6_K blocks of random bytes with small scales stand in for llama.cpp's quantiser (the
+        # gguf package has none for Q6_K); Q4_K blocks are our own, the others the package's.
+        qtype = (Q.Q6_K if "attn_v" in name or name == "output.weight" else
+                 Q.Q5_0 if "ffn_down" in name else Q.Q4_K if name in q4_k else Q.Q8_0)  # 288 columns: no k-quant
+        if qtype == Q.Q6_K:
+            raw = rng.integers(0, 256, (t.shape[0], t.shape[1] // 256 * 210), dtype=np.uint8)
+            blocks = raw.reshape(t.shape[0], -1, 210)
+            blocks[..., 208:210] = rng.uniform(1e-4, 1e-3, blocks.shape[:2] + (1,)).astype(np.float16).view(np.uint8)
+            w.add_tensor(name, raw, raw_dtype=qtype)
+        elif qtype == Q.Q4_K:
+            w.add_tensor(name, q4_k[name], raw_dtype=qtype)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(t, qtype), raw_dtype=qtype)
+        types[name] = qtype
+
+    write_llama_cpp_file(path, state, cfg, add=add)
     reader = gguf.GGUFReader(str(path))
     assert {t.name: t.tensor_type for t in reader.tensors if t.name in types} == types
     assert Q.Q4_K in types.values()
