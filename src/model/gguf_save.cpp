@@ -34,8 +34,8 @@ struct Vocab {
 };
 
 // llama.cpp's name for a tokenizer.json pre-tokenizer it knows (convert_hf_to_gguf.py picks it by
-// the tokenizer's output): GPT-2's ByteLevel regex, Llama 3's or Qwen2's Split then ByteLevel;
-// "default" for any other, as before.
+// the tokenizer's output): GPT-2's ByteLevel regex, Llama 3's or Qwen2's Split then ByteLevel,
+// SmolLM's Digits then ByteLevel; "default" for any other, as before.
 std::string pre_name(const json& j) {
   const json* p = j.contains("pre_tokenizer") && j["pre_tokenizer"].is_object() ? &j["pre_tokenizer"] : nullptr;
   if (!p) return "default";
@@ -47,6 +47,9 @@ std::string pre_name(const json& j) {
   const json list = p->value("type", "") == "Sequence" ? p->value("pretokenizers", json()) : json();
   if (!list.is_array() || list.size() != 2 || !list[0].is_object()) return "default";
   const json& a = list[0];
+  // SmolLM/SmolLM2's: every digit apart, then GPT-2's ByteLevel regex (llama.cpp: "smollm").
+  if (a.value("type", "") == "Digits" && a.value("individual_digits", false) && byte_level(list[1], true))
+    return "smollm";
   if (a.value("type", "") != "Split" || a.value("behavior", "") != "Isolated" || a.value("invert", false) ||
       !byte_level(list[1], false) || !a.contains("pattern") || !a["pattern"].is_object())
     return "default";

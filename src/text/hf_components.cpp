@@ -273,6 +273,10 @@ HfTokenizer::PreTokenizer HfTokenizer::PreTokenizer::read(const json& j, const W
     else if (b == "MergedWithNext") p.behavior = Behavior::merged_with_next;
     else if (b == "Contiguous") p.behavior = Behavior::contiguous;
     else unsupported(w / "behavior", "a split behavior", b, "Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
+  } else if (t == "Digits") {  // tokenizers' Digits: Rust's char::is_numeric (\p{N}) split off
+    p.type = Type::split;
+    p.pattern.regex = std::make_unique<Regex>("\\p{N}", kFn, w.path);
+    p.behavior = get_bool(j, "individual_digits", w, false) ? Behavior::isolated : Behavior::contiguous;
   } else if (t == "ByteLevel") {
     p.type = Type::byte_level;
     p.add_prefix_space = get_bool(j, "add_prefix_space", w, true);
@@ -291,7 +295,7 @@ HfTokenizer::PreTokenizer HfTokenizer::PreTokenizer::read(const json& j, const W
       p.prepend = get_bool(j, "add_prefix_space", w, true) ? Prepend::always : Prepend::never;
     }
   } else {
-    unsupported(w, "a pre-tokenizer", t, "Sequence, Split, ByteLevel, Metaspace");
+    unsupported(w, "a pre-tokenizer", t, "Sequence, Split, Digits, ByteLevel, Metaspace");
   }
   return p;
 }

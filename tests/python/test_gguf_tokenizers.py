@@ -247,17 +247,20 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-@pytest.mark.parametrize("style, pre", [("gpt2", "gpt-2"), ("llama3", "llama-bpe"), ("qwen2", "qwen2")])
+@pytest.mark.parametrize("style, pre", [("gpt2", "gpt-2"), ("llama3", "llama-bpe"), ("qwen2", "qwen2"),
+                                        ("smollm", "smollm")])
 def test_quantized_tokenizer_json_reads_back_the_same(style, pre, rng, tmp_path):
     """A Llama directory's byte-level tokenizer.json (trained by `tokenizers` with GPT-2's, Llama 3's
-    (ignore_merges) or Qwen2's pre-tokenizer, BOS added by its post-processor, special and
+    (ignore_merges), Qwen2's or SmolLM's (Digits then ByteLevel) pre-tokenizer, BOS added by its post-processor, special and
     non-special added tokens) quantized to GGUF: tokenizer.ggml.pre names it as llama.cpp does, and
     the GGUF file's tokenizer encodes random prompts, special tokens included, as the directory's."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=style == "gpt2")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=style in ("gpt2", "smollm"))
     split = {"llama3": LLAMA3_SPLIT, "qwen2": LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")}.get(style)
     tok.pre_tokenizer = (byte_level if style == "gpt2" else
+                         pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if style == "smollm" else
                          pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), "isolated"), byte_level]))
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|begin|>", "<|end|>"], show_progress=False,

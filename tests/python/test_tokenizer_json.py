@@ -5,7 +5,8 @@ small BPE vocabularies trained on Debian's license texts with each family's exac
 pre-tokenizer (the Split regexes exactly as GPT-2's, Llama 3's, Qwen2's, o200k's and DeepSeek
 V3's files write them), decoder, post-processor and added tokens: GPT-2 (ByteLevel with its
 regex), Llama 3 (Split + ByteLevel, ignore_merges, <|begin_of_text|> template), Qwen2 (NFC +
-Split), o200k-style (\\p{Lu} \\p{M} classes), DeepSeek-style (a Sequence of Splits, \\p{P} \\p{S}),
+Split), o200k-style (\\p{Lu} \\p{M} classes), SmolLM2 (Digits, individual and contiguous, then
+ByteLevel), DeepSeek-style (a Sequence of Splits, \\p{P} \\p{S}),
 Llama 2 (Prepend + Replace normalizers, byte fallback, Strip decoder), Mistral/TinyLlama's newer
 form (Metaspace prepend_scheme "first"), Gemma (Replace + a String Split, no prefix), plus GPT-2's
 real files converted to tokenizer.json. Merges are written in the string form "a b" for some and
@@ -131,6 +132,14 @@ def build_families():
         pre_tokenizers.Split(Regex(O200K_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), normalizer=normalizers.NFKC(),
         specials=["<|endoftext|>"])
+    # SmolLM/SmolLM2's pre-tokenizer: every digit its own piece, then GPT-2's ByteLevel; and the
+    # contiguous form (digit runs as one piece).
+    fams["smollm"] = byte_level_bpe(pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]),
+        specials=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    fams["digit-runs"] = byte_level_bpe(pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=False), pre_tokenizers.ByteLevel(add_prefix_space=False)]),
+        specials=["<|endoftext|>"])
     fams["deepseek"] = byte_level_bpe(pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in DEEPSEEK_PATTERNS] +
         [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), specials=["<|begin▁of▁sentence|>"])
@@ -174,8 +183,8 @@ def families(tmp_path_factory):
     return out
 
 
-FAMILY_NAMES = ["gpt2-real", "gpt2", "gpt2-prefix-space", "llama3", "qwen2", "o200k", "deepseek", "llama2", "mistral",
-                "metaspace-split", "gemma"]
+FAMILY_NAMES = ["gpt2-real", "gpt2", "gpt2-prefix-space", "llama3", "qwen2", "o200k", "smollm", "digit-runs",
+                "deepseek", "llama2", "mistral", "metaspace-split", "gemma"]
 
 TRICKY = [
     "", " ", "  ", "\n", "\n\n\n", " \n \n", "\t\t x", "\r\n\r\n", "a  b   c    d", "trailing   ", "   leading",
