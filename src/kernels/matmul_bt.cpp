@@ -2,7 +2,7 @@
 // the weight streams of decoding, where every projection is a pass over an [out, in] matrix (an
 // nn.Linear weight, or the LM head's logits = h · wteᵀ with wte stored [V, C]). Several matrices
 // that multiply the same A (q | k | v, gate | up) are one call: their rows form one row space
-// that the threads split evenly, in groups of kGroup rows, each thread one contiguous range, read
+// that the threads claim in groups of kGroup rows, contiguous ranges from the front (isa/bt_parts.h), read
 // in order (one sequential stream: interleaving several rows' streams measured slower). Each row
 // of B is read once, from memory, and dotted with up to 8 rows of A held in L1. Every C
 // element is one FMA chain over k in vector steps and the same horizontal sum, whatever the

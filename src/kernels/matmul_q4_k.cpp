@@ -2,7 +2,7 @@
 // blocks (kernels/q4_k.h: 144 bytes per 256 weights, a ninth of float32's bytes), compiled once
 // per ISA: the weight streams of decoding a 4-bit model. The same plan as matmul_bt.cpp's
 // streams: several matrices that multiply one A are one call, their rows one row space that the
-// threads split evenly in groups of kGroup rows, each thread one contiguous range read in order;
+// threads claim in groups of kGroup rows, contiguous ranges read in order (isa/bt_parts.h);
 // with one row of A, kGroup rows of B are read side by side (independent chains, the next
 // group's rows prefetched).
 //

@@ -131,7 +131,7 @@ TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) {
   for (cpu::Isa isa : cpu::usable_isas()) {
     const kernels::KernelTable& k = kernels::kernels_for(isa);
     std::vector<std::vector<float>> parts_out, single_out, gemm_out;
-    for (int threads : {1, 2}) {
+    for (int threads : {1, 2, 3}) {  // the threads claim ranges as they go: 3 on 2 cores interleave them
       omp_set_num_threads(threads);
       std::vector<float> c(static_cast<size_t>(M * (61 + 1025 + 1)), 0.0f);  // [M, q | kv | one]
       const int64_t ldc = 61 + 1025 + 1;
@@ -151,7 +151,9 @@ TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) {
     }
     EXPECT_TRUE(same_bits(parts_out[0], single_out[0])) << static_cast<int>(isa) << ": parts vs one call each";
     EXPECT_TRUE(same_bits(parts_out[0], parts_out[1])) << static_cast<int>(isa) << ": 1 vs 2 threads";
+    EXPECT_TRUE(same_bits(parts_out[0], parts_out[2])) << static_cast<int>(isa) << ": 1 vs 3 threads";
     EXPECT_TRUE(same_bits(single_out[0], single_out[1])) << static_cast<int>(isa) << ": 1 vs 2 threads";
+    EXPECT_TRUE(same_bits(single_out[0], single_out[2])) << static_cast<int>(isa) << ": 1 vs 3 threads";
     EXPECT_TRUE(same_bits(gemm_out[0], gemm_out[1])) << static_cast<int>(isa) << ": gemm 1 vs 2 threads";
   }
   omp_set_num_threads(saved);
