@@ -10,7 +10,10 @@
 // With rows > 1 (several sequences decoded in one step) A has that many rows and the rate is
 // still B's bytes per second.
 //
-//   bench_q8_0 [rounds] [rows]
+// The third argument picks the shapes: gpt2 (the default) or smollm2 (q|k|v, gate|up, down and
+// the tied LM head of SmolLM2-135M).
+//
+//   bench_q8_0 [rounds] [rows] [gpt2|smollm2]
 #include <omp.h>
 
 #include <algorithm>
@@ -60,7 +63,15 @@ int main(int argc, char** argv) {
   const auto& k = mhsa::kernels::kernels_for(isa);
   const int max_threads = std::min(2, omp_get_num_procs());
   std::printf("isa %s, rows %lld\n", std::string(mhsa::cpu::isa_name(isa)).c_str(), static_cast<long long>(M));
-  const Shape shapes[] = {{"mlp c_fc", 3072, 768}, {"mlp c_proj", 768, 3072}, {"lm head", 50257, 768}};
+  const std::vector<Shape> gpt2 = {{"mlp c_fc", 3072, 768}, {"mlp c_proj", 768, 3072}, {"lm head", 50257, 768}};
+  const std::vector<Shape> smollm2 = {{"q|k|v", 960, 576}, {"gate|up", 3072, 576}, {"down", 576, 1536},
+                                      {"lm head", 49152, 576}};
+  const std::string family = argc > 3 ? argv[3] : "gpt2";
+  if (family != "gpt2" && family != "smollm2") {
+    std::fprintf(stderr, "bench_q8_0: shapes: expected gpt2 or smollm2, got '%s'\n", family.c_str());
+    return 2;
+  }
+  const std::vector<Shape>& shapes = family == "gpt2" ? gpt2 : smollm2;
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Shape& s : shapes) {

@@ -151,15 +151,66 @@ Buffer aligned_floats(int64_t n) {
   return Buffer(static_cast<float*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
 }
 
+#if defined(__AVX2__)  // the avx2 and avx512 builds: packing by 8 × 8 transposes in 256-bit registers
+// The eight rows r[0..7] (8 floats each) transposed in place: r[k] = (row 0[k], ..., row 7[k]).
+inline void transpose8x8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+// The first n (4, 6 or 8) lanes of v to p.
+inline void store_lanes(float* p, __m256 v, int n) {
+  if (n == 8) return _mm256_storeu_ps(p, v);
+  _mm_storeu_ps(p, _mm256_castps256_ps128(v));
+  if (n == 6) _mm_storel_pi(reinterpret_cast<__m64*>(p + 4), _mm256_extractf128_ps(v, 1));
+}
+
+// Eight floats of a row, widened from bfloat16 where B is 16-bit.
+inline __m256 load8_wide(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8_wide(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+#endif
+
 // Packs rows [0, rows) × cols [0, kc) of A (lda) into panels of kMR rows: [rows/kMR][kc][kMR],
 // the unused rows of the last panel left as they are (the micro-kernel for R rows never reads them).
+// A panel's eight columns at a time as 8 × 8 transposes (kMR 6: two rows repeated and dropped;
+// kMR 12: rows 0–7 and 8–11), the rest one value at a time; the same values either way.
 void pack_a(int64_t rows, int64_t kc, const float* A, int64_t lda, float* packed) {
   for (int64_t i0 = 0; i0 < rows; i0 += kMR) {
     const int64_t r_end = std::min<int64_t>(kMR, rows - i0);
     float* panel = packed + i0 * kc;
+    int64_t k0 = 0;
+#if defined(__AVX2__)
+    static_assert(kMR == 6 || kMR == 12, "pack_a's transposes: 6 or 12 rows");
+    if (r_end == kMR)
+      for (; k0 + 8 <= kc; k0 += 8)
+        for (int g = 0; g < kMR; g += 8) {
+          const int n = std::min(8, kMR - g);  // rows of this group
+          __m256 v[8];
+          for (int r = 0; r < 8; ++r) v[r] = _mm256_loadu_ps(A + (i0 + g + std::min(r, n - 1)) * lda + k0);
+          transpose8x8(v);
+          for (int k = 0; k < 8; ++k) store_lanes(panel + (k0 + k) * kMR + g, v[k], n);
+        }
+#endif
     for (int64_t r = 0; r < r_end; ++r) {
       const float* src = A + (i0 + r) * lda;
-      for (int64_t k = 0; k < kc; ++k) panel[k * kMR + r] = src[k];
+      for (int64_t k = k0; k < kc; ++k) panel[k * kMR + r] = src[k];
     }
   }
 }
@@ -205,18 +256,32 @@ void pack_b_panel(int64_t K, int64_t n, const TB* B, int64_t ldb, float* panel) 
 
 // pack_b_panel for B stored transposed ([N, K], ldb; B points at stored row j): op(B)[k, j + jj]
 // = B[jj·ldb + k] (float, or bfloat16 widened). A kKC-long stretch of each of the n rows at a
-// time, so the panel being written stays in L1.
+// time, so the panel being written stays in L1; for a full panel, 8 rows × 8 columns at a time as
+// a transpose in registers.
 template <class TB>
 void pack_b_panel_transposed(int64_t K, int64_t n, const TB* B, int64_t ldb, float* panel) {
   for (int64_t k0 = 0; k0 < K; k0 += kKC) {
     const int64_t k_end = std::min(K, k0 + kKC);
+    int64_t k_vec = k0;  // columns [k0, k_vec) are packed by the transposes
+#if defined(__AVX2__)
+    if (n == kNR) {
+      k_vec = k0 + (k_end - k0) / 8 * 8;
+      for (int64_t jj = 0; jj < kNR; jj += 8)
+        for (int64_t k = k0; k < k_vec; k += 8) {
+          __m256 v[8];
+          for (int r = 0; r < 8; ++r) v[r] = load8_wide(B + (jj + r) * ldb + k);
+          transpose8x8(v);
+          for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (k + i) * kNR + jj, v[i]);
+        }
+    }
+#endif
     for (int64_t jj = 0; jj < kNR; ++jj) {
       if (jj >= n) {
-        for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = 0.0f;
+        for (int64_t k = k_vec; k < k_end; ++k) panel[k * kNR + jj] = 0.0f;
         continue;
       }
       const TB* src = B + jj * ldb;
-      for (int64_t k = k0; k < k_end; ++k) panel[k * kNR + jj] = widen(src[k]);
+      for (int64_t k = k_vec; k < k_end; ++k) panel[k * kNR + jj] = widen(src[k]);
     }
   }
 }
