@@ -507,7 +507,6 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
   const int64_t m_blocks = (M + kMC - 1) / kMC, n_blocks = (panels + kNCP - 1) / kNCP;
   const int64_t mc = ((M + m_blocks - 1) / m_blocks + kMR - 1) / kMR * kMR;
   const int64_t ncp = (panels + n_blocks - 1) / n_blocks;
-  const int64_t kc_max = std::min(kKC, K);
 #pragma omp parallel if (M * N * K >= (int64_t{1} << 16))
   {
 #pragma omp for schedule(static)
@@ -519,24 +518,36 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
       if (trans_b) pack_b_panel_transposed(K, n, B + j * ldb, ldb, b_packed + p * K * kNR);
       for (int64_t jj = 0; jj < kNR; ++jj) bias_packed[j + jj] = bias && jj < n ? bias[j + jj] : 0.0f;
     }
-    Buffer a_packed = aligned_floats(mc * kc_max);  // [mc/kMR][kc][kMR]
+    // The thread's packed row block of A, every K block of it ([K/kKC][mc/kMR][kc][kMR]), kept
+    // while the thread's next tile is in the same row block (the tiles are handed out row block
+    // by row block), so that A is packed about once per thread and row block, not once per tile.
+    thread_local Scratch packed_a;
+    float* a_packed = packed_a.reserve(mc * K);
+    int64_t packed_ib = -1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t ib = 0; ib < m_blocks; ++ib)
       for (int64_t jb = 0; jb < n_blocks; ++jb) {
         const int64_t i0 = ib * mc, i_end = std::min(M, i0 + mc);
         const int64_t p0 = jb * ncp, p_end = std::min(panels, p0 + ncp);
         if (i0 >= M || p0 >= panels) continue;
+        if (ib != packed_ib) {
+          for (int64_t pc = 0; pc < K; pc += kKC) {
+            const int64_t kc = std::min(kKC, K - pc);
+            if (trans_a)
+              pack_a_transposed(i_end - i0, kc, A + pc * lda + i0, lda, a_packed + mc * pc);
+            else
+              pack_a(i_end - i0, kc, A + i0 * lda + pc, lda, a_packed + mc * pc);
+          }
+          packed_ib = ib;
+        }
         for (int64_t pc = 0; pc < K; pc += kKC) {
           const int64_t kc = std::min(kKC, K - pc);
-          if (trans_a)
-            pack_a_transposed(i_end - i0, kc, A + pc * lda + i0, lda, a_packed.get());
-          else
-            pack_a(i_end - i0, kc, A + i0 * lda + pc, lda, a_packed.get());
+          const float* a_block = a_packed + mc * pc;  // [mc/kMR][kc][kMR]
           for (int64_t p = p0; p < p_end; ++p) {
             const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
             const float* b = b_packed + (p * K + pc) * kNR;
             for (int64_t i = i0; i < i_end; i += kMR)
-              run_tile(std::min<int64_t>(kMR, i_end - i), n, kc, a_packed.get() + (i - i0) * kc, b, kNR,
+              run_tile(std::min<int64_t>(kMR, i_end - i), n, kc, a_block + (i - i0) * kc, b, kNR,
                        bias_packed + j, pc == 0 && !accumulate, C + i * ldc + j, ldc);
           }
         }
