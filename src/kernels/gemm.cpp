@@ -141,6 +141,8 @@ constexpr int64_t kInPlaceKC = 256;
 //   decode M=1 / 8: see docs/performance.md.
 constexpr int64_t kFreshMaxM = 16;
 constexpr int64_t kFreshKC = 16;
+// gemm_packed keeps a thread's packed row block of A for all of K up to this many floats (4 MiB).
+constexpr int64_t kKeepA = int64_t{1} << 20;
 
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
@@ -521,8 +523,17 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
     // The thread's packed row block of A, every K block of it ([K/kKC][mc/kMR][kc][kMR]), kept
     // while the thread's next tile is in the same row block (the tiles are handed out row block
     // by row block), so that A is packed about once per thread and row block, not once per tile.
+    // Beyond kKeepA floats (a K of tens of thousands: a weight gradient over many tokens) one K
+    // block at a time, packed for each tile, as the buffer would otherwise grow with K.
+    const bool keep = mc * K <= kKeepA;
     thread_local Scratch packed_a;
-    float* a_packed = packed_a.reserve(mc * K);
+    float* a_packed = packed_a.reserve(keep ? mc * K : mc * std::min(kKC, K));
+    const auto pack_block = [&](int64_t i0, int64_t rows, int64_t pc, int64_t kc, float* dst) {
+      if (trans_a)
+        pack_a_transposed(rows, kc, A + pc * lda + i0, lda, dst);
+      else
+        pack_a(rows, kc, A + i0 * lda + pc, lda, dst);
+    };
     int64_t packed_ib = -1;
 #pragma omp for collapse(2) schedule(dynamic, 1)
     for (int64_t ib = 0; ib < m_blocks; ++ib)
@@ -530,19 +541,14 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
         const int64_t i0 = ib * mc, i_end = std::min(M, i0 + mc);
         const int64_t p0 = jb * ncp, p_end = std::min(panels, p0 + ncp);
         if (i0 >= M || p0 >= panels) continue;
-        if (ib != packed_ib) {
-          for (int64_t pc = 0; pc < K; pc += kKC) {
-            const int64_t kc = std::min(kKC, K - pc);
-            if (trans_a)
-              pack_a_transposed(i_end - i0, kc, A + pc * lda + i0, lda, a_packed + mc * pc);
-            else
-              pack_a(i_end - i0, kc, A + i0 * lda + pc, lda, a_packed + mc * pc);
-          }
+        if (keep && ib != packed_ib) {
+          for (int64_t pc = 0; pc < K; pc += kKC) pack_block(i0, i_end - i0, pc, std::min(kKC, K - pc), a_packed + mc * pc);
           packed_ib = ib;
         }
         for (int64_t pc = 0; pc < K; pc += kKC) {
           const int64_t kc = std::min(kKC, K - pc);
-          const float* a_block = a_packed + mc * pc;  // [mc/kMR][kc][kMR]
+          if (!keep) pack_block(i0, i_end - i0, pc, kc, a_packed);
+          const float* a_block = keep ? a_packed + mc * pc : a_packed;  // [mc/kMR][kc][kMR]
           for (int64_t p = p0; p < p_end; ++p) {
             const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
             const float* b = b_packed + (p * K + pc) * kNR;

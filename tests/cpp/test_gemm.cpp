@@ -242,6 +242,8 @@ TEST(GemmEx, TransposedOperandsAndAccumulationMatchTheReference) {
             for (int64_t K : {1, 97, 257}) cases.push_back({M, N, K, ta == 1, tb == 1, acc == 1});
   cases.push_back({1025, 768, 256, true, false, true});  // dW += Xᵀ·dY at a GPT-2 shape
   cases.push_back({256, 1030, 768, false, true, false});  // dX = dY·Wᵀ
+  cases.push_back({50, 8, 40000, true, false, true});  // a K past what gemm_packed keeps packed per thread
+  cases.push_back({50, 8, 40000, false, true, false});
   for (const ExCase& c : cases) {
     const ExOperands o = make_ex_operands(gen, c);
     const auto a = op_of(o.a, o.lda, c.trans_a, c.M, c.K, false), b = op_of(o.b, o.ldb, c.trans_b, c.K, c.N, false);
@@ -276,7 +278,8 @@ TEST(GemmEx, BitwiseIdenticalForAnyThreadCount) {
   auto gen = test_rng();
   const int saved = omp_get_max_threads();
   for (const ExCase& c : std::vector<ExCase>{{301, 1025, 257, true, false, true}, {200, 333, 300, false, true, false},
-                                             {97, 50, 513, true, true, true}}) {
+                                             {97, 50, 513, true, true, true},
+                                             {50, 8, 40000, true, false, true}}) {
     const ExOperands o = make_ex_operands(gen, c);
     for (cpu::Isa isa : cpu::usable_isas()) {
       std::vector<std::vector<float>> results;
