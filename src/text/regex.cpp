@@ -407,7 +407,8 @@ class RegexParser {
         s.items.push_back({Regex::Item::Kind::range, false, 0, '\n', '\n'});
         return add_set(std::move(s));
       }
-      case '^': case '$': unsupported(detail::message("anchor ", static_cast<char>(c)));
+      case '$': return add({.op = Regex::Op::end_of_line});
+      case '^': unsupported("anchor ^");
       case '?': case '*': case '+': refuse("something to repeat before a quantifier", "a bare quantifier");
       case ')': refuse("a balanced pattern", "an unmatched ')'");
       case '\\': {
@@ -451,7 +452,7 @@ Regex::Regex(std::string_view pattern, std::string_view fn, std::string_view arg
 bool Regex::direct_tail(int id) const {
   const Node& n = nodes_[static_cast<size_t>(id)];
   switch (n.op) {
-    case Op::set: return true;
+    case Op::set: case Op::end_of_line: return true;
     case Op::repeat: return nodes_[static_cast<size_t>(n.kids[0])].op == Op::set;
     case Op::alt: return std::all_of(n.kids.begin(), n.kids.end(), [&](int k) { return direct_tail(k); });
     case Op::seq:
@@ -466,7 +467,7 @@ bool Regex::direct_tail(int id) const {
 bool Regex::direct_step(int id) const {
   const Node& n = nodes_[static_cast<size_t>(id)];
   switch (n.op) {
-    case Op::set: return true;
+    case Op::set: case Op::end_of_line: return true;
     case Op::repeat: return nodes_[static_cast<size_t>(n.kids[0])].op == Op::set;
     case Op::look_ahead: case Op::negative_look_ahead: return direct_tail(n.kids[0]);
     default: return false;
@@ -474,8 +475,8 @@ bool Regex::direct_step(int id) const {
 }
 
 // A node's parts come before it in nodes_, so one pass in order sees every part first. A
-// look-ahead is taken as nullable (it consumes nothing), so a sequence that starts with one is
-// never skipped.
+// look-ahead or $ is taken as nullable (it consumes nothing), so a sequence that starts with one
+// is never skipped.
 void Regex::compute_first_sets() {
   for (Node& n : nodes_) {
     const auto take = [&](const Node& kid) {
@@ -562,6 +563,7 @@ class Matcher {
         if (kid.op == Regex::Op::set) return repeat_set(n, kid.set, pos, k);
         return repeat(n, 0, pos, k);
       }
+      case Regex::Op::end_of_line: return end_of_line(pos) && k(pos);
       default: {
         const bool found = nested(n.kids[0], pos, cont([](size_t) { return true; }));
         return found == (n.op == Regex::Op::look_ahead) && k(pos);
@@ -594,6 +596,7 @@ class Matcher {
           if (pos + i >= u_.size() || !test(re_.nodes_[static_cast<size_t>(n.kids[0])].set, pos + i)) return kFail;
         return pos + run;
       }
+      case Regex::Op::end_of_line: return end_of_line(pos) ? pos : kFail;
       default: return look(n, pos) ? pos : kFail;
     }
   }
@@ -661,9 +664,13 @@ class Matcher {
           if (run >= limit || !test(set, pos + run)) return kFail;
         }
       }
+      case Regex::Op::end_of_line: return end_of_line(pos) ? seq_tail(seq, i + 1, pos) : kFail;
       default: return look(n, pos) ? seq_tail(seq, i + 1, pos) : kFail;
     }
   }
+
+  // Oniguruma's $ (Ruby syntax, no ONIG_OPTION_SINGLELINE): the end of the text or of a line.
+  bool end_of_line(size_t pos) const { return pos == u_.size() || u_[pos].cp == '\n'; }
 
   bool test(int set, size_t pos) const {
     const Unit& u = u_[pos];

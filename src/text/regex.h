@@ -3,8 +3,9 @@
 // backtracking over Unicode code points. The subset is what GPT-2's, Llama 3's, Qwen2's and
 // their relatives' patterns use: literals, `.`, classes `[...]`/`[^...]` with ranges, `\s \S \d
 // \D`, `\p{..}`/`\P{..}` of general categories (L, Lu, ..., N, P, S, M, Z, C and their long
-// names), groups `(...)` `(?:...)` `(?i:...)` `(?i)`, lookahead `(?=...)` `(?!...)`, the
-// quantifiers `? * + {n} {n,} {n,m}` greedy or lazy, and alternation. Anything else (anchors,
+// names), groups `(...)` `(?:...)` `(?i:...)` `(?i)`, lookahead `(?=...)` `(?!...)`, the anchor
+// `$` (Oniguruma's: the end of the text or before a "\n"; DeepSeek LLM's `\s+$`), the quantifiers
+// `? * + {n} {n,} {n,m}` greedy or lazy, and alternation. Anything else (`^` and the other anchors,
 // lookbehind, backreferences, `\w`, scripts, possessive quantifiers, other flags) is refused at
 // compile time with an mhsa::Error naming the construct. Matching is bounded: a pattern that
 // backtracks past a step budget is an error, never a hang. Not a general regex library.
@@ -67,7 +68,7 @@ class Regex {
     bool negated = false;
     uint64_t ascii[2] = {0, 0};  // the answer for code points below 128
   };
-  enum class Op : uint8_t { set, seq, alt, repeat, look_ahead, negative_look_ahead };
+  enum class Op : uint8_t { set, seq, alt, repeat, look_ahead, negative_look_ahead, end_of_line };
   struct Node {
     Op op;
     int set = -1;           // Op::set

@@ -65,9 +65,26 @@ TEST(Regex, CategoriesAndInvalidBytes) {
   EXPECT_EQ(matches(R"([^\p{L}])", "a\xff"), (std::vector<std::string>{"\xff"}));  // an invalid byte is "other"
 }
 
+// $ as Oniguruma reads it without ONIG_OPTION_SINGLELINE: the end of the text or right before a
+// "\n" (not before "\r", not after the "\n"); DeepSeek LLM's \s+$ takes a trailing whitespace run.
+TEST(Regex, DollarIsTheEndOfTheTextOrOfALine) {
+  EXPECT_EQ(matches(R"(\s+$)", "a b  "), (std::vector<std::string>{"  "}));
+  EXPECT_EQ(matches(R"(\s+$)", "  a b"), (std::vector<std::string>{}));
+  EXPECT_EQ(matches(R"(\s+$)", "\xe3\x80\x80 "), (std::vector<std::string>{"\xe3\x80\x80 "}));  // U+3000 is \s
+  EXPECT_EQ(matches("a$", "a\nab\ra"), (std::vector<std::string>{"a", "a"}));
+  EXPECT_EQ(matches(R"([a-z]+$|\d)", "ab\ncd1\ref"), (std::vector<std::string>{"ab", "1", "ef"}));
+  EXPECT_EQ(matches("$", "ab"), (std::vector<std::string>{""}));
+  EXPECT_EQ(matches("$", "a\n"), (std::vector<std::string>{"", ""}));
+  EXPECT_EQ(matches(R"(x?$)", "x\n"), (std::vector<std::string>{"x", ""}));
+  EXPECT_EQ(matches(R"((?:a$|b)+)", "aab"), (std::vector<std::string>{"b"}));  // through the general matcher
+  EXPECT_EQ(matches(R"(\s?(?=\S)|\s+$)", " a  "), (std::vector<std::string>{" ", "  "}));
+}
+
 TEST(Regex, RefusesWhatItDoesNotSupport) {
-  for (const char* p : {"(?<=a)b", R"(\w)", "^a", "a$", R"(\bx)", R"(\1)", "a++", R"(\p{Greek})", "(?s:a)", "[[a]]", "(a"})
+  for (const char* p : {"(?<=a)b", R"(\w)", "^a", R"(a\Z)", R"(a\z)", R"(\bx)", R"(\1)", "a++", R"(\p{Greek})", "(?s:a)", "[[a]]",
+                        "(a"})
     EXPECT_THROW(Regex(p, "test", "pattern"), Error) << p;
+  expect_error([] { Regex("a|^b", "test", "pattern"); }, {"the unsupported construct anchor ^"});
   expect_error([] { Regex("(?<=a)", "Tokenizer::load", "pre_tokenizer.pattern.Regex"); },
                {"Tokenizer::load: pre_tokenizer.pattern.Regex: expected a regex of the supported subset", "lookbehind"});
 }
@@ -92,6 +109,7 @@ TEST(Regex, DirectPathEqualsGeneralMatcher) {
       R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3})",
       R"(a*?b|\s{2,3}?x|[ab]{1,2}(?=a)|(?!a)\p{L}+?|x?y??z*)",
       R"(\s*\s+a|\p{L}{0,2}\p{L}\p{L}*?\d|'?(?=\S)|a(?!b)|)",
+      R"(\s+$|\s?[a-z]+$|x*?$|(?=\s$)|[^\n]$)",
   };
   const std::vector<std::string> alphabet = {"a", "b", "x", "y", "z", "S", "s", "'", "t", "1", "7", " ", " ", "\n", "\r",
                                              "\t", "!", "-", "\xc3\xa9", "\xc3\x89", "\xe2\x80\x83", "\xd9\xa3", "\xcc\x81",
