@@ -3,7 +3,7 @@
 # strings and the ids llama.cpp's test-tokenizer-0 expects) where tests/python/test_gguf_tokenizers.py
 # finds them: ~/.cache/mhsa/llama-vocab (or $MHSA_LLAMA_VOCAB). They come from the llama-cpp-python
 # 0.3.36 source distribution on PyPI (pip download; its SHA-256 checked), kept in
-# ~/.cache/mhsa/sdist so that it is downloaded once; only the vocabularies the test uses (~30 MB) are
+# ~/.cache/mhsa/sdist so that it is downloaded once; only the vocabularies the test uses (~60 MB) are
 # extracted. Does nothing when they are all there. scripts/setup.sh --test runs it.
 set -euo pipefail
 python=${PYTHON:-python3}
@@ -12,7 +12,7 @@ dest=${MHSA_LLAMA_VOCAB:-$cache/llama-vocab}
 version=0.3.36
 sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 sdist=$cache/sdist/llama_cpp_python-$version.tar.gz
-names=(llama-spm phi-3 llama-bpe qwen2 qwen35 gpt-2 starcoder refact falcon deepseek-coder mpt)
+names=(llama-spm phi-3 llama-bpe qwen2 qwen35 gpt-2 starcoder refact falcon deepseek-coder mpt deepseek-llm command-r gemma-4)
 
 missing=0
 for n in "${names[@]}"; do

@@ -3,10 +3,13 @@
 //   - "gpt2" with pre-tokenizer "gpt-2" and no special token but <|endoftext|>: GPT-2's byte-level
 //     BPE, read as vocab.json + merges.txt (as from GPT-2's files);
 //   - "gpt2" with another pre-tokenizer llama.cpp names (Llama 3's "llama-bpe", "qwen2", "smollm",
-//     "starcoder", "default", ...): byte-level BPE behind that name's list of Split regexes;
+//     "starcoder", "command-r", "deepseek-llm", "default", ...): byte-level BPE behind that name's
+//     list of Split regexes;
 //   - "llama": SentencePiece BPE (Llama 2, Mistral v0.1, TinyLlama, Phi-3): a "▁" for each space
 //     and before the text (add_space_prefix), pieces joined by score, <0xNN> byte fallback.
-// Both are built as the tokenizer.json that expresses the same pipeline (HfTokenizer; the
+//   - "gemma4": BPE of characters (Gemma 4): a "▁" for each space, merges by rank within lines and
+//     runs of "\n", <0xNN> byte fallback.
+// Each is built as the tokenizer.json that expresses the same pipeline (HfTokenizer; the
 // SentencePiece model merging by score through HfTokenizer::use_scores). Control and unknown
 // tokens (token_type 3, 2) are special tokens, matched in text only when special tokens are
 // allowed; user-defined ones (4) always match, as llama.cpp's parse_special does. BOS/EOS come
@@ -52,6 +55,18 @@ constexpr std::string_view kQwen2 =
 constexpr std::string_view kQwen35 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// DeepSeek's CJK pattern [一-龥ࠀ-一가-퟿]+ as llama.cpp matches it: it runs the patterns without
+// \p{..} through std::wregex on the text with each White_Space character above U+007F replaced
+// by U+000B, so the class never takes U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F or
+// U+3000 (inside U+0800-U+4E00); \s still does.
+constexpr std::string_view kDeepseekCjk =
+    R"([一-龥가-퟿\x{0800}-\x{167F}\x{1681}-\x{1FFF}\x{200B}-\x{2027}\x{202A}-\x{202E}\x{2030}-\x{205E}\x{2060}-\x{2FFF}\x{3001}-\x{4E00}]+)";
+// DeepSeek LLM's letters (the Latin, Greek, Cyrillic, ... ranges of its tokenizer.json) and
+// punctuation; the punctuation's range U+3000-U+3002 is U+3001-U+3002 for the same reason.
+constexpr std::string_view kDeepseekLetters =
+    R"(\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+)";
+constexpr std::string_view kDeepseekPunctuation = R"(\s?[!-/:-~！-／：-～‘-‟\x{3001}-\x{3002}]+)";
+
 // A pre-tokenizer of llama.cpp's llm_tokenizer_bpe: the names that select it, its regexes (each
 // splits every piece in turn, keeping matches and the text between them), and the flags
 // llama.cpp sets with it.
@@ -70,7 +85,8 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
       {{"phi-2", "mpt", "olmo"}, {kGpt2}},
       {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, {R"(\p{N})", kGpt2}},
       {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", kGpt2, "[0-9][0-9][0-9]"}},
-      {{"deepseek-coder"}, {"[\r\n]", R"(\s?\p{L}+)", R"(\s?\p{P}+)", "[一-龥ࠀ-一가-퟿]+", R"(\p{N})"}},
+      {{"deepseek-coder"}, {"[\r\n]", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, R"(\p{N})"}},
+      {{"deepseek-llm"}, {"[\r\n]", kDeepseekLetters, kDeepseekPunctuation, R"(\s+$)", kDeepseekCjk, R"(\p{N}+)"}},
       {{"default"}, {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", "[0-9][0-9][0-9]"}},
   };
   return table;
@@ -162,9 +178,10 @@ std::pair<std::string, std::string> configs(const detail::GgufFile& f, const std
   end(eos);
   end(special_id(f, fn, "eot", n, -1));
   end(special_id(f, fn, "eom", n, -1));
-  static constexpr std::array<std::string_view, 10> kEnds = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+  static constexpr std::array<std::string_view, 13> kEnds = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
                                                             "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>",
-                                                            "<end_of_utterance>", "<｜end▁of▁sentence｜>"};
+                                                            "<end_of_utterance>", "<｜end▁of▁sentence｜>", "<eos>",
+                                                            "<turn|>", "<|tool_response>"};
   for (size_t id = 0; id < n; ++id)
     if (v.types[id] == kControl && std::find(kEnds.begin(), kEnds.end(), v.tokens[id]) != kEnds.end())
       end(static_cast<int32_t>(id));
@@ -180,10 +197,11 @@ json added_token(const Vocab& v, size_t id, bool rstrip) {
 }
 
 // BOS and EOS around the text when add_special_tokens asks for them (llama.cpp's add_bos/add_eos).
-json post_processor(const detail::GgufFile& f, const std::string& fn, const Vocab& v, bool add_bos_default) {
+json post_processor(const detail::GgufFile& f, const std::string& fn, const Vocab& v, bool add_bos_default,
+                    bool always_bos = false) {
   const size_t n = v.tokens.size();
   const bool spm = f.get_string("tokenizer.ggml.model") == "llama";
-  const bool add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(add_bos_default);
+  const bool add_bos = always_bos || f.get_bool("tokenizer.ggml.add_bos_token").value_or(add_bos_default);
   const bool add_eos = f.get_bool("tokenizer.ggml.add_eos_token").value_or(false);
   json single = json::array(), specials = json::object();
   const auto add = [&](const char* name, int32_t fallback, bool want) {
@@ -260,14 +278,8 @@ void sentencepiece(const detail::GgufFile& f, const std::string& fn, std::unique
   out->use_scores(std::move(v.scores), std::move(mergeable));
 }
 
-// Byte-level BPE behind one of llama.cpp's pre-tokenizers.
-void byte_level(const detail::GgufFile& f, const std::string& fn, const PreTokenizer& pre, std::unique_ptr<HfTokenizer>& out) {
-  const Vocab v = read_vocab(f, fn, false);
-  json model = {{"type", "BPE"}, {"ignore_merges", pre.ignore_merges}};
-  json added = json::array();
-  vocab_json(model, added, v, fn, false);
-  // A byte with no token (Falcon's and StarCoder's vocabularies lack some) is left out of the
-  // ids, as llama.cpp and tokenizers leave it out.
+// tokenizer.ggml.merges as tokenizer.json's, each checked.
+json merges_json(const detail::GgufFile& f, const std::string& fn, const Vocab& v) {
   std::unordered_set<std::string_view> known(v.tokens.begin(), v.tokens.end());
   // Merges "a b": split at the first space after the first character, as llama.cpp does.
   json merges = json::array();
@@ -285,7 +297,18 @@ void byte_level(const detail::GgufFile& f, const std::string& fn, const PreToken
     if (b.find(' ') == std::string_view::npos) merges.push_back(m);  // tokenizer.json's "a b" when that is unambiguous
     else merges.push_back({a, b});
   }
-  model["merges"] = std::move(merges);
+  return merges;
+}
+
+// Byte-level BPE behind one of llama.cpp's pre-tokenizers.
+void byte_level(const detail::GgufFile& f, const std::string& fn, const PreTokenizer& pre, std::unique_ptr<HfTokenizer>& out) {
+  const Vocab v = read_vocab(f, fn, false);
+  json model = {{"type", "BPE"}, {"ignore_merges", pre.ignore_merges}};
+  json added = json::array();
+  vocab_json(model, added, v, fn, false);
+  // A byte with no token (Falcon's and StarCoder's vocabularies lack some) is left out of the
+  // ids, as llama.cpp and tokenizers leave it out.
+  model["merges"] = merges_json(f, fn, v);
   json splits = json::array();
   for (std::string_view r : pre.regexes)
     splits.push_back({{"type", "Split"}, {"pattern", {{"Regex", r}}}, {"behavior", "Isolated"}, {"invert", false}});
@@ -295,6 +318,44 @@ void byte_level(const detail::GgufFile& f, const std::string& fn, const PreToken
                {"decoder", {{"type", "ByteLevel"}}}, {"post_processor", post_processor(f, fn, v, pre.add_bos)}};
   const auto [config, generation] = configs(f, fn, v);
   out = std::make_unique<HfTokenizer>(root, config, generation, fn);
+}
+
+// "gemma4": BPE over the text's characters (not its bytes) with each space written "▁", merged by
+// rank within each line and each run of "\n" (a run that is a token is that token: llama.cpp's
+// Gemma 4 rule); a character no token covers becomes its bytes' <0xNN> tokens. BOS always added
+// (llama.cpp's override); <|tool_response>, one of llama.cpp's end-of-generation names, is a
+// control token whatever its type says, as llama.cpp makes it one.
+void gemma4(const detail::GgufFile& f, const std::string& fn, std::unique_ptr<HfTokenizer>& out) {
+  Vocab v = read_vocab(f, fn, false);
+  const size_t n = v.tokens.size();
+  for (size_t id = 0; id < n; ++id)
+    if (v.tokens[id] == "<|tool_response>") v.types[id] = kControl;
+  // llama.cpp leaves out a byte whose <0xNN> token is missing, tokenizers the whole character:
+  // the same only with all 256 there.
+  std::unordered_set<std::string_view> known(v.tokens.begin(), v.tokens.end());
+  for (int b = 0; b < 256; ++b) {
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    const std::string t = message("<0x", kHex[b >> 4], kHex[b & 15], ">");
+    if (!known.contains(t))
+      fail(fn, key_arg("tokenizer.ggml.tokens"), "the 256 byte tokens <0x00>..<0xFF> (a gemma4 vocabulary)",
+           message("none for ", t));
+  }
+  json model = {{"type", "BPE"}, {"byte_fallback", true}, {"merges", merges_json(f, fn, v)}};
+  json added = json::array();
+  vocab_json(model, added, v, fn, false);
+  json root = {
+      {"model", std::move(model)},
+      {"added_tokens", std::move(added)},
+      {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}},
+      {"pre_tokenizer",
+       {{"type", "Split"}, {"pattern", {{"Regex", "[^\n]+|[\n]+"}}}, {"behavior", "Isolated"}, {"invert", false}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}}, {{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}},
+      {"post_processor", post_processor(f, fn, v, true, true)}};
+  const auto [config, generation] = configs(f, fn, v);
+  out = std::make_unique<HfTokenizer>(root, config, generation, fn);
+  out->whole_newline_runs();
 }
 
 }  // namespace
@@ -314,9 +375,14 @@ Tokenizer gguf_tokenizer(const detail::GgufFile& f, int64_t vocab_size) {
     sentencepiece(f, fn, hf);
     return Tokenizer::from_hf(std::move(hf));
   }
+  if (model == "gemma4") {
+    gemma4(f, fn, hf);
+    return Tokenizer::from_hf(std::move(hf));
+  }
   if (model != "gpt2")
     fail(fn, key_arg("tokenizer.ggml.model"),
-         "\"llama\" (SentencePiece) or \"gpt2\" (byte-level BPE): the GGUF tokenizers mhsa reads", quote(model));
+         "\"llama\" (SentencePiece), \"gpt2\" (byte-level BPE) or \"gemma4\" (BPE of characters): the GGUF tokenizers mhsa reads",
+         quote(model));
   // "gpt-2" with special or added tokens beyond <|endoftext|> (a Hugging Face tokenizer.json that
   // mhsa quantize or a converter wrote) is the GPT-2 pattern with those tokens.
   const std::vector<int64_t> types = f.value("tokenizer.ggml.token_type") ? f.get_ints("tokenizer.ggml.token_type")

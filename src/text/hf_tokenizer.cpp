@@ -480,7 +480,7 @@ void HfTokenizer::model_words(std::span<const std::string_view> words, std::vect
 // (fused) or nothing, then the merges.
 void HfTokenizer::model_uncached(std::string_view piece, std::vector<int32_t>& out) const {
   if (by_score_) return model_by_score(piece, out);
-  if (ignore_merges_)
+  if (ignore_merges_ || (newline_runs_ && piece.find_first_not_of('\n') == std::string_view::npos))
     if (const auto it = model_ids_.find(piece); it != model_ids_.end()) {
       out.push_back(it->second);
       return;

@@ -53,6 +53,9 @@ class HfTokenizer {
   // unknown token. scores[id] for every id; `mergeable[id]` false for tokens text never forms
   // (control, unknown, unused). Not for a byte-level model.
   void use_scores(std::vector<float> scores, std::vector<bool> mergeable);
+  // llama.cpp's Gemma 4 rule: a piece made only of "\n" that is a token is that token, without the
+  // merges (ignore_merges for those pieces alone). Not for a byte-level model.
+  void whole_newline_runs() { newline_runs_ = true; }
 
   // As tokenizers' Tokenizer.encode(text, add_special_tokens): added tokens are matched first
   // (special ones only with allow_special; otherwise their text is ordinary text).
@@ -104,6 +107,7 @@ class HfTokenizer {
   BpeMerges merges_;
   bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   bool by_score_ = false;         // use_scores: SentencePiece merging by score
+  bool newline_runs_ = false;     // whole_newline_runs
   std::vector<float> scores_;     // by_score_: id → score
   std::vector<bool> mergeable_;   // by_score_: id → text may form it
   std::optional<int32_t> unk_;

@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mhsa" / "llama-vocab"
 VOCAB_DIR = Path(os.environ.get("MHSA_LLAMA_VOCAB") or CACHE)
-# The vocabularies scripts/fetch_llama_vocab.sh extracts: SentencePiece (llama-spm, phi-3) and
-# byte-level BPE behind each kind of pre-tokenizer mhsa reads.
+# The vocabularies scripts/fetch_llama_vocab.sh extracts: SentencePiece (llama-spm, phi-3),
+# byte-level BPE behind each kind of pre-tokenizer mhsa reads, and Gemma 4's BPE of characters.
 VOCABS = ["llama-spm", "phi-3", "llama-bpe", "qwen2", "qwen35", "gpt-2", "starcoder", "refact", "falcon",
-          "deepseek-coder", "mpt"]
+          "deepseek-coder", "mpt", "deepseek-llm", "command-r", "gemma-4"]
 
 
 def vocab_tests(name):
@@ -211,6 +211,30 @@ def test_a_small_sentencepiece_vocab_file(tmp_path):
     assert tok.decode([1, 6, 5, 6], skip_special_tokens=True) == "ab a"
 
 
+def test_a_small_gemma4_vocab_file(tmp_path):
+    """llama.cpp's "gemma4": spaces as "▁", merges by rank within a line or a run of newlines (a run
+    that is a token is that token, merges or not), <0xNN> for characters without a token, BOS
+    always; <|tool_response>, user-defined in the file, is a control token as llama.cpp makes it."""
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + \
+        ["▁", "a", "b", "▁a", "ab", "\n", "\n\n", "<|tool_response>"]
+    types = [3, 3, 3, 2] + [6] * 256 + [1] * 7 + [4]
+
+    def extra(w):
+        w.add_token_merges(["▁ a", "a b"])
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_add_bos_token(False)
+    tok = mhsa.Tokenizer.load(vocab_file(tmp_path / "g.gguf", model="gemma4", tokens=tokens, scores=False,
+                                         types=types, extra=extra))
+    text = "ab a\n\n\nb\U0001F600"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == [264, 263, 265, 265, 265, 262] + [4 + b for b in "\U0001F600".encode()]
+    assert tok.decode(ids) == text
+    assert tok.encode("\n\n", add_special_tokens=True) == [2, 266]
+    assert tok.encode("<|tool_response>", add_special_tokens=False, allow_special=True) == [267]
+    assert 267 not in tok.encode("<|tool_response>", add_special_tokens=False, allow_special=False)
+
+
 @pytest.mark.parametrize("case, key, words", [
     (dict(scores=[0.5, 1.0]), "'tokenizer.ggml.scores'", "one score per token"),
     (dict(types=[1, 1, 1]), "'tokenizer.ggml.token_type'", "one type per token"),
@@ -225,7 +249,8 @@ def test_a_small_sentencepiece_vocab_file(tmp_path):
     (dict(extra=lambda w: w.add_unk_token_id(8)), "'tokenizer.ggml.unknown_token_id'", "below 8"),
     (dict(scores=False, extra=lambda w: w.add_string("'tokenizer.ggml.scores'", "x")), "'tokenizer.ggml.scores'", "float32"),
     (dict(model="bert"), "'tokenizer.ggml.model'", "'bert'"),
-    (dict(model="gpt2", extra=lambda w: w.add_tokenizer_pre("deepseek-llm")), "'tokenizer.ggml.pre'", "llama-bpe"),
+    (dict(model="gpt2", extra=lambda w: w.add_tokenizer_pre("deepseek-v3")), "'tokenizer.ggml.pre'", "llama-bpe"),
+    (dict(model="gemma4", extra=lambda w: w.add_token_merges(["a b"])), "'tokenizer.ggml.tokens'", "none for <0x00>"),
     (dict(model="gpt2", extra=lambda w: w.add_tokenizer_pre("qwen2")), "'tokenizer.ggml.merges'", "none"),
     (dict(model="gpt2", extra=lambda w: (w.add_tokenizer_pre("qwen2"), w.add_token_merges(["a b", "ab x"]))),
      "'tokenizer.ggml.merges'[1]", "concatenation is a token"),
