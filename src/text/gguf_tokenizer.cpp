@@ -86,6 +86,8 @@ const std::vector<PreTokenizer>& pre_tokenizers() {
       {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, {R"(\p{N})", kGpt2}},
       {{"falcon"}, {R"([\p{P}\$\+<=>\^~\|`]+)", kGpt2, "[0-9][0-9][0-9]"}},
       {{"deepseek-coder"}, {"[\r\n]", R"(\s?\p{L}+)", R"(\s?\p{P}+)", kDeepseekCjk, R"(\p{N})"}},
+      // \s+$: the pieces it sees hold no "\n" but a lone one ("[\r\n]" split them off first), so
+      // Oniguruma's $ (regex.cpp) and llama.cpp's std::wregex $ (the end of the piece) agree.
       {{"deepseek-llm"}, {"[\r\n]", kDeepseekLetters, kDeepseekPunctuation, R"(\s+$)", kDeepseekCjk, R"(\p{N}+)"}},
       {{"default"}, {R"([\p{P}\$\+<=>\^~\|]+)", kGpt2, R"(\p{N}+)", "[0-9][0-9][0-9]"}},
   };
