@@ -3,6 +3,7 @@
 // Logits against Hugging Face transformers are in tests/python/test_gpt2.py.
 #include <omp.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <filesystem>
@@ -351,9 +352,13 @@ TEST(Gpt2, GenerationStopsAtEosAndWhenAsked) {
   for (size_t i = 0; i + 1 < row.size(); ++i) EXPECT_NE(row[i], c.eos_token_id);
   EXPECT_TRUE(row.size() == 30 || row.back() == c.eos_token_id);
   EXPECT_EQ(m.generate(prompt, 1, 4, o), out) << "a seed must reproduce its sample";
-  int64_t steps = 0;
+  // Asked to stop after 3 steps, it stops there (or earlier, where the seed's sample reaches EOS
+  // first: 61 tokens, ~3% of seeds).
+  int64_t all = 0, steps = 0;
+  m.generate(prompt, 1, 4, o, [&](int64_t, std::span<const int32_t>) { return ++all > 0; });
   m.generate(prompt, 1, 4, o, [&](int64_t, std::span<const int32_t>) { return ++steps < 3; });
-  EXPECT_EQ(steps, 3);
+  EXPECT_GE(all, 1);
+  EXPECT_EQ(steps, std::min<int64_t>(3, all));
 }
 
 TEST(Gpt2, ContextLimitIsAClearError) {

@@ -101,7 +101,9 @@ TEST(Q4_K, QuantiserBeatsTheMinMaxRuleAndHandlesEdgeBlocks) {
   for (float v : x) norm += double{v} * v;
   norm = std::sqrt(norm / static_cast<double>(n));
   EXPECT_LT(rms(x, ours), 0.96 * rms(x, plain)) << "ours " << rms(x, ours) << ", min/max " << rms(x, plain);
-  EXPECT_LT(rms(x, ours), 0.1 * norm);
+  // About a tenth of the signal (0.1 was exceeded by 1 seed in 400: blocks of log-normal spread
+  // with outliers): a sanity bound; the comparison above is the test.
+  EXPECT_LT(rms(x, ours), 0.125 * norm);
   // Edge blocks: zeros; a constant negative and a constant positive block; all positive (the min
   // clamps at 0); one sub-block 1000× the others.
   std::vector<float> e(static_cast<size_t>(5 * kQ4KBlock), 0.0f);
@@ -117,7 +119,9 @@ TEST(Q4_K, QuantiserBeatsTheMinMaxRuleAndHandlesEdgeBlocks) {
     const size_t k = static_cast<size_t>(kQ4KBlock + i);
     EXPECT_NEAR(r[k], e[k], 0.01) << i;  // each half constant: exact up to the 6-bit, f16 coefficients
     const size_t p = static_cast<size_t>(2 * kQ4KBlock + i);
-    EXPECT_NEAR(r[p], e[p], 0.1) << i;  // values in [1, 2): the range from 0, in 15 steps
+    // values in [1, 2): the range from 0 in 15 steps of 2/15; the search for the least squared
+    // error may clip the largest by up to a step (0.104 seen, 7 seeds in 400)
+    EXPECT_NEAR(r[p], e[p], 2.0 / 15) << i;
     const size_t m = static_cast<size_t>(4 * kQ4KBlock + i);
     EXPECT_NEAR(r[m], e[m], 1.0 / 15) << i;
   }
