@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <type_traits>
 #include <utility>
 
@@ -60,9 +61,10 @@ constexpr int64_t kPrefetchAhead = 2 * kNR;
 //
 // kFresh: the accumulators start at 0 and the tile's sum is added to the start value at the end,
 // so a short K block is a chain of its own (blocked summation, see kFreshKC).
-template <int R, bool kStream, bool kFresh>
+// kCopy: the B values read are also stored to `copy` ([kc][kNR]), for the next tiles of the panel.
+template <int R, bool kStream, bool kFresh, bool kCopy = false>
 void micro_tile(int64_t kc, const float* a, const float* b, int64_t ldb, const float* init, float* c,
-                int64_t ldc) {
+                int64_t ldc, float* copy = nullptr) {
   Vec acc[R][2];
   if (kFresh) {
 #pragma GCC unroll 16
@@ -81,6 +83,11 @@ void micro_tile(int64_t kc, const float* a, const float* b, int64_t ldb, const f
     if constexpr (kStream) {
       __builtin_prefetch(b + kPrefetchAhead);
       __builtin_prefetch(b + kPrefetchAhead + kLanes);
+    }
+    if constexpr (kCopy) {
+      store(copy, b0);
+      store(copy + kLanes, b1);
+      copy += kNR;
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -103,10 +110,10 @@ void micro_tile(int64_t kc, const float* a, const float* b, int64_t ldb, const f
   for (int r = 0; r < R; ++r) store(c + r * ldc, acc[r][0]), store(c + r * ldc + kLanes, acc[r][1]);
 }
 
-using MicroTile = void (*)(int64_t, const float*, const float*, int64_t, const float*, float*, int64_t);
+using MicroTile = void (*)(int64_t, const float*, const float*, int64_t, const float*, float*, int64_t, float*);
 template <bool kStream, bool kFresh, int... R>
 constexpr std::array<MicroTile, sizeof...(R)> micro_table(std::integer_sequence<int, R...>) {
-  return {&micro_tile<R + 1, kStream, kFresh>...};
+  return {&micro_tile<R + 1, kStream, kFresh, false>...};
 }
 // kMicro[stream][fresh][R - 1]: the micro-kernel for R rows (R < kMR: the last row panel of a block).
 constexpr std::array<std::array<std::array<MicroTile, kMR>, 2>, 2> kMicro = {
@@ -333,13 +340,13 @@ void run_tile(int64_t rows, int64_t n, int64_t kc, const float* a, const float* 
               const float* init, bool first, float* c, int64_t ldc, bool stream = false, bool fresh = false) {
   const MicroTile tile = kMicro[stream][fresh][rows - 1];
   if (n == kNR) {
-    tile(kc, a, b, ldb, first ? init : nullptr, c, ldc);
+    tile(kc, a, b, ldb, first ? init : nullptr, c, ldc, nullptr);
     return;
   }
   alignas(64) float edge[kMR * kNR];  // [rows, kNR]
   if (!first)
     for (int64_t r = 0; r < rows; ++r) std::copy(c + r * ldc, c + r * ldc + n, edge + r * kNR);
-  tile(kc, a, b, ldb, first ? init : nullptr, edge, kNR);
+  tile(kc, a, b, ldb, first ? init : nullptr, edge, kNR, nullptr);
   for (int64_t r = 0; r < rows; ++r) std::copy(edge + r * kNR, edge + r * kNR + n, c + r * ldc);
 }
 
@@ -354,15 +361,70 @@ struct Scratch {
   }
 };
 
+// Whether `rows` rows of 64 bytes, ld floats apart, stay in an L1 of 64 sets × 8 ways (32 KiB:
+// AMD since Zen, Intel up to Alder Lake's E-cores) while they are read again: with ld a multiple of
+// 16 floats, the rows fall in 64 / gcd(ld / 16, 64) sets only (one set when ld·4 is a multiple of
+// 4 KiB). Otherwise their 64 bytes straddle lines at shifting offsets and spread over the sets.
+bool fits_l1(int64_t ld, int64_t rows) {
+  if (ld % 16 != 0) return true;
+  const int64_t step = (ld / 16) % 64;
+  return rows <= 8 * (step == 0 ? 1 : 64 / std::gcd<int64_t>(step, 64));
+}
+
 // Small M (<= kInPlaceMaxM rows, decode): B is read in place, once. Each thread takes a
 // contiguous range of column panels and walks it K block by K block, so that it reads B's rows
-// in long runs; the block's strip of B stays in L2 while every row panel of A passes it.
+// in long runs; the block's strip of B stays in L2 while every row panel of A passes it. (Ranges
+// claimed from a shared counter, as bt_parts.h does, were 4–25% slower at 8 rows with 2 threads:
+// shorter runs of each row.)
+// Where a panel has more than one tile of rows and its block of B (kc rows of kNR floats, 64
+// bytes each, ldb floats apart) does not stay in L1 (fits_l1: the 256 rows of a long block, or
+// the 16 of a fresh block when ldb·4 is a multiple of 4 KiB, as GPT-2's c_fc at N 3072), the
+// first tile also copies the block to a contiguous buffer that the other tiles read. Measured on
+// one core, B from memory in 2 MiB pages (docs/performance.md, 2026-11-28, tenth session).
+// gemm_in_place's columns [p_begin·kNR, p_end·kNR) ∩ [0, N): a_packed as gemm_in_place packs it;
+// edge_b: B's last, partial panel packed ([K][kNR]) when p_end is the last panel and N % kNR ≠ 0;
+// panel_copy: kInPlaceKC·kNR floats when copy_b.
+void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64_t K, const float* a_packed,
+                     const float* B, int64_t ldb, const float* edge_b, const float* bias, float* C, int64_t ldc,
+                     bool copy_b, float* panel_copy) {
+  const bool fresh = M <= kFreshMaxM;
+  const int64_t block = fresh ? kFreshKC : kInPlaceKC;
+  for (int64_t pc = 0; pc < K; pc += block) {
+    const int64_t kc = std::min(block, K - pc);
+    for (int64_t p = p_begin; p < p_end; ++p) {
+      const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
+      alignas(64) float init[kNR] = {};
+      if (bias && pc == 0) std::copy(bias + j, bias + j + n, init);
+      if (n < kNR) {  // the partial panel, packed
+        for (int64_t i = 0; i < M; i += kMR)
+          run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, edge_b + pc * kNR, kNR, init,
+                   pc == 0, C + i * ldc + j, ldc, false, fresh);
+        continue;
+      }
+      const float* b = B + pc * ldb + j;
+      int64_t i = 0;
+      if (copy_b) {  // the first tile copies the panel's block of B for the others
+        (fresh ? micro_tile<kMR, true, true, true> : micro_tile<kMR, true, false, true>)(
+            kc, a_packed + pc * kMR, b, ldb, pc == 0 ? init : nullptr, C + j, ldc, panel_copy);
+        for (i = kMR; i < M; i += kMR)
+          run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, panel_copy, kNR, init, pc == 0,
+                   C + i * ldc + j, ldc, false, fresh);
+        continue;
+      }
+      for (; i < M; i += kMR)
+        run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, b, ldb, init, pc == 0,
+                 C + i * ldc + j, ldc, true, fresh);
+    }
+  }
+}
+
 void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                    const float* bias, float* C, int64_t ldc) {
   const int64_t panels = (N + kNR - 1) / kNR;
   thread_local Scratch a_scratch;  // kept: at K = 50257 (a GPT-2 head's backward) this is 51 MB
   float* a_packed = a_scratch.reserve((M + kMR - 1) / kMR * kMR * K);  // [M/kMR][K][kMR]
   pack_a(M, K, A, lda, a_packed);
+  const bool copy_b = M > kMR && !fits_l1(ldb, M <= kFreshMaxM ? kFreshKC : kInPlaceKC);
 #pragma omp parallel if (M * N * K >= (int64_t{1} << 16))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -372,21 +434,8 @@ void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
       edge_b = aligned_floats(K * kNR);
       pack_b_panel(K, N % kNR, B + (panels - 1) * kNR, ldb, edge_b.get());
     }
-    const bool fresh = M <= kFreshMaxM;
-    const int64_t block = fresh ? kFreshKC : kInPlaceKC;
-    for (int64_t pc = 0; pc < K; pc += block) {
-      const int64_t kc = std::min(block, K - pc);
-      for (int64_t p = p_begin; p < p_end; ++p) {
-        const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
-        alignas(64) float init[kNR] = {};
-        if (bias && pc == 0) std::copy(bias + j, bias + j + n, init);
-        const bool packed = n < kNR;
-        const float* b = packed ? edge_b.get() + pc * kNR : B + pc * ldb + j;
-        for (int64_t i = 0; i < M; i += kMR)
-          run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, b,
-                   packed ? kNR : ldb, init, pc == 0, C + i * ldc + j, ldc, !packed, fresh);
-      }
-    }
+    alignas(64) float panel_copy[kInPlaceKC * kNR];  // [kc][kNR]: a panel's block of B (16 / 32 KiB)
+    in_place_panels(p_begin, p_end, M, N, K, a_packed, B, ldb, edge_b.get(), bias, C, ldc, copy_b, panel_copy);
   }
 }
 

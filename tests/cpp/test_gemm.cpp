@@ -54,6 +54,12 @@ std::vector<Case> shape_grid() {
   // Wide N: more than one kNCP block of panels (512 columns with AVX-512), in both paths.
   for (int64_t M : {13, 301}) cases.push_back({M, 1025, 97});
   cases.push_back({1024, 549, 300});
+  // B's rows 1024 floats apart (4 KiB: all in one L1 set) and 64 apart (16 sets): the in-place
+  // path copies a panel's block of B for the tiles after the first (fresh and long K blocks).
+  for (int64_t M : {8, 13, 40, 200}) {
+    cases.push_back({M, 40, 300, 0, 1024 - 40});
+    cases.push_back({M, 64, 513});
+  }
   return cases;
 }
 
@@ -182,7 +188,10 @@ TEST(Gemm, ElementsDoNotDependOnHowCIsCut) {
   // chain) the order of every sum is fixed, so cutting C into row blocks of the same class or
   // into column blocks changes no bit.
   // (N = 600 at M = 3: more than one of the streamed path's column chunks.)
-  for (const Case& c : std::vector<Case>{{3, 600, 300}, {12, 100, 300}, {40, 100, 300}, {400, 100, 300}}) {
+  // ({12, 100, 300} with B's rows 4 KiB apart: the whole call's second tile reads the first's copy
+  // of B, the 6-row blocks read B itself.)
+  for (const Case& c : std::vector<Case>{
+           {3, 600, 300}, {12, 100, 300}, {12, 100, 300, 0, 1024 - 100}, {40, 100, 300}, {400, 100, 300}}) {
     const Operands o = make_operands(gen, c);
     for (cpu::Isa isa : cpu::usable_isas()) {
       const auto gemm = kernels::kernels_for(isa).gemm;
