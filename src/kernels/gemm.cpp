@@ -371,16 +371,6 @@ bool fits_l1(int64_t ld, int64_t rows) {
   return rows <= 8 * (step == 0 ? 1 : 64 / std::gcd<int64_t>(step, 64));
 }
 
-// Small M (<= kInPlaceMaxM rows, decode): B is read in place, once. Each thread takes a
-// contiguous range of column panels and walks it K block by K block, so that it reads B's rows
-// in long runs; the block's strip of B stays in L2 while every row panel of A passes it. (Ranges
-// claimed from a shared counter, as bt_parts.h does, were 4–25% slower at 8 rows with 2 threads:
-// shorter runs of each row.)
-// Where a panel has more than one tile of rows and its block of B (kc rows of kNR floats, 64
-// bytes each, ldb floats apart) does not stay in L1 (fits_l1: the 256 rows of a long block, or
-// the 16 of a fresh block when ldb·4 is a multiple of 4 KiB, as GPT-2's c_fc at N 3072), the
-// first tile also copies the block to a contiguous buffer that the other tiles read. Measured on
-// one core, B from memory in 2 MiB pages (docs/performance.md, 2026-11-28, tenth session).
 // gemm_in_place's columns [p_begin·kNR, p_end·kNR) ∩ [0, N): a_packed as gemm_in_place packs it;
 // edge_b: B's last, partial panel packed ([K][kNR]) when p_end is the last panel and N % kNR ≠ 0;
 // panel_copy: kInPlaceKC·kNR floats when copy_b.
@@ -402,22 +392,31 @@ void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64
         continue;
       }
       const float* b = B + pc * ldb + j;
-      int64_t i = 0;
       if (copy_b) {  // the first tile copies the panel's block of B for the others
         (fresh ? micro_tile<kMR, true, true, true> : micro_tile<kMR, true, false, true>)(
             kc, a_packed + pc * kMR, b, ldb, pc == 0 ? init : nullptr, C + j, ldc, panel_copy);
-        for (i = kMR; i < M; i += kMR)
+        for (int64_t i = kMR; i < M; i += kMR)
           run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, panel_copy, kNR, init, pc == 0,
                    C + i * ldc + j, ldc, false, fresh);
         continue;
       }
-      for (; i < M; i += kMR)
+      for (int64_t i = 0; i < M; i += kMR)
         run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, b, ldb, init, pc == 0,
                  C + i * ldc + j, ldc, true, fresh);
     }
   }
 }
 
+// Small M (<= kInPlaceMaxM rows, decode): B is read in place, once. Each thread takes a
+// contiguous range of column panels and walks it K block by K block, so that it reads B's rows
+// in long runs; the block's strip of B stays in L2 while every row panel of A passes it. (Ranges
+// claimed from a shared counter, as bt_parts.h does, were 4–25% slower at 8 rows with 2 threads:
+// shorter runs of each row.)
+// Where a panel has more than one tile of rows and its block of B (kc rows of kNR floats, 64
+// bytes each, ldb floats apart) does not stay in L1 (fits_l1: the 256 rows of a long block, or
+// the 16 of a fresh block when ldb·4 is a multiple of 4 KiB, as GPT-2's c_fc at N 3072), the
+// first tile also copies the block to a contiguous buffer that the other tiles read. Measured on
+// one core, B from memory in 2 MiB pages (docs/performance.md, 2026-11-28, tenth session).
 void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                    const float* bias, float* C, int64_t ldc) {
   const int64_t panels = (N + kNR - 1) / kNR;
