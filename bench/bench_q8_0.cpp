@@ -11,9 +11,13 @@
 // still B's bytes per second.
 //
 // The third argument picks the shapes: gpt2 (the default) or smollm2 (q|k|v, gate|up, down and
-// the tied LM head of SmolLM2-135M).
+// the tied LM head of SmolLM2-135M). B lives in tensor memory (2 MiB pages, as a loaded model's
+// weights do). A fourth argument `hot` reads one copy of B over and over (from the caches where it
+// fits: GPT-2's c_fc and c_proj in every format fit the 32 MiB L3 of the development machine):
+// the rate the kernel's own work allows, so that a stream slower from memory than hot is bound by
+// memory, and one no faster hot by its instructions.
 //
-//   bench_q8_0 [rounds] [rows] [gpt2|smollm2]
+//   bench_q8_0 [rounds] [rows] [gpt2|smollm2] [cold|hot]
 #include <omp.h>
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 #include "kernels/half.h"
 #include "kernels/q4_k.h"
 #include "kernels/q8_0.h"
+#include "mhsa/tensor.h"
 #include "peak.h"
 
 namespace {
@@ -71,30 +76,37 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_q8_0: shapes: expected gpt2 or smollm2, got '%s'\n", family.c_str());
     return 2;
   }
+  const std::string cache = argc > 4 ? argv[4] : "cold";
+  if (cache != "cold" && cache != "hot") {
+    std::fprintf(stderr, "bench_q8_0: cache: expected cold or hot, got '%s'\n", cache.c_str());
+    return 2;
+  }
+  const bool hot = cache == "hot";
   const std::vector<Shape>& shapes = family == "gpt2" ? gpt2 : smollm2;
+  std::printf("B %s\n", hot ? "hot: one copy, read again and again" : "cold: rotated among copies larger than the LLC");
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Shape& s : shapes) {
     const int64_t n = s.N * s.K;
-    const int copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 34 / 32)));  // > LLC as q8
+    const int copies = hot ? 1 : static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 34 / 32)));  // > LLC as q8
     std::vector<float> a(static_cast<size_t>(M * s.K)), c(static_cast<size_t>(M * s.N));
     for (float& x : a) x = normal(gen);
     std::vector<float> w(static_cast<size_t>(n));
     for (float& x : w) x = normal(gen);
     // Every copy holds the same values; f32 copies only as many as fill 96 MiB of float.
-    const int f32_copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 4)));
-    const int bf_copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 2)));
-    std::vector<float> bf32(static_cast<size_t>(n * f32_copies));
-    std::vector<uint16_t> bbf(static_cast<size_t>(n * bf_copies));
-    std::vector<BlockQ8_0> bq(static_cast<size_t>(n / kQ8Block * copies));
+    const int f32_copies = hot ? 1 : static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 4)));
+    const int bf_copies = hot ? 1 : static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 2)));
+    std::vector<float, mhsa::AlignedAllocator<float>> bf32(static_cast<size_t>(n * f32_copies));
+    std::vector<uint16_t, mhsa::AlignedAllocator<uint16_t>> bbf(static_cast<size_t>(n * bf_copies));
+    std::vector<BlockQ8_0, mhsa::AlignedAllocator<BlockQ8_0>> bq(static_cast<size_t>(n / kQ8Block * copies));
     for (int i = 0; i < f32_copies; ++i) std::copy(w.begin(), w.end(), bf32.begin() + n * i);
     std::transform(w.begin(), w.end(), bbf.begin(), mhsa::kernels::float_to_bf16);
     for (int i = 1; i < bf_copies; ++i) std::copy(bbf.begin(), bbf.begin() + n, bbf.begin() + n * i);
     mhsa::kernels::quantize_row_q8_0(w.data(), n, bq.data());
     for (int i = 1; i < copies; ++i)
       std::copy(bq.begin(), bq.begin() + n / kQ8Block, bq.begin() + n / kQ8Block * i);
-    const int q4_copies = static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 144 / 256)));
-    std::vector<BlockQ4_K> b4(static_cast<size_t>(n / kQ4KBlock * q4_copies));
+    const int q4_copies = hot ? 1 : static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 144 / 256)));
+    std::vector<BlockQ4_K, mhsa::AlignedAllocator<BlockQ4_K>> b4(static_cast<size_t>(n / kQ4KBlock * q4_copies));
     mhsa::kernels::quantize_row_q4_k(w.data(), n, b4.data());
     for (int i = 1; i < q4_copies; ++i)
       std::copy(b4.begin(), b4.begin() + n / kQ4KBlock, b4.begin() + n / kQ4KBlock * i);

@@ -74,17 +74,34 @@ void dot_rows(int64_t K, const float* A, int64_t lda, const TB* b, float* out, i
 // out[j] = a · B row j for J rows of B (ldb apart), for a single row a of A: J independent
 // chains, each exactly dot_rows' chain. A bfloat16 row is read twice as fast as a float one, so
 // one chain's FMA latency would bound it (GPT-2 decode measured 1.13× the float32 speed), and
-// the J interleaved streams need a prefetch of the next group's rows (J·ldb ahead; harmless past
-// the end of B): on the LM head's shape (N 50257, K 768, 1 thread, medians of 40 alternating
-// runs) 2.0× the float kernel with it, 1.7× without.
+// the J interleaved streams need a software prefetch of the next group's rows: on the LM head's
+// shape (N 50257, K 768, 1 thread, medians of 40 alternating runs) 2.0× the float kernel with it,
+// 1.7× without. Where the rows are contiguous (ldb == K, a weight matrix) the next group is one
+// block of memory, prefetched in address order, a line per 64 bytes this group consumes: the
+// hardware sees one ascending stream. Prefetching each next row at the offset being read (the
+// only choice when the rows are apart) gave 4 ascending streams 1.5 KiB apart for GPT-2's
+// K = 768, which read from memory slower: bf16 GPT-2 124M decode 103–106 tokens/s against
+// 116–123 in order (2 threads, 3 alternating rounds; docs/performance.md, 2026-11-28, eleventh
+// session).
 template <int J, class TB>
 void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, float* out) {
+  constexpr int64_t kStep = J * kLanes * static_cast<int64_t>(sizeof(TB));  // bytes of B per vector step
+  const char* next = reinterpret_cast<const char*>(B + J * ldb);           // the next group, when contiguous
+  const bool contiguous = ldb == K;
   Vec acc[J] = {};
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     const Vec av = load(a + k);
-    if (k % (64 / sizeof(TB)) == 0)
+    if (contiguous) {
+      const int64_t at = k / kLanes * kStep;
+      if constexpr (kStep >= 64) {
+        for (int64_t o = 0; o < kStep; o += 64) __builtin_prefetch(next + at + o);
+      } else if (at % 64 == 0) {
+        __builtin_prefetch(next + at);
+      }
+    } else if (k % (64 / sizeof(TB)) == 0) {
       for (int j = 0; j < J; ++j) __builtin_prefetch(B + (J + j) * ldb + k);
+    }
     for (int j = 0; j < J; ++j) acc[j] = fused(av, load_b(B + j * ldb + k), acc[j]);
   }
   if (k < K) {
@@ -180,38 +197,41 @@ inline Lanes block_lanes(Quants qa, Quants qb) {
 }
 #endif
 
-// out[r·ldc + j] = row m + r of A · B row j for R rows of A and J rows of B (ldb blocks apart):
-// the chain above for each (r, j), the same whatever R and J. With J > 1 (one row of A,
-// decoding) the J interleaved streams prefetch the next group's rows, as dot_cols does.
-template <int R, int J>
-void dot_q8(const QuantizedA& a, int64_t m, const BlockQ8_0* B, int64_t ldb, float* out, int64_t ldc) {
-  Lanes acc[R][J] = {};
+// A software prefetch this many bytes ahead in a Q8_0 row's stream (past the row's end it is
+// the next row's start when rows are contiguous, as a weight's are), once per two blocks.
+// Decoding one row of A, the rows of B are read one after another as a single stream: one FMA
+// chain per row is enough here (a block of 34 bytes per FMA latency reads faster than one core's
+// share of the memory bandwidth), and a single stream, prefetched 2 KiB ahead, is read from memory
+// ~1.4× as fast as kGroup rows interleaved (GPT-2's c_fc shape, 2 threads, bench_q8_0: 31–33
+// against 22–23 GB/s; docs/performance.md, 2026-11-28, eleventh session). 512 ahead gained
+// less, 1024–4096 about the same.
+constexpr int64_t kQ8Prefetch = 2048;
+
+// out[r·ldc] = row m + r of A · B's row for R rows of A: the chain above for each r, the same
+// whatever R.
+template <int R>
+void dot_q8(const QuantizedA& a, int64_t m, const BlockQ8_0* B, float* out, int64_t ldc) {
+  Lanes acc[R] = {};
   for (int64_t b = 0; b < a.nb; ++b) {
-    if constexpr (J > 1)
-      if (b % 2 == 0)
-        for (int j = 0; j < J; ++j) __builtin_prefetch(B + (J + j) * ldb + b);
-    Quants qa[R];
-    for (int r = 0; r < R; ++r) qa[r] = load_quants(a.q + (m + r) * a.K + b * kQ8Block);
-    for (int j = 0; j < J; ++j) {
-      const BlockQ8_0& blk = B[j * ldb + b];
-      const Quants qb = load_quants(blk.qs);
-      const float dw = f16_scalar(blk.d);
-      for (int r = 0; r < R; ++r)
-        acc[r][j] = fused8(splat8(dw * a.d[(m + r) * a.nb + b]), block_lanes(qa[r], qb), acc[r][j]);
+    if (b % 2 == 0) __builtin_prefetch(reinterpret_cast<const char*>(B + b) + kQ8Prefetch);
+    const BlockQ8_0& blk = B[b];
+    const Quants qb = load_quants(blk.qs);
+    const float dw = f16_scalar(blk.d);
+    for (int r = 0; r < R; ++r) {
+      const Quants qa = load_quants(a.q + (m + r) * a.K + b * kQ8Block);
+      acc[r] = fused8(splat8(dw * a.d[(m + r) * a.nb + b]), block_lanes(qa, qb), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) out[r * ldc + j] = sum8(acc[r][j]);
+  for (int r = 0; r < R; ++r) out[r * ldc] = sum8(acc[r]);
 }
 
 // C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// kGroup rows of B at a time, or each group's rows in turn against kRows rows of A.
+// each row of B in turn, or each group of kGroup rows in turn against kRows rows of A at a time
+// (the group stays in L1 while the passes over A's rows read it again).
 void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
   if (M == 1) {
-    int64_t n = 0;
-    for (; n + kGroup <= rows; n += kGroup) dot_q8<1, kGroup>(a, 0, B + n * ldb, ldb, C + n, ldc);
-    for (; n < rows; ++n) dot_q8<1, 1>(a, 0, B + n * ldb, ldb, C + n, ldc);
+    for (int64_t n = 0; n < rows; ++n) dot_q8<1>(a, 0, B + n * ldb, C + n, ldc);
     return;
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
@@ -220,10 +240,10 @@ void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t l
         const BlockQ8_0* b = B + n * ldb;
         float* out = C + m * ldc + n;
         switch (std::min<int64_t>(kRows, M - m)) {
-          case 4: dot_q8<4, 1>(a, m, b, ldb, out, ldc); break;
-          case 3: dot_q8<3, 1>(a, m, b, ldb, out, ldc); break;
-          case 2: dot_q8<2, 1>(a, m, b, ldb, out, ldc); break;
-          default: dot_q8<1, 1>(a, m, b, ldb, out, ldc); break;
+          case 4: dot_q8<4>(a, m, b, out, ldc); break;
+          case 3: dot_q8<3>(a, m, b, out, ldc); break;
+          case 2: dot_q8<2>(a, m, b, out, ldc); break;
+          default: dot_q8<1>(a, m, b, out, ldc); break;
         }
       }
 }
