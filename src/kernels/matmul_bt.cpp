@@ -73,16 +73,19 @@ void dot_rows(int64_t K, const float* A, int64_t lda, const TB* b, float* out, i
 
 // out[j] = a · B row j for J rows of B (ldb apart), for a single row a of A: J independent
 // chains, each exactly dot_rows' chain. A bfloat16 row is read twice as fast as a float one, so
-// one chain's FMA latency would bound it (GPT-2 decode measured 1.13× the float32 speed), and
+// one chain's FMA latency would bound it (8 bf16 per 4 cycles: ~12 GB/s on a 3 GHz core), and
 // the J interleaved streams need a software prefetch of the next group's rows: on the LM head's
 // shape (N 50257, K 768, 1 thread, medians of 40 alternating runs) 2.0× the float kernel with it,
 // 1.7× without. Where the rows are contiguous (ldb == K, a weight matrix) the next group is one
 // block of memory, prefetched in address order, a line per 64 bytes this group consumes: the
-// hardware sees one ascending stream. Prefetching each next row at the offset being read (the
-// only choice when the rows are apart) gave 4 ascending streams 1.5 KiB apart for GPT-2's
-// K = 768, which read from memory slower: bf16 GPT-2 124M decode 103–106 tokens/s against
-// 116–123 in order (2 threads, 3 alternating rounds; docs/performance.md, 2026-11-28, eleventh
-// session).
+// hardware sees one ascending stream instead of J, each as far ahead as the one before.
+// Decoding uses J = kPairs = 2: twice one chain's rate is above one core's share of the memory
+// bandwidth, and fewer streams read faster. bf16 GPT-2 124M decode, 2 threads: 4 rows with each
+// next row prefetched at the offset read, 103–106 tokens/s; 4 rows prefetched in order, 94–116;
+// 2 rows in order, 105–121, faster than 4 in each of 4 paired rounds, as on SmolLM2's shape
+// (docs/performance.md, 2026-11-28, eleventh session).
+constexpr int kPairs = 2;
+
 template <int J, class TB>
 void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, float* out) {
   constexpr int64_t kStep = J * kLanes * static_cast<int64_t>(sizeof(TB));  // bytes of B per vector step
@@ -125,7 +128,7 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
   if constexpr (!std::is_same_v<TB, float>) {
     if (M == 1) {  // decoding one sequence: a group's rows side by side
       int64_t n = 0;
-      for (; n + kGroup <= rows; n += kGroup) dot_cols<kGroup>(K, A, B + n * ldb, ldb, C + n);
+      for (; n + kPairs <= rows; n += kPairs) dot_cols<kPairs>(K, A, B + n * ldb, ldb, C + n);
       for (; n < rows; ++n) dot_cols<1>(K, A, B + n * ldb, ldb, C + n);
       return;
     }

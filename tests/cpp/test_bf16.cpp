@@ -39,8 +39,10 @@ struct Operands {
   std::vector<float> b_wide;    // [N, ldb] the same values as float
 };
 
-Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K) {
-  Operands o{M, N, K, K + 3, K + 5, {}, {}, {}};
+// B's rows ldb = K + b_pad apart: padded, or contiguous (b_pad 0) as a weight matrix's are, which
+// the one-row stream prefetches differently (matmul_bt.cpp's dot_cols).
+Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K, int64_t b_pad = 5) {
+  Operands o{M, N, K, K + 3, K + b_pad, {}, {}, {}};
   std::normal_distribution<float> d(0.0f, 1.0f);
   o.a.resize(static_cast<size_t>(M * o.lda));
   for (float& x : o.a) x = d(gen);
@@ -99,27 +101,29 @@ TEST(Bf16, MatmulBtMatchesTheReferenceAndTheFloatKernel) {
   auto gen = test_rng();
   for (int64_t M : {1, 3, 17})
     for (int64_t K : {40, 97, 768})
-      for (int64_t N : {1, 61, 1025}) {
-        const Operands o = make(gen, M, N, K);
-        const int64_t ldc = N + 2;
-        std::vector<float> ref(static_cast<size_t>(M * ldc), 0.0f);
-        kernels::matmul_bt_bf16_ref(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, ref.data(), ldc);
-        for (cpu::Isa isa : cpu::usable_isas()) {
-          const kernels::KernelTable& k = kernels::kernels_for(isa);
-          std::vector<float> got(ref.size(), 0.0f), wide(ref.size(), 0.0f), packed(ref.size(), 0.0f),
-              packed_wide(ref.size(), 0.0f);
-          k.matmul_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, got.data(), ldc);
-          k.matmul_bt(M, N, K, o.a.data(), o.lda, o.b_wide.data(), o.ldb, wide.data(), ldc);
-          k.gemm_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, packed.data(), ldc);
-          k.gemm_ex(M, N, K, o.a.data(), o.lda, false, o.b_wide.data(), o.ldb, true, packed_wide.data(), ldc, false);
-          const std::string what = ::testing::PrintToString(static_cast<int>(isa)) + " M=" + std::to_string(M) +
-                                   " K=" + std::to_string(K) + " N=" + std::to_string(N);
-          EXPECT_LE(scaled_error(o, got, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
-          EXPECT_LE(scaled_error(o, packed, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
-          EXPECT_TRUE(same_bits(got, wide)) << what << ": matmul_bt_bf16 vs matmul_bt on the widened B";
-          EXPECT_TRUE(same_bits(packed, packed_wide)) << what << ": gemm_bt_bf16 vs gemm_ex on the widened B";
+      for (int64_t N : {1, 61, 1025})
+        for (int64_t b_pad : {5, 0}) {
+          const Operands o = make(gen, M, N, K, b_pad);
+          const int64_t ldc = N + 2;
+          std::vector<float> ref(static_cast<size_t>(M * ldc), 0.0f);
+          kernels::matmul_bt_bf16_ref(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, ref.data(), ldc);
+          for (cpu::Isa isa : cpu::usable_isas()) {
+            const kernels::KernelTable& k = kernels::kernels_for(isa);
+            std::vector<float> got(ref.size(), 0.0f), wide(ref.size(), 0.0f), packed(ref.size(), 0.0f),
+                packed_wide(ref.size(), 0.0f);
+            k.matmul_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, got.data(), ldc);
+            k.matmul_bt(M, N, K, o.a.data(), o.lda, o.b_wide.data(), o.ldb, wide.data(), ldc);
+            k.gemm_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, packed.data(), ldc);
+            k.gemm_ex(M, N, K, o.a.data(), o.lda, false, o.b_wide.data(), o.ldb, true, packed_wide.data(), ldc, false);
+            const std::string what = ::testing::PrintToString(static_cast<int>(isa)) + " M=" + std::to_string(M) +
+                                     " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                                     " ldb=" + std::to_string(o.ldb);
+            EXPECT_LE(scaled_error(o, got, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
+            EXPECT_LE(scaled_error(o, packed, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
+            EXPECT_TRUE(same_bits(got, wide)) << what << ": matmul_bt_bf16 vs matmul_bt on the widened B";
+            EXPECT_TRUE(same_bits(packed, packed_wide)) << what << ": gemm_bt_bf16 vs gemm_ex on the widened B";
+          }
         }
-      }
 }
 
 TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) {
