@@ -17,8 +17,12 @@ the other's mean, says more about the moment than about the engines. This script
   range (min–max).
 
 Usage: python3 bench/compare_llama_cpp.py [--rounds 6] [--threads 2] [--arch gpt2|smollm2 | --model-dir DIR]
+                                         [--dtype f32|bf16|q8_0 [--peer-outtype f32|f16|bf16|q8_0]] [--only pp|tg]
 With a model directory, mhsa runs `mhsa bench --model DIR --filter pp512,tg128` and reads the cases
-whose names end in _pp512 and _tg128.
+whose names end in _pp512 and _tg128. --dtype compares another precision: mhsa loads DIR with
+`--dtype`, llama.cpp runs the GGUF its converter writes with `--outtype` the same (or
+--peer-outtype: f16 where llama.cpp's 16-bit path is faster than its bf16 one); it needs a model
+directory. --only runs one of the two tests.
 The first run builds llama.cpp from PyPI's llama-cpp-python sdist (several minutes); later runs
 reuse it (see bench/llama_cpp_peer.sh).
 """
@@ -36,12 +40,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = (("pp", "gpt2_124M_pp512", "pp512"), ("tg", "gpt2_124M_tg128", "tg128"))
 
 
-def mhsa_run(cli, threads, model_dir):
+def mhsa_run(cli, threads, model_dir, dtype="f32"):
     """tokens/s of each test: tokens / the median of mhsa bench's timed runs (3 or more, 2 s at least)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         if model_dir:
-            select = ["--model", str(model_dir), "--filter", ",".join(label for _, _, label in TESTS)]
+            select = ["--model", str(model_dir), "--dtype", dtype,
+                      "--filter", ",".join(label for _, _, label in TESTS)]
         else:
             select = ["--filter", ",".join(name for _, name, _ in TESTS)]
         subprocess.run([str(cli), "bench", *select, "--min-seconds", "2", "--json", f.name], check=True, env=env,
@@ -56,9 +61,9 @@ def mhsa_run(cli, threads, model_dir):
     return data, rates
 
 
-def peer_run(threads, reps, model_dir):
+def peer_run(threads, reps, model_dir, outtype="f32"):
     """tokens/s of each test: the median of llama-bench's per-repetition samples."""
-    env = dict(os.environ, MHSA_PEER_THREADS=str(threads), MHSA_PEER_REPS=str(reps))
+    env = dict(os.environ, MHSA_PEER_THREADS=str(threads), MHSA_PEER_REPS=str(reps), MHSA_PEER_OUTTYPE=outtype)
     if model_dir:
         env["MHSA_PEER_HF_DIR"] = str(model_dir)
     out = subprocess.run(["bash", str(ROOT / "bench" / "llama_cpp_peer.sh")], check=True, env=env,
@@ -81,9 +86,20 @@ def main():
                     help="the random model (default gpt2: mhsa's built-in GPT-2 124M)")
     ap.add_argument("--model-dir", type=Path, help="a Hugging Face model directory for both engines")
     ap.add_argument("--only-peer", action="store_true", help="run llama.cpp alone (no ratios)")
+    ap.add_argument("--dtype", choices=("f32", "bf16", "q8_0"), default="f32",
+                    help="mhsa's weights (and llama.cpp's, unless --peer-outtype); needs --model-dir or --arch smollm2")
+    ap.add_argument("--peer-outtype", choices=("f32", "f16", "bf16", "q8_0"),
+                    help="the GGUF type llama.cpp runs (default: --dtype's)")
+    ap.add_argument("--only", choices=("pp", "tg"), help="run only prompt processing (pp512) or decoding (tg128)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds: expected >= 1, got {args.rounds}")
+    if args.dtype != "f32" and args.model_dir is None and args.arch == "gpt2":
+        ap.error("--dtype: mhsa's built-in GPT-2 is f32; give --model-dir DIR (bench/random_hf_model.py writes one)")
+    outtype = args.peer_outtype or args.dtype
+    global TESTS
+    if args.only:
+        TESTS = tuple(t for t in TESTS if t[0] == args.only)
     model_dir = args.model_dir
     if model_dir is None and args.arch != "gpt2":
         model_dir = Path(os.environ.get("MHSA_PEER_DIR", ROOT / "build" / "peer")) / f"{args.arch}-random-hf"
@@ -93,7 +109,7 @@ def main():
     name = model_dir.name if model_dir else "GPT-2 124M"
     if args.only_peer:
         for r in range(args.rounds):
-            j, rates = peer_run(args.threads, args.reps, model_dir)
+            j, rates = peer_run(args.threads, args.reps, model_dir, outtype)
             print(f"round {r + 1}: llama.cpp " + "  ".join(f"{label} {rates[key]:.1f} tokens/s" for key, _, label in TESTS)
                   + f" ({j.get('model', '?')}; {j.get('llama_cpp_version', '?')}; cpu busy before "
                     f"{j.get('cpu_busy_pct_before', '?')}%)")
@@ -105,15 +121,15 @@ def main():
         for engine in order:
             print(f"round {r + 1}/{args.rounds}: {engine}", file=sys.stderr, flush=True)
             if engine == "mhsa":
-                info["mhsa"], rates["mhsa"] = mhsa_run(args.cli, args.threads, model_dir)
+                info["mhsa"], rates["mhsa"] = mhsa_run(args.cli, args.threads, model_dir, args.dtype)
             else:
-                info["llama.cpp"], rates["llama.cpp"] = peer_run(args.threads, args.reps, model_dir)
+                info["llama.cpp"], rates["llama.cpp"] = peer_run(args.threads, args.reps, model_dir, outtype)
         rounds.append(rates)
         print("  " + "  ".join(f"{label} {rates['mhsa'][key]:.1f} vs {rates['llama.cpp'][key]:.1f} tokens/s "
                                f"({rates['mhsa'][key] / rates['llama.cpp'][key]:.2f}x)" for key, _, label in TESTS),
               file=sys.stderr, flush=True)
     peak, bw = info["mhsa"]["fma_peak_gflops"], info["mhsa"]["read_bandwidth_gbs"]
-    print(f"{name} fp32, {args.threads} threads, {args.rounds} paired rounds (alternating order), "
+    print(f"{name} mhsa {args.dtype} against llama.cpp {outtype.upper()}, {args.threads} threads, {args.rounds} paired rounds (alternating order), "
           f"median of each engine's repetitions per round; llama.cpp {info['llama.cpp'].get('llama_cpp_version', '?')}; "
           f"last measured peak {peak:.1f} GFLOP/s, read bandwidth {bw:.1f} GB/s")
     print(f"{'round':>5} " + " ".join(f"{label + ' mhsa':>11} {'llama.cpp':>10} {'ratio':>6}" for _, _, label in TESTS))
