@@ -77,13 +77,12 @@ void dot_rows(int64_t K, const float* A, int64_t lda, const TB* b, float* out, i
 // the J interleaved streams need a software prefetch of the next group's rows: on the LM head's
 // shape (N 50257, K 768, 1 thread, medians of 40 alternating runs) 2.0× the float kernel with it,
 // 1.7× without. Where the rows are contiguous (ldb == K, a weight matrix) the next group is one
-// block of memory, prefetched in address order, a line per 64 bytes this group consumes: the
-// hardware sees one ascending stream instead of J, each as far ahead as the one before.
-// Decoding uses J = kPairs = 2: twice one chain's rate is above one core's share of the memory
-// bandwidth, and fewer streams read faster. bf16 GPT-2 124M decode, 2 threads: 4 rows with each
-// next row prefetched at the offset read, 103–106 tokens/s; 4 rows prefetched in order, 94–116;
-// 2 rows in order, 105–121, faster than 4 in each of 4 paired rounds, as on SmolLM2's shape
-// (docs/performance.md, 2026-11-28, eleventh session).
+// block of memory, prefetched in address order, a line per 64 bytes this group consumes, so the
+// prefetches form one ascending stream rather than J. Decoding uses J = kPairs = 2: twice one
+// chain's rate is above one core's share of the memory bandwidth, and fewer streams read faster.
+// Both steps were measured on bf16 GPT-2 124M decode at 2 threads, alternating binaries (the
+// numbers: docs/performance.md, 2026-11-28, eleventh session): the in-order prefetch 1.1–1.2×,
+// then 2 rows faster than 4 in each of 4 paired rounds, as on SmolLM2's shape.
 constexpr int kPairs = 2;
 
 template <int J, class TB>
