@@ -48,7 +48,7 @@ std::string describe(cpu::Isa isa, const Case& c) {
 // The shapes: 1s, primes, and sizes just below, at and above every block size of every ISA.
 std::vector<Case> shape_grid() {
   std::vector<Case> cases;
-  for (int64_t M : {1, 5, 6, 7, 12, 13, 97, 256, 257, 300})
+  for (int64_t M : {1, 5, 6, 7, 8, 12, 13, 97, 256, 257, 300})
     for (int64_t N : {1, 7, 31, 32, 33, 97})
       for (int64_t K : {1, 97, 255, 256, 257, 513}) cases.push_back({M, N, K});
   // Wide N: more than one kNCP block of panels (512 columns with AVX-512), in both paths.
@@ -209,6 +209,29 @@ TEST(Gemm, ElementsDoNotDependOnHowCIsCut) {
       EXPECT_TRUE(bitwise_equal(whole, by_col)) << describe(isa, c) << ": whole vs column blocks";
     }
   }
+}
+
+// gemm_in_place cuts M rows into tiles of kMR rows and a shorter last one (8 rows on AVX2: 6 + 2;
+// 13: 6 + 6 + 1), so a row's tile differs between calls of different M in the same class (5..16
+// rows: fresh chains). Its bits must not: the first M rows of a 16-row call (tiles 6 + 6 + 4 on
+// AVX2, 12 + 4 on AVX-512) equal the M-row call, with B's rows apart by N + 7 floats and by 4 KiB
+// (the tiles after the first read the first's copy of B). Guards any change of the tiling.
+TEST(Gemm, RowsDoNotDependOnTheirTileInTheFreshClass) {
+  auto gen = test_rng();
+  for (int64_t M : {5, 7, 8, 10, 13})
+    for (int64_t ldb_pad : {7, 1024 - 100}) {
+      const Case whole_case{16, 100, 300, 0, ldb_pad};
+      const Operands o = make_operands(gen, whole_case);
+      const Case c{M, 100, 300, 0, ldb_pad};
+      for (cpu::Isa isa : cpu::usable_isas()) {
+        const auto gemm = kernels::kernels_for(isa).gemm;
+        std::vector<float> sixteen = poisoned_c(whole_case, o.ldc), part = poisoned_c(c, o.ldc);
+        gemm(16, c.N, c.K, o.a.data(), o.lda, o.b_data(), o.ldb, o.bias.data(), sixteen.data(), o.ldc);
+        gemm(M, c.N, c.K, o.a.data(), o.lda, o.b_data(), o.ldb, o.bias.data(), part.data(), o.ldc);
+        sixteen.resize(part.size());
+        EXPECT_TRUE(bitwise_equal(sixteen, part)) << describe(isa, c) << ": " << M << " rows alone vs inside 16";
+      }
+    }
 }
 
 // gemm_ex: op(A)·op(B) with either operand stored transposed, optionally added to C, against the
