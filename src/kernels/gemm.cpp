@@ -11,7 +11,8 @@
 // Determinism, stronger than the contract asks: every element of C is the same chain,
 // c = bias (or 0); for k = 0, 1, ..., K-1: c = fma(A[i,k], B[k,j], c), carried in one register
 // lane and stored/reloaded between K blocks (exact) — or, for M <= kFreshMaxM, the same chain
-// restarted every kFreshKC terms and added on (more accurate where it costs nothing). Packing,
+// restarted every kFreshKC terms and added on (more accurate where it costs nothing), in
+// kFreshParts fixed parts of K whose sums are added in order (gemm_in_place). Packing,
 // blocking, tile shape, edge handling and the thread split therefore cannot change a single bit:
 // the result depends on the inputs and on M's class only — M <= kStreamMaxM (4: decode, B
 // streamed with K split in fixed parts, gemm_stream), M <= kFreshMaxM (16), larger — (per ISA:
@@ -374,34 +375,35 @@ bool fits_l1(int64_t ld, int64_t rows) {
 // gemm_in_place's columns [p_begin·kNR, p_end·kNR) ∩ [0, N): a_packed as gemm_in_place packs it;
 // edge_b: B's last, partial panel packed ([K][kNR]) when p_end is the last panel and N % kNR ≠ 0;
 // panel_copy: kInPlaceKC·kNR floats when copy_b.
+// Rows [k_begin, k_end) of B only (a part of K): the chains start from init at k_begin.
 void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64_t K, const float* a_packed,
                      const float* B, int64_t ldb, const float* edge_b, const float* bias, float* C, int64_t ldc,
-                     bool copy_b, float* panel_copy) {
+                     bool copy_b, float* panel_copy, int64_t k_begin, int64_t k_end) {
   const bool fresh = M <= kFreshMaxM;
   const int64_t block = fresh ? kFreshKC : kInPlaceKC;
-  for (int64_t pc = 0; pc < K; pc += block) {
+  for (int64_t pc = k_begin; pc < k_end; pc += block) {
     const int64_t kc = std::min(block, K - pc);
     for (int64_t p = p_begin; p < p_end; ++p) {
       const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
       alignas(64) float init[kNR] = {};
-      if (bias && pc == 0) std::copy(bias + j, bias + j + n, init);
+      if (bias && pc == k_begin) std::copy(bias + j, bias + j + n, init);
       if (n < kNR) {  // the partial panel, packed
         for (int64_t i = 0; i < M; i += kMR)
           run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, edge_b + pc * kNR, kNR, init,
-                   pc == 0, C + i * ldc + j, ldc, false, fresh);
+                   pc == k_begin, C + i * ldc + j, ldc, false, fresh);
         continue;
       }
       const float* b = B + pc * ldb + j;
       if (copy_b) {  // the first tile copies the panel's block of B for the others
         (fresh ? micro_tile<kMR, true, true, true> : micro_tile<kMR, true, false, true>)(
-            kc, a_packed + pc * kMR, b, ldb, pc == 0 ? init : nullptr, C + j, ldc, panel_copy);
+            kc, a_packed + pc * kMR, b, ldb, pc == k_begin ? init : nullptr, C + j, ldc, panel_copy);
         for (int64_t i = kMR; i < M; i += kMR)
-          run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, panel_copy, kNR, init, pc == 0,
+          run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, panel_copy, kNR, init, pc == k_begin,
                    C + i * ldc + j, ldc, false, fresh);
         continue;
       }
       for (int64_t i = 0; i < M; i += kMR)
-        run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, b, ldb, init, pc == 0,
+        run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, b, ldb, init, pc == k_begin,
                  C + i * ldc + j, ldc, true, fresh);
     }
   }
@@ -412,29 +414,64 @@ void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64
 // in long runs; the block's strip of B stays in L2 while every row panel of A passes it. (Ranges
 // claimed from a shared counter, as bt_parts.h does, were 4–25% slower at 8 rows with 2 threads:
 // shorter runs of each row.)
+// Up to kFreshMaxM rows K is first cut into kFreshParts fixed parts (whole fresh blocks), each
+// taken by its own threads, as gemm_stream does: a thread then reads a contiguous stretch of B,
+// whole rows when there are no more threads than parts. Part 0 sums into C from the bias, the
+// others into buffers from 0, added to C in part order — the same bits for any thread count. On a
+// 2-core Zen 3 at 8 rows, GPT-2's 48 projections (bench_step_gemm), B from memory: 1.3× the column
+// split alone (docs/performance.md, 2026-11-29).
 // Where a panel has more than one tile of rows and its block of B (kc rows of kNR floats, 64
 // bytes each, ldb floats apart) does not stay in L1 (fits_l1: the 256 rows of a long block, or
 // the 16 of a fresh block when ldb·4 is a multiple of 4 KiB, as GPT-2's c_fc at N 3072), the
 // first tile also copies the block to a contiguous buffer that the other tiles read. Measured on
 // one core, B from memory in 2 MiB pages (docs/performance.md, 2026-11-28, tenth session).
+constexpr int64_t kFreshParts = 2;
+
 void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                    const float* bias, float* C, int64_t ldc) {
   const int64_t panels = (N + kNR - 1) / kNR;
   thread_local Scratch a_scratch;  // kept: at K = 50257 (a GPT-2 head's backward) this is 51 MB
   float* a_packed = a_scratch.reserve((M + kMR - 1) / kMR * kMR * K);  // [M/kMR][K][kMR]
   pack_a(M, K, A, lda, a_packed);
-  const bool copy_b = M > kMR && !fits_l1(ldb, M <= kFreshMaxM ? kFreshKC : kInPlaceKC);
+  const bool fresh = M <= kFreshMaxM;
+  const bool copy_b = M > kMR && !fits_l1(ldb, fresh ? kFreshKC : kInPlaceKC);
+  const int64_t blocks = (K + kFreshKC - 1) / kFreshKC;
+  const int64_t parts = fresh ? std::min(kFreshParts, blocks) : 1;
+  thread_local Scratch part_scratch;
+  float* part_sums = parts > 1 ? part_scratch.reserve((parts - 1) * M * N) : nullptr;  // [part - 1][M][N]
 #pragma omp parallel if (M * N * K >= (int64_t{1} << 16))
   {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t p_begin = panels * t / threads, p_end = panels * (t + 1) / threads;
-    Buffer edge_b;  // [K][kNR] the last, partial panel
-    if (p_end == panels && N % kNR != 0) {
-      edge_b = aligned_floats(K * kNR);
-      pack_b_panel(K, N % kNR, B + (panels - 1) * kNR, ldb, edge_b.get());
-    }
+    const int64_t threads = omp_get_num_threads();
+    // Work items (part, column slice): slices per part so that every thread has one where it can.
+    const int64_t slices = std::max<int64_t>(1, (threads + parts - 1) / parts);
     alignas(64) float panel_copy[kInPlaceKC * kNR];  // [kc][kNR]: a panel's block of B (16 / 32 KiB)
-    in_place_panels(p_begin, p_end, M, N, K, a_packed, B, ldb, edge_b.get(), bias, C, ldc, copy_b, panel_copy);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < parts * slices; ++item) {
+      const int64_t part = item / slices, slice = item % slices;
+      const int64_t p_begin = panels * slice / slices, p_end = panels * (slice + 1) / slices;
+      if (p_begin == p_end) continue;
+      const int64_t k_begin = fresh ? blocks * part / parts * kFreshKC : 0;
+      const int64_t k_end = fresh ? std::min(K, blocks * (part + 1) / parts * kFreshKC) : K;
+      Buffer edge_b;  // [K][kNR] the last, partial panel
+      if (p_end == panels && N % kNR != 0) {
+        edge_b = aligned_floats(K * kNR);
+        pack_b_panel(K, N % kNR, B + (panels - 1) * kNR, ldb, edge_b.get());
+      }
+      float* out = part == 0 ? C : part_sums + (part - 1) * M * N;
+      in_place_panels(p_begin, p_end, M, N, K, a_packed, B, ldb, edge_b.get(), part == 0 ? bias : nullptr, out,
+                      part == 0 ? ldc : N, copy_b, panel_copy, k_begin, k_end);
+    }
+    if (parts > 1) {  // C += part 1, part 2, ... in order (the implicit barrier above: all parts done)
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t part = 1; part < parts; ++part) {
+          const float* sum = part_sums + ((part - 1) * M + i) * N;
+          float* c = C + i * ldc;
+          int64_t j = 0;
+          for (; j + kLanes <= N; j += kLanes) store(c + j, load(c + j) + load(sum + j));
+          for (; j < N; ++j) c[j] += sum[j];
+        }
+    }
   }
 }
 
