@@ -5,8 +5,13 @@
 // memory (2 MiB pages, as a loaded model's do) and, 340 MB in all, come from memory, not the
 // caches. Prints the median and best time of a pass, the rate B is read at, and GFLOP/s.
 //
-//   bench_step_gemm [rows = 8] [passes = 30] [layers = 12] [shape = all | 0..3]
+//   bench_step_gemm [rows = 8] [passes = 30] [layers = 12] [shape = all | 0..3] [pad = 0] [io | oi]
 //
+// oi stores each weight [out, in] (nn.Linear's layout, every family but GPT-2) and multiplies
+// through kernels::matmul_bt, the B·Aᵀ stream those families decode with; io (the default) is
+// GPT-2's [in, out] through gemm.
+// pad (floats) widens each weight's rows: B's leading dimension N + pad, as a copy stored to keep
+// rows 4 KiB apart (c_fc's 12 KiB) out of one L1 set would.
 // shape picks one of the four products (its 12 copies): the per-product rates. layers 1 keeps B
 // (28 MB) in a 32 MiB L3 — there it measures the L3, not the arithmetic. Not a correctness test.
 #include <omp.h>
@@ -27,8 +32,12 @@ int main(int argc, char** argv) {
   const int passes = argc > 2 ? std::atoi(argv[2]) : 30;
   const int layers = argc > 3 ? std::atoi(argv[3]) : 12;
   const int only = argc > 4 && std::string(argv[4]) != "all" ? std::atoi(argv[4]) : -1;
-  if (M < 1 || M > 4096 || passes < 1 || layers < 1 || only > 3) {
-    std::fprintf(stderr, "usage: bench_step_gemm [rows 1..4096] [passes >= 1] [layers >= 1] [all|0..3]\n");
+  const int64_t pad = argc > 5 ? std::atoi(argv[5]) : 0;
+  const bool oi = argc > 6 && std::string(argv[6]) == "oi";
+  if (M < 1 || M > 4096 || passes < 1 || layers < 1 || only > 3 || pad < 0 || pad > 1024 ||
+      (argc > 6 && !oi && std::string(argv[6]) != "io")) {
+    std::fprintf(stderr,
+                 "usage: bench_step_gemm [rows 1..4096] [passes >= 1] [layers >= 1] [all|0..3] [pad 0..1024] [io|oi]\n");
     return 2;
   }
   struct Product {
@@ -43,14 +52,17 @@ int main(int argc, char** argv) {
   double bytes = 0.0, flops = 0.0;
   for (int l = 0; l < layers; ++l)
     for (int i = 0; i < 4; ++i) {
-      weights.emplace_back(std::vector<int64_t>{products[i].K, products[i].N});
-      for (int64_t e = 0; e < products[i].K * products[i].N; ++e) weights.back().data()[e] = normal(gen);
+      const int64_t rows = oi ? products[i].N : products[i].K, cols = (oi ? products[i].K : products[i].N) + pad;
+      weights.emplace_back(std::vector<int64_t>{rows, cols});
+      for (int64_t e = 0; e < rows * cols; ++e) weights.back().data()[e] = normal(gen);
       if (only >= 0 && i != only) continue;
       bytes += 4.0 * products[i].K * products[i].N;
       flops += 2.0 * M * products[i].K * products[i].N;
     }
-  std::vector<float> A(static_cast<size_t>(M * 3072)), C(static_cast<size_t>(M * 3072));
-  for (float& x : A) x = normal(gen) * 50.0f;
+  // Activations in tensor memory (64-byte aligned, as a model's are): a misaligned A splits the
+  // B·Aᵀ stream's vector loads across cache lines (half its rate with B in the caches).
+  mhsa::Tensor A({M, 3072}), C({M, 3072});
+  for (int64_t e = 0; e < A.numel(); ++e) A.data()[e] = normal(gen) * 50.0f;
   const auto& k = mhsa::kernels::kernels();
   std::vector<double> times;
   for (int pass = 0; pass <= passes; ++pass) {  // pass 0 warms up
@@ -58,14 +70,17 @@ int main(int argc, char** argv) {
     for (size_t w = 0; w < weights.size(); ++w) {
       const Product& p = products[w % 4];
       if (only >= 0 && static_cast<int>(w % 4) != only) continue;
-      k.gemm(M, p.N, p.K, A.data(), p.K, weights[w].data(), p.N, nullptr, C.data(), p.N);
+      if (oi)
+        k.matmul_bt(M, p.N, p.K, A.data(), p.K, weights[w].data(), p.K + pad, C.data(), p.N);
+      else
+        k.gemm(M, p.N, p.K, A.data(), p.K, weights[w].data(), p.N + pad, nullptr, C.data(), p.N);
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (pass > 0) times.push_back(s);
   }
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
-  std::printf("%s × %d layers, %lld rows, %d threads: median %.2f ms, best %.2f ms, B at %.1f GB/s, %.1f GFLOP/s\n",
-              only >= 0 ? products[only].name : "all four products", layers, static_cast<long long>(M),
+  std::printf("%s%s × %d layers, %lld rows, %d threads: median %.2f ms, best %.2f ms, B at %.1f GB/s, %.1f GFLOP/s\n",
+              only >= 0 ? products[only].name : "all four products", oi ? " [out, in] (matmul_bt)" : "", layers, static_cast<long long>(M),
               omp_get_max_threads(), median * 1e3, times.front() * 1e3, bytes / median / 1e9, flops / median / 1e9);
 }
