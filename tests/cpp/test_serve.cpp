@@ -361,7 +361,11 @@ TEST(Serve, PreemptedSequencesCanBeCancelled) {
       jobs.push_back(std::make_shared<Job>(r));
       ASSERT_TRUE(scheduler.submit(jobs.back()));
     }
-    for (int i = 0; i < 4000 && scheduler.stats().preemptions == 0; ++i)
+    // Four sequences of up to 300 tokens cannot all fit in 24 blocks of 16: a preemption comes before
+    // any of them finishes, however slow the steps (a sanitizer build on a loaded host takes seconds).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+    for (serve::SchedulerStats st = scheduler.stats();
+         st.preemptions == 0 && st.finished == 0 && std::chrono::steady_clock::now() < deadline; st = scheduler.stats())
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     ASSERT_GT(scheduler.stats().preemptions, 0);
     for (int i = 0; i < 6; i += 2) jobs[static_cast<size_t>(i)]->cancel();
