@@ -115,6 +115,23 @@ template <KVElementType T>
 void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<T>& kv, TensorView out,
                                   const AttentionOptions& options = {}, TensorView lse = {});
 
+// The sequences of a continuous-batching step in one call: item i is its own attention, q_i [B_i,
+// Hq, Tq_i, D] over its own keys and values (contiguous views k_i [B_i, Hkv, Tk_i, D] and v_i, or
+// `paged`, a paged sequence, B_i = 1) into out_i [B_i, Hq, Tq_i, Dv], all with the same options
+// (no attn_mask or kv_lengths: each item's keys are its own). The items that decode (few query
+// rows against their keys) run in one parallel region over all their heads and key slices,
+// instead of one region each; every out_i is, bit for bit, what the call for item i alone writes.
+// Forward only, no lse. Errors name the item.
+template <KVElementType T>
+struct AttentionBatchItem {
+  ConstTensorView q;
+  View<const T> k, v;                  // unused when paged is set
+  const PagedKVOf<T>* paged = nullptr;
+  TensorView out;
+};
+template <KVElementType T>
+void scaled_dot_product_attention(std::span<const AttentionBatchItem<T>> batch, const AttentionOptions& options = {});
+
 struct AttentionResult {
   Tensor out;  // [B, Hq, Tq, Dv]
   Tensor lse;  // [B, Hq, Tq]

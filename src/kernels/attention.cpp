@@ -176,7 +176,7 @@ void run_backward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
 
 void run_forward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
   if (isa) {
-    kernels::kernels_for(*isa).attention_forward(p);
+    kernels::kernels_for(*isa).attention_forward(&p, 1);
   } else {
     kernels::attention_forward_ref(p);
   }
@@ -274,10 +274,10 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
   forward_into(fn, p, out, lse, isa);
 }
 
+// Validates a paged sequence's q, blocks and the options; fills every input field of the params.
 template <KVElementType T>
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<T>& kv,
-                                     TensorView out, const AttentionOptions& options, TensorView lse) {
-  constexpr std::string_view fn = "scaled_dot_product_attention";
+AttentionParams paged_params(std::string_view fn, const ConstTensorView& q, const PagedKVOf<T>& kv,
+                             const AttentionOptions& options) {
   const auto positive = [&](std::string_view arg, int64_t n) {
     if (n <= 0) fail(fn, arg, "a count > 0", std::to_string(n));
   };
@@ -307,7 +307,44 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
   p.v_pages = kv.v_blocks.data();
   p.page_shift = std::countr_zero(static_cast<uint64_t>(kv.block_tokens));
   p.page_mask = kv.block_tokens - 1;
+  return p;
+}
+
+template <KVElementType T>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<T>& kv,
+                                     TensorView out, const AttentionOptions& options, TensorView lse) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  AttentionParams p = paged_params(fn, q, kv, options);
   forward_into(fn, p, out, lse, isa);
+}
+
+template <KVElementType T>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<const AttentionBatchItem<T>> batch,
+                                     const AttentionOptions& options) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  if (options.attn_mask.defined())
+    fail(fn, "options.attn_mask", "none in a batched call (each item's keys are its own)", "a mask");
+  if (!options.kv_lengths.empty())
+    fail(fn, "options.kv_lengths", "none in a batched call (each item's keys are its own)",
+         message(options.kv_lengths.size(), " lengths"));
+  std::vector<AttentionParams> ps;
+  ps.reserve(batch.size());
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const std::string name = message(fn, " (batch[", i, "])");
+    const AttentionBatchItem<T>& item = batch[i];
+    AttentionParams p = item.paged ? paged_params(name, item.q, *item.paged, options)
+                                   : make_params(name, item.q, item.k, &item.v, options);
+    check_output(name, "out", item.out, {p.B, p.Hq, p.Tq, p.Dv});
+    p.out = item.out.data;
+    p.out_stride = item.out.stride;
+    ps.push_back(p);
+  }
+  if (ps.empty()) return;
+  if (isa) {
+    kernels::kernels_for(*isa).attention_forward(ps.data(), static_cast<int64_t>(ps.size()));
+  } else {
+    for (const AttentionParams& p : ps) kernels::attention_forward_ref(p);
+  }
 }
 
 }  // namespace detail
@@ -324,7 +361,17 @@ void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<T>& kv, Ten
   detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, kv, out, options, lse);
 }
 
+template <KVElementType T>
+void scaled_dot_product_attention(std::span<const AttentionBatchItem<T>> batch, const AttentionOptions& options) {
+  detail::scaled_dot_product_attention_on<T>(kernel_choice(options.backend), batch, options);
+}
+
 #define MHSA_ATTENTION_PAGED(T)                                                                              \
+  template void scaled_dot_product_attention<T>(std::span<const AttentionBatchItem<T>>,                    \
+                                                const AttentionOptions&);                                  \
+  template void detail::scaled_dot_product_attention_on<T>(std::optional<cpu::Isa>,                        \
+                                                           std::span<const AttentionBatchItem<T>>,         \
+                                                           const AttentionOptions&);                       \
   template void scaled_dot_product_attention<T>(ConstTensorView, const PagedKVOf<T>&, TensorView,          \
                                                 const AttentionOptions&, TensorView);                      \
   template void detail::scaled_dot_product_attention_on<T>(std::optional<cpu::Isa>, ConstTensorView,      \

@@ -24,6 +24,11 @@ template <KVElementType T>
 void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<T>& kv,
                                      TensorView out, const AttentionOptions& options, TensorView lse);
 
+// The batched call (several sequences in one region), likewise.
+template <KVElementType T>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<const AttentionBatchItem<T>> batch,
+                                     const AttentionOptions& options);
+
 // scaled_dot_product_attention_backward, likewise.
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
                                               ConstTensorView k, ConstTensorView v, ConstTensorView out,

@@ -55,7 +55,7 @@ struct BtPartQ4K {
             const float* bias, float* C, int64_t ldc);                                                     \
   void gemm_ex(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const float* B,  \
                int64_t ldb, bool trans_b, float* C, int64_t ldc, bool accumulate);                         \
-  void attention_forward(const AttentionParams& p);                                                        \
+  void attention_forward(const AttentionParams* ps, int64_t count);                                        \
   void attention_backward(const AttentionParams& p);                                                       \
   void layer_norm(int64_t rows, int64_t C, const float* x, int64_t ldx, const float* gamma, const float* beta, \
                   float eps, float* y, int64_t ldy);                                                       \
@@ -118,7 +118,8 @@ struct KernelTable {
   // [K, M]; op(B) is B [K, N], or with trans_b the transpose of B stored [N, K]. accumulate: C +=.
   // For backward passes (dW += Xᵀ·dY, dX = dY·Wᵀ); deterministic like gemm.
   decltype(&portable::gemm_ex) gemm_ex;
-  // The FlashAttention forward (kernels/flash_attention.cpp): lse, and out when p.out is set.
+  // The FlashAttention forward (kernels/flash_attention.cpp) of `count` independent calls: lse, and
+  // out when set. Calls on the decode path share one parallel region (a batched decode step).
   decltype(&portable::attention_forward) attention_forward;
   // The FlashAttention backward (kernels/flash_backward.cpp): dq, dk, dv.
   decltype(&portable::attention_backward) attention_backward;

@@ -240,65 +240,104 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
   }
 }
 
+// The decode path over several calls' parameters at once (the sequences of a continuous-batching
+// step, each with its own keys and length): every call's (batch, kv head, key slice) is a task
+// of one parallel region, then every row's slices are merged. A call's results do not depend on
+// which other calls share the region: its tasks and merges are its own, in its own order.
 template <class T>
-void attention_decode(const AttentionParams& p) {
-  const int64_t group = p.Hq / p.Hkv, rows = group * p.Tq, Dv = p.out ? p.Dv : 0;
-  const int64_t splits = std::max<int64_t>(1, (p.Tk + kSplitKeys - 1) / kSplitKeys);
-  const int64_t stride = rows * (Dv + 2);  // one slice's partials: per row [Dv] output, m, l
-  AlignedFloats partials(static_cast<size_t>(p.B * p.Hkv * splits * stride));
-  std::vector<int64_t> heads(static_cast<size_t>(rows)), queries(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    heads[r] = r / p.Tq;  // relative to the group's first head
-    queries[r] = r % p.Tq;
+void attention_decode(const AttentionParams* ps, int64_t count) {
+  struct Item {
+    int64_t group, rows, Dv, splits, stride;
+    int64_t first_task, first_merge;  // its tasks and merges in the region's numbering
+    size_t partials;                  // its first partial
+    int64_t heads[kDecodeRows], queries[kDecodeRows];  // row r: query head (within the group), query
+  };
+  std::vector<Item> items(static_cast<size_t>(count));
+  int64_t tasks = 0, merges = 0;
+  size_t floats = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const AttentionParams& p = ps[i];
+    Item& it = items[static_cast<size_t>(i)];
+    it.group = p.Hq / p.Hkv;
+    it.rows = it.group * p.Tq;
+    it.Dv = p.out ? p.Dv : 0;
+    it.splits = std::max<int64_t>(1, (p.Tk + kSplitKeys - 1) / kSplitKeys);
+    it.stride = it.rows * (it.Dv + 2);  // one slice's partials: per row [Dv] output, m, l
+    it.first_task = tasks;
+    it.first_merge = merges;
+    it.partials = floats;
+    for (int64_t r = 0; r < it.rows; ++r) {
+      it.heads[r] = r / p.Tq;
+      it.queries[r] = r % p.Tq;
+    }
+    tasks += p.B * p.Hkv * it.splits;
+    merges += p.B * p.Hkv;
+    floats += static_cast<size_t>(p.B * p.Hkv * it.splits * it.stride);
   }
+  AlignedFloats partials(floats);
+  // the call whose numbering (first_task or first_merge) holds n
+  const auto owner = [&](int64_t n, int64_t Item::*first) {
+    const auto next = std::upper_bound(items.begin(), items.end(), n,
+                                       [&](int64_t value, const Item& it) { return value < it.*first; });
+    return static_cast<int64_t>(next - items.begin()) - 1;
+  };
 #pragma omp parallel  // one region: the slices, then (after the loop's barrier) their merge
   {
-#pragma omp for collapse(3) schedule(dynamic, 1)
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t hk = 0; hk < p.Hkv; ++hk)
-        for (int64_t sp = 0; sp < splits; ++sp) {
-          float* part = partials.data() + ((b * p.Hkv + hk) * splits + sp) * stride;
-          float* m = part + rows * Dv;
-          float* l = m + rows;
-          std::fill(m, m + rows, kNegInf);
-          int64_t abs_heads[kDecodeRows];
-          for (int64_t r = 0; r < rows; ++r) abs_heads[r] = hk * group + heads[r];
-          decode_slice<T>(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), rows, abs_heads,
-                       queries.data(), part, m, l);
-        }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t i = owner(t, &Item::first_task);
+      const AttentionParams& p = ps[i];
+      const Item& it = items[static_cast<size_t>(i)];
+      const int64_t local = t - it.first_task;  // ((b · Hkv) + hk) · splits + sp
+      const int64_t sp = local % it.splits, hk = local / it.splits % p.Hkv, b = local / it.splits / p.Hkv;
+      float* part = partials.data() + it.partials + static_cast<size_t>(local * it.stride);
+      float* m = part + it.rows * it.Dv;
+      float* l = m + it.rows;
+      std::fill(m, m + it.rows, kNegInf);
+      int64_t abs_heads[kDecodeRows];
+      for (int64_t r = 0; r < it.rows; ++r) abs_heads[r] = hk * it.group + it.heads[r];
+      decode_slice<T>(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), it.rows, abs_heads,
+                      it.queries, part, m, l);
+    }
     // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t hk = 0; hk < p.Hkv; ++hk)
-        for (int64_t r = 0; r < rows; ++r) {
-          const float* first = partials.data() + (b * p.Hkv + hk) * splits * stride;
-          float big_m = kNegInf;
-          for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, first[sp * stride + rows * Dv + r]);
-          const int64_t h = hk * group + heads[r], i = queries[r];
-          float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2] : nullptr;
-          float sum = 0.0f;
-          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
-          for (int64_t sp = 0; sp < splits; ++sp) {
-            const float* part = first + sp * stride;
-            const float ms = part[rows * Dv + r], ls = part[rows * Dv + rows + r];
-            if (ls == 0.0f) continue;  // every key of the slice masked (a NaN slice has l NaN)
-            const float w = std::exp(ms - big_m);  // NaN when the row's scores so far are all NaN
-            sum += w * ls;
-            for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
-          }
-          const bool masked = sum == 0.0f;  // no visible key
-          const float inv = 1.0f / sum;
-          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : out[d * p.out_stride[3]] * inv;
-          if (p.lse)
-            p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-                masked ? kNegInf : big_m + std::log(sum);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < merges; ++g) {
+      const int64_t i = owner(g, &Item::first_merge);
+      const AttentionParams& p = ps[i];
+      const Item& it = items[static_cast<size_t>(i)];
+      const int64_t local = g - it.first_merge;  // b · Hkv + hk
+      const int64_t hk = local % p.Hkv, b = local / p.Hkv;
+      const int64_t rows = it.rows, Dv = it.Dv, splits = it.splits, stride = it.stride;
+      const float* first = partials.data() + it.partials + static_cast<size_t>(local * splits * stride);
+      for (int64_t r = 0; r < rows; ++r) {
+        float big_m = kNegInf;
+        for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, first[sp * stride + rows * Dv + r]);
+        const int64_t h = hk * it.group + it.heads[r], q = it.queries[r];
+        float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + q * p.out_stride[2] : nullptr;
+        float sum = 0.0f;
+        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          const float* part = first + sp * stride;
+          const float ms = part[rows * Dv + r], ls = part[rows * Dv + rows + r];
+          if (ls == 0.0f) continue;  // every key of the slice masked (a NaN slice has l NaN)
+          const float w = std::exp(ms - big_m);  // NaN when the row's scores so far are all NaN
+          sum += w * ls;
+          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
         }
+        const bool masked = sum == 0.0f;  // no visible key
+        const float inv = 1.0f / sum;
+        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : out[d * p.out_stride[3]] * inv;
+        if (p.lse)
+          p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2]] =
+              masked ? kNegInf : big_m + std::log(sum);
+      }
+    }
   }
 }
 
 template <class T>
 void forward(const AttentionParams& p) {
-  if (takes_decode_path(p)) return attention_decode<T>(p);
+  if (takes_decode_path(p)) return attention_decode<T>(&p, 1);
   const int64_t group = p.Hq / p.Hkv;
   const int64_t q_blocks = (p.Tq + kBr - 1) / kBr;
   PackedKV kv;  // shared by all threads: packed once per (batch, kv head)
@@ -327,8 +366,21 @@ void forward(const AttentionParams& p) {
 
 }  // namespace
 
-void attention_forward(const AttentionParams& p) {
-  with_kv_element(p, [&](auto element) { forward<decltype(element)>(p); });
+// Calls that take the decode path run together, one region for all those of an element type
+// (in a batched step they all are); the others one after another.
+void attention_forward(const AttentionParams* ps, int64_t count) {
+  std::vector<AttentionParams> decode[3];  // by KVElement
+  for (int64_t i = 0; i < count; ++i) {
+    if (takes_decode_path(ps[i]))
+      decode[static_cast<int>(ps[i].kv_element)].push_back(ps[i]);
+    else
+      with_kv_element(ps[i], [&](auto element) { forward<decltype(element)>(ps[i]); });
+  }
+  for (const std::vector<AttentionParams>& list : decode)
+    if (!list.empty())
+      with_kv_element(list[0], [&](auto element) {
+        attention_decode<decltype(element)>(list.data(), static_cast<int64_t>(list.size()));
+      });
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA

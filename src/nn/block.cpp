@@ -98,38 +98,73 @@ void attend_over_cache(const Dims& d, int64_t B, int64_t T, float* qkv, float* c
   });
 }
 
-// ctx [1, T, Hq·D] = the attention of the q heads of qkv [1, T, N] over a paged sequence's keys and
-// values of `layer`, after its k and v heads are written at positions seq.length onwards. The
-// kernel walks the block table: no gather.
-void attend_over_pages(const Dims& d, int64_t layer, int64_t T, float* qkv, float* ctx, const PagedSequence& seq,
-                       const AttentionOptions& opt) {
+// Writes the k and v heads of qkv [T, N] into a paged sequence's blocks of `layer` at positions
+// seq.length onwards (rounded to the pool's type), and returns its blocks of keys and values
+// (length + T tokens) for the kernel, which walks them in place: no gather.
+template <class E>
+PagedKVOf<E> write_pages(const Dims& d, int64_t layer, int64_t T, const float* qkv, const PagedSequence& seq,
+                         std::vector<const E*>& kb, std::vector<const E*>& vb) {
   KVBlockPool& pool = *seq.pool;
   const int64_t bs = pool.block_tokens();
-  with_kv_type(pool.type(), [&](auto element) {
-    using E = decltype(element);
-    for (int64_t t = 0; t < T; ++t) {  // rounded to the pool's type as they are written
-      const int64_t pos = seq.length + t;
-      const int32_t b = seq.blocks[static_cast<size_t>(pos / bs)];
-      const float* row = qkv + t * d.N;
-      E* k = static_cast<E*>(pool.keys(layer, b)) + (pos % bs) * d.D;
-      E* v = static_cast<E*>(pool.values(layer, b)) + (pos % bs) * d.D;
-      for (int64_t h = 0; h < d.Hkv; ++h)
-        for (int64_t i = 0; i < d.D; ++i) {
-          narrow_kv(row[d.Nq + h * d.D + i], k[h * bs * d.D + i]);
-          narrow_kv(row[d.Nq + d.Nkv + h * d.D + i], v[h * bs * d.D + i]);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = seq.length + t;
+    const int32_t b = seq.blocks[static_cast<size_t>(pos / bs)];
+    const float* row = qkv + t * d.N;
+    E* k = static_cast<E*>(pool.keys(layer, b)) + (pos % bs) * d.D;
+    E* v = static_cast<E*>(pool.values(layer, b)) + (pos % bs) * d.D;
+    for (int64_t h = 0; h < d.Hkv; ++h)
+      for (int64_t i = 0; i < d.D; ++i) {
+        narrow_kv(row[d.Nq + h * d.D + i], k[h * bs * d.D + i]);
+        narrow_kv(row[d.Nq + d.Nkv + h * d.D + i], v[h * bs * d.D + i]);
+      }
+  }
+  const int64_t length = seq.length + T;
+  const size_t blocks = static_cast<size_t>(pool.blocks_for(length));
+  kb.resize(blocks);
+  vb.resize(blocks);
+  for (size_t i = 0; i < blocks; ++i) {
+    kb[i] = static_cast<const E*>(pool.keys(layer, seq.blocks[i]));
+    vb[i] = static_cast<const E*>(pool.values(layer, seq.blocks[i]));
+  }
+  return PagedKVOf<E>{kb, vb, bs, length, d.Hkv, d.D, d.D};
+}
+
+// A batched step's attention: every sequence's new keys and values appended to its own cache or
+// written to its pages, then all sequences' attention in one call (the decoding ones in one
+// parallel region over all their heads). qkv [rows, N] and ctx [rows, Nq] hold the sequences'
+// rows in turn. Sequences whose caches differ in element type are attended one type at a time.
+void attend_sequences(const Dims& d, int64_t layer, float* qkv, float* ctx, std::span<const SeqRows> seqs,
+                      const AttentionOptions& opt) {
+  const auto type_of = [](const SeqRows& s) { return s.paged ? s.paged->pool->type() : s.cache->type(); };
+  std::vector<int64_t> first(seqs.size());  // each sequence's first row
+  for (size_t i = 0, r0 = 0; i < seqs.size(); r0 += static_cast<size_t>(seqs[i++].rows)) first[i] = static_cast<int64_t>(r0);
+  for (const KVType type : {KVType::f32, KVType::bf16, KVType::f16})
+    with_kv_type(type, [&](auto element) {
+      using E = decltype(element);
+      std::vector<std::vector<const E*>> blocks(2 * seqs.size());
+      std::vector<PagedKVOf<E>> paged(seqs.size());  // sized once: the items point into it
+      std::vector<AttentionBatchItem<E>> items;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const SeqRows& seq = seqs[i];
+        if (type_of(seq) != type) continue;
+        float* q = qkv + first[i] * d.N;
+        AttentionBatchItem<E> item;
+        item.q = heads_view(q, 1, seq.rows, d.N, 0, d.Hq, d.D);
+        item.out = heads_view(ctx + first[i] * d.Nq, 1, seq.rows, d.Nq, 0, d.Hq, d.D);
+        if (seq.paged) {
+          paged[i] = write_pages<E>(d, layer, seq.rows, q, *seq.paged, blocks[2 * i], blocks[2 * i + 1]);
+          item.paged = &paged[i];
+        } else {
+          KVCache& cache = *seq.cache;
+          cache.append(heads_view(q, 1, seq.rows, d.N, d.Nq, d.Hkv, d.D),
+                       heads_view(q, 1, seq.rows, d.N, d.Nq + d.Nkv, d.Hkv, d.D));
+          item.k = cache.keys_as<E>();
+          item.v = cache.values_as<E>();
         }
-    }
-    const int64_t length = seq.length + T;
-    const size_t blocks = static_cast<size_t>(pool.blocks_for(length));
-    std::vector<const E*> kb(blocks), vb(blocks);
-    for (size_t i = 0; i < blocks; ++i) {
-      kb[i] = static_cast<const E*>(pool.keys(layer, seq.blocks[i]));
-      vb[i] = static_cast<const E*>(pool.values(layer, seq.blocks[i]));
-    }
-    scaled_dot_product_attention(heads_view(qkv, 1, T, d.N, 0, d.Hq, d.D),
-                                 PagedKVOf<E>{kb, vb, bs, length, d.Hkv, d.D, d.D},
-                                 heads_view(ctx, 1, T, d.Nq, 0, d.Hq, d.D), opt);
-  });
+        items.push_back(item);
+      }
+      if (!items.empty()) scaled_dot_product_attention<E>(std::span<const AttentionBatchItem<E>>(items), opt);
+    });
 }
 
 // y [rows, C] = attention(h [rows, C]) of layer `layer`.
@@ -142,14 +177,7 @@ void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, 
   const AttentionOptions opt = attention_options(s, layer);
   Tensor ctx({rows, d.Nq});  // heads side by side: [B, T, Hq·D]
   if (!run.seqs.empty()) {
-    int64_t r0 = 0;
-    for (const SeqRows& seq : run.seqs) {  // a batched step: each sequence [1, n] over its own cache
-      if (seq.paged)
-        attend_over_pages(d, layer, seq.rows, qkv.data() + r0 * d.N, ctx.data() + r0 * d.Nq, *seq.paged, opt);
-      else
-        attend_over_cache(d, 1, seq.rows, qkv.data() + r0 * d.N, ctx.data() + r0 * d.Nq, *seq.cache, opt);
-      r0 += seq.rows;
-    }
+    attend_sequences(d, layer, qkv.data(), ctx.data(), run.seqs, opt);  // a batched step
   } else if (run.cache) {
     attend_over_cache(d, B, T, qkv.data(), ctx.data(), *run.cache, opt);
   } else {
