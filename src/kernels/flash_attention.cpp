@@ -194,6 +194,21 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 // strided (or paged) cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
 // online softmax and P·V as the blocked path. T: the cache's element type (16-bit keys and values
 // are widened in registers, so the result is the float32 one on the widened cache).
+// orow[d0, d0 + NV·kLanes) += Σ_{jj in [lo, hi)} sr[jj] · value jb + jj, key by key in order: each
+// element the same chain of FMAs as one load-FMA-store per key, the NV vectors kept in registers.
+template <int NV, class T>
+void accumulate_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t jb, int64_t lo, int64_t hi,
+                       const float* sr, int64_t d0, float* orow) {
+  Vec acc[NV];
+  for (int v = 0; v < NV; ++v) acc[v] = load(orow + d0 + v * kLanes);
+  for (int64_t jj = lo; jj < hi; ++jj) {
+    const T* vj = value_row<T>(p, b, hk, jb + jj) + d0;
+    const Vec pj = splat(sr[jj]);
+    for (int v = 0; v < NV; ++v) acc[v] = fma(pj, load_kv(vj + v * kLanes), acc[v]);
+  }
+  for (int v = 0; v < NV; ++v) store(orow + d0 + v * kLanes, acc[v]);
+}
+
 template <class T>
 void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t n_rows,
                   const int64_t* heads, const int64_t* queries, float* o, float* m, float* l) {
@@ -215,7 +230,13 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
   for (int64_t jb = j0 + (lo_all - j0) / kKeys * kKeys; jb < hi_all; jb += kKeys) {
     const int64_t n = std::min(kKeys, j1 - jb);
     for (int64_t r = 0; r < n_rows; ++r) std::fill(s[r] + n, s[r] + kKeys, 0.0f);  // finish_scores reads them
-    for (int64_t jj = 0; jj < n; ++jj) {
+    int64_t jj = 0;
+    for (; jj + 4 <= n; jj += 4) {  // 4 keys at a time: independent chains, each decode_dot's
+      const T *k0 = key_row<T>(p, b, hk, jb + jj), *k1 = key_row<T>(p, b, hk, jb + jj + 1),
+              *k2 = key_row<T>(p, b, hk, jb + jj + 2), *k3 = key_row<T>(p, b, hk, jb + jj + 3);
+      for (int64_t r = 0; r < n_rows; ++r) decode_dot4(q[r], k0, k1, k2, k3, D, s[r] + jj);
+    }
+    for (; jj < n; ++jj) {
       const T* kj = key_row<T>(p, b, hk, jb + jj);
       for (int64_t r = 0; r < n_rows; ++r) s[r][jj] = decode_dot(q[r], kj, D);
     }
@@ -227,14 +248,25 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
       const float scale = finish_scores(s[r], kKeys, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], nullptr);
       softmax_row(s[r], kKeys, scale, m[r], l[r], o + r * Dv, Dv);
       // o += P V key by key, a running sum over the slice's 512 keys at most (the slices are
-      // merged afterwards, so the error does not grow with Tk); Dv vectors are independent chains.
-      for (int64_t jj = lo; jj < hi && values; ++jj) {
-        const T* vj = value_row<T>(p, b, hk, jb + jj);
-        const Vec pj = splat(s[r][jj]);
+      // merged afterwards, so the error does not grow with Tk); Dv vectors are independent chains,
+      // held in registers up to 8 at a time across the chunk's keys.
+      if (values && lo < hi) {
         float* orow = o + r * Dv;
-        int64_t d = 0;
-        for (; d + kLanes <= Dv; d += kLanes) store(orow + d, fma(pj, load_kv(vj + d), load(orow + d)));
-        for (; d < Dv; ++d) orow[d] += s[r][jj] * widen_kv(vj[d]);
+        const int64_t vectors = Dv / kLanes;
+        int64_t v0 = 0;
+        for (; v0 + 8 <= vectors; v0 += 8) accumulate_values<8, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow);
+        switch (vectors - v0) {
+          case 7: accumulate_values<7, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 6: accumulate_values<6, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 5: accumulate_values<5, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 4: accumulate_values<4, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 3: accumulate_values<3, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 2: accumulate_values<2, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 1: accumulate_values<1, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          default: break;
+        }
+        for (int64_t d = vectors * kLanes; d < Dv; ++d)
+          for (int64_t jj = lo; jj < hi; ++jj) orow[d] += s[r][jj] * widen_kv(value_row<T>(p, b, hk, jb + jj)[d]);
       }
     }
   }

@@ -167,6 +167,33 @@ float decode_dot(const float* a, const T* b, int64_t n) {
   return reduce_sum(acc);
 }
 
+// decode_dot of one query row against 4 keys: 4 independent chains (one FMA chain alone waits
+// on its latency), each exactly decode_dot's, so out[i] is decode_dot(a, b_i, n) bit for bit.
+template <class T>
+void decode_dot4(const float* a, const T* b0, const T* b1, const T* b2, const T* b3, int64_t n, float* out) {
+  const int64_t full = n / kLanes * kLanes;
+  Vec c0 = splat(0.0f), c1 = c0, c2 = c0, c3 = c0;
+  for (int64_t d = 0; d < full; d += kLanes) {
+    const Vec av = load(a + d);
+    c0 = fma(av, load_kv(b0 + d), c0);
+    c1 = fma(av, load_kv(b1 + d), c1);
+    c2 = fma(av, load_kv(b2 + d), c2);
+    c3 = fma(av, load_kv(b3 + d), c3);
+  }
+  if (full < n) {
+    const int rest = static_cast<int>(n - full);
+    const Vec av = load_partial(a + full, rest, 0.0f);
+    c0 = fma(av, load_partial_kv(b0 + full, rest), c0);
+    c1 = fma(av, load_partial_kv(b1 + full, rest), c1);
+    c2 = fma(av, load_partial_kv(b2 + full, rest), c2);
+    c3 = fma(av, load_partial_kv(b3 + full, rest), c3);
+  }
+  out[0] = reduce_sum(c0);
+  out[1] = reduce_sum(c1);
+  out[2] = reduce_sum(c2);
+  out[3] = reduce_sum(c3);
+}
+
 template <int R, int C>
 struct ScoresTile {
   static void run(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t D, float* s, int64_t lds) {
