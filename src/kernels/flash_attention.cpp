@@ -190,10 +190,6 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 
 // ---- Split-K decode: few query rows per kv head, many keys. ----
 
-// Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
-// strided (or paged) cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
-// online softmax and P·V as the blocked path. T: the cache's element type (16-bit keys and values
-// are widened in registers, so the result is the float32 one on the widened cache).
 // orow[d0, d0 + NV·kLanes) += Σ_{jj in [lo, hi)} sr[jj] · value jb + jj, key by key in order: each
 // element the same chain of FMAs as one load-FMA-store per key, the NV vectors kept in registers.
 template <int NV, class T>
@@ -209,6 +205,10 @@ void accumulate_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t 
   for (int v = 0; v < NV; ++v) store(orow + d0 + v * kLanes, acc[v]);
 }
 
+// Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
+// strided (or paged) cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
+// online softmax and P·V as the blocked path. T: the cache's element type (16-bit keys and values
+// are widened in registers, so the result is the float32 one on the widened cache).
 template <class T>
 void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t n_rows,
                   const int64_t* heads, const int64_t* queries, float* o, float* m, float* l) {

@@ -138,7 +138,8 @@ void attend_sequences(const Dims& d, int64_t layer, float* qkv, float* ctx, std:
   const auto type_of = [](const SeqRows& s) { return s.paged ? s.paged->pool->type() : s.cache->type(); };
   std::vector<int64_t> first(seqs.size());  // each sequence's first row
   for (size_t i = 0, r0 = 0; i < seqs.size(); r0 += static_cast<size_t>(seqs[i++].rows)) first[i] = static_cast<int64_t>(r0);
-  for (const KVType type : {KVType::f32, KVType::bf16, KVType::f16})
+  for (const KVType type : {KVType::f32, KVType::bf16, KVType::f16}) {
+    if (std::none_of(seqs.begin(), seqs.end(), [&](const SeqRows& s) { return type_of(s) == type; })) continue;
     with_kv_type(type, [&](auto element) {
       using E = decltype(element);
       std::vector<std::vector<const E*>> blocks(2 * seqs.size());
@@ -163,8 +164,9 @@ void attend_sequences(const Dims& d, int64_t layer, float* qkv, float* ctx, std:
         }
         items.push_back(item);
       }
-      if (!items.empty()) scaled_dot_product_attention<E>(std::span<const AttentionBatchItem<E>>(items), opt);
+      scaled_dot_product_attention<E>(std::span<const AttentionBatchItem<E>>(items), opt);
     });
+  }
 }
 
 // y [rows, C] = attention(h [rows, C]) of layer `layer`.
