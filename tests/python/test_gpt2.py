@@ -124,8 +124,17 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy(rng, tmp_path):
     np.testing.assert_array_equal(a, ours.generate(prompt, 16, temperature=0.9, top_p=0.9, seed=5))
     np.testing.assert_array_equal(ours.generate(prompt, 16, temperature=1.3, top_k=1, seed=3),
                                   ours.generate(prompt, 16))
-    one = ours.generate(prompt[0], 5)
-    assert one.shape == (9,) and (one[:4] == prompt[0]).all()
+    # TINY's eos (96) is a token the random model can pick, so a 1-D prompt's continuation may end
+    # early; without stop_at_eos it runs all 5 tokens. Either way each token is the greedy one.
+    for stop in (False, True):
+        one = ours.generate(prompt[0], 5, stop_at_eos=stop)
+        assert one.ndim == 1 and (one[:4] == prompt[0]).all()
+        n = one.shape[0]
+        assert n == 9 or (stop and n >= 5 and one[-1] == 96)
+        assert not stop or 96 not in one[4:-1]
+        logits = ours.forward(one[None, :-1])[0, 3:]
+        chosen = logits[np.arange(n - 4), one[4:]]
+        assert (chosen >= logits.max(axis=1) - 1e-4).all()
 
 
 def test_model_errors_are_clear(tmp_path):
