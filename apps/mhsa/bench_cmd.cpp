@@ -35,6 +35,7 @@ struct BenchArgs {
   std::string kv_dtype;  // its KV cache: f32, bf16 or f16
   int64_t depth = 0;     // tokens in the cache before the timed decoding
   int64_t batch = 1;     // sequences decoded together (Model::step, as mhsa serve batches them)
+  int64_t paged = 0;     // with batch: the caches in one pool of blocks of this many tokens (as mhsa serve's)
   std::string filter;  // comma-separated substrings: the cases whose name contains one of them run
   std::string json;    // write the results here too
   double min_seconds = 1.0;
@@ -274,9 +275,10 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 // "tg128 @ dN"); --batch N (> 1): N sequences, each with its own cache, decode together through
 // Model::step (one forward of N rows per step, as mhsa serve's continuous batching runs them),
 // named "..._tg128_b<N>": tokens/s counts all N sequences' tokens, the bytes the weights once per
-// step plus every sequence's cache.
+// step plus every sequence's cache; with --paged B, the N caches are one pool of B-token blocks
+// (a KVBlockPool, as mhsa serve keeps them), named "..._tg128_b<N>_paged<B>".
 std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, const std::string& kv_dtype,
-                              int64_t depth, int64_t batch) {
+                              int64_t depth, int64_t batch, int64_t paged) {
   const WeightType wt = parse_weight_type(dtype, "--dtype");
   const KVType kv_type = parse_kv_type(kv_dtype, "--kv-dtype");
   Model loaded = Model::load(dir, wt);
@@ -309,7 +311,8 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
   const std::string pp_name = family + kv_part + "_pp" + std::to_string(pp);
   const std::string tg_name = family + kv_part + "_tg" + std::to_string(tg) +
                               (depth > 0 ? "_d" + std::to_string(depth) : "") +
-                              (batch > 1 ? "_b" + std::to_string(batch) : "");
+                              (batch > 1 ? "_b" + std::to_string(batch) : "") +
+                              (paged > 0 ? "_paged" + std::to_string(paged) : "");
   Case prefill{pp_name, [=](double min_seconds) {
                  std::vector<int32_t> ids(static_cast<size_t>(pp));
                  for (int64_t t = 0; t < pp; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919) % c.vocab_size);
@@ -334,21 +337,42 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
                  // Sequence s starts after a prompt of depth + s tokens (distinct lengths and
                  // positions, as a server's sequences have), prefilled once, untimed.
                  std::vector<ModelCache> caches;
+                 std::optional<KVBlockPool> pool;
+                 std::vector<PagedSequence> pages(static_cast<size_t>(batch));
+                 if (paged > 0) {
+                   int64_t blocks = 0;
+                   for (int64_t s = 0; s < batch; ++s) blocks += (depth + s + tg + paged - 1) / paged;
+                   pool.emplace(c.num_layers, c.num_kv_heads, c.head_dim, c.head_dim, paged, blocks, kv_type);
+                 }
                  std::vector<int64_t> starts;
                  for (int64_t s = 0; s < batch; ++s) {
                    starts.push_back(depth + s);
-                   caches.push_back(model->new_cache(1, depth + s + tg));
                    std::vector<int32_t> prompt(static_cast<size_t>(depth + s));
                    for (int64_t t = 0; t < depth + s; ++t)
                      prompt[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7919 + s) % c.vocab_size);
-                   if (!prompt.empty()) (void)model->extend(caches.back(), prompt, 1, depth + s, true);
+                   if (pool) {
+                     PagedSequence& p = pages[static_cast<size_t>(s)];
+                     if (!pool->reserve(p, pool->blocks_for(depth + s + tg)))
+                       throw Error("mhsa bench: --paged: the pool cannot hold the sequences");
+                     pool->grow(p, depth + s + tg);
+                     const SequenceStep one{nullptr, prompt, &p};
+                     if (!prompt.empty()) (void)model->step(std::span(&one, 1));
+                   } else {
+                     caches.push_back(model->new_cache(1, depth + s + tg));
+                     if (!prompt.empty()) (void)model->extend(caches.back(), prompt, 1, depth + s, true);
+                   }
                  }
                  const std::vector<int32_t> token(static_cast<size_t>(batch), 1 % static_cast<int32_t>(c.vocab_size));
                  std::vector<SequenceStep> seqs(static_cast<size_t>(batch));
-                 for (size_t s = 0; s < seqs.size(); ++s) seqs[s] = {&caches[s], std::span(token).subspan(s, 1)};
+                 for (size_t s = 0; s < seqs.size(); ++s)
+                   seqs[s] = pool ? SequenceStep{nullptr, std::span(token).subspan(s, 1), &pages[s]}
+                                  : SequenceStep{&caches[s], std::span(token).subspan(s, 1)};
                  const Timing t = time_runs(
                      [&] {
-                       for (size_t s = 0; s < caches.size(); ++s) caches[s].truncate(starts[s]);
+                       for (size_t s = 0; s < seqs.size(); ++s) {
+                         if (pool) pages[s].length = starts[s];  // its blocks stay: they cover depth + s + tg
+                         else caches[s].truncate(starts[s]);
+                       }
                        for (int64_t i = 0; i < tg; ++i) (void)model->step(seqs);
                      },
                      min_seconds);
@@ -395,10 +419,14 @@ void run(const BenchArgs& a) {
   std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
   if (!a.json.empty()) json.emplace(a.json, "--json");
   // A model directory is loaded before the measurements: a bad one fails at once.
-  if (a.model.empty() && (a.kv_dtype != "f32" || a.depth != 0 || a.batch != 1))
-    throw Error("mhsa bench: --kv-dtype, --depth and --batch: expected with --model (they set its decode case), got no "
-                "--model");
-  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype, a.kv_dtype, a.depth, a.batch) : std::vector<Case>{
+  if (a.model.empty() && (a.kv_dtype != "f32" || a.depth != 0 || a.batch != 1 || a.paged != 0))
+    throw Error("mhsa bench: --kv-dtype, --depth, --batch and --paged: expected with --model (they set its decode case), "
+                "got no --model");
+  if (a.paged != 0 && (a.paged & (a.paged - 1)) != 0)
+    throw Error(detail::message("mhsa bench: --paged: expected a power of two (tokens per block), got ", a.paged));
+  if (a.paged != 0 && a.batch < 2)
+    throw Error("mhsa bench: --paged: expected with --batch 2 or more (the batched step's caches), got --batch 1");
+  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype, a.kv_dtype, a.depth, a.batch, a.paged) : std::vector<Case>{
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),
@@ -463,6 +491,10 @@ void add_bench_command(CLI::App& app) {
                   "serve batches them); tokens/s counts them all")
       ->default_val(1)
       ->check(integer_in(1, 256));
+  cmd->add_option("--paged", args->paged,
+                  "with --batch: keep the sequences' caches in one pool of blocks of this many tokens, as mhsa serve "
+                  "does (a power of two; serve's is 16)")
+      ->check(integer_in(1, 4096));
   cmd->add_option("--filter", args->filter, "run only the cases whose name contains this (or one of these, comma-separated)");
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")

@@ -9,7 +9,8 @@
 //
 // Admission by memory: reserve(n) promises n future allocations (false when the pool cannot keep
 // the promise), so a sequence that reserved its prompt + max_tokens never runs out half-way.
-// Memory: a block's storage is allocated when it is first handed out and kept until the pool goes.
+// Memory: blocks are allocated in slabs of consecutive ids (2 MiB and up: huge pages where the
+// system has them) when the first block of a slab is handed out, and kept until the pool goes.
 // Elements are float32 or 16-bit (KVType, kv_cache.h): a 16-bit block holds the same tokens in
 // half the bytes (block_bytes), so the same memory holds twice the blocks; admission counts blocks.
 // Not thread-safe: one owner (the server's scheduler thread). Attention gathers a sequence's
@@ -101,9 +102,12 @@ class KVBlockPool {
 
   int64_t layers_, kv_heads_, head_dim_, v_head_dim_, block_tokens_;
   KVType type_;
-  // Per block, allocated on first use: [layers, Hkv, bs, D + Dv] elements of type_ (two 16-bit
-  // ones per float).
-  std::vector<Tensor> storage_;
+  static int64_t slab_blocks(int64_t block_stride);
+  // Blocks [i·slab_blocks_, (i+1)·slab_blocks_) lie in slabs_[i], allocated when the first of them
+  // is handed out: each [layers, Hkv, bs, D + Dv] elements of type_ (two 16-bit ones per float).
+  int64_t block_stride_ = 0;  // block_bytes() rounded up to 64
+  int64_t slab_blocks_ = 1;
+  std::vector<Tensor> slabs_;
   std::vector<int32_t> refs_;         // sequences holding each block
   std::vector<int32_t> free_;         // never used or unindexed blocks with no holder
   std::map<uint64_t, int32_t> lru_;   // cached blocks by release order (tick → block)

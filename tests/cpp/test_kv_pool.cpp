@@ -125,6 +125,51 @@ void check_paged_attention(std::mt19937_64& gen, int64_t Hq, int64_t Hkv, int64_
   }
 }
 
+// Blocks are allocated in slabs of consecutive ids (huge pages for the larger ones): every block
+// must still be its own 64-byte-aligned, non-overlapping memory, keys before values, for block
+// sizes that fill a slab exactly, that leave a last partial slab, and that are not multiples of 64
+// bytes (a block of 16-bit elements with odd head sizes).
+TEST(KVPool, SlabbedBlocksAreDisjointAndAligned) {
+  struct Shape {
+    int64_t layers, heads, d, dv, bs, blocks;
+    KVType type;
+  };
+  for (const Shape& sh : {Shape{12, 12, 64, 64, 16, 13, KVType::f32},  // GPT-2 124M's: 1.18 MB blocks
+                          Shape{30, 3, 64, 64, 16, 7, KVType::bf16},     // SmolLM2-135M's, 16-bit
+                          Shape{3, 1, 5, 3, 2, 9, KVType::f16},          // 96-byte blocks: stride 128
+                          Shape{1, 2, 8, 8, 256, 3, KVType::f32}}) {     // 32 KiB blocks, a pool under a slab
+    KVBlockPool pool(sh.layers, sh.heads, sh.d, sh.dv, sh.bs, sh.blocks, sh.type);
+    PagedSequence s;
+    ASSERT_TRUE(pool.reserve(s, sh.blocks));
+    pool.grow(s, sh.blocks * sh.bs);
+    ASSERT_EQ(static_cast<int64_t>(s.blocks.size()), sh.blocks);
+    const int64_t elem = kv_type_bytes(sh.type), k_bytes = sh.heads * sh.bs * sh.d * elem;
+    const int64_t layer_bytes = sh.heads * sh.bs * (sh.d + sh.dv) * elem;
+    ASSERT_EQ(pool.block_bytes(), sh.layers * layer_bytes);
+    // Fill every layer's keys and values of every block with a byte of its own, then read all back.
+    const auto mark = [&](int32_t b, int64_t l, bool v) { return static_cast<unsigned char>(b * 31 + l * 7 + v * 3 + 1); };
+    for (int32_t b : s.blocks)
+      for (int64_t l = 0; l < sh.layers; ++l) {
+        auto* k = static_cast<unsigned char*>(pool.keys(l, b));
+        auto* v = static_cast<unsigned char*>(pool.values(l, b));
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(pool.keys(0, b)) % 64, 0u) << "block " << b;
+        EXPECT_EQ(v - k, k_bytes);
+        std::fill_n(k, k_bytes, mark(b, l, false));
+        std::fill_n(v, layer_bytes - k_bytes, mark(b, l, true));
+      }
+    for (int32_t b : s.blocks)
+      for (int64_t l = 0; l < sh.layers; ++l) {
+        const auto* k = static_cast<const unsigned char*>(pool.keys(l, b));
+        const auto* v = static_cast<const unsigned char*>(pool.values(l, b));
+        ASSERT_TRUE(std::all_of(k, k + k_bytes, [&](unsigned char c) { return c == mark(b, l, false); }))
+            << "block " << b << " layer " << l;
+        ASSERT_TRUE(std::all_of(v, v + layer_bytes - k_bytes, [&](unsigned char c) { return c == mark(b, l, true); }))
+            << "block " << b << " layer " << l;
+      }
+    pool.release(s);
+  }
+}
+
 TEST(KVPool, PagedAttentionEqualsContiguous) {
   auto gen = test::test_rng();
   AttentionOptions causal;

@@ -260,7 +260,9 @@ def test_bench_model_times_prompt_processing_and_decoding_of_a_directory(tmp_pat
 def test_bench_model_depth_and_batch(tmp_path):
     """--depth N decodes after an N-token prompt ("_d<N>"); --batch N decodes N sequences together
     through Model::step ("_b<N>", tokens counting every sequence's, the weights' bytes once per
-    step); a depth that leaves no room is refused with the numbers; both need --model."""
+    step), --paged B with their caches in a pool of B-token blocks as mhsa serve keeps them
+    ("_paged<B>", the same bytes); a depth that leaves no room is refused with the numbers; all
+    need --model, --paged a power of two and --batch."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.LlamaConfig(vocab_size=83, hidden_size=24, intermediate_size=37, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=200)
@@ -268,7 +270,8 @@ def test_bench_model_depth_and_batch(tmp_path):
     work = {}
     for extra, name, tokens in [([], "llama_tg128", 128), (["--depth", "50"], "llama_tg128_d50", 128),
                                 (["--batch", "5"], "llama_tg128_b5", 640),
-                                (["--depth", "70", "--batch", "5"], "llama_tg126_d70_b5", 630)]:
+                                (["--depth", "70", "--batch", "5"], "llama_tg126_d70_b5", 630),
+                                (["--depth", "70", "--batch", "5", "--paged", "8"], "llama_tg126_d70_b5_paged8", 630)]:
         r = run("bench", "--model", tmp_path / "m", "--filter", "tg", "--min-seconds", "0.01", "--json",
                 tmp_path / "b.json", "-t", "1", *extra)
         assert r.returncode == 0, r.stderr
@@ -278,11 +281,16 @@ def test_bench_model_depth_and_batch(tmp_path):
     # Deeper caches are more bytes; five sequences read the weights once a step, so less than 5x.
     assert work["llama_tg128"] < work["llama_tg128_d50"]
     assert work["llama_tg128"] < work["llama_tg128_b5"] < 5 * work["llama_tg128"]
+    assert work["llama_tg126_d70_b5_paged8"] == work["llama_tg126_d70_b5"]
     r = run("bench", "--model", tmp_path / "m", "--depth", "197", "--batch", "4", "--min-seconds", "0.01")
     assert r.returncode == 2 and "--depth: expected at most 196 (the model's context less --batch), got 197" in r.stderr
-    for extra in (["--batch", "2"], ["--depth", "3"]):
+    for extra in (["--batch", "2"], ["--depth", "3"], ["--batch", "2", "--paged", "16"]):
         r = run("bench", *extra, "--min-seconds", "0.01")
         assert r.returncode == 2 and "expected with --model" in r.stderr, r.stderr
+    for extra, message in ((["--batch", "2", "--paged", "12"], "--paged: expected a power of two (tokens per block), got 12"),
+                           (["--paged", "16"], "--paged: expected with --batch 2 or more")):
+        r = run("bench", "--model", tmp_path / "m", *extra, "--min-seconds", "0.01")
+        assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 def test_bench_model_refuses_a_directory_without_a_model(tmp_path):
