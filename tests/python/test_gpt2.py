@@ -46,6 +46,22 @@ def rel_l2(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def assert_same_greedy_tokens(got, want, hf):
+    """Greedy continuations [B, T] equal, or parting only where transformers' own logits nearly tie
+    (float32 sums in another order may pick the other of two tokens within ~1e-6 of each other,
+    as in test_families.py;
+    both continuations are then right, and they differ from there on)."""
+    assert got.shape[0] == want.shape[0], (got.shape, want.shape)
+    for g, w in zip(got, want):
+        n = min(len(g), len(w))
+        if len(g) == len(w) and (g == w).all():
+            continue
+        p = int(np.argmax(np.append(g[:n] != w[:n], True)))
+        assert p < n, f"the same tokens, different lengths: {g} vs {w}"
+        logits = hf_logits(hf, w[None, :p])[0, -1]
+        assert logits[w[p]] - logits[g[p]] <= 1e-4 * np.abs(logits).max(), (p, g, w)
+
+
 TINY = dict(vocab_size=97, n_positions=64, n_embd=48, n_layer=3, n_head=4, bos_token_id=96, eos_token_id=96)
 
 
@@ -63,8 +79,7 @@ def test_tiny_logits_and_greedy_match_transformers(rng, tmp_path, shape):
     prompt = rng.integers(0, V - 1, (2, 7))
     want = hf.generate(torch.as_tensor(prompt), max_new_tokens=20, do_sample=False, pad_token_id=V - 1,
                        attention_mask=torch.ones(prompt.shape, dtype=torch.long))
-    got = ours.generate(prompt, max_new_tokens=20)
-    np.testing.assert_array_equal(got, want.numpy())
+    assert_same_greedy_tokens(ours.generate(prompt, max_new_tokens=20), want.numpy(), hf)
 
 
 def test_gpt2_small_shape_matches_transformers(rng, tmp_path):
@@ -77,7 +92,7 @@ def test_gpt2_small_shape_matches_transformers(rng, tmp_path):
     prompt = rng.integers(0, 50256, (1, 5))
     want = hf.generate(torch.as_tensor(prompt), max_new_tokens=8, do_sample=False, pad_token_id=50256,
                        attention_mask=torch.ones(prompt.shape, dtype=torch.long))
-    np.testing.assert_array_equal(ours.generate(prompt, max_new_tokens=8), want.numpy())
+    assert_same_greedy_tokens(ours.generate(prompt, max_new_tokens=8), want.numpy(), hf)
 
 
 def test_bare_names_and_buffers_as_on_the_hub(rng, tmp_path):
