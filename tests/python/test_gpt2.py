@@ -47,10 +47,9 @@ def rel_l2(a, b):
 
 
 def assert_same_greedy_tokens(got, want, hf):
-    """Greedy continuations [B, T] equal, or parting only where transformers' own logits nearly tie
-    (float32 sums in another order may pick the other of two tokens within ~1e-6 of each other,
-    as in test_families.py;
-    both continuations are then right, and they differ from there on)."""
+    """Greedy continuations [B, T] equal, or parting only where transformers' own logits nearly tie,
+    as test_families.py allows: float32 sums in another order may pick the other of two tokens
+    within ~1e-6 of each other; both continuations are then right, and differ from there on."""
     assert got.shape[0] == want.shape[0], (got.shape, want.shape)
     for g, w in zip(got, want):
         n = min(len(g), len(w))
