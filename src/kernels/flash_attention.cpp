@@ -190,6 +190,12 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 
 // ---- Split-K decode: few query rows per kv head, many keys. ----
 
+// Asks for the cache lines of [p, p + bytes) (a prefetch never faults).
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+}
+
 // orow[d0, d0 + NV·kLanes) += Σ_{jj in [lo, hi)} sr[jj] · value jb + jj, key by key in order: each
 // element the same chain of FMAs as one load-FMA-store per key, the NV vectors kept in registers.
 template <int NV, class T>
@@ -234,6 +240,11 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
     for (; jj + 4 <= n; jj += 4) {  // 4 keys at a time: independent chains, each decode_dot's
       const T *k0 = key_row<T>(p, b, hk, jb + jj), *k1 = key_row<T>(p, b, hk, jb + jj + 1),
               *k2 = key_row<T>(p, b, hk, jb + jj + 2), *k3 = key_row<T>(p, b, hk, jb + jj + 3);
+      // The next chunk's keys and values (those the slice reads), while this chunk computes.
+      for (int64_t f = jb + kKeys + jj, end = std::min(hi_all, f + 4); f < end; ++f) {
+        prefetch_bytes(key_row<T>(p, b, hk, f), D * static_cast<int64_t>(sizeof(T)));
+        if (values) prefetch_bytes(value_row<T>(p, b, hk, f), Dv * static_cast<int64_t>(sizeof(T)));
+      }
       for (int64_t r = 0; r < n_rows; ++r) decode_dot4(q[r], k0, k1, k2, k3, D, s[r] + jj);
     }
     for (; jj < n; ++jj) {
