@@ -91,10 +91,14 @@ def test_forward_and_gradients_match_float64(gen, case):
     t32, t32_g = sdpa_grads(ORIGINAL, inputs(torch.float32), dout, **kw)
     assert ours.shape == ref.shape == out_shape
     check_against_torch(ours, t32, ref)
+    # The gradients' floor is a few fp32 roundings (5e-7, as in test_backward_torch.py): with one
+    # query row per head (3d-Tq1) both errors are rounding noise of ~1-4e-7, shared by a head's
+    # whole dk and dv, and their ratio passed 2 on ~1.7% of seeds (ours 3.9e-7 against torch's
+    # 1.8e-7 for MHSA_TEST_SEED=1469120736); a wrong gradient is off by 1e-3 or more.
     names = ["dq", "dk", "dv", "dmask"]
     for name, o, t, r in zip(names, ours_g, t32_g, ref_g):
         assert o.shape == r.shape, name
-        check_against_torch(o, t, r)
+        check_against_torch(o, t, r, floor=5e-7)
     assert mt.calls["forward"] == before["forward"] + 1 and mt.calls["backward"] == before["backward"] + 1
     assert mt.calls["mask_grad"] == before["mask_grad"] + (mask_kind == "float-grad")
 
