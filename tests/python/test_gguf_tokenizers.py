@@ -256,6 +256,11 @@ def test_a_small_gemma4_vocab_file(tmp_path):
      "'tokenizer.ggml.merges'[1]", "concatenation is a token"),
     (dict(model="gpt2", extra=lambda w: (w.add_tokenizer_pre("qwen2"), w.add_token_merges(["ab"]))),
      "'tokenizer.ggml.merges'[0]", "two tokens"),
+    # GPT-2's own vocabulary (read as a tokenizer.json's) with a token of raw bytes: found by the fuzzer,
+    # it escaped as a JSON library exception instead of an error naming the token.
+    (dict(model="gpt2", tokens=["a", "b", b"\xfd\x80", "ab"], scores=False, types=False,
+          extra=lambda w: (w.add_tokenizer_pre("gpt-2"), w.add_token_merges(["a b"]))),
+     "'tokenizer.ggml.tokens'", "invalid UTF-8 in token 2"),
 ])
 def test_hostile_tokenizer_metadata_is_refused(tmp_path, case, key, words):
     path = vocab_file(tmp_path / "v.gguf", **case)
