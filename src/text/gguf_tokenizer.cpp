@@ -30,6 +30,7 @@
 #include "io/json.h"
 #include "mhsa/tokenizer.h"
 #include "text/hf_tokenizer.h"
+#include "text/unicode_data.h"
 
 namespace mhsa::text {
 namespace {
@@ -360,22 +361,13 @@ void gemma4(const detail::GgufFile& f, const std::string& fn, std::unique_ptr<Hf
   out->whole_newline_runs();
 }
 
-// Whether s is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF):
-// what a tokenizer.json vocabulary, which the "gpt2" vocabulary is turned into, can hold.
+// Whether s is well-formed UTF-8 (decode_utf8's strict rule): what a tokenizer.json vocabulary,
+// which the "gpt2" vocabulary is turned into, can hold.
 bool valid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return false;
-    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
-    for (size_t k = 1; k < n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xC0) != 0x80) return false;
-      cp = cp << 6 | (b & 0x3F);
-    }
-    static constexpr uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kLeast[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += n;
+    const Utf8 u = decode_utf8(s, i);
+    if (!u.valid) return false;
+    i += static_cast<size_t>(u.len);
   }
   return true;
 }
