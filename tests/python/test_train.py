@@ -184,6 +184,13 @@ def test_bad_requests_are_clear_errors(text, tmp_path):
                                   in r.stderr) and "got 9 and 0 tokens from the 9 bytes" in r.stderr
     r = train("--data", text, "--out", tmp_path / "m", "--tokenizer", tmp_path, check=False)
     assert r.returncode == 2 and "vocab.json" in r.stderr  # a directory without vocabulary files
+    # A tokenizer directory whose path is not UTF-8 (Linux allows it): the checkpoint's options are
+    # JSON, so the path is refused up front, by name, before any step is lost.
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/tok\xff"))
+    shutil.copytree(ROOT / "tests" / "data" / "gpt2-tokenizer", odd)
+    r = train("--data", text, "--out", tmp_path / "odd", "--tokenizer", odd, check=False)
+    assert r.returncode == 2 and "tokenizer: expected a directory path of valid UTF-8" in r.stderr, r.stderr
+    assert "invalid UTF-8 at byte" in r.stderr and not (tmp_path / "odd").exists()
     r = train("--data", text, "--out", tmp_path / "m", "--resume", check=False)
     assert r.returncode == 2 and "--resume: expected a checkpoint in" in r.stderr
     r = train("--data", text, "--out", tmp_path / "m", "--embd", 30, "--heads", 4, check=False)
