@@ -17,6 +17,7 @@
 #include "io/file.h"
 #include "io/json.h"
 #include "kernels/half.h"
+#include "text/unicode_data.h"
 
 namespace mhsa {
 namespace {
@@ -187,10 +188,21 @@ Tensor SafeTensors::load(std::string_view name) const {
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, ConstTensorView>>& tensors,
                       const std::map<std::string, std::string>& metadata, DType dtype) {
   const std::string fn = "save_safetensors";
+  // The header is JSON, which holds UTF-8 text only: a name or metadata entry that is not is refused
+  // here, by name, rather than by the JSON library's exception.
+  const auto utf8 = [&](const std::string& what, const std::string& s) {
+    if (const size_t at = text::invalid_utf8_at(s); at != std::string::npos)
+      fail(fn, what, "valid UTF-8 (the header is JSON)", message(quote(s), ", invalid at byte ", at));
+  };
+  for (const auto& [key, value] : metadata) {
+    utf8("metadata key", key);
+    utf8("metadata '" + key + "'", value);
+  }
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, view] : tensors) {
+    utf8("tensor name", name);
     if (name == "__metadata__" || header.contains(name)) fail(fn, "tensors", "unique names other than __metadata__", "'" + name + "'");
     if (view.numel() > 0 && !view.data) fail(fn, "tensor '" + name + "'", "data", "a null pointer");
     const uint64_t bytes = static_cast<uint64_t>(view.numel()) * static_cast<uint64_t>(itemsize(dtype));

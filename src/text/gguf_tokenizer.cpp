@@ -361,16 +361,6 @@ void gemma4(const detail::GgufFile& f, const std::string& fn, std::unique_ptr<Hf
   out->whole_newline_runs();
 }
 
-// Whether s is well-formed UTF-8 (decode_utf8's strict rule): what a tokenizer.json vocabulary,
-// which the "gpt2" vocabulary is turned into, can hold.
-bool valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const Utf8 u = decode_utf8(s, i);
-    if (!u.valid) return false;
-    i += static_cast<size_t>(u.len);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -421,7 +411,7 @@ Tokenizer gguf_tokenizer(const detail::GgufFile& f, int64_t vocab_size) {
   const std::vector<std::string_view> tokens = f.get_strings("tokenizer.ggml.tokens");
   for (size_t id = 0; id < tokens.size(); ++id) {
     const std::string token(tokens[id]);
-    if (!valid_utf8(token))  // byte-level BPE tokens are printable characters, never raw bytes
+    if (invalid_utf8_at(token) != std::string_view::npos)  // byte-level BPE tokens are printable characters, never raw bytes
       detail::fail(fn, "metadata 'tokenizer.ggml.tokens'", "tokens of valid UTF-8",
                    "invalid UTF-8 in token " + std::to_string(id));
     if (vocab.contains(token))

@@ -92,6 +92,15 @@ size_t incomplete_utf8_tail(std::string_view s) {
   return 0;
 }
 
+size_t invalid_utf8_at(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const Utf8 u = decode_utf8(s, i);
+    if (!u.valid) return i;
+    i += static_cast<size_t>(u.len);
+  }
+  return std::string_view::npos;
+}
+
 // Strict UTF-8, as Python decodes it: no overlong forms, no surrogates, nothing past U+10FFFF.
 // A byte that does not start a well-formed sequence is invalid on its own; the next byte starts
 // afresh.

@@ -38,6 +38,9 @@ struct Utf8 {
 // invalid on its own; the next byte starts afresh.
 Utf8 decode_utf8(std::string_view s, size_t i);
 void append_utf8(std::string& out, char32_t cp);  // any code point below 0x110000
+// The first byte of s that is not part of strict UTF-8 (decode_utf8's rule), or npos: what a JSON
+// string (a checkpoint's options, a safetensors header, a tokenizer.json vocabulary) can hold.
+size_t invalid_utf8_at(std::string_view s);
 // How many bytes at the end of s begin a UTF-8 character that is not complete yet (0 to 3): what
 // a stream must hold back until the next bytes come.
 size_t incomplete_utf8_tail(std::string_view s);

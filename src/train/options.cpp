@@ -57,10 +57,9 @@ void TrainOptions::validate() const {
     fail(fn, "dtype", "f32 or bf16", detail::json_excerpt(nlohmann::json(dtype)));
   // The checkpoint records the tokenizer's directory in its options (JSON, which holds UTF-8 only),
   // and a resumed run loads the vocabulary from there.
-  for (size_t i = 0; i < tokenizer.size();)
-    if (const text::Utf8 c = text::decode_utf8(tokenizer, i); c.valid) i += static_cast<size_t>(c.len);
-    else fail(fn, "tokenizer", "a directory path of valid UTF-8 (checkpoints record it in JSON)",
-              message(detail::quote(tokenizer), ", invalid UTF-8 at byte ", i));
+  if (const size_t at = text::invalid_utf8_at(tokenizer); at != std::string_view::npos)
+    fail(fn, "tokenizer", "a directory path of valid UTF-8 (checkpoints record it in JSON)",
+         message(detail::quote(tokenizer), ", invalid UTF-8 at byte ", at));
   check_range(fn, "lr", lr, 0, inf, true);
   check_range(fn, "min_lr_ratio", min_lr_ratio, 0, 1);
   check_range(fn, "clip", clip, 0, inf);

@@ -117,6 +117,29 @@ TEST(ShardedSafeTensors, SingleFileFirst) {
   expect_error(error_of([&] { ShardedSafeTensors::open_dir(empty.path / "nope"); }), "no such directory");
 }
 
+// The writer's header is JSON: a tensor name or metadata entry that is not UTF-8 (a C++ caller's
+// bytes) is an mhsa::Error naming it, no file is left behind, and valid multi-byte names round-trip.
+TEST(SaveSafeTensors, RefusesNamesAndMetadataThatAreNotUtf8) {
+  auto gen = test_rng();
+  const Dir d;
+  const Tensor t = random_tensor(gen, {2, 3});
+  const std::string path = (d.path / "x.safetensors").string();
+  const std::string bad = "w\xff", overlong = "w\xc0\xaf", surrogate = "w\xed\xa0\x80";
+  for (const std::string& b : {bad, overlong, surrogate}) {
+    expect_error(error_of([&] { save_safetensors(path, {{b, t.view()}}); }), "tensor name: expected valid UTF-8");
+    expect_error(error_of([&] { save_safetensors(path, {{"w", t.view()}}, {{"k", b}}); }),
+                 "metadata 'k': expected valid UTF-8");
+    expect_error(error_of([&] { save_safetensors(path, {{"w", t.view()}}, {{b, "v"}}); }), "metadata key");
+    expect_error(error_of([&] { save_safetensors(path, {{b, t.view()}}); }), "invalid at byte 1");
+  }
+  EXPECT_TRUE(fs::is_empty(d.path));
+  save_safetensors(path, {{"w\u00e9\U0001F600", t.view()}}, {{"n\u00e9", "\u4e2d"}});
+  const SafeTensors f = SafeTensors::open(path);
+  EXPECT_EQ(f.metadata().at("n\u00e9"), "\u4e2d");
+  const Tensor back = f.load("w\u00e9\U0001F600");
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(back.data()[i], t.data()[i]);
+}
+
 TEST(ShardedSafeTensors, RefusesHostileIndexes) {
   auto gen = test_rng();
   const Dir d;
