@@ -3,13 +3,15 @@ first line), driven by the official `openai` client — completions, chat comple
 strings, seeds, usage — with `mhsa generate` and `mhsa chat --messages` as the oracles (greedy, and
 sampled with a seed); concurrent requests get what they get alone; hostile HTTP (bad JSON, wrong
 types, huge numbers, a 10 MB body, a request cut off, a wrong API key, a full queue, a client that
-leaves mid-stream) gets the documented status and the server keeps serving; the paged KV pool: a
+leaves mid-stream) gets the documented status and the server keeps serving, as do 500 randomly
+mutated requests; the paged KV pool: a
 full pool queues, a request larger than it is refused, the blocks come back, a shared prompt prefix
 is prefilled once and gives generate's text, with --preempt requests that need more than the pool
 are preempted and resume with the text they get alone; SIGTERM exits 0; log-probabilities (completions' and
 chat's shapes): each token's is the log-softmax of mhsa.Model's own logits at its place, top lists
 sorted and counted, text offsets, streamed as whole, batched as alone, bad values 400."""
 
+import http.client
 import json
 import os
 import random
@@ -499,6 +501,98 @@ def test_hostile_http(gpt2):
     assert raw(gpt2.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                shutdown=False).startswith("HTTP/1.1 200")
     healthy(gpt2)
+
+
+# ---- fuzzing the API: random mutations of valid requests ------------------------------------------
+
+HOSTILE_VALUES = [None, True, False, 0, -1, 1, 3, 2**31, 2**63 - 1, 2**64, -2**63, 10**30, 1e308, -0.0, 0.5, 2.5,
+                  float("nan"), float("inf"), "", "x", "10", "\ud800", "é" * 300, "<|endoftext|>", [], [1], [-5],
+                  [10**12], ["a"] * 5, [[]], [None], {}, {"a": 1}, {"include_usage": "yes"}, [[[[[[[]]]]]]]]
+COMPLETION_FIELDS = ["prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "stream", "stream_options",
+                     "logprobs", "n", "echo", "suffix", "best_of", "model", "presence_penalty", "frequency_penalty",
+                     "logit_bias", "user", "top_logprobs", "unknown"]
+CHAT_FIELDS = ["messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "stream",
+               "stream_options", "logprobs", "top_logprobs", "n", "model", "logit_bias", "tools", "unknown"]
+
+
+def mutated_body(rng, base, fields):
+    """A valid body with one to three mutations: a field set to a hostile value, removed or nested
+    wrongly, a message's parts mistyped; then, sometimes, the JSON text itself cut, flipped, given a
+    duplicate key or invalid UTF-8."""
+    body = json.loads(json.dumps(base))
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.random()
+        if kind < 0.55:
+            body[rng.choice(fields)] = rng.choice(HOSTILE_VALUES)
+        elif kind < 0.7 and body:
+            body.pop(rng.choice(list(body)))
+        elif kind < 0.85 and isinstance(body.get("messages"), list) and body["messages"]:
+            m = rng.choice(body["messages"])
+            if isinstance(m, dict):
+                m[rng.choice(["role", "content", "name", "tool_calls"])] = rng.choice(
+                    HOSTILE_VALUES + ["user", "assistant", "tool", "system", [{"type": "text", "text": "hi"}],
+                                      [{"type": "text"}], [{"type": "text", "text": 5}]])
+        else:
+            body["max_tokens"] = rng.choice([0, 1, 2, 5, 16])
+    text = json.dumps(body).encode()  # NaN and inf as JSON's invalid NaN / Infinity; "\ud800" escaped
+    kind = rng.random()
+    if kind < 0.08:
+        text = text[:rng.randrange(len(text) + 1)]
+    elif kind < 0.16:
+        i = rng.randrange(len(text))
+        text = text[:i] + bytes([rng.randrange(256)]) + text[i + 1:]
+    elif kind < 0.22 and text.startswith(b"{") and len(text) > 2:
+        text = b'{"max_tokens": -1, ' + text[1:]  # a duplicate key, first or last wins
+    elif kind < 0.26:
+        text = text.replace(b'"', b'"\xff', 1)
+    return text
+
+
+def fuzz_requests(server, path, base, fields, rng, n):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    statuses = {}
+    for i in range(n):
+        body = mutated_body(rng, base, fields)
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        statuses[r.status] = statuses.get(r.status, 0) + 1
+        what = f"request {i}: {body[:300]!r} -> {r.status} {data[:300]!r}"
+        assert r.status in (200, 400, 404, 413), what
+        if r.status != 200:
+            e = json.loads(data)["error"]
+            assert set(e) == {"message", "type", "param", "code"} and e["message"], what
+            continue
+        if r.getheader("Content-Type", "").startswith("text/event-stream"):
+            events = [line[6:] for line in data.decode().split("\n") if line.startswith("data: ")]
+            assert events and events[-1] == "[DONE]", what
+            chunks = [json.loads(e) for e in events[:-1]]
+            assert all(c["choices"] or "usage" in c for c in chunks), what
+        else:
+            answer = json.loads(data)
+            assert len(answer["choices"]) == 1 and answer["usage"]["completion_tokens"] >= 0, what
+        if r.getheader("Connection", "").lower() == "close":
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.close()
+    return statuses
+
+
+def test_fuzzed_requests_get_documented_answers(gpt2, chat, rng):
+    """Random mutations of valid requests (hostile values in every field, fields removed, messages
+    mistyped, the JSON text cut, flipped, duplicated or made invalid UTF-8), 250 to each endpoint:
+    every answer is 200 with a well-formed body or stream, or a documented error status with
+    OpenAI's error body; no 500 is ever counted; the servers then answer as before."""
+    completions = fuzz_requests(gpt2, "/v1/completions", {"prompt": "Hello world", "max_tokens": 4, "temperature": 0},
+                                COMPLETION_FIELDS, rng, 250)
+    base = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+            "max_tokens": 4}
+    chats = fuzz_requests(chat, "/v1/chat/completions", base, CHAT_FIELDS, rng, 250)
+    for s, statuses in [(gpt2, completions), (chat, chats)]:
+        assert statuses.get(200, 0) >= 20 and statuses.get(400, 0) >= 100, statuses  # both sides were reached
+        with urllib.request.urlopen(s.url + "/metrics") as r:
+            assert 'status="500"' not in r.read().decode()
+        healthy(s)
 
 
 def test_api_key(gpt2_dir):
