@@ -2,8 +2,10 @@
 // text of token ids, using the tokenizer files of a model directory (tokenizer.json, encoded as
 // transformers' tokenizer(text) encodes it, BOS included unless --no-special-tokens; or GPT-2's
 // vocab.json + merges.txt / encoder.json + vocab.bpe; or a GGUF file's tokenizer, encoded as llama.cpp
-// encodes it, BOS as its metadata says). TEXT "-" reads standard input. A quick look
-// at how text splits; not a batch tool: one text per call.
+// encodes it, BOS as its metadata says; or, for a model directory with neither, as a byte-level
+// model of 256 tokens is read: its bytes). Without --model, the model `mhsa generate` runs (the
+// embedded default model). TEXT "-" reads standard input. A quick look at how text splits; not a
+// batch tool: one text per call.
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,7 +16,9 @@
 #include <vector>
 
 #include "commands.h"
+#include "default_model.h"
 #include "mhsa/error.h"
+#include "mhsa/model_config.h"
 #include "mhsa/tokenizer.h"
 
 namespace mhsa::cli {
@@ -65,8 +69,20 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// The tokenizer generate would use with the model at dir: its files, a GGUF file's metadata, or
+// bytes for a byte-level model's directory (config.json of 256 tokens, no tokenizer files).
+Tokenizer model_tokenizer(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool files = fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "vocab.json", ec) ||
+                     fs::exists(dir / "encoder.json", ec);
+  if (fs::is_directory(dir, ec) && !files && fs::exists(dir / "config.json", ec))
+    return Tokenizer::for_model(dir, ModelConfig::load(dir / "config.json").vocab_size);
+  return Tokenizer::load_dir(dir);
+}
+
 void run(const TokenizeArgs& a) {
-  const Tokenizer tok = Tokenizer::load_dir(a.model);
+  const Tokenizer tok = model_tokenizer(model_dir(a.model));
   const std::string text = a.text == "-" ? read_stdin() : a.text;
   if (a.decode) {
     const std::string bytes = tok.decode(parse_ids(text));
@@ -96,8 +112,8 @@ void add_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "token ids of a text (or, with --decode, the text of ids)");
   cmd->add_option("--model", args->model,
-                  "directory with tokenizer.json, or vocab.json + merges.txt (or encoder.json + vocab.bpe); or a .gguf file")
-      ->required();
+                  "directory with tokenizer.json, or vocab.json + merges.txt (or encoder.json + vocab.bpe), or a "
+                  "byte-level model's; or a .gguf file (default: the embedded byte-level model)");
   cmd->add_option("TEXT", args->text, "the text, or token ids with --decode; '-' reads standard input")->required();
   CLI::Option* json = cmd->add_flag(
       "--json", args->json, "print {\"ids\": [...], \"tokens\": [...]}, tokens as vocab.json spells them (\"Ġworld\")");

@@ -195,6 +195,26 @@ def test_generate_refuses_a_prompt_longer_than_the_context():
     assert "--prompt: expected at most 512 tokens (the model's context is 512 tokens), got 600 tokens" in r.stderr
 
 
+def test_tokenize_reads_the_models_generate_runs(tmp_path):
+    """Without --model, tokenize uses the default model generate runs (byte-level: a text's bytes);
+    a byte-level model's directory (config.json of 256 tokens, no tokenizer files) likewise; a
+    directory of a larger vocabulary without tokenizer files is an error naming both."""
+    text = "Hi é\u4e2d\n"
+    want = " ".join(str(b) for b in text.encode())
+    for args in ([], ["--model", DEFAULT_MODEL]):
+        r = run("tokenize", *args, text)
+        assert r.returncode == 0 and r.stdout.strip() == want, r.stderr
+        r = run("tokenize", *args, "--decode", want)
+        assert r.returncode == 0 and r.stdout == text, r.stderr
+    j = json.loads(run("tokenize", "--json", "a b").stdout)
+    assert j == {"ids": [97, 32, 98], "tokens": ["a", "\u0120", "b"]}  # bytes as GPT-2's files spell them
+    config = json.loads((DEFAULT_MODEL / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "vocab_size": 300}))
+    r = run("tokenize", "--model", tmp_path, "x")
+    assert r.returncode == 2 and "vocab.json and merges.txt (or a byte-level model of 256 tokens)" in r.stderr
+    assert "for a vocabulary of 300" in r.stderr
+
+
 def test_generate_and_explain_refuse_a_tokenizer_of_another_model(tmp_path):
     for f in ("config.json", "model.safetensors"):
         shutil.copy(DEFAULT_MODEL / f, tmp_path / f)
