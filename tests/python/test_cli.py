@@ -7,7 +7,8 @@ no weights to download):
 - output that cannot be written (/dev/full, a file larger than allowed) is an error, exit status 1,
   and a report that was there before is left as it was;
 - thread counts that crash OpenMP (-t 100000, OMP_NUM_THREADS=100000) are refused or capped;
-- `mhsa generate` checks its model and tokenizer belong together, and echoes the prompt on a terminal.
+- `mhsa generate` checks its model and tokenizer belong together, and echoes the prompt on a terminal;
+- `mhsa tokenize` reads the tokenizer generate would use: the default model's bytes without --model.
 
 Run with MHSA_CLI naming the mhsa binary (default: build/mhsa) and, for the import test,
 PYTHONPATH (or MHSA_PYTHONPATH) naming the build's python directory.
