@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/check.h"
@@ -69,6 +71,51 @@ std::string InputFile::read_all() {
 
 std::string read_file(const std::filesystem::path& path, std::string_view fn, std::string_view arg) {
   return InputFile(path, fn, arg).read_all();
+}
+
+OutputFile::OutputFile(std::string dest, std::string fn) : dest_(std::move(dest)), fn_(std::move(fn)) {
+  static std::atomic<uint64_t> writers{0};
+  tmp_ = message(dest_, ".tmp.", ::getpid(), ".", writers.fetch_add(1));
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd_ < 0) failed("a writable location", errno);
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) std::remove(tmp_.c_str());
+}
+
+void OutputFile::failed(const char* expected, int err) {
+  fail(fn_, "path", expected, message("'", dest_, "': ", std::strerror(err)));
+}
+
+void OutputFile::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) failed("a complete write", n < 0 ? errno : ENOSPC);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void OutputFile::commit(bool replace) {
+  const int fd = fd_;
+  fd_ = -1;
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    failed("a complete write", err);
+  }
+  if (::close(fd) != 0) failed("a complete write", errno);
+  if (replace) {
+    if (std::rename(tmp_.c_str(), dest_.c_str()) != 0) failed("a location the file can be renamed into", errno);
+  } else {
+    if (::link(tmp_.c_str(), dest_.c_str()) != 0) failed("a file that does not exist yet (or overwrite)", errno);
+    std::remove(tmp_.c_str());
+  }
+  committed_ = true;
 }
 
 }  // namespace mhsa::detail

@@ -1,7 +1,8 @@
 // io/file.h — opening the files the library reads (safetensors, config.json, vocab.json,
 // merges.txt, training text): regular files only. A FIFO would block the reader forever, a
 // directory or a device is never what was meant; each is refused with an mhsa::Error naming the
-// file and what it is. Not a general file API: reading only, whole files or a descriptor to map.
+// file and what it is. And the one way the library writes a file (safetensors, GGUF): a
+// temporary file beside it, moved into place only when complete. Not a general file API.
 #pragma once
 
 #include <cstdint>
@@ -35,5 +36,29 @@ class InputFile {
 
 // The bytes of a regular file (see InputFile).
 std::string read_file(const std::filesystem::path& path, std::string_view fn, std::string_view arg);
+
+// A file written beside its destination and moved onto it only when complete, so that a reader,
+// a crash or a full disk never sees half a file where a whole one was: created O_EXCL as
+// "<dest>.tmp.<pid>.<n>" (n counts this process's writers, so two threads writing the same
+// destination never share a temporary file), every write checked, fsync'd before it is moved,
+// removed unless committed. Errors: "<fn>: path: expected ..., got '<dest>': <strerror>".
+class OutputFile {
+ public:
+  OutputFile(std::string dest, std::string fn);
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  ~OutputFile();
+
+  void write(const void* data, size_t bytes);
+  // Flushes the file to disk and moves it onto the destination: replacing a file there
+  // (replace, rename(2)), or only when there is none (link(2): never replacing one, even in a race).
+  void commit(bool replace = true);
+
+ private:
+  [[noreturn]] void failed(const char* expected, int err);
+  std::string dest_, tmp_, fn_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 
 }  // namespace mhsa::detail

@@ -2,8 +2,6 @@
 // to 32 bytes (ggml's default, so no general.alignment key), written to a temporary file in the
 // same directory, every write checked, then moved into place (link(2) when the target must not
 // exist, so that an existing file is never replaced by a race; rename(2) with overwrite).
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -11,6 +9,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "io/file.h"
 #include "io/gguf.h"
 #include "io/json.h"
 #include "kernels/bf16.h"
@@ -33,44 +32,6 @@ void put_string(std::string& out, std::string_view s) {
 }
 
 uint64_t padded(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
-
-// A file descriptor that checks every write and removes its file unless committed.
-class TempFile {
- public:
-  TempFile(std::string path, const std::string& fn) : path_(std::move(path)), fn_(fn) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail(fn_, "path", "a writable location", message(quote(path_), ": ", std::strerror(errno)));
-  }
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) std::remove(path_.c_str());
-  }
-  void write(const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, c, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail(fn_, "path", "a complete write", message(quote(path_), ": ", std::strerror(errno)));
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  }
-  void finish() {
-    if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
-      fd_ = -1;
-      fail(fn_, "path", "a complete write", message(quote(path_), ": ", std::strerror(errno)));
-    }
-    fd_ = -1;
-  }
-  void commit() { committed_ = true; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  const std::string& fn_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
 
 // One tensor's stored bytes: values [numel] in numpy order converted to `type`.
 std::string encode(const Tensor& t, GgufType type) {
@@ -193,7 +154,7 @@ void GgufWriter::write(const std::filesystem::path& path, bool overwrite) const 
     offset += padded(e.bytes);
   }
   head.resize(padded(head.size()), '\0');
-  TempFile tmp(path.string() + ".tmp." + std::to_string(getpid()), fn);
+  OutputFile tmp(path.string(), fn);
   tmp.write(head.data(), head.size());
   const char zeros[kAlignment] = {};
   for (const Entry& e : tensors_) {
@@ -201,16 +162,7 @@ void GgufWriter::write(const std::filesystem::path& path, bool overwrite) const 
     tmp.write(bytes.data(), bytes.size());
     tmp.write(zeros, padded(bytes.size()) - bytes.size());
   }
-  tmp.finish();
-  if (overwrite) {
-    if (std::rename(tmp.path().c_str(), path.c_str()) != 0)
-      fail(fn, "path", "a location the file can be renamed into", message(quote(path.string()), ": ", std::strerror(errno)));
-  } else {
-    if (::link(tmp.path().c_str(), path.c_str()) != 0)
-      fail(fn, "path", "a file that does not exist yet (or overwrite)", message(quote(path.string()), ": ", std::strerror(errno)));
-    std::remove(tmp.path().c_str());
-  }
-  tmp.commit();
+  tmp.commit(overwrite);
 }
 
 }  // namespace mhsa::detail

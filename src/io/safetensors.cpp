@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -212,39 +211,26 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(fn, "path", "a writable location", message("'", tmp, "': ", std::strerror(errno)));
-    uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    out.write(reinterpret_cast<const char*>(len), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& [name, v] : tensors) {
-      std::vector<char> buf;
-      const auto put = [&](float x) {
-        if (dtype == DType::f32) {
-          buf.insert(buf.end(), reinterpret_cast<const char*>(&x), reinterpret_cast<const char*>(&x) + 4);
-        } else {
-          const uint16_t h = dtype == DType::f16 ? kernels::float_to_f16(x) : f32_to_bf16(x);
-          buf.insert(buf.end(), reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + 2);
-        }
-      };
-      const Tensor dense = contiguous(v);
-      for (int64_t i = 0; i < dense.numel(); ++i) put(dense.data()[i]);
-      out.write(buf.data(), static_cast<std::streamsize>(buf.size()));
-    }
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail(fn, "path", "a complete write", message("an I/O error writing '", tmp, "'"));
-    }
+  detail::OutputFile out(path, fn);
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  out.write(len, 8);
+  out.write(text.data(), text.size());
+  for (const auto& [name, v] : tensors) {
+    std::vector<char> buf;
+    const auto put = [&](float x) {
+      if (dtype == DType::f32) {
+        buf.insert(buf.end(), reinterpret_cast<const char*>(&x), reinterpret_cast<const char*>(&x) + 4);
+      } else {
+        const uint16_t h = dtype == DType::f16 ? kernels::float_to_f16(x) : f32_to_bf16(x);
+        buf.insert(buf.end(), reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + 2);
+      }
+    };
+    const Tensor dense = contiguous(v);
+    for (int64_t i = 0; i < dense.numel(); ++i) put(dense.data()[i]);
+    out.write(buf.data(), buf.size());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    std::remove(tmp.c_str());
-    fail(fn, "path", "a location the file can be renamed into", message("'", path, "': ", why));
-  }
+  out.commit();
 }
 
 }  // namespace mhsa

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -138,6 +140,31 @@ TEST(SaveSafeTensors, RefusesNamesAndMetadataThatAreNotUtf8) {
   EXPECT_EQ(f.metadata().at("n\u00e9"), "\u4e2d");
   const Tensor back = f.load("w\u00e9\U0001F600");
   for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(back.data()[i], t.data()[i]);
+}
+
+// Threads saving to one path at once: each write goes through a temporary file of its own, so
+// the file is always one writer's whole file (before, the threads shared "<path>.tmp.<pid>",
+// truncating and interleaving each other's bytes), and no temporary file is left.
+TEST(SaveSafeTensors, ThreadsWritingOnePathLeaveOneWholeFile) {
+  auto gen = test_rng();
+  const Dir d;
+  const std::string path = (d.path / "x.safetensors").string();
+  constexpr int kThreads = 4;
+  std::vector<Tensor> mine;
+  for (int t = 0; t < kThreads; ++t) mine.push_back(random_tensor(gen, {256, 1024}));  // 1 MiB each
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 8; ++i) save_safetensors(path, {{"w", mine[t].view()}}, {{"writer", std::to_string(t)}});
+    });
+  for (std::thread& t : threads) t.join();
+  const SafeTensors f = SafeTensors::open(path);
+  const int writer = std::stoi(f.metadata().at("writer"));
+  ASSERT_TRUE(writer >= 0 && writer < kThreads);
+  const Tensor back = f.load("w");
+  ASSERT_EQ(back.numel(), mine[writer].numel());
+  EXPECT_EQ(std::memcmp(back.data(), mine[writer].data(), sizeof(float) * back.numel()), 0);
+  EXPECT_EQ(std::distance(fs::directory_iterator(d.path), fs::directory_iterator{}), 1);
 }
 
 TEST(ShardedSafeTensors, RefusesHostileIndexes) {
