@@ -78,6 +78,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mhsa: error: %s\nRun 'mhsa%s --help' for the %s.\n", usage_message(app, e).c_str(),
                  chosen.empty() ? "" : (" " + chosen.back()->get_name()).c_str(), chosen.empty() ? "commands" : "options");
     return 2;
+  } catch (const mhsa::WriteError& e) {  // a file the command writes (a checkpoint, a GGUF): a full disk
+    std::fprintf(stderr, "mhsa: error: %s\n", e.what());
+    return 1;
   } catch (const mhsa::Error& e) {
     std::fprintf(stderr, "mhsa: error: %s\n", e.what());
     return 2;

@@ -2,7 +2,8 @@
 
 The names mirror PyTorch's: ``scaled_dot_product_attention``, ``MultiHeadAttention``.
 Arrays are float32 NumPy arrays with any strides; errors are raised as ``mhsa.Error``,
-a subclass of ``ValueError``.
+a subclass of ``ValueError``; a file that cannot be written (a full disk) as ``mhsa.WriteError``,
+a subclass of ``mhsa.Error`` whose ``errno`` is the system's.
 """
 
 from ._core import (
@@ -15,6 +16,7 @@ from ._core import (
     Model,
     MultiHeadAttention,
     Tokenizer,
+    WriteError,
     attention_probabilities,
     cached_memory_bytes,
     load_checkpoint,
@@ -42,6 +44,7 @@ __all__ = [
     "Model",
     "MultiHeadAttention",
     "Tokenizer",
+    "WriteError",
     "attention_probabilities",
     "cached_memory_bytes",
     "load_checkpoint",

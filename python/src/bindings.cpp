@@ -1,7 +1,7 @@
 // python/src/bindings.cpp — the mhsa._core extension: the library's API with PyTorch's names.
 // Arrays are float32 NumPy arrays (or anything NumPy can view, such as CPU torch tensors) with any
 // strides; every mhsa::Error is raised as mhsa.Error, a subclass of ValueError, with the same
-// message. The GIL is released while kernels run; objects with mutable state are locked meanwhile
+// message (an mhsa::WriteError as mhsa.WriteError, a subclass of mhsa.Error with .errno). The GIL is released while kernels run; objects with mutable state are locked meanwhile
 // (locks.h), so that threads may share them. Not a tensor type: results are NumPy arrays.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -177,14 +177,22 @@ PYBIND11_MODULE(_core, m) {
   if (const std::string warning = cpu::limit_threads(); !warning.empty())
     if (PyErr_WarnEx(PyExc_RuntimeWarning, ("mhsa: " + warning).c_str(), 1) != 0) throw py::error_already_set();
   static py::exception<Error> error(m, "Error", PyExc_ValueError);
+  static py::exception<WriteError> write_error(m, "WriteError", error.ptr());
   py::register_exception_translator([](std::exception_ptr p) {
+    // Messages may quote bytes of a hostile file: never fail to decode.
+    const auto text = [](const Error& e) {
+      const std::string msg = e.what();
+      return py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+    };
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const Error& e) {  // messages may quote bytes of a hostile file: never fail to decode
-      const std::string msg = e.what();
-      py::object text = py::reinterpret_steal<py::object>(
-          PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
-      PyErr_SetObject(error.ptr(), text.ptr());
+    } catch (const WriteError& e) {  // with the errno, as an OSError would have it
+      py::object exc = py::reinterpret_borrow<py::object>(write_error.ptr())(text(e));
+      exc.attr("errno") = e.os_error();
+      PyErr_SetObject(write_error.ptr(), exc.ptr());
+    } catch (const Error& e) {
+      PyErr_SetObject(error.ptr(), text(e).ptr());
     }
   });
 

@@ -102,17 +102,23 @@ void remove_temporaries(const fs::path& dir, const std::vector<std::string>& nam
 void swap_in(const fs::path& dir, const std::vector<std::string>& obsolete,
              const std::vector<std::pair<fs::path, std::string>>& staged, std::string_view fn) {
   const DirLock lock(dir, DirLock::Mode::exclusive);
-  std::error_code ec;
+  const auto failed = [&](const fs::path& file, int err) {
+    std::error_code ec;
+    for (const auto& [from, name] : staged) fs::remove(from, ec);
+    throw WriteError(message(fn, ": out: expected a directory whose files can be replaced, got '", file.string(), "' (",
+                             std::strerror(err), ")"),
+                     err);
+  };
   for (const std::string& name : obsolete)
-    if (!fs::remove(dir / name, ec) && ec)
-      fail(fn, "out", "a directory whose files can be replaced", message("'", (dir / name).string(), "' (", ec.message(), ")"));
-  for (size_t i = 0; i < staged.size(); ++i)
-    if (std::rename(staged[i].first.c_str(), (dir / staged[i].second).c_str()) != 0) {
-      const std::string why = std::strerror(errno);
-      for (size_t j = i; j < staged.size(); ++j) fs::remove(staged[j].first, ec);
-      fail(fn, "out", "a directory whose files can be replaced",
-           message("'", (dir / staged[i].second).string(), "' (", why, ")"));
-    }
+    if (::unlink((dir / name).c_str()) != 0 && errno != ENOENT) failed(dir / name, errno);
+  for (const auto& [from, name] : staged)
+    if (std::rename(from.c_str(), (dir / name).c_str()) != 0) failed(dir / name, errno);
+  // The renames themselves on disk, so that a power cut after a checkpoint was reported keeps it
+  // (best effort: some file systems cannot fsync a directory).
+  if (const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
+    static_cast<void>(::fsync(fd));
+    ::close(fd);
+  }
 }
 
 }  // namespace mhsa::detail

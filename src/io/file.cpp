@@ -86,7 +86,7 @@ OutputFile::~OutputFile() {
 }
 
 void OutputFile::failed(const char* expected, int err) {
-  fail(fn_, "path", expected, message("'", dest_, "': ", std::strerror(err)));
+  throw WriteError(message(fn_, ": path: expected ", expected, ", got '", dest_, "': ", std::strerror(err)), err);
 }
 
 void OutputFile::write(const void* data, size_t bytes) {

@@ -3,8 +3,13 @@
 // against the model the options describe.
 #include "train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <sstream>
 
@@ -23,10 +28,12 @@ namespace fs = std::filesystem;
 
 const std::vector<std::string> kVocabularyFiles = {"vocab.json", "merges.txt", "encoder.json", "vocab.bpe"};
 
+// The whole of `text` at `path` (a staged name, itself moved into place later), through an
+// OutputFile: every write checked, fsync'd.
 void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  if (!out.flush()) fail("train", "out", "room to write '" + path.string() + "'", "a failed write");
+  OutputFile file(path.string(), "train");
+  file.write(text.data(), text.size());
+  file.commit();
 }
 
 bool all_finite(const Tensor& t) {
@@ -121,14 +128,24 @@ void save_checkpoint(const fs::path& out, TrainableModel& model, AdamW& adam, co
                                                    {"data", data}};
   std::vector<std::pair<fs::path, std::string>> staged;
   const auto stage = [&](const std::string& name) { return staged.emplace_back(staged_name(out, name), name).first; };
-  save_safetensors(stage("train_state.safetensors").string(), state, meta);  // the resume point: one file
-  save_safetensors(stage("model.safetensors").string(), weights, {{"format", "pt"}});
-  write_file(stage("loss_curve.svg"), loss_curve_svg(h));
-  if (replace && !o.tokenizer.empty())  // the vocabulary files, so that the directory runs as it is
-    for (const std::string& name : kVocabularyFiles)
-      if (const fs::path from = fs::path(o.tokenizer) / name; fs::exists(from))
-        fs::copy_file(from, stage(name), fs::copy_options::overwrite_existing);
-  write_file(stage("config.json"), model.config_json());
+  try {
+    save_safetensors(stage("train_state.safetensors").string(), state, meta);  // the resume point: one file
+    save_safetensors(stage("model.safetensors").string(), weights, {{"format", "pt"}});
+    write_file(stage("loss_curve.svg"), loss_curve_svg(h));
+    if (replace && !o.tokenizer.empty())  // the vocabulary files, so that the directory runs as it is
+      for (const std::string& name : kVocabularyFiles)
+        if (const fs::path from = fs::path(o.tokenizer) / name; fs::exists(from))
+          write_file(stage(name), read_file(from, "train", "tokenizer"));
+    write_file(stage("config.json"), model.config_json());
+  } catch (const WriteError& e) {  // a full disk: the directory keeps the last checkpoint, and says so
+    std::error_code ec;
+    for (const auto& [file, name] : staged) fs::remove(file, ec);
+    throw WriteError(message("train: out: expected room for the checkpoint of step ", step, " in '", out.string(),
+                             "', got ", std::strerror(e.os_error()), " writing ", staged.back().second, "; ",
+                             saved_step > 0 ? message("the checkpoint of step ", saved_step, " is kept")
+                                            : std::string("no checkpoint of this run was written")),
+                     e.os_error());
+  }
   swap_in(out, replace ? checkpoint_files() : std::vector<std::string>{}, staged, "train");
 }
 
@@ -200,12 +217,28 @@ TrainLog::TrainLog(const fs::path& out, bool resume, int64_t start, std::string_
     }
   }
   const fs::path staged = staged_name(out, "train_log.jsonl");
-  write_file(staged, kept);
-  std::error_code ec;
-  fs::rename(staged, path_, ec);
-  if (ec) fail(fn_, "out", "room to write '" + path_.string() + "'", ec.message());
-  file_.open(path_, std::ios::binary | std::ios::app);
-  if (!file_) fail(fn_, "out", "room to write '" + path_.string() + "'", "a file that cannot be opened");
+  try {
+    write_file(staged, kept);
+  } catch (const WriteError& e) {
+    failed(e.os_error());
+  }
+  if (std::rename(staged.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    std::error_code ec;
+    fs::remove(staged, ec);
+    failed(err);
+  }
+  do fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  while (fd_ < 0 && errno == EINTR);
+  if (fd_ < 0) failed(errno);
+}
+
+TrainLog::~TrainLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TrainLog::failed(int err) const {
+  throw WriteError(message(fn_, ": out: expected room to write '", path_.string(), "', got ", std::strerror(err)), err);
 }
 
 void TrainLog::write(const TrainProgress& p) {
@@ -214,9 +247,15 @@ void TrainLog::write(const TrainProgress& p) {
          {"lr", p.lr},           {"grad_norm", p.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
   if (p.comm_wait_s >= 0) l["comm_wait_s"] = p.comm_wait_s;
   if (dtype_ != "f32") l["dtype"] = dtype_;
-  file_ << l.dump() << "\n";
-  if (p.val_bits_per_byte >= 0) file_ << line{{"step", p.step}, {"val_bpb", p.val_bits_per_byte}}.dump() << "\n";
-  if (!file_.flush()) fail(fn_, "out", "room to write '" + path_.string() + "'", "a failed write");
+  std::string text = l.dump() + "\n";
+  if (p.val_bits_per_byte >= 0) text += line{{"step", p.step}, {"val_bpb", p.val_bits_per_byte}}.dump() + "\n";
+  // One write(2) per step: with O_APPEND a killed run leaves whole lines or one cut short at the end.
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) failed(n < 0 ? errno : ENOSPC);
+    done += static_cast<size_t>(n);
+  }
 }
 
 }  // namespace mhsa::detail

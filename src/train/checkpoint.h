@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,12 +71,17 @@ class ResumePoint {
 class TrainLog {
  public:
   TrainLog(const std::filesystem::path& out, bool resume, int64_t start, std::string_view dtype, std::string_view fn);
+  ~TrainLog();
+  TrainLog(const TrainLog&) = delete;
+  TrainLog& operator=(const TrainLog&) = delete;
+  // Appends the step's lines; a write that fails (a full disk) is an mhsa::WriteError.
   void write(const TrainProgress& p);
 
  private:
+  [[noreturn]] void failed(int err) const;
   std::filesystem::path path_;
   std::string dtype_, fn_;
-  std::ofstream file_;
+  int fd_ = -1;
 };
 
 }  // namespace mhsa::detail

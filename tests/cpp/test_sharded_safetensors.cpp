@@ -3,7 +3,11 @@
 // (random tensors spread over random shards, read back exactly), and hostile indexes — shard names
 // reaching outside the directory, missing shards, a tensor in two shards, an index that disagrees
 // with its shards, an index too large to read — each a short mhsa::Error naming the index.
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 
 #include <filesystem>
 #include <fstream>
@@ -165,6 +169,45 @@ TEST(SaveSafeTensors, ThreadsWritingOnePathLeaveOneWholeFile) {
   ASSERT_EQ(back.numel(), mine[writer].numel());
   EXPECT_EQ(std::memcmp(back.data(), mine[writer].data(), sizeof(float) * back.numel()), 0);
   EXPECT_EQ(std::distance(fs::directory_iterator(d.path), fs::directory_iterator{}), 1);
+}
+
+// A file that cannot be written is an mhsa::WriteError carrying the system's errno (what the CLI
+// reports as an output error, exit status 1), and a file already at the path is left whole.
+TEST(SaveSafeTensors, AFailedWriteIsAWriteErrorAndKeepsTheOldFile) {
+  auto gen = test_rng();
+  const Dir d;
+  const Tensor t = random_tensor(gen, {3, 5});
+  const std::string missing = (d.path / "no-such-dir" / "x.safetensors").string();
+  try {
+    save_safetensors(missing, {{"w", t.view()}});
+    ADD_FAILURE() << "no error";
+  } catch (const WriteError& e) {
+    EXPECT_EQ(e.os_error(), ENOENT);
+    expect_error(e.what(), "save_safetensors: path: expected a writable location, got '" + missing + "'");
+  }
+  // A full disk, as a file-size limit (EFBIG; works for root too): the old file stays.
+  const std::string path = (d.path / "x.safetensors").string();
+  save_safetensors(path, {{"w", t.view()}});
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  int err = 0;
+  try {
+    save_safetensors(path, {{"w", random_tensor(gen, {64, 64}).view()}});  // 16 KiB
+  } catch (const WriteError& e) {
+    err = e.os_error();
+    expect_error(e.what(), "expected a complete write, got '" + path + "': File too large");
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(err, EFBIG);
+  const Tensor back = SafeTensors::open(path).load("w");
+  ASSERT_EQ(back.numel(), t.numel());
+  EXPECT_EQ(std::memcmp(back.data(), t.data(), sizeof(float) * t.numel()), 0);
+  EXPECT_EQ(std::distance(fs::directory_iterator(d.path), fs::directory_iterator{}), 1);  // no temporary left
 }
 
 TEST(ShardedSafeTensors, RefusesHostileIndexes) {

@@ -13,6 +13,8 @@ saved with save_pretrained."""
 import json
 import math
 import re
+import resource
+import signal
 import struct
 import subprocess
 import urllib.request
@@ -366,8 +368,8 @@ def test_save_gguf_writes_q4_k_that_gguf_dequantises_to_our_weights(rng, tmp_pat
         assert rel < 0.1, (t.name, rel)
 
 
-def run_cli(*args):
-    return subprocess.run([str(MHSA), *map(str, args)], capture_output=True, text=True)
+def run_cli(*args, **kwargs):
+    return subprocess.run([str(MHSA), *map(str, args)], capture_output=True, text=True, **kwargs)
 
 
 def stored_type(name, shape, to, tied):
@@ -451,6 +453,26 @@ def test_quantize_refuses_bad_options(rng, tmp_path):
     r = run_cli("quantize", "--model", tmp_path / "qwen", "--to", "f16", "--out", tmp_path / "x.gguf")
     assert r.returncode == 2 and "a llama or gpt2 model" in r.stderr and not (tmp_path / "x.gguf").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf", "qwen"]  # no temporary left
+
+
+def test_quantize_to_a_full_disk_keeps_the_previous_file(tmp_path):
+    """A file-size limit stands in for a full disk (writes fail with EFBIG, without root): an output
+    error, exit status 1 as for any output that cannot be written, naming the file and the reason;
+    the file --force would have replaced is kept and no temporary is left."""
+    save(LLAMA, tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    assert run_cli("quantize", "--model", tmp_path / "hf", "--to", "q8_0", "--out", out).returncode == 0
+    before = out.read_bytes()
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) // 2, len(before) // 2))
+
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "f32", "--out", out, "--force", preexec_fn=limit)
+    assert r.returncode == 1, r.stderr
+    assert f"expected a complete write, got '{out}': File too large" in r.stderr, r.stderr
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf"]
 
 
 def tiny_gpt2_dir(path, seed=0):

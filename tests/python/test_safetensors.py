@@ -6,6 +6,7 @@ out-of-range offsets, unknown dtype, shape/size mismatch, non-UTF-8 and non-JSON
 missing tensor) must give mhsa.Error naming the problem, and never crash.
 """
 
+import errno
 import json
 import struct
 
@@ -130,6 +131,17 @@ def test_failed_write_leaves_the_old_file(rng, tmp_path):
         mhsa.save_safetensors(str(path), {"a": np.ones(3, np.float32), "b": np.ones(3)})
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["keep.safetensors"]
+
+
+def test_a_file_that_cannot_be_written_is_a_write_error(tmp_path):
+    """mhsa.WriteError (an mhsa.Error, so a ValueError) with the system's errno, as an OSError has it."""
+    missing = tmp_path / "no-such-dir" / "x.safetensors"
+    with pytest.raises(mhsa.WriteError, match=f"expected a writable location, got '{missing}'") as e:
+        mhsa.save_safetensors(str(missing), {"a": np.ones(3, np.float32)})
+    assert e.value.errno == errno.ENOENT and isinstance(e.value, mhsa.Error) and isinstance(e.value, ValueError)
+    with pytest.raises(mhsa.Error) as e:  # a bad argument is no WriteError
+        mhsa.save_safetensors(str(tmp_path / "x.safetensors"), {"a": np.ones(3)})
+    assert not isinstance(e.value, mhsa.WriteError)
 
 
 # ---- sharded checkpoints: model.safetensors.index.json ----------------------------------------

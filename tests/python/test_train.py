@@ -6,6 +6,7 @@ test_gpt2_train.py.)"""
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -172,6 +173,39 @@ def test_interrupted_runs_leave_a_loadable_checkpoint(text, tmp_path, sig, rng):
     before = state(out)[1]
     train("--data", text, "--out", out, "--resume", "--stop-after", 2)
     assert state(out)[1] == before + 2
+
+
+def full_disk_at(size):
+    """For preexec_fn: writes past `size` bytes fail with EFBIG (a full disk, without root)."""
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    return limit
+
+
+def test_a_full_disk_keeps_the_last_checkpoint(text, tmp_path):
+    """A checkpoint that cannot be written (a file-size limit stands in for a full disk) ends the run
+    as an output error (exit status 1) that names the step, the file and the reason and says which
+    checkpoint is kept; that checkpoint's files are untouched, no temporary is left, and the run
+    resumes from it once there is room."""
+    out = tmp_path / "m"
+    train("--data", text, "--out", out, *SMALL, "--steps", 20, "--stop-after", 3)
+    files = {f.name: f.read_bytes() for f in out.iterdir() if f.name not in ("train_log.jsonl", "train.lock")}
+    state_bytes = len(files["train_state.safetensors"])
+    for size, says in [(state_bytes // 2, "expected room for the checkpoint of step 5 in "
+                                          f"'{out}', got File too large writing train_state.safetensors; "
+                                          "the checkpoint of step 3 is kept"),
+                       (100, f"expected room to write '{out / 'train_log.jsonl'}', got File too large")]:
+        r = subprocess.run([str(CLI), "train", "--data", str(text), "--out", str(out), "--resume", "--stop-after", "2"],
+                           capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="2"),
+                           preexec_fn=full_disk_at(size))
+        assert r.returncode == 1 and f"mhsa: error: train: out: {says}\n" in r.stderr, r.stderr
+        assert {f.name: f.read_bytes() for f in out.iterdir() if f.name in files} == files
+        assert sorted(f.name for f in out.iterdir()) == sorted([*files, "train_log.jsonl", "train.lock"])
+    train("--data", text, "--out", out, "--resume", "--stop-after", 2)
+    assert state(out)[1] == 5
+    lines = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "loss" in x] == [1, 2, 3, 4, 5]  # each step logged once
 
 
 def test_bad_requests_are_clear_errors(text, tmp_path):
