@@ -20,6 +20,7 @@
 
 #include "commands.h"
 #include "core/cpu.h"
+#include "model/access.h"
 #include "kernels/dispatch.h"
 #include "mhsa/mhsa.h"
 #include "options.h"
@@ -282,6 +283,7 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
   const WeightType wt = parse_weight_type(dtype, "--dtype");
   const KVType kv_type = parse_kv_type(kv_dtype, "--kv-dtype");
   Model loaded = Model::load(dir, wt);
+  ModelAccess::block_weights(loaded);  // as mhsa generate and serve load it (default_model.cpp)
   loaded.set_kv_type(kv_type);
   auto model = std::make_shared<const Model>(std::move(loaded));
   const ModelConfig& c = model->config();

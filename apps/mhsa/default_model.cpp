@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mhsa/error.h"
+#include "model/access.h"
 
 #ifndef MHSA_SOURCE_MODELS_DIR
 #define MHSA_SOURCE_MODELS_DIR ""
@@ -33,6 +34,7 @@ LoadedModel load_model(const std::filesystem::path& dir, const std::string& dtyp
   const WeightType weights = parse_weight_type(dtype, "--dtype");
   const KVType kv = parse_kv_type(kv_dtype, "--kv-dtype");
   Model model = Model::load(dir, weights);
+  ModelAccess::block_weights(model);  // GPT-2's projections as decode steps read them fastest (same results)
   model.set_kv_type(kv);
   const int64_t n_vocab = model.config().vocab_size;
   Tokenizer tokenizer = Tokenizer::for_model(dir, n_vocab);  // BPE, or bytes

@@ -4,7 +4,7 @@
 namespace mhsa::kernels {
 
 const KernelTable& kernels_for(cpu::Isa isa) {
-  static const KernelTable portable_table{&portable::gemm, &portable::gemm_ex, &portable::attention_forward, &portable::attention_backward,
+  static const KernelTable portable_table{&portable::gemm, &portable::gemm_ex, &portable::gemm_blocked, &portable::attention_forward, &portable::attention_backward,
                                          &portable::layer_norm, &portable::gelu_tanh, &portable::gelu_tanh_backward, &portable::matmul_bt, &portable::matmul_bt_parts,
       &portable::softmax_cross_entropy, &portable::adamw,
       &portable::layer_norm_backward, &portable::rms_norm, &portable::rms_norm_backward, &portable::glu, &portable::glu_backward,
@@ -14,7 +14,7 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       &portable::matmul_bt_q4_k, &portable::matmul_bt_parts_q4_k, &portable::gemm_bt_q4_k,
       &portable::gemm_bf16};
 #if defined(MHSA_HAVE_X86_KERNELS)
-  static const KernelTable avx2_table{&avx2::gemm, &avx2::gemm_ex, &avx2::attention_forward, &avx2::attention_backward,
+  static const KernelTable avx2_table{&avx2::gemm, &avx2::gemm_ex, &avx2::gemm_blocked, &avx2::attention_forward, &avx2::attention_backward,
                                          &avx2::layer_norm, &avx2::gelu_tanh, &avx2::gelu_tanh_backward, &avx2::matmul_bt, &avx2::matmul_bt_parts,
       &avx2::softmax_cross_entropy, &avx2::adamw,
       &avx2::layer_norm_backward, &avx2::rms_norm, &avx2::rms_norm_backward, &avx2::glu, &avx2::glu_backward,
@@ -23,7 +23,7 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       &avx2::matmul_bt_q8_0, &avx2::matmul_bt_parts_q8_0, &avx2::gemm_bt_q8_0,
       &avx2::matmul_bt_q4_k, &avx2::matmul_bt_parts_q4_k, &avx2::gemm_bt_q4_k,
       &avx2::gemm_bf16};
-  static const KernelTable avx512_table{&avx512::gemm, &avx512::gemm_ex, &avx512::attention_forward, &avx512::attention_backward,
+  static const KernelTable avx512_table{&avx512::gemm, &avx512::gemm_ex, &avx512::gemm_blocked, &avx512::attention_forward, &avx512::attention_backward,
                                          &avx512::layer_norm, &avx512::gelu_tanh, &avx512::gelu_tanh_backward, &avx512::matmul_bt, &avx512::matmul_bt_parts,
       &avx512::softmax_cross_entropy, &avx512::adamw,
       &avx512::layer_norm_backward, &avx512::rms_norm, &avx512::rms_norm_backward, &avx512::glu, &avx512::glu_backward,

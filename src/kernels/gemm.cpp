@@ -40,6 +40,7 @@
 
 #include <omp.h>
 
+#include "kernels/gemm.h"
 #include "kernels/isa/simd.h"
 #include "kernels/q4_k.h"
 #include "kernels/q8_0.h"
@@ -52,6 +53,10 @@ constexpr int kMR = kLanes == 16 ? 12 : 6;   // rows: 2·kMR accumulators + 2 B 
                                              // fit the 32 (AVX-512) / 16 (AVX2, SSE) registers
 
 constexpr int64_t kPrefetchAhead = 2 * kNR;
+// B blocked (gemm.h): a micro-tile's second vector is in the same 16-column panel (kLanes < 16) or
+// the next one (AVX-512), and the stream is read in address order: prefetched 2 KiB ahead.
+constexpr int64_t kBlockedHi = kLanes >= 16 ? kBlockedB * kBlockedB : kLanes;
+constexpr int64_t kBlockedAhead = 512;
 
 // c[R, kNR] (ldc) = start + a[0:kc, R] · b[0:kc, kNR], k ascending; `a` is a packed A panel
 // ([kc][kMR], rows r < R used), `b` rows are `ldb` apart (kNR when packed, B's own ldb in place).
@@ -63,7 +68,10 @@ constexpr int64_t kPrefetchAhead = 2 * kNR;
 // kFresh: the accumulators start at 0 and the tile's sum is added to the start value at the end,
 // so a short K block is a chain of its own (blocked summation, see kFreshKC).
 // kCopy: the B values read are also stored to `copy` ([kc][kNR]), for the next tiles of the panel.
-template <int R, bool kStream, bool kFresh, bool kCopy = false>
+// kBlocked: B blocked (b at row k0 of a 16-column panel, k0 a multiple of 16; ldb the floats
+// between one row block and the next, 16·N): rows 16 floats apart within a block, the second
+// vector at kBlockedHi, the prefetch kBlockedAhead on in address order.
+template <int R, bool kStream, bool kFresh, bool kCopy = false, bool kBlocked = false>
 void micro_tile(int64_t kc, const float* a, const float* b, int64_t ldb, const float* init, float* c,
                 int64_t ldc, float* copy = nullptr) {
   Vec acc[R][2];
@@ -80,10 +88,11 @@ void micro_tile(int64_t kc, const float* a, const float* b, int64_t ldb, const f
   }
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
-    const Vec b0 = load(b), b1 = load(b + kLanes);
+    constexpr int64_t kHi = kBlocked ? kBlockedHi : kLanes, kAhead = kBlocked ? kBlockedAhead : kPrefetchAhead;
+    const Vec b0 = load(b), b1 = load(b + kHi);
     if constexpr (kStream) {
-      __builtin_prefetch(b + kPrefetchAhead);
-      __builtin_prefetch(b + kPrefetchAhead + kLanes);
+      __builtin_prefetch(b + kAhead);
+      __builtin_prefetch(b + kAhead + kHi);
     }
     if constexpr (kCopy) {
       store(copy, b0);
@@ -97,7 +106,10 @@ void micro_tile(int64_t kc, const float* a, const float* b, int64_t ldb, const f
       acc[r][1] = fma(ar, b1, acc[r][1]);
     }
     a += kMR;
-    b += ldb;
+    if constexpr (kBlocked)  // the same panel of the next row block after every 16th row
+      b += (k + 1) % kBlockedB == 0 ? ldb - (kBlockedB - 1) * kBlockedB : kBlockedB;
+    else
+      b += ldb;
   }
   if (kFresh) {
 #pragma GCC unroll 16
@@ -112,16 +124,20 @@ void micro_tile(int64_t kc, const float* a, const float* b, int64_t ldb, const f
 }
 
 using MicroTile = void (*)(int64_t, const float*, const float*, int64_t, const float*, float*, int64_t, float*);
-template <bool kStream, bool kFresh, int... R>
+template <bool kStream, bool kFresh, bool kBlocked, int... R>
 constexpr std::array<MicroTile, sizeof...(R)> micro_table(std::integer_sequence<int, R...>) {
-  return {&micro_tile<R + 1, kStream, kFresh, false>...};
+  return {&micro_tile<R + 1, kStream, kFresh, false, kBlocked>...};
 }
-// kMicro[stream][fresh][R - 1]: the micro-kernel for R rows (R < kMR: the last row panel of a block).
+// kMicro[stream][fresh][R - 1]: the micro-kernel for R rows (R < kMR: the last row panel of a block);
+// kMicroBlocked[fresh][R - 1]: the same reading B blocked in place.
 constexpr std::array<std::array<std::array<MicroTile, kMR>, 2>, 2> kMicro = {
-    {{micro_table<false, false>(std::make_integer_sequence<int, kMR>{}),
-      micro_table<false, true>(std::make_integer_sequence<int, kMR>{})},
-     {micro_table<true, false>(std::make_integer_sequence<int, kMR>{}),
-      micro_table<true, true>(std::make_integer_sequence<int, kMR>{})}}};
+    {{micro_table<false, false, false>(std::make_integer_sequence<int, kMR>{}),
+      micro_table<false, true, false>(std::make_integer_sequence<int, kMR>{})},
+     {micro_table<true, false, false>(std::make_integer_sequence<int, kMR>{}),
+      micro_table<true, true, false>(std::make_integer_sequence<int, kMR>{})}}};
+constexpr std::array<std::array<MicroTile, kMR>, 2> kMicroBlocked = {
+    {micro_table<true, false, true>(std::make_integer_sequence<int, kMR>{}),
+     micro_table<true, true, true>(std::make_integer_sequence<int, kMR>{})}};
 
 // Blocking, chosen on the 2-core AMD EPYC (Zen 4: L1d 32 KiB, L2 1 MiB per core; FMA peak measured
 // 115 GFLOP/s per core) with AVX-512, 2 threads, best of 3 runs on a quiet machine (±5% noise):
@@ -264,6 +280,15 @@ void pack_b_panel(int64_t K, int64_t n, const TB* B, int64_t ldb, float* panel) 
   }
 }
 
+// pack_b_panel for B blocked (gemm.h; N its width): columns [j, j + kNR), whole.
+void pack_b_panel_blocked(int64_t K, int64_t N, int64_t j, const float* B, float* panel) {
+  for (int64_t k = 0; k < K; ++k) {
+    const float* src = B + blocked_index(k, j, N);
+    store(panel + k * kNR, load(src));
+    store(panel + k * kNR + kLanes, load(src + kBlockedHi));
+  }
+}
+
 // pack_b_panel for B stored transposed ([N, K], ldb; B points at stored row j): op(B)[k, j + jj]
 // = B[jj·ldb + k] (float, or bfloat16 widened). A kKC-long stretch of each of the n rows at a
 // time, so the panel being written stays in L1; for a full panel, 8 rows × 8 columns at a time as
@@ -338,8 +363,9 @@ void pack_b_panel_transposed(int64_t K, int64_t n, const BlockQ4_K* B, int64_t l
 // One micro-tile of `rows` × `n` columns of C (n < kNR: through a kNR-wide scratch tile, since
 // the padded B/bias columns produce values C has no room for). `first`: start from init.
 void run_tile(int64_t rows, int64_t n, int64_t kc, const float* a, const float* b, int64_t ldb,
-              const float* init, bool first, float* c, int64_t ldc, bool stream = false, bool fresh = false) {
-  const MicroTile tile = kMicro[stream][fresh][rows - 1];
+              const float* init, bool first, float* c, int64_t ldc, bool stream = false, bool fresh = false,
+              bool blocked = false) {
+  const MicroTile tile = blocked ? kMicroBlocked[fresh][rows - 1] : kMicro[stream][fresh][rows - 1];
   if (n == kNR) {
     tile(kc, a, b, ldb, first ? init : nullptr, c, ldc, nullptr);
     return;
@@ -376,17 +402,34 @@ bool fits_l1(int64_t ld, int64_t rows) {
 // edge_b: B's last, partial panel packed ([K][kNR]) when p_end is the last panel and N % kNR ≠ 0;
 // panel_copy: kInPlaceKC·kNR floats when copy_b.
 // Rows [k_begin, k_end) of B only (a part of K): the chains start from init at k_begin.
+// blocked: B blocked (gemm.h), each panel's rows read in place, a row block after another.
 void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64_t K, const float* a_packed,
                      const float* B, int64_t ldb, const float* edge_b, const float* bias, float* C, int64_t ldc,
-                     bool copy_b, float* panel_copy, int64_t k_begin, int64_t k_end) {
+                     bool copy_b, float* panel_copy, int64_t k_begin, int64_t k_end, bool blocked) {
   const bool fresh = M <= kFreshMaxM;
   const int64_t block = fresh ? kFreshKC : kInPlaceKC;
+  static_assert(kFreshKC == kBlockedB, "a fresh block is a row block of blocked B");
   for (int64_t pc = k_begin; pc < k_end; pc += block) {
     const int64_t kc = std::min(block, K - pc);
     for (int64_t p = p_begin; p < p_end; ++p) {
       const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
       alignas(64) float init[kNR] = {};
       if (bias && pc == k_begin) std::copy(bias + j, bias + j + n, init);
+      if (blocked) {  // whole panels (N a multiple of 32), 16 rows 16 floats apart
+        const float* b = B + blocked_index(pc, j, N);
+        if (!fresh && M > kMR) {  // a long block's rows are 16·N floats apart: the first tile copies them
+          micro_tile<kMR, true, false, true, true>(kc, a_packed + pc * kMR, b, kBlockedB * N,
+                                                   pc == k_begin ? init : nullptr, C + j, ldc, panel_copy);
+          for (int64_t i = kMR; i < M; i += kMR)
+            run_tile(std::min<int64_t>(kMR, M - i), kNR, kc, a_packed + i * K + pc * kMR, panel_copy, kNR, init,
+                     pc == k_begin, C + i * ldc + j, ldc, false, false);
+          continue;
+        }
+        for (int64_t i = 0; i < M; i += kMR)
+          run_tile(std::min<int64_t>(kMR, M - i), kNR, kc, a_packed + i * K + pc * kMR, b, kBlockedB * N, init,
+                   pc == k_begin, C + i * ldc + j, ldc, true, fresh, true);
+        continue;
+      }
       if (n < kNR) {  // the partial panel, packed
         for (int64_t i = 0; i < M; i += kMR)
           run_tile(std::min<int64_t>(kMR, M - i), n, kc, a_packed + i * K + pc * kMR, edge_b + pc * kNR, kNR, init,
@@ -428,13 +471,13 @@ void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64
 constexpr int64_t kFreshParts = 2;
 
 void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                   const float* bias, float* C, int64_t ldc) {
+                   const float* bias, float* C, int64_t ldc, bool blocked = false) {
   const int64_t panels = (N + kNR - 1) / kNR;
   thread_local Scratch a_scratch;  // kept: at K = 50257 (a GPT-2 head's backward) this is 51 MB
   float* a_packed = a_scratch.reserve((M + kMR - 1) / kMR * kMR * K);  // [M/kMR][K][kMR]
   pack_a(M, K, A, lda, a_packed);
   const bool fresh = M <= kFreshMaxM;
-  const bool copy_b = M > kMR && !fits_l1(ldb, fresh ? kFreshKC : kInPlaceKC);
+  const bool copy_b = !blocked && M > kMR && !fits_l1(ldb, fresh ? kFreshKC : kInPlaceKC);
   const int64_t blocks = (K + kFreshKC - 1) / kFreshKC;
   const int64_t parts = fresh ? std::min(kFreshParts, blocks) : 1;
   thread_local Scratch part_scratch;
@@ -459,7 +502,7 @@ void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
       }
       float* out = part == 0 ? C : part_sums + (part - 1) * M * N;
       in_place_panels(p_begin, p_end, M, N, K, a_packed, B, ldb, edge_b.get(), part == 0 ? bias : nullptr, out,
-                      part == 0 ? ldc : N, copy_b, panel_copy, k_begin, k_end);
+                      part == 0 ? ldc : N, copy_b, panel_copy, k_begin, k_end, blocked);
     }
     if (parts > 1) {  // C += part 1, part 2, ... in order (the implicit barrier above: all parts done)
 #pragma omp for schedule(static)
@@ -520,6 +563,80 @@ void stream_rows(int64_t M, int64_t N, const float* A, int64_t lda, const float*
   }
 }
 
+// stream_chain's sums for B blocked (gemm.h), Q segments at once: segment q is rows [k0[q],
+// k0[q] + 16), one row block, summed into out[q] ([M][N]) as one fresh chain per element (from 0,
+// rows ascending: stream_chain's). The Q row blocks are read side by side, a panel of each in
+// turn, all in address order: Q concurrent streams, where one block at a time (a single stream)
+// read ~20% slower with one row of A (bench/bench_blocked_b.cpp). No software prefetch: the
+// hardware's keeps up with Q ascending streams, and one 2 KiB ahead was ~5% slower.
+template <int Q>
+void stream_blocks(int64_t M, int64_t N, const float* A, int64_t lda, const float* B, const int64_t* k0,
+                   float* const* out) {
+  constexpr int kVecs = kBlockedB / kLanes;  // vectors across a panel
+  constexpr int64_t kPanel = kBlockedB * kBlockedB;
+  const float* block[Q];
+  for (int q = 0; q < Q; ++q) block[q] = B + k0[q] * N;  // row block k0 / 16 starts at (k0 / 16)·(N / 16)·256 = k0·N
+  for (int64_t p = 0; p < N / kBlockedB; ++p)
+    for (int64_t m = 0; m < M; ++m) {
+      Vec s[Q][kVecs];
+#pragma GCC unroll 4
+      for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) s[q][v] = splat(0.0f);
+#pragma GCC unroll 4
+      for (int64_t kk = 0; kk < kBlockedB; ++kk)
+#pragma GCC unroll 4
+        for (int q = 0; q < Q; ++q) {
+          const float* b = block[q] + p * kPanel + kk * kBlockedB;
+          const Vec ak = splat(A[m * lda + k0[q] + kk]);
+#pragma GCC unroll 4
+          for (int v = 0; v < kVecs; ++v) s[q][v] = fma(ak, load(b + v * kLanes), s[q][v]);
+        }
+#pragma GCC unroll 4
+      for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 4
+        for (int v = 0; v < kVecs; ++v) store(out[q] + m * N + p * kBlockedB + v * kLanes, s[q][v]);
+    }
+}
+
+// gemm_stream's parts [p0, p1) for B blocked: up to 4 parts side by side, a segment of each in
+// turn (stream_blocks), each part's first segment summed into its sums, the others into a chain
+// buffer of their own and added on in order — every part's sum is gemm_stream's.
+void stream_parts_blocked(int64_t M, int64_t N, const float* A, int64_t lda, const float* B, int64_t segments,
+                          int64_t parts, int64_t p0, int64_t p1, float* sums, float* chains) {
+  constexpr int64_t kSide = 4;
+  for (int64_t g = p0; g < p1; g += kSide) {
+    const int64_t count = std::min(kSide, p1 - g);
+    for (int64_t step = 0;; ++step) {
+      int64_t k0[kSide];
+      float* out[kSide];
+      int64_t n = 0;
+      for (int64_t p = g; p < g + count; ++p) {
+        const int64_t seg = segments * p / parts + step;
+        if (seg >= segments * (p + 1) / parts) continue;
+        k0[n] = seg * kFreshKC;
+        out[n++] = step == 0 ? sums + p * M * N : chains + (p - g) * M * N;
+      }
+      if (n == 0) break;
+      switch (n) {
+        case 4: stream_blocks<4>(M, N, A, lda, B, k0, out); break;
+        case 3: stream_blocks<3>(M, N, A, lda, B, k0, out); break;
+        case 2: stream_blocks<2>(M, N, A, lda, B, k0, out); break;
+        default: stream_blocks<1>(M, N, A, lda, B, k0, out); break;
+      }
+      if (step == 0) continue;
+      for (int64_t p = g; p < g + count; ++p) {
+        if (segments * p / parts + step >= segments * (p + 1) / parts) continue;
+        float* acc = sums + p * M * N;
+        const float* chain = chains + (p - g) * M * N;
+        int64_t i = 0;
+        for (; i + kLanes <= M * N; i += kLanes) store(acc + i, load(acc + i) + load(chain + i));
+        for (; i < M * N; ++i) acc[i] += chain[i];
+      }
+    }
+  }
+}
+
 // rows [k0, k_end) into acc as one fresh chain: eight rows per pass over acc (1, 2, 4, 8 rows
 // per pass at N=2304: 32.8, 27.7, 32.4, 33.5 GB/s; at K=3072, N=768: 32.3, 24.0, 28.3, 39.8).
 void stream_chain(int64_t M, int64_t N, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t k0,
@@ -536,7 +653,7 @@ void stream_chain(int64_t M, int64_t N, const float* A, int64_t lda, const float
 }
 
 void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                 const float* bias, float* C, int64_t ldc) {
+                 const float* bias, float* C, int64_t ldc, bool blocked = false) {
   const int64_t segments = (K + kFreshKC - 1) / kFreshKC;
   const int64_t parts = std::min(kStreamParts, segments);
   thread_local Scratch part_sums;
@@ -544,9 +661,14 @@ void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 #pragma omp parallel if (M * N * K >= (int64_t{1} << 16))
   {
     thread_local Scratch chain_scratch;
-    float* chain = chain_scratch.reserve(M * N);
+    if (blocked) {  // the thread's parts as omp for's static schedule would give them
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t p0 = parts * t / threads, p1 = parts * (t + 1) / threads;
+      stream_parts_blocked(M, N, A, lda, B, segments, parts, p0, p1, sums, chain_scratch.reserve(4 * M * N));
+    }
+    float* chain = blocked ? nullptr : chain_scratch.reserve(M * N);
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < parts; ++p) {
+    for (int64_t p = 0; p < (blocked ? 0 : parts); ++p) {
       float* acc = sums + p * M * N;
       const int64_t s_begin = segments * p / parts, s_end = segments * (p + 1) / parts;
       for (int64_t seg = s_begin; seg < s_end; ++seg) {
@@ -585,7 +707,8 @@ void gemm_stream(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, c
 // chains (bias unused). A Q8_0 or Q4_K B must be stored transposed.
 template <class TB>
 void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const TB* B,
-                 int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc, bool accumulate) {
+                 int64_t ldb, bool trans_b, const float* bias, float* C, int64_t ldc, bool accumulate,
+                 bool blocked = false) {
   const int64_t panels = (N + kNR - 1) / kNR;
   thread_local Scratch packed_b;
   float* b_packed = packed_b.reserve(panels * (K + 1) * kNR);  // [panels][K][kNR], then bias [panels·kNR]
@@ -599,8 +722,11 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t j = p * kNR, n = std::min<int64_t>(kNR, N - j);
+      if constexpr (std::is_same_v<TB, float>) {
+        if (blocked) pack_b_panel_blocked(K, N, j, B, b_packed + p * K * kNR);
+      }
       if constexpr (std::is_same_v<TB, float> || std::is_same_v<TB, uint16_t>) {
-        if (!trans_b) pack_b_panel(K, n, B + j, ldb, b_packed + p * K * kNR);
+        if (!trans_b && !blocked) pack_b_panel(K, n, B + j, ldb, b_packed + p * K * kNR);
       }
       if (trans_b) pack_b_panel_transposed(K, n, B + j * ldb, ldb, b_packed + p * K * kNR);
       for (int64_t jj = 0; jj < kNR; ++jj) bias_packed[j + jj] = bias && jj < n ? bias[j + jj] : 0.0f;
@@ -659,6 +785,14 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
   if (M <= kStreamMaxM) return gemm_stream(M, N, K, A, lda, B, ldb, bias, C, ldc);
   if (M <= kInPlaceMaxM) return gemm_in_place(M, N, K, A, lda, B, ldb, bias, C, ldc);
   gemm_packed(M, N, K, A, lda, false, B, ldb, false, bias, C, ldc, false);
+}
+
+void gemm_blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, const float* bias,
+                  float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (M <= kStreamMaxM) return gemm_stream(M, N, K, A, lda, B, N, bias, C, ldc, true);
+  if (M <= kInPlaceMaxM) return gemm_in_place(M, N, K, A, lda, B, N, bias, C, ldc, true);
+  gemm_packed(M, N, K, A, lda, false, B, N, false, bias, C, ldc, false, true);
 }
 
 void gemm_ex(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, bool trans_a, const float* B, int64_t ldb,

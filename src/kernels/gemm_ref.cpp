@@ -24,4 +24,16 @@ void gemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
   }
 }
 
+void block_b(int64_t K, int64_t N, const float* B, float* out) {
+#pragma omp parallel for schedule(static) if (K * N >= (int64_t{1} << 18))
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t j = 0; j < N; ++j) out[blocked_index(k, j, N)] = B[k * N + j];
+}
+
+void unblock_b(int64_t K, int64_t N, const float* blocked, float* out) {
+#pragma omp parallel for schedule(static) if (K * N >= (int64_t{1} << 18))
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t j = 0; j < N; ++j) out[k * N + j] = blocked[blocked_index(k, j, N)];
+}
+
 }  // namespace mhsa::kernels

@@ -12,6 +12,13 @@ namespace mhsa {
 
 struct ModelAccess {
   static nn::Stack stack(const Model& m);
+  // For the CLI's inference models (mhsa generate, chat, serve, explain, bench): GPT-2's float
+  // [in, out] projection weights blocked in place (nn::Layout::in_out_blocked: the same results,
+  // faster decode steps of several sequences). Its parameters() then hold blocked tensors, and
+  // training it is refused. False when nothing was blocked (another family, 16/8/4-bit weights,
+  // sizes that do not block).
+  static bool block_weights(Model& m);
+  static bool blocked(const Model& m);
   static nn::Stack stack(const Gpt2& m);
   static std::vector<KVCache>& layers(ModelCache& c) { return c.layers_; }
 };

@@ -9,6 +9,7 @@
 #include "io/checkpoint_dir.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "kernels/gemm.h"
 #include "mhsa/safetensors.h"
 #include "model/access.h"
 #include "model/decoder.h"
@@ -24,6 +25,7 @@ namespace fs = std::filesystem;
 // and a bf16 model's 16-bit, a q8_0 model's 8-bit or a q4_k model's 4-bit (and 8-bit) weights
 // (indexed like the parameters; empty matrices elsewhere).
 struct Model::Layout : nn::Stack {
+  bool blocked = false;  // GPT-2's projections blocked for decoding (ModelAccess::block_weights)
   std::vector<nn::Bf16Matrix> half16;
   std::vector<nn::Q8Matrix> quant8;
   std::vector<nn::Q4Matrix> quant4;
@@ -291,6 +293,27 @@ nn::Stack ModelAccess::stack(const Model& m) {
   return s;
 }
 
+bool ModelAccess::blocked(const Model& m) { return m.layout_ && m.layout_->blocked; }
+
+bool ModelAccess::block_weights(Model& m) {
+  if (m.config_.family != Family::gpt2 || m.weight_type() != WeightType::f32 || !m.layout_) return false;
+  auto layout = std::make_unique<Model::Layout>(*m.layout_);
+  for (nn::LayerRefs& r : layout->layers)
+    for (nn::LinearRef* l : {&r.qkv, &r.o, &r.fc, &r.proj}) {
+      if (l->w < 0 || l->layout != nn::Layout::in_out) continue;
+      Tensor& w = m.params_[static_cast<size_t>(l->w)].second;
+      if (w.shape().size() != 2 || !kernels::can_block(w.dim(0), w.dim(1))) continue;
+      Tensor blocked(w.shape());
+      kernels::block_b(w.dim(0), w.dim(1), w.data(), blocked.data());
+      w = std::move(blocked);
+      l->layout = nn::Layout::in_out_blocked;
+      layout->blocked = true;
+    }
+  const bool any = layout->blocked;
+  m.layout_ = std::move(layout);
+  return any;
+}
+
 // ---- parameters ------------------------------------------------------------------------------
 
 std::vector<std::pair<std::string, const Tensor*>> Model::parameters() const {
@@ -313,6 +336,8 @@ const Tensor* Model::parameter(std::string_view name) const {
 
 namespace {
 void require_f32(const Model& m, std::string_view fn) {
+  if (ModelAccess::blocked(m))
+    fail(fn, "model", "weights as loaded (this model's were blocked for decoding, for inference only)", "blocked weights");
   if (m.weight_type() != WeightType::f32)
     fail(fn, "model", "float32 weights (16-bit and 8-bit weights are for inference only: load with dtype f32 to train)",
          message(weight_type_name(m.weight_type()), " weights"));

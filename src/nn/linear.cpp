@@ -64,6 +64,7 @@ void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, 
                     float* y, int64_t ldy) {
   const kernels::KernelTable& k = kernels::kernels();
   if (layout == Layout::in_out) return k.gemm(rows, w.dim(1), w.dim(0), x, ldx, w.data(), w.dim(1), b, y, ldy);
+  if (layout == Layout::in_out_blocked) return k.gemm_blocked(rows, w.dim(1), w.dim(0), x, ldx, w.data(), b, y, ldy);
   const int64_t out = w.dim(0), in = w.dim(1);
   if (rows <= kStreamRows)
     k.matmul_bt(rows, out, in, x, ldx, w.data(), in, y, ldy);
@@ -195,6 +196,8 @@ void weight_grads(int64_t rows, int64_t in, int64_t out, const float* x, int64_t
 
 void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Tensor& w,
                      Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate) {
+  if (layout == Layout::in_out_blocked)  // callers refuse to train a model blocked for inference
+    throw Error("linear_backward: layout: expected weights [in, out] or [out, in], got weights blocked for inference");
   const bool io = layout == Layout::in_out;
   const int64_t in = io ? w.dim(0) : w.dim(1), out = io ? w.dim(1) : w.dim(0);
   weight_grads(rows, in, out, x, ldx, dy, ldy, layout, dw, db);

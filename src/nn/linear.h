@@ -15,7 +15,10 @@
 
 namespace mhsa::nn {
 
-enum class Layout { in_out, out_in };  // W stored [in, out] (Conv1D) or [out, in] (nn.Linear)
+// W stored [in, out] (Conv1D) or [out, in] (nn.Linear); in_out_blocked: [in, out] stored blocked
+// (kernels/gemm.h, block_b; the tensor keeps the shape [in, out]) for an inference model's decode
+// steps, bit for bit in_out's results, no backward.
+enum class Layout { in_out, out_in, in_out_blocked };
 
 // y [rows, out] (ldy) = x [rows, in] (ldx) · W + b   (b may be null; W's layout as given)
 void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, Layout layout, const float* b,

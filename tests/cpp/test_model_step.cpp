@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <random>
 #include <string>
@@ -23,6 +24,7 @@
 
 #include "mhsa/error.h"
 #include "mhsa/model.h"
+#include "model/access.h"
 #include "test_util.h"
 
 namespace mhsa {
@@ -114,6 +116,46 @@ void run_family(const std::string& name, const json& config, WeightType dtype) {
 TEST(ModelStep, EqualsExtendAloneForEveryFamily) {
   for (const auto& [name, config] : configs())
     for (WeightType dtype : {WeightType::f32, WeightType::bf16}) run_family(name, config, dtype);
+}
+
+// The CLI's inference models keep GPT-2's projections blocked (ModelAccess::block_weights,
+// kernels::gemm_blocked): every forward equals the loaded model's bit for bit — a whole prompt
+// (the packed path past 256 rows, in place below), decode steps of 1 to 8 sequences, a chunk — and
+// training the blocked model is refused. Other families, and 16-bit weights, are left as they are.
+TEST(ModelStep, BlockedGpt2WeightsGiveTheSameBits) {
+  auto gen = test::test_rng();
+  json config = configs()[0].second;
+  config["n_embd"] = 64;  // c_attn 64 -> 192, c_fc 64 -> 256: every projection blocks
+  config["n_positions"] = 400;
+  const uint64_t seed = gen();
+  const Model plain = Model::random(ModelConfig::parse(config.dump()), seed);
+  Model blocked = Model::random(ModelConfig::parse(config.dump()), seed);
+  ASSERT_TRUE(ModelAccess::block_weights(blocked));
+  EXPECT_TRUE(ModelAccess::blocked(blocked) && !ModelAccess::blocked(plain));
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), sizeof(float) * a.numel()) == 0;
+  };
+  Sequences s{plain, gen, {}, {}};
+  const std::vector<int32_t> prompt = s.ids(300);
+  EXPECT_TRUE(same(plain.forward(prompt, 1, 300), blocked.forward(prompt, 1, 300)));
+  EXPECT_TRUE(same(plain.forward(std::span(prompt).first(40), 2, 20), blocked.forward(std::span(prompt).first(40), 2, 20)));
+  std::vector<ModelCache> a, b;
+  for (int i = 0; i < 8; ++i) a.push_back(plain.new_cache(1, 64)), b.push_back(blocked.new_cache(1, 64));
+  for (int64_t n : {1, 2, 3, 5, 8}) {  // sequences per step: the stream, the fresh in-place path
+    for (int round = 0; round < 2; ++round) {
+      std::vector<std::vector<int32_t>> tokens;
+      std::vector<SequenceStep> sa, sb;
+      for (int64_t i = 0; i < n; ++i) tokens.push_back(s.ids(round == 0 && i == 0 ? 6 : 1));
+      for (int64_t i = 0; i < n; ++i) sa.push_back({&a[static_cast<size_t>(i)], tokens[static_cast<size_t>(i)]});
+      for (int64_t i = 0; i < n; ++i) sb.push_back({&b[static_cast<size_t>(i)], tokens[static_cast<size_t>(i)]});
+      EXPECT_TRUE(same(plain.step(sa), blocked.step(sb))) << n << " sequences";
+    }
+  }
+  EXPECT_THROW(blocked.zero_gradients(), Error);
+  Model llama = Model::random(ModelConfig::parse(configs()[1].second.dump()), seed);
+  EXPECT_FALSE(ModelAccess::block_weights(llama));
+  Model half = Model::random(ModelConfig::parse(config.dump()), seed, WeightType::bf16);
+  EXPECT_FALSE(ModelAccess::block_weights(half));
 }
 
 TEST(ModelStep, ChecksEverySequenceBeforeRunningAny) {
