@@ -18,7 +18,10 @@
 // 8-row win did not survive into a model whose decode of one sequence would pay for it:
 // docs/performance.md, 2026-11-29, seventeenth session.)
 //
-//   bench_blocked_b [passes = 20] [rows = 8 | 1] [prefetch floats ahead for blocked = 512]
+// A fourth argument `side` reads one row's blocked B as the library does: the thread's K range in
+// four runs side by side, a panel of each in turn (four concurrent streams).
+//
+//   bench_blocked_b [passes = 20] [rows = 8 | 1] [prefetch floats ahead for blocked = 512] [side]
 #include <immintrin.h>
 #include <omp.h>
 
@@ -28,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/dispatch.h"
@@ -140,6 +144,7 @@ int main(int argc, char** argv) {
   const int passes = argc > 1 ? std::atoi(argv[1]) : 20;
   const int64_t M = argc > 2 ? std::atoi(argv[2]) : 8;
   const int64_t ahead = argc > 3 ? std::atoi(argv[3]) : 512;
+  const bool side = argc > 4 && std::string(argv[4]) == "side";
   if ((M != 8 && M != 1) || passes < 1) {
     std::fprintf(stderr, "usage: bench_blocked_b [passes] [8|1] [prefetch floats]\n");
     return 2;
@@ -185,7 +190,7 @@ int main(int argc, char** argv) {
         const int t = omp_get_thread_num();
         float* c = C.data() + t * M * 3072;
         std::fill(c, c + M * p.N, 0.0f);
-        if (M == 1 && std::getenv("FOUR"))
+        if (M == 1 && side)
           part_one_row4(A.data(), B, p.N, blocks * t / 2, blocks * (t + 1) / 2, ahead, c);
         else if (M == 1)
           part_one_row(A.data(), B, p.N, blocks * t / 2, blocks * (t + 1) / 2, ahead, c);

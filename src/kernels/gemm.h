@@ -17,8 +17,9 @@ void gemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
 // 16 floats (row-major inside), the panels of a row block one after another. gemm's small-M paths
 // walk 16 rows of B across all columns a 16-column panel at a time; on the [K, N] layout that reads
 // 16 interleaved streams, ldb apart, while blocked it is one ascending stream (GPT-2's 48
-// projections at 8 rows on a 2-core Zen 3: 1.35x, bench/bench_blocked_b.cpp). Only for K a multiple
-// of 16 and N of 32 (every panel of every ISA's micro-tile whole).
+// projections at 8 rows on a 2-core Zen 3: 1.25-1.35x, bench/bench_blocked_b.cpp; an 8-sequence
+// decode step 1.13x, docs/performance.md). Only for K a multiple of 16 and N of 32 (every panel of
+// every ISA's micro-tile whole).
 constexpr int64_t kBlockedB = 16;
 inline bool can_block(int64_t K, int64_t N) { return K > 0 && N > 0 && K % 16 == 0 && N % 32 == 0; }
 // Where B[k, j] is in the blocked layout.
@@ -28,5 +29,8 @@ inline int64_t blocked_index(int64_t k, int64_t j, int64_t N) {
 // out = B [K, N] (row-major) blocked, and back (can_block(K, N); out does not alias B).
 void block_b(int64_t K, int64_t N, const float* B, float* out);
 void unblock_b(int64_t K, int64_t N, const float* blocked, float* out);
+// B blocked where it is, a row block at a time through a buffer of one (16·N floats): no second
+// copy of the matrix, no new pages (a model's weights are blocked at load this way).
+void block_b_in_place(int64_t K, int64_t N, float* B);
 
 }  // namespace mhsa::kernels

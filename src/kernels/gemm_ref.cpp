@@ -1,5 +1,6 @@
 // kernels/gemm_ref.cpp — the reference matrix multiply (see gemm.h).
 #include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "kernels/gemm.h"
@@ -24,16 +25,27 @@ void gemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
   }
 }
 
+// A row block's rows, 16 floats at a time, in the order the blocked layout stores them.
 void block_b(int64_t K, int64_t N, const float* B, float* out) {
-#pragma omp parallel for schedule(static) if (K * N >= (int64_t{1} << 18))
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t j = 0; j < N; ++j) out[blocked_index(k, j, N)] = B[k * N + j];
+  for (int64_t k0 = 0; k0 < K; k0 += kBlockedB)
+    for (int64_t j = 0; j < N; j += kBlockedB)
+      for (int64_t kk = 0; kk < kBlockedB; ++kk, out += kBlockedB)
+        std::memcpy(out, B + (k0 + kk) * N + j, kBlockedB * sizeof(float));
+}
+
+void block_b_in_place(int64_t K, int64_t N, float* B) {
+  std::vector<float> rows(static_cast<size_t>(kBlockedB * N));
+  for (int64_t k0 = 0; k0 < K; k0 += kBlockedB) {  // a row block fills the same floats either way
+    std::memcpy(rows.data(), B + k0 * N, rows.size() * sizeof(float));
+    block_b(kBlockedB, N, rows.data(), B + k0 * N);
+  }
 }
 
 void unblock_b(int64_t K, int64_t N, const float* blocked, float* out) {
-#pragma omp parallel for schedule(static) if (K * N >= (int64_t{1} << 18))
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t j = 0; j < N; ++j) out[k * N + j] = blocked[blocked_index(k, j, N)];
+  for (int64_t k0 = 0; k0 < K; k0 += kBlockedB)
+    for (int64_t j = 0; j < N; j += kBlockedB)
+      for (int64_t kk = 0; kk < kBlockedB; ++kk, blocked += kBlockedB)
+        std::memcpy(out + (k0 + kk) * N + j, blocked, kBlockedB * sizeof(float));
 }
 
 }  // namespace mhsa::kernels

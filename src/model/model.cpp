@@ -303,9 +303,7 @@ bool ModelAccess::block_weights(Model& m) {
       if (l->w < 0 || l->layout != nn::Layout::in_out) continue;
       Tensor& w = m.params_[static_cast<size_t>(l->w)].second;
       if (w.shape().size() != 2 || !kernels::can_block(w.dim(0), w.dim(1))) continue;
-      Tensor blocked(w.shape());
-      kernels::block_b(w.dim(0), w.dim(1), w.data(), blocked.data());
-      w = std::move(blocked);
+      kernels::block_b_in_place(w.dim(0), w.dim(1), w.data());
       l->layout = nn::Layout::in_out_blocked;
       layout->blocked = true;
     }

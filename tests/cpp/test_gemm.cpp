@@ -194,6 +194,12 @@ TEST(Gemm, BlockedBIsBitwiseGemm) {
       kernels::unblock_b(K, N, blocked.data(), back.data());
       ASSERT_EQ(std::memcmp(back.data(), b.data(), sizeof(float) * K * N), 0);
       EXPECT_NE(std::memcmp(blocked.data(), b.data(), sizeof(float) * K * N), 0);
+      for (int64_t k = 0; k < K; ++k)  // the layout gemm.h describes
+        for (int64_t j = 0; j < N; j += 7) ASSERT_EQ(blocked.data()[kernels::blocked_index(k, j, N)], b.data()[k * N + j]);
+      Tensor in_place({K, N});
+      std::memcpy(in_place.data(), b.data(), sizeof(float) * K * N);
+      kernels::block_b_in_place(K, N, in_place.data());
+      ASSERT_EQ(std::memcmp(in_place.data(), blocked.data(), sizeof(float) * K * N), 0);
       for (int64_t M : {1, 2, 3, 4, 5, 8, 13, 16, 17, 40, 256, 257, 300}) {
         if (N == 2304 && M > 40 && K == 768) continue;  // the packed path at this size: covered by N 96
         const Case c{M, N, K, 3, 0, 5};
