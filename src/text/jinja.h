@@ -44,12 +44,14 @@ struct List {
   // so), or "generator" (select, map, reverse...: always true, no length, not printable).
   const char* view = nullptr;
   int depth = 1;
+  bool holds_namespace = false;  // an item is a namespace() or holds one
 };
 
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;  // insertion order, keys unique
   bool is_namespace = false;                           // the only mutable object
   int depth = 1;
+  bool holds_namespace = false;  // a value is a namespace() or holds one
   const Value* find(std::string_view key) const;
   void set(const std::string& key, Value v);
 };
@@ -83,6 +85,12 @@ struct Value {
   bool undef() const { return kind == Kind::Undefined; }
   bool is_num() const { return kind == Kind::Int || kind == Kind::Float || kind == Kind::Bool; }
   int depth() const { return list ? list->depth : dict ? dict->depth : 0; }
+  // Whether this is a namespace() or a list or dict holding one. A namespace attribute may not be
+  // set to such a value: namespaces are the only mutable objects, so none can come to hold itself
+  // (a cycle of shared pointers, never freed).
+  bool reaches_namespace() const {
+    return (dict && (dict->is_namespace || dict->holds_namespace)) || (list && list->holds_namespace);
+  }
 };
 
 // ---- syntax tree ----------------------------------------------------------------------------

@@ -574,6 +574,9 @@ void Evaluator::exec_set(const Node& n) {
       fail_at(n, detail::message("expected a namespace() to set attribute '", n.str, "' on, got ",
                                  target ? excerpt(*target) : "'" + n.names[0] + "' undefined"));
     if (n.str[0] == '_') fail_at(n, "expected namespace attributes not starting with '_', got '" + n.str + "'");
+    if (v.reaches_namespace())  // a namespace holding itself would never be freed
+      fail_at(n, detail::message("expected a value without namespace() objects in it to set attribute '", n.str,
+                                 "' to, got ", excerpt(v)));
     if (v.depth() + 1 > kMaxValueDepth)
       fail_at(n, detail::message("expected values nested at most ", kMaxValueDepth, " deep, got deeper"));
     target->dict->set(n.str, std::move(v));

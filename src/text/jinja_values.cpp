@@ -31,7 +31,10 @@ std::vector<std::string_view> code_points(std::string_view s) {
 Value make_list(const Node& at, std::vector<Value> items, bool tuple) {
   if (items.size() > kMaxItems) fail_at(at, detail::message("expected lists of at most ", kMaxItems, " items, got ", items.size()));
   auto l = std::make_shared<List>();
-  for (const Value& v : items) l->depth = std::max(l->depth, 1 + v.depth());
+  for (const Value& v : items) {
+    l->depth = std::max(l->depth, 1 + v.depth());
+    l->holds_namespace = l->holds_namespace || v.reaches_namespace();
+  }
   if (l->depth > kMaxValueDepth) fail_at(at, detail::message("expected values nested at most ", kMaxValueDepth, " deep, got deeper"));
   l->items = std::move(items);
   l->tuple = tuple;
@@ -44,7 +47,10 @@ Value make_list(const Node& at, std::vector<Value> items, bool tuple) {
 Value make_dict(const Node& at, std::vector<std::pair<std::string, Value>> items) {
   if (items.size() > kMaxItems) fail_at(at, detail::message("expected dicts of at most ", kMaxItems, " items, got ", items.size()));
   auto d = std::make_shared<Dict>();
-  for (const auto& kv : items) d->depth = std::max(d->depth, 1 + kv.second.depth());
+  for (const auto& kv : items) {
+    d->depth = std::max(d->depth, 1 + kv.second.depth());
+    d->holds_namespace = d->holds_namespace || kv.second.reaches_namespace();
+  }
   if (d->depth > kMaxValueDepth) fail_at(at, detail::message("expected values nested at most ", kMaxValueDepth, " deep, got deeper"));
   d->items = std::move(items);
   Value v;

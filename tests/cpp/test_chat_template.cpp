@@ -95,6 +95,15 @@ TEST(ChatTemplate, HostileTemplatesHitBounds) {
   fails_with("{{ 9223372036854775807 + 1 }}", "64-bit integers");
   fails_with("{{ 2 ** 64 }}", "64-bit integers");
   fails_with("{{ 1 // 0 }}", "nonzero divisor");
+  // A namespace set to hold itself, directly or through a list, a dict or another namespace: a
+  // cycle of shared pointers that was never freed (found by the chat-template fuzzer as a leak).
+  for (const char* value : {"ns", "[1, ns]", "{'k': [ns]}", "other", "[other]", "namespace(x=ns)", "loop"})
+    fails_with(std::string("{% set ns = namespace(a=1) %}{% set other = namespace(b=ns) %}{% for i in [1] %}"
+                           "{% set ns.a = ") + value + " %}{% endfor %}",
+               "expected a value without namespace() objects in it to set attribute 'a' to");
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.a = [1, {'b': [2, 'c']}] %}{{ ns.a | tojson }}"
+                   "{% set other = namespace(n=ns) %}{{ other.n.a[1].b[1] }}"),
+            "[1, {\"b\": [2, \"c\"]}]c");
 }
 
 TEST(ChatTemplate, WhitespaceControlOnRandomLayouts) {
