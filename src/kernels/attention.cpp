@@ -141,10 +141,11 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
 
 void check_output(std::string_view fn, std::string_view arg, const TensorView& t,
                   const std::vector<int64_t>& want) {
-  const std::string wanted = message("shape ", shape_string(ConstTensorView(nullptr, want)));
-  if (t.ndim != static_cast<int>(want.size())) fail(fn, arg, wanted, shape_string(t));
+  // (the message is built only on failure: these checks run on every decode step's attention)
+  const auto wrong = [&] { fail(fn, arg, message("shape ", shape_string(ConstTensorView(nullptr, want))), shape_string(t)); };
+  if (t.ndim != static_cast<int>(want.size())) wrong();
   for (int i = 0; i < t.ndim; ++i)
-    if (t.shape[i] != want[static_cast<size_t>(i)]) fail(fn, arg, wanted, shape_string(t));
+    if (t.shape[i] != want[static_cast<size_t>(i)]) wrong();
   if (t.numel() > 0 && t.data == nullptr) fail(fn, arg, "data", "a null pointer");
   detail::check_no_self_overlap(fn, arg, t);
 }
@@ -330,11 +331,22 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<cons
   std::vector<AttentionParams> ps;
   ps.reserve(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    const std::string name = message(fn, " (batch[", i, "])");
     const AttentionBatchItem<T>& item = batch[i];
-    AttentionParams p = item.paged ? paged_params(name, item.q, *item.paged, options)
-                                   : make_params(name, item.q, item.k, &item.v, options);
-    check_output(name, "out", item.out, {p.B, p.Hq, p.Tq, p.Dv});
+    const auto checked = [&](std::string_view name) {
+      AttentionParams p = item.paged ? paged_params(name, item.q, *item.paged, options)
+                                     : make_params(name, item.q, item.k, &item.v, options);
+      check_output(name, "out", item.out, {p.B, p.Hq, p.Tq, p.Dv});
+      return p;
+    };
+    // The item's name is written only for an error: its checks, which depend on the item alone,
+    // run again under that name and throw the same error naming it (none is built per step).
+    AttentionParams p;
+    try {
+      p = checked(fn);
+    } catch (const Error&) {
+      checked(message(fn, " (batch[", i, "])"));
+      throw;
+    }
     p.out = item.out.data;
     p.out_stride = item.out.stride;
     ps.push_back(p);

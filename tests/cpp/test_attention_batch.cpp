@@ -205,7 +205,15 @@ TEST(AttentionBatch, ErrorsNameTheItem) {
   const std::string m = message_of({});
   EXPECT_NE(m.find("batch[1]"), std::string::npos) << m;
   EXPECT_NE(m.find("out"), std::string::npos) << m;
+  EXPECT_EQ(m.rfind("scaled_dot_product_attention (batch[1]): out: expected shape [", 0), 0u) << m;
   items[1].out = seqs[1]->out_batch.view();
+  // An input's error names its item too (the name is written only once a check fails).
+  Tensor wrong_q({1, seqs[2]->Hq, seqs[2]->Tq, seqs[2]->D + 1});
+  items[2].q = wrong_q.view();
+  const std::string mq = message_of({});
+  EXPECT_EQ(mq.rfind("scaled_dot_product_attention (batch[2]): ", 0), 0u) << mq;
+  items[2].q = seqs[2]->q.view();
+  EXPECT_EQ(message_of({}), "no error");
   AttentionOptions masked;
   const Tensor mask({1, 1, 1, 1});
   masked.attn_mask = mask.view();
