@@ -3,7 +3,8 @@
 // bytes/s against the measured read bandwidth). bench/compare_torch.py runs the same cases
 // through PyTorch beside it and prints the ratios; with --model DIR, prompt processing and decoding
 // of that model directory (any family) instead, which bench/compare_llama_cpp.py compares with
-// llama.cpp on the same directory. Not a test: nothing here passes or fails.
+// llama.cpp on the same directory; --profile adds, after each of those cases, the time of its
+// forwards phase by phase (nn/profile.h). Not a test: nothing here passes or fails.
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "commands.h"
 #include "core/cpu.h"
 #include "model/access.h"
+#include "nn/profile.h"
 #include "kernels/dispatch.h"
 #include "mhsa/mhsa.h"
 #include "options.h"
@@ -41,12 +43,15 @@ struct BenchArgs {
   std::string json;    // write the results here too
   double min_seconds = 1.0;
   int threads = 0;
+  bool profile = false;  // print where a model case's forwards spend their time (nn/profile.h)
 };
 
 // Seconds per run of a case: the best, which the rates are quoted from, and the median, the
 // statistic to compare with a peer that reports a mean or median (bench/compare_llama_cpp.py).
 struct Timing {
   double best, median;
+  double total = 0;            // seconds of all the timed runs
+  nn::profile::Totals phases;  // their phases, when --profile enabled them (the warm-up excluded)
 };
 
 struct Result {
@@ -54,6 +59,7 @@ struct Result {
   Timing seconds;
   double work;        // in FLOPs, or bytes for memory-bound cases
   double tokens = 0;  // tokens processed per run (model cases)
+  int64_t layers = 0;  // the model's layers (model cases)
 };
 
 Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims) {
@@ -66,6 +72,7 @@ Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims) {
 // Times repeated runs, at least 3 and for at least min_seconds, after one warm-up.
 Timing time_runs(const std::function<void()>& run, double min_seconds) {
   run();
+  (void)nn::profile::take();  // the warm-up's phases and any before it
   std::vector<double> times;
   double total = 0.0;
   while (times.size() < 3 || total < min_seconds) {
@@ -76,7 +83,30 @@ Timing time_runs(const std::function<void()>& run, double min_seconds) {
   }
   std::sort(times.begin(), times.end());
   const size_t n = times.size();
-  return {times.front(), n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2])};
+  return {times.front(), n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]), total, nn::profile::take()};
+}
+
+// The forwards a profile counts (one head per forward) and each phase's seconds per forward, with
+// "other": the rest of the timed runs' time (between the phases: allocations, sampling, a step's
+// bookkeeping), per forward.
+struct PhaseShare {
+  std::string name;
+  double seconds;  // per forward
+  bool per_layer;
+};
+std::vector<PhaseShare> phase_shares(const Timing& t, int64_t& forwards) {
+  forwards = t.phases.calls[static_cast<size_t>(nn::profile::Phase::head)];
+  std::vector<PhaseShare> out;
+  if (forwards == 0) return out;
+  double phased = 0;
+  for (int i = 0; i < nn::profile::kPhases; ++i) {
+    const auto p = static_cast<nn::profile::Phase>(i);
+    const double s = t.phases.seconds[static_cast<size_t>(i)] / double(forwards);
+    out.push_back({nn::profile::phase_name(p), s, nn::profile::per_layer(p)});
+    phased += s;
+  }
+  out.push_back({"other", std::max(0.0, t.total / double(forwards) - phased), false});
+  return out;
 }
 
 struct Case {
@@ -306,6 +336,7 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
       c.num_layers * (in_c * per_value(C, false) + q * C * per_value(q, false) + F * C * per_value(F, false)) +
       V * C * per_value(C, true);
   const int64_t pp = std::min<int64_t>(512, c.max_positions), tg = std::min<int64_t>(128, c.max_positions - depth - (batch - 1));
+  const int64_t layers = c.num_layers;
   if (tg < 1)
     throw Error(detail::message("--depth: expected at most ", c.max_positions - batch,
                                 " (the model's context less --batch), got ", depth));
@@ -331,7 +362,7 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
                    o.window.left = c.window_left[static_cast<size_t>(l)];
                    flops += attention_flops(1, c.num_heads, pp, pp, c.head_dim, c.head_dim, o);
                  }
-                 return Result{pp_name, "GFLOP/s", s, flops, double(pp)};
+                 return Result{pp_name, "GFLOP/s", s, flops, double(pp), layers};
                }};
   // The cache read per step by one sequence, on average: keys and values of depth + (tg + 1)/2 tokens.
   const double cache_values = c.num_layers * 2.0 * kv * (double(depth) + (tg + 1) / 2.0);
@@ -381,7 +412,7 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
                  // Sequence s reads s more cached tokens than cache_values counts: (batch - 1)/2 on average.
                  const double extra = c.num_layers * 2.0 * kv * (batch - 1) / 2.0;
                  const double bytes = weight_bytes_read + batch * (cache_values + extra) * double(kv_type_bytes(kv_type));
-                 return Result{tg_name, "GB/s", t, tg * bytes, double(tg * batch)};
+                 return Result{tg_name, "GB/s", t, tg * bytes, double(tg * batch), layers};
                }};
   if (batch > 1) return {prefill, batched};
   Case decode{tg_name, [=](double min_seconds) {
@@ -400,7 +431,8 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
                     },
                     min_seconds);
                 return Result{tg_name, "GB/s", s,
-                              tg * (weight_bytes_read + cache_values * double(kv_type_bytes(kv_type))), double(tg)};
+                              tg * (weight_bytes_read + cache_values * double(kv_type_bytes(kv_type))), double(tg),
+                              layers};
               }};
   return {prefill, decode};
 }
@@ -418,6 +450,9 @@ bool selected(const std::string& name, const std::string& filter) {
 
 void run(const BenchArgs& a) {
   use_threads(a.threads);
+  if (a.profile && a.model.empty())
+    throw Error("mhsa bench: --profile: expected with --model (it times a model's phases), got no --model");
+  nn::profile::set_enabled(a.profile);
   std::optional<OutputFile> json;  // opened first: a path that cannot be written fails before the cases run
   if (!a.json.empty()) json.emplace(a.json, "--json");
   // A model directory is loaded before the measurements: a bad one fails at once.
@@ -456,6 +491,20 @@ void run(const BenchArgs& a) {
                 100.0 * rate / yardstick);
     if (r.tokens > 0) std::printf("  %.1f tokens/s", r.tokens / r.seconds.best);
     std::printf("\n");
+    int64_t forwards = 0;
+    const std::vector<PhaseShare> shares = a.profile ? phase_shares(r.seconds, forwards) : std::vector<PhaseShare>{};
+    if (!shares.empty()) {
+      const double per = r.seconds.total / double(forwards);
+      std::printf("  where a forward's %.3f ms go (%lld forwards of %lld layers; the mean over all the timed runs):\n",
+                  per * 1e3, static_cast<long long>(forwards), static_cast<long long>(r.layers));
+      std::printf("    %-12s %9s %10s %7s\n", "phase", "ms", "us/layer", "share");
+      for (const PhaseShare& p : shares) {
+        std::printf("    %-12s %9.3f ", p.name.c_str(), p.seconds * 1e3);
+        if (p.per_layer) std::printf("%10.1f ", p.seconds * 1e6 / double(r.layers));
+        else std::printf("%10s ", "");
+        std::printf("%6.1f%%\n", 100.0 * p.seconds / per);
+      }
+    }
     flush_stdout();  // a case takes seconds: fail now rather than after all of them
     results.push_back(r);
   }
@@ -463,11 +512,21 @@ void run(const BenchArgs& a) {
     std::ostringstream out;
     out << "{\"threads\": " << threads << ", \"isa\": \"" << cpu::isa_name(cpu::best_isa())
         << "\", \"fma_peak_gflops\": " << peak << ", \"read_bandwidth_gbs\": " << bandwidth << ", \"cases\": [";
-    for (size_t i = 0; i < results.size(); ++i)
+    for (size_t i = 0; i < results.size(); ++i) {
       out << (i ? ", " : "") << "{\"name\": \"" << results[i].name << "\", \"seconds\": " << results[i].seconds.best
           << ", \"median_seconds\": " << results[i].seconds.median << ", \"work\": " << results[i].work
           << ", \"unit\": \"" << results[i].unit << "\""
-          << (results[i].tokens > 0 ? ", \"tokens\": " + std::to_string(results[i].tokens) : std::string()) << "}";
+          << (results[i].tokens > 0 ? ", \"tokens\": " + std::to_string(results[i].tokens) : std::string());
+      int64_t forwards = 0;
+      const std::vector<PhaseShare> shares = a.profile ? phase_shares(results[i].seconds, forwards) : std::vector<PhaseShare>{};
+      if (!shares.empty()) {
+        out << ", \"profile\": {\"forwards\": " << forwards << ", \"layers\": " << results[i].layers
+            << ", \"seconds_per_forward\": {";
+        for (size_t j = 0; j < shares.size(); ++j) out << (j ? ", " : "") << "\"" << shares[j].name << "\": " << shares[j].seconds;
+        out << "}}";
+      }
+      out << "}";
+    }
     out << "]}\n";
     json->write(out.str());
     json->commit();
@@ -501,6 +560,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--json", args->json, "also write the results to this JSON file");
   cmd->add_option("--min-seconds", args->min_seconds, "time each case for at least this long")
       ->check(number_above(0));
+  cmd->add_flag("--profile", args->profile,
+                "with --model: after each case, the time of its forwards phase by phase (norms, q|k|v, attention, "
+                "output projection, MLP, residuals, head; per forward, per layer, and shares)");
   add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });
 }

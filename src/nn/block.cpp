@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "nn/kv_store.h"
+#include "nn/profile.h"
 
 namespace mhsa::nn {
 namespace {
@@ -175,9 +176,13 @@ void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, 
   const Dims d = dims(*s.config);
   const int64_t B = run.B, T = run.T, rows = B * T;
   Tensor qkv({rows, d.N});  // [rows, q | k | v]
-  project_qkv(s, L, d, rows, run.rope, h, qkv.data(), run.tape ? &run.tape->qkv0 : nullptr);
+  {
+    const profile::Scope phase(profile::Phase::qkv);
+    project_qkv(s, L, d, rows, run.rope, h, qkv.data(), run.tape ? &run.tape->qkv0 : nullptr);
+  }
   const AttentionOptions opt = attention_options(s, layer);
   Tensor ctx({rows, d.Nq});  // heads side by side: [B, T, Hq·D]
+  profile::Scope phase(profile::Phase::attention);
   if (!run.seqs.empty()) {
     attend_sequences(d, layer, qkv.data(), ctx.data(), run.seqs, opt);  // a batched step
   } else if (run.cache) {
@@ -192,6 +197,7 @@ void attention_forward(const Stack& s, int64_t layer, const float* h, float* y, 
     if (run.probs) *run.probs = attention_probabilities(q, k, lse.view(), opt);
     if (run.tape) run.tape->lse = std::move(lse);
   }
+  phase.next(profile::Phase::out_proj);
   linear(s, L.o, rows, ctx.data(), d.Nq, y, d.C);
   if (run.tape) {
     run.tape->qkv = std::move(qkv);
@@ -246,11 +252,14 @@ void mlp_forward(const Stack& s, const LayerRefs& L, int64_t rows, const float* 
   const Dims d = dims(*s.config);
   const MlpKind kind = s.config->mlp;
   Tensor z({rows, d.F});
+  profile::Scope phase(profile::Phase::mlp_in);
   if (kind == MlpKind::gelu) {
     linear(s, L.fc, rows, h, d.C, z.data(), d.F);
+    phase.next(profile::Phase::activation);
     Tensor u = tape ? z : Tensor();  // in place when nothing is recorded
     float* a = tape ? u.data() : z.data();
     gelu_forward(rows * d.F, a);
+    phase.next(profile::Phase::mlp_out);
     linear(s, L.proj, rows, a, d.F, m, d.C);
     if (tape) {
       tape->z = std::move(z);
@@ -261,7 +270,9 @@ void mlp_forward(const Stack& s, const LayerRefs& L, int64_t rows, const float* 
   Tensor u({rows, d.F}), act({rows, d.F});
   const LinearOut outs[] = {out_of(s, L.gate, z.data(), d.F), out_of(s, L.up, u.data(), d.F)};
   linear_forward_many(rows, h, d.C, outs);
+  phase.next(profile::Phase::activation);
   gated_forward(kind, rows, d.F, z.data(), u.data(), act.data());
+  phase.next(profile::Phase::mlp_out);
   linear(s, L.down, rows, act.data(), d.F, m, d.C);
   if (tape) {
     tape->z = std::move(z);
@@ -314,23 +325,31 @@ void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run)
   BlockTape* tape = run.tape;
   if (tape) tape->x_in = copy_of(x, rows, C);
   Tensor h({rows, C}), a({rows, C});  // [rows, C]
+  profile::Scope phase(profile::Phase::norm);
   norm_forward(ns, rows, C, x, C, s.p(L.norm1_w).data(), s.data_or_null(L.norm1_b), h.data(), C);
+  phase.stop();  // (attention_forward times its own phases)
   attention_forward(s, layer, h.data(), a.data(), run);
   if (tape) tape->a = L.post_norm1_w >= 0 ? copy_of(a.data(), rows, C) : a;
+  phase.next(profile::Phase::norm);
   if (L.post_norm1_w >= 0) norm_forward(ns, rows, C, a.data(), C, s.p(L.post_norm1_w).data(), nullptr, a.data(), C);
+  phase.next(profile::Phase::residual);
   add_into(x, a.data(), rows * C);
   if (tape) {
     tape->h1 = std::move(h);
     tape->x_mid = copy_of(x, rows, C);
     h = Tensor({rows, C});
   }
+  phase.next(profile::Phase::norm);
   norm_forward(ns, rows, C, x, C, s.p(L.norm2_w).data(), s.data_or_null(L.norm2_b), h.data(), C);
+  phase.stop();
   Tensor& m = a;  // [rows, C], reused
   mlp_forward(s, L, rows, h.data(), m.data(), tape);
+  phase.next(profile::Phase::norm);
   if (L.post_norm2_w >= 0) {
     if (tape) tape->m = copy_of(m.data(), rows, C);
     norm_forward(ns, rows, C, m.data(), C, s.p(L.post_norm2_w).data(), nullptr, m.data(), C);
   }
+  phase.next(profile::Phase::residual);
   add_into(x, m.data(), rows * C);
   if (tape) tape->h2 = std::move(h);
 }
@@ -385,6 +404,7 @@ RopeTable rope_positions(const Stack& s, int64_t rows, int64_t T, int64_t pos0) 
 }
 
 void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x) {
+  const profile::Scope phase(profile::Phase::embed);
   if (const Bf16Matrix* w16 = s.p16(s.embed))
     return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w16,
                              s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
@@ -402,6 +422,7 @@ namespace {
 
 // logits [rows, V] of the final norm of x [rows, C] (rows ldx apart).
 void final_logits(const Stack& s, int64_t rows, const float* x, int64_t ldx, float* logits) {
+  const profile::Scope phase(profile::Phase::head);
   const ModelConfig& c = *s.config;
   const int64_t C = c.hidden_size;
   Tensor h({rows, C});

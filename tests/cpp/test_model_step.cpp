@@ -18,6 +18,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@
 #include "mhsa/error.h"
 #include "mhsa/model.h"
 #include "model/access.h"
+#include "nn/profile.h"
 #include "test_util.h"
 
 namespace mhsa {
@@ -116,6 +118,51 @@ void run_family(const std::string& name, const json& config, WeightType dtype) {
 TEST(ModelStep, EqualsExtendAloneForEveryFamily) {
   for (const auto& [name, config] : configs())
     for (WeightType dtype : {WeightType::f32, WeightType::bf16}) run_family(name, config, dtype);
+}
+
+// nn/profile.h (mhsa bench --profile): with profiling on, a forward on this thread counts each
+// phase once per layer (the embedding and the head once), times them, and changes no result;
+// off, or on another thread, it counts nothing here.
+TEST(ModelStep, ProfileCountsEveryPhaseOfAForward) {
+  namespace profile = nn::profile;
+  auto gen = test::test_rng();
+  for (const auto& [name, config] : configs()) {
+    SCOPED_TRACE(name);
+    const Model model = Model::random(ModelConfig::parse(config.dump()), gen());
+    const int64_t layers = model.config().num_layers;
+    const std::vector<int32_t> ids = {3, 1, 4, 1, 5};
+    const auto forward = [&] {
+      ModelCache cache = model.new_cache(1, 16);
+      (void)model.extend(cache, ids, 1, 5, true);
+      const std::vector<int32_t> next = {2};
+      return model.extend(cache, next, 1, 1, true);
+    };
+    const Tensor plain = forward();
+    (void)profile::take();
+    profile::set_enabled(true);
+    const Tensor timed = forward();
+    std::thread([&] { (void)forward(); }).join();  // another thread's totals are its own
+    profile::set_enabled(false);
+    const profile::Totals t = profile::take();
+    EXPECT_EQ(std::memcmp(plain.data(), timed.data(), sizeof(float) * static_cast<size_t>(plain.numel())), 0);
+    double sum = 0;
+    for (int i = 0; i < profile::kPhases; ++i) {
+      const auto p = static_cast<profile::Phase>(i);
+      SCOPED_TRACE(profile::phase_name(p));
+      const int64_t per_forward = !profile::per_layer(p) ? 1
+                                  : p == profile::Phase::norm || p == profile::Phase::residual ? 2 * layers
+                                                                                                : layers;
+      EXPECT_GE(t.calls[static_cast<size_t>(i)], 2 * per_forward);  // two forwards (norm: pre and post slots)
+      EXPECT_GE(t.seconds[static_cast<size_t>(i)], 0.0);
+      sum += t.seconds[static_cast<size_t>(i)];
+    }
+    EXPECT_EQ(t.calls[static_cast<size_t>(profile::Phase::head)], 2);
+    EXPECT_EQ(t.calls[static_cast<size_t>(profile::Phase::qkv)], 2 * layers);
+    EXPECT_GT(sum, 0.0);
+    (void)forward();  // off: nothing counted
+    const profile::Totals off = profile::take();
+    for (int i = 0; i < profile::kPhases; ++i) EXPECT_EQ(off.calls[static_cast<size_t>(i)], 0);
+  }
 }
 
 // The CLI's inference models keep GPT-2's projections blocked (ModelAccess::block_weights,

@@ -314,6 +314,42 @@ def test_bench_model_depth_and_batch(tmp_path):
         assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
+def test_bench_profile_shows_where_each_forward_goes(tmp_path):
+    """--profile: after each model case, its forwards' time phase by phase (per forward, per layer,
+    share), and in --json each phase's seconds per forward; "other" takes the rest, so the phases
+    sum to the mean forward, which is at least the best run's; without --model it is refused."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=83, hidden_size=24, intermediate_size=37, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=200)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m", safe_serialization=True)
+    phases = ["embed", "norm", "qkv", "attention", "out_proj", "mlp_in", "activation", "mlp_out", "residual", "head",
+              "other"]
+    for extra, steps in (([], 128), (["--batch", "3", "--paged", "8"], 128)):
+        r = run("bench", "--model", tmp_path / "m", "--min-seconds", "0.05", "--json", tmp_path / "b.json", "-t", "1",
+                "--profile", *extra)
+        assert r.returncode == 0, r.stderr
+        cases = json.loads((tmp_path / "b.json").read_text())["cases"]
+        assert len(cases) == 2
+        for case in cases:
+            prof = case["profile"]
+            assert prof["layers"] == 3
+            assert list(prof["seconds_per_forward"]) == phases
+            per_run = 1 if "_pp" in case["name"] else steps  # forwards (steps) per timed run
+            assert prof["forwards"] % per_run == 0 and prof["forwards"] >= 3 * per_run, prof
+            times = prof["seconds_per_forward"]
+            assert all(v >= 0 for v in times.values()), times
+            assert all(times[p] > 0 for p in ("qkv", "attention", "out_proj", "mlp_in", "mlp_out", "head")), times
+            assert sum(times.values()) >= 0.99 * case["seconds"] / per_run, (times, case["seconds"])
+        assert r.stdout.count("where a forward's") == 2
+        for p in phases:
+            assert re.search(rf"^    {p} +[0-9.]+ ", r.stdout, re.M), (p, r.stdout)
+    r = run("bench", "--model", tmp_path / "m", "--filter", "tg", "--min-seconds", "0.01", "--json", tmp_path / "b.json")
+    assert r.returncode == 0 and "where a forward" not in r.stdout
+    assert "profile" not in json.loads((tmp_path / "b.json").read_text())["cases"][0]
+    r = run("bench", "--profile", "--min-seconds", "0.01")
+    assert r.returncode == 2 and "--profile: expected with --model" in r.stderr, r.stderr
+
+
 def test_bench_model_refuses_a_directory_without_a_model(tmp_path):
     r = run("bench", "--model", tmp_path, "--min-seconds", "0.01")
     assert r.returncode == 2 and "config.json" in r.stderr and r.stderr.startswith("mhsa: error: "), r.stderr
