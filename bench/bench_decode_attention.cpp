@@ -101,5 +101,6 @@ int main(int argc, char** argv) {
     std::printf("  %-24s median %8.1f us  best %8.1f us  %5.1f GB/s\n", name, median * 1e6, t->front() * 1e6,
                 bytes / median / 1e9);
   }
-  return sink == 0.5f ? 1 : 0;  // (keeps the eviction reads)
+  std::printf("  (eviction checksum %g)\n", static_cast<double>(sink));  // keeps the eviction reads
+  return 0;
 }

@@ -54,12 +54,42 @@ struct Timing {
   nn::profile::Totals phases;  // their phases, when --profile enabled them (the warm-up excluded)
 };
 
+// A case's profile (--profile): the forwards it counts (one head per forward), the mean forward's
+// seconds, and each phase's seconds per forward, the last row "other": the rest of the timed runs'
+// time (between the phases: allocations, sampling, a step's bookkeeping).
+struct PhaseShare {
+  std::string name;
+  double seconds;  // per forward
+  bool per_layer;
+};
+struct Profile {
+  int64_t forwards = 0;  // 0: nothing profiled
+  double per_forward = 0;
+  std::vector<PhaseShare> phases;
+};
+Profile profile_of(const Timing& t) {
+  Profile p;
+  p.forwards = t.phases.calls[static_cast<size_t>(nn::profile::Phase::head)];
+  if (p.forwards == 0) return p;
+  p.per_forward = t.total / double(p.forwards);
+  double phased = 0;
+  for (int i = 0; i < nn::profile::kPhases; ++i) {
+    const auto phase = static_cast<nn::profile::Phase>(i);
+    const double seconds = t.phases.seconds[static_cast<size_t>(i)] / double(p.forwards);
+    p.phases.push_back({nn::profile::phase_name(phase), seconds, nn::profile::per_layer(phase)});
+    phased += seconds;
+  }
+  p.phases.push_back({"other", std::max(0.0, p.per_forward - phased), false});
+  return p;
+}
+
 struct Result {
   std::string name, unit;
   Timing seconds;
   double work;        // in FLOPs, or bytes for memory-bound cases
   double tokens = 0;  // tokens processed per run (model cases)
   int64_t layers = 0;  // the model's layers (model cases)
+  Profile profile;     // with --profile (model cases)
 };
 
 Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims) {
@@ -84,29 +114,6 @@ Timing time_runs(const std::function<void()>& run, double min_seconds) {
   std::sort(times.begin(), times.end());
   const size_t n = times.size();
   return {times.front(), n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]), total, nn::profile::take()};
-}
-
-// The forwards a profile counts (one head per forward) and each phase's seconds per forward, with
-// "other": the rest of the timed runs' time (between the phases: allocations, sampling, a step's
-// bookkeeping), per forward.
-struct PhaseShare {
-  std::string name;
-  double seconds;  // per forward
-  bool per_layer;
-};
-std::vector<PhaseShare> phase_shares(const Timing& t, int64_t& forwards) {
-  forwards = t.phases.calls[static_cast<size_t>(nn::profile::Phase::head)];
-  std::vector<PhaseShare> out;
-  if (forwards == 0) return out;
-  double phased = 0;
-  for (int i = 0; i < nn::profile::kPhases; ++i) {
-    const auto p = static_cast<nn::profile::Phase>(i);
-    const double s = t.phases.seconds[static_cast<size_t>(i)] / double(forwards);
-    out.push_back({nn::profile::phase_name(p), s, nn::profile::per_layer(p)});
-    phased += s;
-  }
-  out.push_back({"other", std::max(0.0, t.total / double(forwards) - phased), false});
-  return out;
 }
 
 struct Case {
@@ -481,7 +488,8 @@ void run(const BenchArgs& a) {
   std::vector<Result> results;
   for (const Case& c : cases) {
     if (!selected(c.name, a.filter)) continue;
-    const Result r = c.run(a.min_seconds);
+    Result r = c.run(a.min_seconds);
+    if (a.profile) r.profile = profile_of(r.seconds);
     const double rate = r.work / r.seconds.best * 1e-9;
     // Bandwidth swings on these hosts: re-measure right after each memory-bound case, and keep
     // the highest reading, so that no case is quoted against a slow moment's yardstick.
@@ -491,18 +499,16 @@ void run(const BenchArgs& a) {
                 100.0 * rate / yardstick);
     if (r.tokens > 0) std::printf("  %.1f tokens/s", r.tokens / r.seconds.best);
     std::printf("\n");
-    int64_t forwards = 0;
-    const std::vector<PhaseShare> shares = a.profile ? phase_shares(r.seconds, forwards) : std::vector<PhaseShare>{};
-    if (!shares.empty()) {
-      const double per = r.seconds.total / double(forwards);
+    if (r.profile.forwards > 0) {
       std::printf("  where a forward's %.3f ms go (%lld forwards of %lld layers; the mean over all the timed runs):\n",
-                  per * 1e3, static_cast<long long>(forwards), static_cast<long long>(r.layers));
+                  r.profile.per_forward * 1e3, static_cast<long long>(r.profile.forwards),
+                  static_cast<long long>(r.layers));
       std::printf("    %-12s %9s %10s %7s\n", "phase", "ms", "us/layer", "share");
-      for (const PhaseShare& p : shares) {
+      for (const PhaseShare& p : r.profile.phases) {
         std::printf("    %-12s %9.3f ", p.name.c_str(), p.seconds * 1e3);
         if (p.per_layer) std::printf("%10.1f ", p.seconds * 1e6 / double(r.layers));
         else std::printf("%10s ", "");
-        std::printf("%6.1f%%\n", 100.0 * p.seconds / per);
+        std::printf("%6.1f%%\n", 100.0 * p.seconds / r.profile.per_forward);
       }
     }
     flush_stdout();  // a case takes seconds: fail now rather than after all of them
@@ -517,12 +523,12 @@ void run(const BenchArgs& a) {
           << ", \"median_seconds\": " << results[i].seconds.median << ", \"work\": " << results[i].work
           << ", \"unit\": \"" << results[i].unit << "\""
           << (results[i].tokens > 0 ? ", \"tokens\": " + std::to_string(results[i].tokens) : std::string());
-      int64_t forwards = 0;
-      const std::vector<PhaseShare> shares = a.profile ? phase_shares(results[i].seconds, forwards) : std::vector<PhaseShare>{};
-      if (!shares.empty()) {
-        out << ", \"profile\": {\"forwards\": " << forwards << ", \"layers\": " << results[i].layers
+      const Profile& prof = results[i].profile;
+      if (prof.forwards > 0) {
+        out << ", \"profile\": {\"forwards\": " << prof.forwards << ", \"layers\": " << results[i].layers
             << ", \"seconds_per_forward\": {";
-        for (size_t j = 0; j < shares.size(); ++j) out << (j ? ", " : "") << "\"" << shares[j].name << "\": " << shares[j].seconds;
+        for (size_t j = 0; j < prof.phases.size(); ++j)
+          out << (j ? ", " : "") << "\"" << prof.phases[j].name << "\": " << prof.phases[j].seconds;
         out << "}}";
       }
       out << "}";

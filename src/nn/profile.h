@@ -17,7 +17,7 @@ namespace mhsa::nn::profile {
 // (GELU, or the gated product) and its output projection; the residual adds; the final norm and
 // the LM head.
 enum class Phase : int { embed, norm, qkv, attention, out_proj, mlp_in, activation, mlp_out, residual, head };
-inline constexpr int kPhases = 10;
+inline constexpr int kPhases = static_cast<int>(Phase::head) + 1;  // head is the last
 const char* phase_name(Phase p);
 // Whether a phase is one per layer (the others are once per forward: embed, head).
 bool per_layer(Phase p);
