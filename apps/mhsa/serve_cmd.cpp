@@ -12,8 +12,10 @@
 #include <signal.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -46,7 +48,7 @@ constexpr size_t kMaxBodyBytes = size_t{1} << 20;
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
 
 struct ServeArgs {
-  std::string model, host = "127.0.0.1", api_key, dtype = "f32", kv_dtype = "f32";
+  std::string model, host = "127.0.0.1", api_key, dtype = "f32", kv_dtype = "f32", kv_alloc = "auto";
   int port = 8080, parallel = 4, queue = 16, threads = 0;
   int64_t ctx_size = 0, kv_blocks = 0;
   bool no_prefix_sharing = false;
@@ -54,6 +56,16 @@ struct ServeArgs {
 };
 
 constexpr int64_t kBlockTokens = 16;  // tokens per KV block
+
+// "604 MB", "17.2 GB": a size for people.
+std::string size_text(int64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 10e9) std::snprintf(text, sizeof text, "%.1f GB", b / 1e9);
+  else if (b >= 1e6) std::snprintf(text, sizeof text, "%.0f MB", b / 1e6);
+  else std::snprintf(text, sizeof text, "%.0f kB", b / 1e3);
+  return text;
+}
 
 // Request counts by path and status, and the latencies of finished generations: /metrics.
 class Metrics {
@@ -122,6 +134,10 @@ class Metrics {
     out += message("mhsa_kv_blocks_reserved ", s.kv.reserved, "\n");
     metric("mhsa_kv_block_bytes", "gauge", "Bytes per KV block (every layer's keys and values).");
     out += message("mhsa_kv_block_bytes ", s.kv_block_bytes, "\n");
+    metric("mhsa_kv_bytes_total", "gauge", "Bytes of the whole KV pool.");
+    out += message("mhsa_kv_bytes_total ", s.kv_memory_bytes, "\n");
+    metric("mhsa_kv_bytes_allocated", "gauge", "Bytes of the KV pool allocated so far (--kv-alloc).");
+    out += message("mhsa_kv_bytes_allocated ", s.kv.allocated_bytes, "\n");
     metric("mhsa_prefix_cache_hits_total", "counter", "Requests that shared KV blocks of an earlier identical prefix.");
     out += message("mhsa_prefix_cache_hits_total ", s.prefix_requests, "\n");
     metric("mhsa_prefix_cache_blocks_total", "counter", "KV blocks shared instead of computed.");
@@ -350,6 +366,23 @@ void run(const ServeArgs& a) {
   so.kv_blocks = a.kv_blocks > 0 ? a.kv_blocks : a.parallel * ((served.context + kBlockTokens - 1) / kBlockTokens);
   so.prefix_sharing = !a.no_prefix_sharing;
   so.preempt = a.preempt;
+  // The pool at start (auto: when it takes at most 3/4 of the memory available now) or as it fills.
+  const auto available = static_cast<int64_t>(std::min<std::size_t>(detail::available_memory_bytes(), INT64_MAX));
+  const int64_t block_bytes = (loaded.model.new_kv_pool(1, kBlockTokens).block_bytes() + 63) / 64 * 64;
+  const int64_t pool_bytes = so.kv_blocks > INT64_MAX / block_bytes ? INT64_MAX : so.kv_blocks * block_bytes;
+  const bool at_start = a.kv_alloc == "startup" || (a.kv_alloc == "auto" && pool_bytes <= available / 4 * 3);
+  if (pool_bytes > available / 4 * 3 && a.kv_alloc != "lazy") {
+    const std::string what = message("the KV cache (", so.kv_blocks, " blocks of ", kBlockTokens, " tokens, ",
+                                     size_text(pool_bytes), ")");
+    const std::string smaller = "--kv-blocks, --ctx-size, --parallel or --kv-dtype bf16 make it smaller";
+    if (a.kv_alloc == "startup" && pool_bytes > available)
+      throw Error(message("mhsa serve: --kv-alloc startup: expected ", what, " to fit in the memory available (",
+                          size_text(available), "), got more; ", smaller, ", or --kv-alloc lazy allocates it as it fills"));
+    if (a.kv_alloc == "auto")
+      std::fprintf(stderr, "mhsa serve: %s is more than 3/4 of the memory available (%s): it is allocated as it "
+                   "fills; %s\n", what.c_str(), size_text(available).c_str(), smaller.c_str());
+  }
+  so.allocate_kv = at_start;
   serve::Scheduler scheduler(loaded.model, loaded.tokenizer, so);
   Server server(a, served, scheduler);
   const int port = server.bind();
@@ -362,10 +395,11 @@ void run(const ServeArgs& a) {
     server.stop();
   });
   const Model& m = loaded.model;
-  std::printf("mhsa serve: listening on http://%s:%d (model %s, %s weights, %s KV cache, context %lld tokens, "
-              "%d parallel, %d threads)\n",
+  std::printf("mhsa serve: listening on http://%s:%d (model %s, %s weights, %s KV cache of %s %s, context %lld "
+              "tokens, %d parallel, %d threads)\n",
               a.host.c_str(), port, id.c_str(), std::string(weight_type_name(m.weight_type())).c_str(),
-              std::string(kv_type_name(m.kv_type())).c_str(), static_cast<long long>(served.context), a.parallel,
+              std::string(kv_type_name(m.kv_type())).c_str(), size_text(pool_bytes).c_str(),
+              at_start ? "allocated" : "allocated as it fills", static_cast<long long>(served.context), a.parallel,
               omp_get_max_threads());
   std::fflush(stdout);
   server.listen();
@@ -395,6 +429,13 @@ void add_serve_command(CLI::App& app) {
                   "half the memory with --kv-dtype bf16 or f16)")
       ->default_val(0)
       ->check(integer_in(0, int64_t{1} << 30));
+  cmd->add_option("--kv-alloc", a->kv_alloc,
+                  "when the KV pool's memory is allocated: startup (all of it before serving; refused when it does "
+                  "not fit in the memory available), lazy (as blocks are first used: memory grows with use, and the "
+                  "requests that touch new memory wait for the kernel to clear it), auto (startup when the pool takes "
+                  "at most 3/4 of the memory available, else lazy)")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "startup", "lazy"}));
   add_dtype_option(cmd, a->dtype);
   add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_flag("--no-prefix-sharing", a->no_prefix_sharing, "compute every prompt in full (no shared KV blocks)");

@@ -10,7 +10,8 @@
 // Admission by memory: reserve(n) promises n future allocations (false when the pool cannot keep
 // the promise), so a sequence that reserved its prompt + max_tokens never runs out half-way.
 // Memory: blocks are allocated in slabs of consecutive ids (2 MiB and up: huge pages where the
-// system has them) when the first block of a slab is handed out, and kept until the pool goes.
+// system has them) when the first block of a slab is handed out, or all at once by allocate_all,
+// and kept until the pool goes.
 // Elements are float32 or 16-bit (KVType, kv_cache.h): a 16-bit block holds the same tokens in
 // half the bytes (block_bytes), so the same memory holds twice the blocks; admission counts blocks.
 // Not thread-safe: one owner (the server's scheduler thread). Attention gathers a sequence's
@@ -46,6 +47,7 @@ struct KVPoolStats {
   int64_t used = 0;           // held by at least one sequence
   int64_t cached = 0;         // held by none, still indexed: reusable by a prefix or evictable
   int64_t reserved = 0;       // promised to sequences, not yet allocated
+  int64_t allocated_bytes = 0;  // memory of the slabs allocated so far (all of them: memory_bytes())
 };
 
 class KVBlockPool {
@@ -65,6 +67,16 @@ class KVBlockPool {
   KVType type() const { return type_; }
   int64_t blocks() const { return static_cast<int64_t>(refs_.size()); }
   int64_t block_bytes() const;  // keys and values of every layer, kv_type_bytes(type()) each
+  // Memory of the whole pool once every slab is allocated (blocks, each block_bytes() rounded up
+  // to 64 bytes), and of the slabs allocated so far.
+  int64_t memory_bytes() const;
+  int64_t allocated_bytes() const { return allocated_bytes_; }
+  // Allocates (and so touches: the kernel clears each page now) every slab not yet allocated, so
+  // that no step later pays for fresh pages: a fresh 2 MiB page cleared in a step stalls both
+  // threads of its parallel regions (~6% of a server's 8-sequence GPT-2 step until the pool was
+  // touched: docs/performance.md, 2026-11-30). Throws mhsa::Error naming the bytes when memory
+  // runs out; the slabs allocated before that are kept.
+  void allocate_all();
   // Blocks not held by a sequence nor promised (never used, free, or cached), counted for reserve.
   int64_t available() const;
   KVPoolStats stats() const;
@@ -97,6 +109,7 @@ class KVBlockPool {
     int32_t block;
     uint64_t key;  // this content's key: the parent of the next block's entry
   };
+  void allocate_slab(size_t i);  // slabs_[i], unless it is allocated
   int32_t take_block();      // a free block, or the least recently released cached one (unindexed)
   void drop_ref(int32_t b);
 
@@ -119,6 +132,7 @@ class KVBlockPool {
   std::vector<std::pair<uint64_t, std::vector<int32_t>>> indexed_as_;  // per block (empty: not indexed)
   uint64_t next_key_ = 1;
   int64_t reserved_ = 0, used_ = 0;
+  int64_t allocated_bytes_ = 0;  // the slabs allocated so far
 };
 
 }  // namespace mhsa

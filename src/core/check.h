@@ -46,6 +46,9 @@ inline int64_t checked_count(std::string_view what, std::initializer_list<int64_
 [[noreturn]] void out_of_memory(std::string_view what, std::span<const int64_t> dims, int64_t elem_bytes);
 // The machine's RAM (1 GiB where it cannot be read).
 std::size_t physical_memory_bytes();
+// Memory a new allocation can have now without swapping: Linux's MemAvailable (/proc/meminfo),
+// else the RAM.
+std::size_t available_memory_bytes();
 // "17179869184 bytes (16 GiB)"; sizes beyond int64 in scientific notation.
 std::string bytes_string(long double bytes);
 

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <utility>
@@ -27,6 +29,20 @@ std::size_t physical_memory_bytes() {
   if (pages > 0 && page > 0) return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
 #endif
   return std::size_t{1} << 30;
+}
+
+std::size_t available_memory_bytes() {
+#if defined(__linux__)
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    std::fclose(f);
+    if (found && kib <= std::numeric_limits<std::size_t>::max() / 1024) return static_cast<std::size_t>(kib) * 1024;
+  }
+#endif
+  return physical_memory_bytes();
 }
 
 namespace {

@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <bit>
 #include <cstddef>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <new>
 #include <string>
 
 #include "core/check.h"
@@ -37,12 +41,20 @@ KVBlockPool::KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int
                               {layers, kv_heads, block_tokens, head_dim + v_head_dim}, kv_type_bytes(type));
   const auto n = static_cast<size_t>(blocks);
   block_stride_ = (block_bytes() + 63) / 64 * 64;  // every block 64-byte aligned, as a Tensor of its own was
+  if (block_stride_ > std::numeric_limits<int64_t>::max() / blocks)
+    detail::fail("KVBlockPool", "blocks", "a pool whose bytes fit in 64 bits",
+                 detail::message(blocks, " blocks of ", block_stride_, " bytes"));
   slab_blocks_ = slab_blocks(block_stride_);
-  slabs_.resize((n + static_cast<size_t>(slab_blocks_) - 1) / static_cast<size_t>(slab_blocks_));
-  refs_.assign(n, 0);
-  lru_tick_.assign(n, 0);
-  indexed_as_.resize(n);
-  free_.reserve(n);
+  try {  // the bookkeeping: ~48 bytes a block, allocated now (the blocks' memory later, or by allocate_all)
+    slabs_.resize((n + static_cast<size_t>(slab_blocks_) - 1) / static_cast<size_t>(slab_blocks_));
+    refs_.assign(n, 0);
+    lru_tick_.assign(n, 0);
+    indexed_as_.resize(n);
+    free_.reserve(n);
+  } catch (const std::bad_alloc&) {
+    detail::fail("KVBlockPool", "blocks", "memory for the bookkeeping of each block (~48 bytes)",
+                 detail::message("out of memory for ", blocks, " blocks"));
+  }
   for (size_t b = n; b-- > 0;) free_.push_back(static_cast<int32_t>(b));  // block 0 first
 }
 
@@ -72,7 +84,40 @@ int64_t KVBlockPool::block_bytes() const {
 int64_t KVBlockPool::available() const { return blocks() - used_ - reserved_; }
 
 KVPoolStats KVBlockPool::stats() const {
-  return {blocks(), used_, static_cast<int64_t>(lru_.size()), reserved_};
+  return {blocks(), used_, static_cast<int64_t>(lru_.size()), reserved_, allocated_bytes()};
+}
+
+int64_t KVBlockPool::memory_bytes() const { return blocks() * block_stride_; }
+
+void KVBlockPool::allocate_slab(size_t i) {
+  Tensor& t = slabs_[i];
+  if (t.defined()) return;
+  const int64_t first = static_cast<int64_t>(i) * slab_blocks_, count = std::min(slab_blocks_, blocks() - first);
+  t = Tensor({count * block_stride_ / 4}, "KVBlockPool: blocks [layers, Hkv, block_tokens, D + Dv]");
+  allocated_bytes_ += count * block_stride_;
+}
+
+void KVBlockPool::allocate_all() {
+  // The slabs in parallel: clearing fresh pages is the kernel's work on the faulting thread, and
+  // in a virtual machine the host backs each page on its first touch (~4 ms per 2 MiB page measured
+  // on the development VM).
+  std::exception_ptr failed;
+  std::mutex mutex;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (size_t i = 0; i < slabs_.size(); ++i) {
+    if (slabs_[i].defined()) continue;
+    const int64_t first = static_cast<int64_t>(i) * slab_blocks_, count = std::min(slab_blocks_, blocks() - first);
+    try {
+      Tensor t({count * block_stride_ / 4}, "KVBlockPool: blocks [layers, Hkv, block_tokens, D + Dv]");
+      const std::lock_guard lock(mutex);
+      slabs_[i] = std::move(t);
+      allocated_bytes_ += count * block_stride_;
+    } catch (...) {
+      const std::lock_guard lock(mutex);
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 bool KVBlockPool::reserve(PagedSequence& s, int64_t n) {
@@ -86,11 +131,7 @@ bool KVBlockPool::reserve(PagedSequence& s, int64_t n) {
 int32_t KVBlockPool::take_block() {
   // A free block, else the least recently released cached one (promises guarantee there is one).
   const int32_t b = !free_.empty() ? free_.back() : lru_.begin()->second;
-  Tensor& t = slabs_[static_cast<size_t>(b / slab_blocks_)];
-  if (!t.defined()) {  // may throw (out of memory): nothing has changed yet
-    const int64_t first = b / slab_blocks_ * slab_blocks_, count = std::min(slab_blocks_, blocks() - first);
-    t = Tensor({count * block_stride_ / 4}, "KVBlockPool: blocks [layers, Hkv, block_tokens, D + Dv]");
-  }
+  allocate_slab(static_cast<size_t>(b / slab_blocks_));  // may throw (out of memory): nothing has changed yet
   if (!free_.empty()) {
     free_.pop_back();
   } else {  // evicted: its index entry goes (entries chained to it become unreachable)

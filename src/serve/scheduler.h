@@ -126,6 +126,10 @@ struct SchedulerOptions {
   // kept — and resumed later by prefilling their tokens again (vLLM's recompute), before any new
   // request. More requests run at once when answers end before max_tokens.
   bool preempt = false;
+  // true: the pool's memory is allocated all at once when the scheduler starts
+  // (KVBlockPool::allocate_all): no step pays for fresh pages, and the memory is claimed before
+  // the first request, not in the middle of one. false: a slab at a time as blocks are first taken.
+  bool allocate_kv = false;
 };
 
 // Counters for /metrics (totals since start, and the present state).
@@ -140,6 +144,7 @@ struct SchedulerStats {
   int64_t prefix_blocks = 0;    // blocks they shared
   int64_t prefix_tokens = 0;    // prompt tokens those blocks held: not prefilled
   int64_t kv_block_bytes = 0;   // memory per block (every layer's keys and values)
+  int64_t kv_memory_bytes = 0;  // the whole pool's (kv.allocated_bytes: what is allocated now)
   int64_t preemptions = 0;      // running sequences preempted (SchedulerOptions::preempt)
   int64_t preempted = 0;        // sequences waiting to resume now
   int64_t recomputed_tokens = 0;  // tokens prefilled again on resuming (not counted in prompt_tokens)

@@ -170,6 +170,62 @@ TEST(KVPool, SlabbedBlocksAreDisjointAndAligned) {
   }
 }
 
+// allocate_all claims every slab at once (mhsa serve's pool at startup): the pool's bytes, once;
+// slabs already in use are kept where they are, with what they hold; the blocks taken afterwards
+// are the memory allocate_all made, not new slabs.
+TEST(KVPool, AllocateAllClaimsEverySlabOnceAndKeepsTheUsedOnes) {
+  struct Shape {
+    int64_t layers, heads, d, dv, bs, blocks;
+    KVType type;
+  };
+  for (const Shape& sh : {Shape{12, 12, 64, 64, 16, 13, KVType::f32}, Shape{3, 1, 5, 3, 2, 9, KVType::f16},
+                          Shape{1, 2, 8, 8, 256, 3, KVType::f32}}) {
+    KVBlockPool pool(sh.layers, sh.heads, sh.d, sh.dv, sh.bs, sh.blocks, sh.type);
+    const int64_t stride = (pool.block_bytes() + 63) / 64 * 64;
+    EXPECT_EQ(pool.memory_bytes(), sh.blocks * stride);
+    EXPECT_EQ(pool.allocated_bytes(), 0);
+    EXPECT_EQ(pool.stats().allocated_bytes, 0);
+    PagedSequence first;
+    ASSERT_TRUE(pool.reserve(first, 1));
+    pool.grow(first, 1);
+    const int64_t one_slab = pool.allocated_bytes();
+    EXPECT_GE(one_slab, stride);
+    EXPECT_LE(one_slab, pool.memory_bytes());
+    auto* kept = static_cast<unsigned char*>(pool.keys(0, first.blocks[0]));
+    std::fill_n(kept, 64, static_cast<unsigned char>(0xa5));
+    pool.allocate_all();
+    EXPECT_EQ(pool.allocated_bytes(), pool.memory_bytes());
+    EXPECT_EQ(pool.stats().allocated_bytes, pool.memory_bytes());
+    EXPECT_EQ(pool.keys(0, first.blocks[0]), kept);
+    EXPECT_TRUE(std::all_of(kept, kept + 64, [](unsigned char c) { return c == 0xa5; }));
+    pool.allocate_all();  // nothing left to allocate
+    EXPECT_EQ(pool.allocated_bytes(), pool.memory_bytes());
+    PagedSequence rest;
+    ASSERT_TRUE(pool.reserve(rest, sh.blocks - 1));
+    pool.grow(rest, (sh.blocks - 1) * sh.bs);
+    EXPECT_EQ(pool.allocated_bytes(), pool.memory_bytes());
+    std::vector<const unsigned char*> starts;  // every block's memory distinct, 64-byte aligned
+    for (const PagedSequence* s : {&first, &rest})
+      for (int32_t b : s->blocks) {
+        starts.push_back(static_cast<const unsigned char*>(pool.keys(0, b)));
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(starts.back()) % 64, 0u);
+      }
+    std::sort(starts.begin(), starts.end());
+    for (size_t i = 1; i < starts.size(); ++i) EXPECT_GE(starts[i] - starts[i - 1], pool.block_bytes());
+    pool.release(first);
+    pool.release(rest);
+  }
+  // A pool whose bytes would not fit in 64 bits is refused by name, before anything is allocated.
+  try {
+    KVBlockPool huge(int64_t{1} << 20, 1024, 1024, 1024, 16, int64_t{1} << 30);
+    FAIL() << "a pool of 2^77 bytes was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KVBlockPool: blocks: expected a pool whose bytes fit in 64 bits"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(KVPool, PagedAttentionEqualsContiguous) {
   auto gen = test::test_rng();
   AttentionOptions causal;

@@ -4,8 +4,8 @@ strings, seeds, usage — with `mhsa generate` and `mhsa chat --messages` as the
 sampled with a seed); concurrent requests get what they get alone; hostile HTTP (bad JSON, wrong
 types, huge numbers, a 10 MB body, a request cut off, a wrong API key, a full queue, a client that
 leaves mid-stream) gets the documented status and the server keeps serving, as do 500 randomly
-mutated requests; the paged KV pool: a
-full pool queues, a request larger than it is refused, the blocks come back, a shared prompt prefix
+mutated requests; the paged KV pool: allocated at
+startup or as it fills (--kv-alloc), a full pool queues, a request larger than it is refused, the blocks come back, a shared prompt prefix
 is prefilled once and gives generate's text, with --preempt requests that need more than the pool
 are preempted and resume with the text they get alone; SIGTERM exits 0; log-probabilities (completions' and
 chat's shapes): each token's is the log-softmax of mhsa.Model's own logits at its place, top lists
@@ -708,6 +708,52 @@ def test_kv_pool_full_queues_then_503_and_blocks_come_back(chat_dir):
         assert metric(s, "mhsa_kv_blocks_free") == 2001
     finally:
         assert s.stop() == 0
+
+
+def available_memory():
+    with open("/proc/meminfo") as f:
+        return int(re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
+
+
+def test_kv_pool_memory_at_startup_or_as_it_fills(gpt2_dir):
+    # auto (the default), a pool far below the memory available: all of it before the first request
+    s = Server(gpt2_dir, "--parallel", 2)
+    try:
+        total, allocated, blocks, block = metric(s, "mhsa_kv_bytes_total", "mhsa_kv_bytes_allocated",
+                                                 "mhsa_kv_blocks_total", "mhsa_kv_block_bytes")
+        assert blocks == 2 * 128 / 16 and total == blocks * -(-block // 64) * 64 and allocated == total
+        assert re.search(r"KV cache of \d+ kB allocated,", s.ready), s.ready
+    finally:
+        assert s.stop() == 0
+    # lazy: nothing until a request takes blocks, then whole slabs of them, never more than the pool
+    s = Server(gpt2_dir, "--parallel", 2, "--kv-alloc", "lazy")
+    try:
+        assert metric(s, "mhsa_kv_bytes_total", "mhsa_kv_bytes_allocated") == [total, 0]
+        assert "allocated as it fills" in s.ready, s.ready
+        r = s.client().completions.create(model=s.id, prompt="Hello", max_tokens=20, temperature=0)
+        assert r.usage.completion_tokens == 20
+        assert 0 < metric(s, "mhsa_kv_bytes_allocated") <= total
+    finally:
+        assert s.stop() == 0
+    # a pool of twice the memory available: startup refuses it by name before allocating anything;
+    # auto takes it as it fills (a note says so) and serves
+    many = 2 * available_memory() // int(block) + 1
+    if many > 2**30:  # --kv-blocks' bound: a machine with more than ~8 TB
+        return
+    r = subprocess.run([str(CLI), "serve", "-t", "1", "--model", str(gpt2_dir), "--port", "0", "--kv-blocks", str(many),
+                        "--kv-alloc", "startup"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert (f"mhsa serve: --kv-alloc startup: expected the KV cache ({many} blocks of 16 tokens," in r.stderr
+            and "to fit in the memory available" in r.stderr and "--kv-alloc lazy" in r.stderr), r.stderr
+    s = Server(gpt2_dir, "--kv-blocks", many)
+    try:
+        assert "allocated as it fills" in s.ready, s.ready
+        r = s.client().completions.create(model=s.id, prompt="Hello", max_tokens=5, temperature=0)
+        assert r.usage.completion_tokens == 5
+        assert 0 < metric(s, "mhsa_kv_bytes_allocated") < metric(s, "mhsa_kv_bytes_total")
+    finally:
+        assert s.stop() == 0
+    assert "is more than 3/4 of the memory available" in s.proc.stderr.read()
 
 
 def test_shared_prompt_prefix_is_prefilled_once(gpt2, gpt2_dir, rng):
