@@ -452,7 +452,7 @@ void add_serve_command(CLI::App& app) {
                   "requests that touch new memory wait for the kernel to clear it), auto (startup when the pool takes "
                   "at most 3/4 of the memory available, else lazy)")
       ->default_val("auto")
-      ->check(CLI::IsMember({"auto", "startup", "lazy"}));
+      ->check(one_of({"auto", "startup", "lazy"}));
   add_dtype_option(cmd, a->dtype);
   add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_flag("--no-prefix-sharing", a->no_prefix_sharing, "compute every prompt in full (no shared KV blocks)");

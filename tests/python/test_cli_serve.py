@@ -780,6 +780,7 @@ def test_usage_errors_exit_2(gpt2, gpt2_dir):
     for args, text in [(["--port", 70000], "--port: expected an integer in [0, 65535]"),
                        (["--parallel", 0], "--parallel: expected an integer in [1, 256]"),
                        (["--ctx-size", 129], "--ctx-size: expected at most 128 (the model's context), got 129"),
+                       (["--kv-alloc", "sometimes"], "--kv-alloc: expected auto, startup or lazy, got 'sometimes'"),
                        (["--port", gpt2.port], "cannot bind")]:
         r = subprocess.run([str(CLI), "serve", "-t", "1", "--model", str(gpt2_dir), *map(str, args)],
                            capture_output=True, text=True, timeout=60)
