@@ -6,6 +6,7 @@ a subclass of ``ValueError``; a file that cannot be written (a full disk) as ``m
 a subclass of ``mhsa.Error`` whose ``errno`` is the system's.
 """
 
+from ._core import _profile_begin, _profile_end
 from ._core import (
     ChatSession,
     ChatTemplate,
@@ -43,6 +44,7 @@ __all__ = [
     "KVCache",
     "Model",
     "MultiHeadAttention",
+    "PHASES",
     "Tokenizer",
     "WriteError",
     "attention_probabilities",
@@ -50,6 +52,7 @@ __all__ = [
     "load_checkpoint",
     "load_safetensors",
     "model_parameters",
+    "profile",
     "read_gguf",
     "read_gguf_config",
     "read_model_config",
@@ -62,3 +65,58 @@ __all__ = [
     "sinusoidal_positional_encoding",
 ]
 __version__ = "0.1.0"
+
+PHASES = ("embed", "norm", "qkv", "attention", "out_proj", "mlp_in", "activation", "mlp_out", "residual", "head")
+
+
+class profile:
+    """Where the forwards run in a ``with`` block spend their time, phase by phase (as ``mhsa bench
+    --profile``): the embedding, the layers' norms, the q|k|v projection (with RoPE and q/k norms),
+    the attention (the cache written and read), the output projection, the MLP's input projections,
+    its activation and its output projection, the residual adds, and the head (final norm and LM
+    head). Only forwards run by this thread in the block count (``Model.forward``, ``generate``,
+    cache steps, ``ChatSession``); the kernels' own threads work inside a phase, so a phase's time
+    is wall time. Off, a phase costs one atomic load.
+
+    After the block: ``seconds`` and ``calls`` (dicts by phase name, in ``PHASES`` order),
+    ``forwards`` (the head's calls: one per forward), ``layers`` (per-layer calls per forward), and
+    ``str(p)`` a table like the CLI's::
+
+        with mhsa.profile() as p:
+            model.generate(ids, max_new_tokens=32)
+        print(p)
+    """
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.calls = dict.fromkeys(PHASES, 0)
+        self.forwards = self.layers = 0
+        self._open = False
+
+    def __enter__(self):
+        if self._open:
+            raise Error("mhsa.profile: expected a profile not already open, got one in use")
+        _profile_begin()
+        self._open = True
+        return self
+
+    def __exit__(self, *exc):
+        seconds, calls = _profile_end()
+        self._open = False
+        self.seconds = {k: seconds[k] for k in PHASES}
+        self.calls = {k: calls[k] for k in PHASES}
+        self.forwards = self.calls["head"]
+        self.layers = self.calls["qkv"] // self.forwards if self.forwards else 0
+        return False
+
+    def __str__(self):
+        if not self.forwards:
+            return "mhsa.profile: no forward ran"
+        total = sum(self.seconds.values())
+        lines = [f"{self.forwards} forwards of {self.layers} layers, {1e3 * total / self.forwards:.3f} ms each "
+                 "in these phases:", f"  {'phase':<12}{'ms':>10}{'us/layer':>11}{'share':>8}"]
+        for k in PHASES:
+            ms = 1e3 * self.seconds[k] / self.forwards
+            per_layer = f"{1e3 * ms / self.layers:11.1f}" if self.layers and k not in ("embed", "head") else " " * 11
+            lines.append(f"  {k:<12}{ms:10.3f}{per_layer}{100 * self.seconds[k] / total:7.1f}%")
+        return "\n".join(lines)

@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <atomic>
 #include <filesystem>
 
 #include "arrays.h"
@@ -17,6 +18,7 @@
 #include "locks.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/model.h"
+#include "nn/profile.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -184,7 +186,37 @@ otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded wi
 
 }  // namespace
 
+namespace {
+
+// mhsa.profile's two halves (python/mhsa/__init__.py): the switch is process-wide, so it stays on
+// while any thread's profile is open; the totals are the calling thread's.
+std::atomic<int>& open_profiles() {
+  static std::atomic<int> open{0};
+  return open;
+}
+
+void bind_profile(py::module_& m) {
+  m.def("_profile_begin", [] {
+    if (open_profiles().fetch_add(1) == 0) nn::profile::set_enabled(true);
+    (void)nn::profile::take();  // this thread's totals from zero
+  });
+  m.def("_profile_end", [] {
+    const nn::profile::Totals t = nn::profile::take();
+    if (open_profiles().fetch_sub(1) == 1) nn::profile::set_enabled(false);
+    py::dict seconds, calls;
+    for (int i = 0; i < nn::profile::kPhases; ++i) {
+      const char* name = nn::profile::phase_name(static_cast<nn::profile::Phase>(i));
+      seconds[name] = t.seconds[static_cast<size_t>(i)];
+      calls[name] = t.calls[static_cast<size_t>(i)];
+    }
+    return py::make_tuple(seconds, calls);
+  });
+}
+
+}  // namespace
+
 void bind_model(py::module_& m) {
+  bind_profile(m);
   const auto read_cache = [](int64_t (Gpt2Cache::*get)() const) {
     return [get](Cache& c) { return locked([&] { return (c.cache.*get)(); }, reading(c.lock)); };
   };

@@ -1,7 +1,8 @@
 // nn/profile.h — where a forward's time goes, phase by phase (`mhsa bench --profile`). Off by
 // default, when a phase costs one relaxed atomic load. On, each phase adds its wall time to the
 // totals of the thread that runs the layers (the kernels' threads work inside a phase, so a
-// phase's time is the whole team's wall time for it). Not public: the CLI reads it.
+// phase's time is the whole team's wall time for it). Not public: the CLI (mhsa bench --profile)
+// and the Python module (mhsa.profile) read it.
 #pragma once
 
 #include <array>

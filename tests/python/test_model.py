@@ -189,3 +189,38 @@ def test_random_model_from_a_config_dict(rng):
     assert not np.array_equal(la, c.forward(ids))
     with pytest.raises(mhsa.Error, match="config: num_attention_heads"):
         mhsa.Model.random(dict(config, num_attention_heads=7), seed)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_profile_counts_this_threads_forwards_phase_by_phase(family, rng, tmp_path):
+    import threading
+
+    save_tiny(family, rng, tmp_path)
+    m = mhsa.Model.load(tmp_path)
+    layers = m.config["num_layers"]
+    ids = rng.integers(3, 97, size=(1, int(rng.integers(3, 9))))
+    plain = m.forward(ids)
+    n = int(rng.integers(2, 7))
+    with mhsa.profile() as p:
+        profiled = m.forward(ids)
+        m.generate(ids, max_new_tokens=n, stop_at_eos=False)  # a prefill, then n - 1 cached steps
+        other = threading.Thread(target=m.forward, args=(ids,))  # another thread's: not counted
+        other.start()
+        other.join()
+    np.testing.assert_array_equal(profiled, plain)  # profiling changes no bit
+    assert p.forwards == 1 + n and p.layers == layers
+    # norm: four timed stretches a layer (before attention and MLP, and after each, where Gemma 2
+    # has its post-norms and the others nothing to time)
+    want = dict(embed=1, norm=4 * layers, qkv=layers, attention=layers, out_proj=layers, mlp_in=layers,
+                activation=layers, mlp_out=layers, residual=2 * layers, head=1)
+    assert p.calls == {k: v * p.forwards for k, v in want.items()}
+    assert list(p.seconds) == list(mhsa.PHASES) and all(s > 0 for s in p.seconds.values())
+    text = str(p)
+    assert text.startswith(f"{1 + n} forwards of {layers} layers") and all(k in text for k in mhsa.PHASES)
+    with pytest.raises(mhsa.Error, match="already open"):
+        with p:
+            with p:
+                pass
+    with mhsa.profile() as q:  # a new profile starts from zero; the old one's forwards are gone
+        pass
+    assert q.forwards == 0 and not any(q.calls.values()) and str(q) == "mhsa.profile: no forward ran"
