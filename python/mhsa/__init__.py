@@ -6,6 +6,8 @@ a subclass of ``ValueError``; a file that cannot be written (a full disk) as ``m
 a subclass of ``mhsa.Error`` whose ``errno`` is the system's.
 """
 
+import threading
+
 from ._core import _profile_begin, _profile_end
 from ._core import (
     ChatSession,
@@ -66,6 +68,8 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
+_profiling = threading.local()  # .open: a profile is open on this thread
+
 PHASES = ("embed", "norm", "qkv", "attention", "out_proj", "mlp_in", "activation", "mlp_out", "residual", "head")
 
 
@@ -76,7 +80,8 @@ class profile:
     its activation and its output projection, the residual adds, and the head (final norm and LM
     head). Only forwards run by this thread in the block count (``Model.forward``, ``generate``,
     cache steps, ``ChatSession``); the kernels' own threads work inside a phase, so a phase's time
-    is wall time. Off, a phase costs one atomic load.
+    is wall time. Off, a phase costs one atomic load. One profile at a time per thread (nesting
+    raises ``mhsa.Error``); other threads may profile their own forwards meanwhile.
 
     After the block: ``seconds`` and ``calls`` (dicts by phase name, in ``PHASES`` order),
     ``forwards`` (the head's calls: one per forward), ``layers`` (per-layer calls per forward), and
@@ -91,18 +96,17 @@ class profile:
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.calls = dict.fromkeys(PHASES, 0)
         self.forwards = self.layers = 0
-        self._open = False
 
     def __enter__(self):
-        if self._open:
-            raise Error("mhsa.profile: expected a profile not already open, got one in use")
+        if getattr(_profiling, "open", False):
+            raise Error("mhsa.profile: expected no other profile open on this thread, got one")
         _profile_begin()
-        self._open = True
+        _profiling.open = True
         return self
 
     def __exit__(self, *exc):
         seconds, calls = _profile_end()
-        self._open = False
+        _profiling.open = False
         self.seconds = {k: seconds[k] for k in PHASES}
         self.calls = {k: calls[k] for k in PHASES}
         self.forwards = self.calls["head"]

@@ -217,9 +217,9 @@ def test_profile_counts_this_threads_forwards_phase_by_phase(family, rng, tmp_pa
     assert list(p.seconds) == list(mhsa.PHASES) and all(s > 0 for s in p.seconds.values())
     text = str(p)
     assert text.startswith(f"{1 + n} forwards of {layers} layers") and all(k in text for k in mhsa.PHASES)
-    with pytest.raises(mhsa.Error, match="already open"):
+    with pytest.raises(mhsa.Error, match="no other profile open on this thread"):
         with p:
-            with p:
+            with mhsa.profile():  # would restart the outer one's totals
                 pass
     with mhsa.profile() as q:  # a new profile starts from zero; the old one's forwards are gone
         pass
