@@ -59,16 +59,6 @@ struct ServeArgs {
 
 constexpr int64_t kBlockTokens = 16;  // tokens per KV block
 
-// "604 MB", "17.2 GB": a size for people.
-std::string size_text(int64_t bytes) {
-  char text[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 10e9) std::snprintf(text, sizeof text, "%.1f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(text, sizeof text, "%.0f MB", b / 1e6);
-  else std::snprintf(text, sizeof text, "%.0f kB", b / 1e3);
-  return text;
-}
-
 // Request counts by path and status, and the latencies of finished generations: /metrics.
 class Metrics {
  public:
@@ -385,19 +375,19 @@ void run(const ServeArgs& a) {
   so.preempt = a.preempt;
   // The pool at start (auto: when it takes at most 3/4 of the memory available now) or as it fills.
   const auto available = static_cast<int64_t>(std::min<std::size_t>(detail::available_memory_bytes(), INT64_MAX));
-  const int64_t block_bytes = (loaded.model.new_kv_pool(1, kBlockTokens).block_bytes() + 63) / 64 * 64;
+  const int64_t block_bytes = loaded.model.new_kv_pool(1, kBlockTokens).memory_bytes();  // one block's, aligned
   const int64_t pool_bytes = so.kv_blocks > INT64_MAX / block_bytes ? INT64_MAX : so.kv_blocks * block_bytes;
   const bool at_start = a.kv_alloc == "startup" || (a.kv_alloc == "auto" && pool_bytes <= available / 4 * 3);
   if (pool_bytes > available / 4 * 3 && a.kv_alloc != "lazy") {
     const std::string what = message("the KV cache (", so.kv_blocks, " blocks of ", kBlockTokens, " tokens, ",
-                                     size_text(pool_bytes), ")");
+                                     detail::bytes_string(pool_bytes), ")");
     const std::string smaller = "--kv-blocks, --ctx-size, --parallel or --kv-dtype bf16 make it smaller";
     if (a.kv_alloc == "startup" && pool_bytes > available)
       throw Error(message("mhsa serve: --kv-alloc startup: expected ", what, " to fit in the memory available (",
-                          size_text(available), "), got more; ", smaller, ", or --kv-alloc lazy allocates it as it fills"));
+                          detail::bytes_string(available), "), got more; ", smaller, ", or --kv-alloc lazy allocates it as it fills"));
     if (a.kv_alloc == "auto")
       std::fprintf(stderr, "mhsa serve: %s is more than 3/4 of the memory available (%s): it is allocated as it "
-                   "fills; %s\n", what.c_str(), size_text(available).c_str(), smaller.c_str());
+                   "fills; %s\n", what.c_str(), detail::bytes_string(available).c_str(), smaller.c_str());
   }
   so.allocate_kv = at_start;
   serve::Scheduler scheduler(loaded.model, loaded.tokenizer, so);
@@ -415,7 +405,7 @@ void run(const ServeArgs& a) {
   std::printf("mhsa serve: listening on http://%s:%d (model %s, %s weights, %s KV cache of %s %s, context %lld "
               "tokens, %d parallel, %d threads)\n",
               a.host.c_str(), port, id.c_str(), std::string(weight_type_name(m.weight_type())).c_str(),
-              std::string(kv_type_name(m.kv_type())).c_str(), size_text(pool_bytes).c_str(),
+              std::string(kv_type_name(m.kv_type())).c_str(), detail::bytes_string(pool_bytes).c_str(),
               at_start ? "allocated" : "allocated as it fills", static_cast<long long>(served.context), a.parallel,
               omp_get_max_threads());
   std::fflush(stdout);

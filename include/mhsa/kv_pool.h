@@ -109,7 +109,8 @@ class KVBlockPool {
     int32_t block;
     uint64_t key;  // this content's key: the parent of the next block's entry
   };
-  void allocate_slab(size_t i);  // slabs_[i], unless it is allocated
+  Tensor new_slab(size_t i) const;  // the memory of slabs_[i]'s blocks (cleared)
+  void allocate_slab(size_t i);     // slabs_[i], unless it is allocated
   int32_t take_block();      // a free block, or the least recently released cached one (unindexed)
   void drop_ref(int32_t b);
 

@@ -89,12 +89,15 @@ KVPoolStats KVBlockPool::stats() const {
 
 int64_t KVBlockPool::memory_bytes() const { return blocks() * block_stride_; }
 
-void KVBlockPool::allocate_slab(size_t i) {
-  Tensor& t = slabs_[i];
-  if (t.defined()) return;
+Tensor KVBlockPool::new_slab(size_t i) const {
   const int64_t first = static_cast<int64_t>(i) * slab_blocks_, count = std::min(slab_blocks_, blocks() - first);
-  t = Tensor({count * block_stride_ / 4}, "KVBlockPool: blocks [layers, Hkv, block_tokens, D + Dv]");
-  allocated_bytes_ += count * block_stride_;
+  return Tensor({count * block_stride_ / 4}, "KVBlockPool: blocks [layers, Hkv, block_tokens, D + Dv]");
+}
+
+void KVBlockPool::allocate_slab(size_t i) {
+  if (slabs_[i].defined()) return;
+  slabs_[i] = new_slab(i);
+  allocated_bytes_ += slabs_[i].numel() * static_cast<int64_t>(sizeof(float));
 }
 
 void KVBlockPool::allocate_all() {
@@ -106,12 +109,11 @@ void KVBlockPool::allocate_all() {
 #pragma omp parallel for schedule(dynamic, 1)
   for (size_t i = 0; i < slabs_.size(); ++i) {
     if (slabs_[i].defined()) continue;
-    const int64_t first = static_cast<int64_t>(i) * slab_blocks_, count = std::min(slab_blocks_, blocks() - first);
     try {
-      Tensor t({count * block_stride_ / 4}, "KVBlockPool: blocks [layers, Hkv, block_tokens, D + Dv]");
+      Tensor t = new_slab(i);
       const std::lock_guard lock(mutex);
+      allocated_bytes_ += t.numel() * static_cast<int64_t>(sizeof(float));
       slabs_[i] = std::move(t);
-      allocated_bytes_ += count * block_stride_;
     } catch (...) {
       const std::lock_guard lock(mutex);
       if (!failed) failed = std::current_exception();
