@@ -34,7 +34,7 @@ namespace {
 
 struct BenchArgs {
   std::string model;   // a model directory: time its pp/tg cases instead of the standard ones
-  std::string dtype;   // its weights: f32 or bf16
+  std::string dtype;   // its weights: f32, bf16, f16, q8_0 or q4_k
   std::string kv_dtype;  // its KV cache: f32, bf16 or f16
   int64_t depth = 0;     // tokens in the cache before the timed decoding
   int64_t batch = 1;     // sequences decoded together (Model::step, as mhsa serve batches them)
@@ -300,7 +300,8 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 
 // A model directory's cases (--model): prompt processing of min(512, context) tokens and decoding
 // of min(128, context), as the GPT-2 cases above, named "<family>_pp512" and "<family>_tg128"
-// ("<family>_bf16_..." with --dtype bf16, whose weight matrices count 2 bytes a value;
+// ("<family>_bf16_..." / "<family>_f16_..." with --dtype bf16 / f16, whose weight matrices count
+// 2 bytes a value;
 // "<family>_q8_0_..." with --dtype q8_0, 34 bytes per 32 values; "<family>_q4_k_..." with --dtype
 // q4_k, 144 bytes per 256 values and the head's 34 per 32; a matrix whose rows are not whole
 // blocks counted as the model keeps it).
@@ -333,7 +334,7 @@ std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, 
   // Bytes per value of a matrix with rows of `in` values as the model keeps it (mhsa/model.h).
   const auto per_value = [wt](double in, bool head) {
     const bool q8 = std::fmod(in, 32.0) == 0, q4 = std::fmod(in, 256.0) == 0;
-    if (wt == WeightType::bf16) return 2.0;
+    if (wt == WeightType::bf16 || wt == WeightType::f16) return 2.0;
     if (wt == WeightType::q4_k && q4 && !head) return 144.0 / 256;
     if ((wt == WeightType::q8_0 || wt == WeightType::q4_k) && q8) return 34.0 / 32;
     return 4.0;

@@ -24,7 +24,7 @@ struct LoadedModel {
   Model model;
   Tokenizer tokenizer;
 };
-// dtype: the --dtype option's value ("f32", "bf16", "q8_0" or "q4_k"); kv_dtype: --kv-dtype's
+// dtype: the --dtype option's value ("f32", "bf16", "f16", "q8_0" or "q4_k"); kv_dtype: --kv-dtype's
 // ("f32", "bf16" or "f16"), the model's kv_type(); both checked before anything is read.
 LoadedModel load_model(const std::filesystem::path& dir, const std::string& dtype = "f32",
                        const std::string& kv_dtype = "f32");

@@ -33,7 +33,7 @@ CLI::Validator one_of(std::vector<std::string> words);
 
 // -t,--threads N: 0 (the default: OMP_NUM_THREADS or all cores) up to cpu::max_threads().
 CLI::Option* add_threads_option(CLI::App* cmd, int& threads);
-// --dtype f32|bf16|q8_0|q4_k: how the model keeps its weights (mhsa::WeightType, checked when the model loads).
+// --dtype f32|bf16|f16|q8_0|q4_k: how the model keeps its weights (mhsa::WeightType, checked when the model loads).
 CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype);
 // --kv-dtype f32|bf16|f16: the KV cache's element type (mhsa::KVType, checked before the model loads).
 CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype);

@@ -77,17 +77,20 @@ using TokenCallback = std::function<bool(int64_t, std::span<const int32_t>)>;
 // How a model keeps its weights: float32, bfloat16 ("16-bit weights": the matrices of the
 // linear layers, the token embedding and the output matrix are rounded to nearest-even at load;
 // norms, biases and learned positions stay float32; every product is still summed in float32),
-// or q8_0 ("8-bit weights": the same matrices quantised at load into GGUF's Q8_0 blocks, 32 int8
-// weights and one f16 scale each, by ggml's reference rule; a matrix whose row length is not a
-// multiple of 32 stays float32), or q4_k ("4-bit weights": GGUF's Q4_K blocks, 256 weights in
-// 144 bytes — 4-bit quants with a 6-bit scale and min per 32 — by mhsa's own least-squares
-// quantiser; as llama.cpp's Q4_K mixes keep the output matrix at 6 bits, the output matrix (the
-// token embedding when tied) is kept as Q8_0, and so is a matrix whose row length is not a
-// multiple of 256 (float32 if not of 32 either)). bf16 halves the bytes a decode step streams,
-// q8_0 takes about a quarter, q4_k about an eighth; all are for inference only (no gradients).
-enum class WeightType { f32, bf16, q8_0, q4_k };
-// "f32", "bf16", "q8_0" or "q4_k"; anything else throws mhsa::Error "<what>: expected "f32",
-// "bf16", "q8_0" or "q4_k", got '…'" (what: the option, "--dtype").
+// float16 (the same matrices as IEEE float16: an F16 checkpoint kept exactly as stored, 3 more
+// significant bits than bfloat16 but a range of ±65504 — a weight beyond it is refused at load,
+// naming it), or q8_0 ("8-bit weights": the same matrices quantised at load into GGUF's Q8_0
+// blocks, 32 int8 weights and one f16 scale each, by ggml's reference rule; a matrix whose row
+// length is not a multiple of 32 stays float32), or q4_k ("4-bit weights": GGUF's Q4_K blocks, 256
+// weights in 144 bytes — 4-bit quants with a 6-bit scale and min per 32 — by mhsa's own
+// least-squares quantiser; as llama.cpp's Q4_K mixes keep the output matrix at 6 bits, the output
+// matrix (the token embedding when tied) is kept as Q8_0, and so is a matrix whose row length is
+// not a multiple of 256 (float32 if not of 32 either)). bf16 and f16 halve the bytes a decode step
+// streams, q8_0 takes about a quarter, q4_k about an eighth; all are for inference only (no
+// gradients).
+enum class WeightType { f32, bf16, q8_0, q4_k, f16 };
+// "f32", "bf16", "f16", "q8_0" or "q4_k"; anything else throws mhsa::Error "<what>: expected
+// "f32", "bf16", "f16", "q8_0" or "q4_k", got '…'" (what: the option, "--dtype").
 WeightType parse_weight_type(std::string_view name, std::string_view what);
 std::string_view weight_type_name(WeightType dtype);
 
@@ -97,7 +100,9 @@ class Model {
   // model.safetensors.index.json names. Tensor names as Hugging Face saves them (with or without
   // the "model." / "transformer." prefix); buffers such as attn.bias and rotary inv_freq ignored.
   // dtype bf16: the weight matrices are kept as bfloat16 (see WeightType; F16 and BF16 files are
-  // widened to float32 exactly, then rounded to nearest-even per tensor as it is read); q8_0:
+  // widened to float32 exactly, then rounded to nearest-even per tensor as it is read); f16:
+  // likewise as float16 (an F16 file's values exactly as stored; a weight outside float16's
+  // range refused, naming the tensor); q8_0:
   // quantised to Q8_0 per tensor as it is read (a non-finite weight is refused, naming it); q4_k:
   // likewise to Q4_K (and Q8_0, see WeightType).
   // A path to a file is read as GGUF (llama.cpp's format; architectures "llama" and "gpt2"): its

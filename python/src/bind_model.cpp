@@ -272,7 +272,8 @@ Model.load(dir) reads a Hugging Face directory: config.json and model.safetensor
           "path"_a, "dtype"_a = "f32", "kv_dtype"_a = "f32",
           "Loads config.json + the safetensors weights from a directory. dtype \"bf16\" keeps the weight matrices "
           "(linear layers, embedding, output) as bfloat16, rounded to nearest-even: about half the bytes per "
-          "decoded token; dtype \"q8_0\" quantises them to GGUF's Q8_0 blocks (32 int8 weights and an f16 scale; "
+          "decoded token; dtype \"f16\" keeps them as IEEE float16 (an F16 checkpoint exactly as stored; a weight "
+          "beyond float16's range of 65504 is refused): the same bytes; dtype \"q8_0\" quantises them to GGUF's Q8_0 blocks (32 int8 weights and an f16 scale; "
           "a matrix whose rows are not a multiple of 32 stays float32): about a quarter; dtype \"q4_k\" to GGUF's "
           "Q4_K blocks (256 4-bit weights with 6-bit scales and mins per 32; the output matrix, and rows not a "
           "multiple of 256, Q8_0): about an eighth. All inference only (loss_and_grad refuses). kv_dtype \"bf16\" "
@@ -297,7 +298,7 @@ config class, checked as Model.load checks config.json. For benchmarks and tests
                              "Every ModelConfig field, by its C++ name (as mhsa.read_model_config gives them).")
       .def_property_readonly("family", [](const Model& g) { return std::string(family_name(g.family())); })
       .def_property_readonly("dtype", [](const Model& g) { return std::string(weight_type_name(g.weight_type())); },
-                             "How the weight matrices are kept: \"f32\", \"bf16\", \"q8_0\" or \"q4_k\".")
+                             "How the weight matrices are kept: \"f32\", \"bf16\", \"f16\", \"q8_0\" or \"q4_k\".")
       .def_property_readonly("kv_dtype", [](const Model& g) { return std::string(kv_type_name(g.kv_type())); },
                              "The element type of the KV caches the model makes: \"f32\", \"bf16\" or \"f16\".")
       .def_property_readonly(

@@ -53,7 +53,7 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   t.layer = layer;
   t.head = head;
   t.token_embedding = Tensor({T, C});
-  if (const nn::Bf16Matrix* w16 = s.p16(s.embed))
+  if (const nn::HalfMatrix* w16 = s.p16(s.embed))
     nn::embedding_forward(T, T, 0, ids.data(), *w16, nullptr, c.embedding_scale, t.token_embedding.data());
   else if (const nn::Q8Matrix* w8 = s.p8(s.embed))
     nn::embedding_forward(T, T, 0, ids.data(), *w8, nullptr, c.embedding_scale, t.token_embedding.data());

@@ -1,5 +1,7 @@
-// kernels/bf16_ref.cpp — the float64 twin of the bfloat16-weight kernels (see bf16.h).
+// kernels/bf16_ref.cpp — the float64 twins of the 16-bit-weight kernels: bfloat16 (see bf16.h)
+// and IEEE float16 (half.h).
 #include "kernels/bf16.h"
+#include "kernels/half.h"
 
 namespace mhsa::kernels {
 
@@ -10,6 +12,17 @@ void matmul_bt_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t
     for (int64_t j = 0; j < N; ++j) {
       double acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += double{A[i * lda + k]} * bf16_to_float(B[j * ldb + k]);
+      C[i * ldc + j] = static_cast<float>(acc);
+    }
+}
+
+void matmul_bt_f16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                       float* C, int64_t ldc) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double{A[i * lda + k]} * f16_to_float(B[j * ldb + k]);
       C[i * ldc + j] = static_cast<float>(acc);
     }
 }

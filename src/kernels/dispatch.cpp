@@ -12,7 +12,8 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       &portable::matmul_bt_bf16, &portable::matmul_bt_parts_bf16, &portable::gemm_bt_bf16,
       &portable::matmul_bt_q8_0, &portable::matmul_bt_parts_q8_0, &portable::gemm_bt_q8_0,
       &portable::matmul_bt_q4_k, &portable::matmul_bt_parts_q4_k, &portable::gemm_bt_q4_k,
-      &portable::gemm_bf16};
+      &portable::gemm_bf16,
+      &portable::matmul_bt_f16, &portable::matmul_bt_parts_f16, &portable::gemm_bt_f16};
 #if defined(MHSA_HAVE_X86_KERNELS)
   static const KernelTable avx2_table{&avx2::gemm, &avx2::gemm_ex, &avx2::gemm_blocked, &avx2::attention_forward, &avx2::attention_backward,
                                          &avx2::layer_norm, &avx2::gelu_tanh, &avx2::gelu_tanh_backward, &avx2::matmul_bt, &avx2::matmul_bt_parts,
@@ -22,7 +23,8 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       &avx2::matmul_bt_bf16, &avx2::matmul_bt_parts_bf16, &avx2::gemm_bt_bf16,
       &avx2::matmul_bt_q8_0, &avx2::matmul_bt_parts_q8_0, &avx2::gemm_bt_q8_0,
       &avx2::matmul_bt_q4_k, &avx2::matmul_bt_parts_q4_k, &avx2::gemm_bt_q4_k,
-      &avx2::gemm_bf16};
+      &avx2::gemm_bf16,
+      &avx2::matmul_bt_f16, &avx2::matmul_bt_parts_f16, &avx2::gemm_bt_f16};
   static const KernelTable avx512_table{&avx512::gemm, &avx512::gemm_ex, &avx512::gemm_blocked, &avx512::attention_forward, &avx512::attention_backward,
                                          &avx512::layer_norm, &avx512::gelu_tanh, &avx512::gelu_tanh_backward, &avx512::matmul_bt, &avx512::matmul_bt_parts,
       &avx512::softmax_cross_entropy, &avx512::adamw,
@@ -31,7 +33,8 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       &avx512::matmul_bt_bf16, &avx512::matmul_bt_parts_bf16, &avx512::gemm_bt_bf16,
       &avx512::matmul_bt_q8_0, &avx512::matmul_bt_parts_q8_0, &avx512::gemm_bt_q8_0,
       &avx512::matmul_bt_q4_k, &avx512::matmul_bt_parts_q4_k, &avx512::gemm_bt_q4_k,
-      &avx512::gemm_bf16};
+      &avx512::gemm_bf16,
+      &avx512::matmul_bt_f16, &avx512::matmul_bt_parts_f16, &avx512::gemm_bt_f16};
   if (isa == cpu::Isa::avx512) return avx512_table;
   if (isa == cpu::Isa::avx2) return avx2_table;
 #endif

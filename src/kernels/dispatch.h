@@ -12,6 +12,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/q4_k.h"
 #include "kernels/q8_0.h"
+#include "mhsa/tensor.h"
 
 namespace mhsa::kernels {
 
@@ -26,6 +27,14 @@ struct BtPart {
 // matmul_bt_parts_bf16's part: B [N, K] (ldb) stored as bfloat16 (kernels/bf16.h).
 struct BtPart16 {
   const uint16_t* B;
+  int64_t ldb, N;
+  float* C;
+  int64_t ldc;
+};
+
+// matmul_bt_parts_f16's part: B [N, K] (ldb) stored as IEEE float16 (kernels/half.h).
+struct BtPartF16 {
+  const float16* B;
   int64_t ldb, N;
   float* C;
   int64_t ldc;
@@ -102,6 +111,12 @@ struct BtPartQ4K {
                     int64_t ldb, float* C, int64_t ldc);                                                     \
   void gemm_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,             \
                  int64_t ldb, float* C, int64_t ldc, bool accumulate);                                     \
+  void matmul_bt_f16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float16* B,          \
+                     int64_t ldb, float* C, int64_t ldc);                                                    \
+  void matmul_bt_parts_f16(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartF16* parts,         \
+                           int count);                                                                       \
+  void gemm_bt_f16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float16* B,            \
+                   int64_t ldb, float* C, int64_t ldc);                                                      \
   void softmax_cross_entropy(int64_t rows, int64_t V, float* logits, int64_t ld, const int32_t* targets,     \
                              float scale, double* loss);                                                   \
   void adamw(int64_t n, float* w, const float* g, float* m, float* v, float lr, float decay, float beta1,    \
@@ -190,6 +205,13 @@ struct KernelTable {
   // gemm_ex's packed path on the widened B (gemm_ex's own bits when it accumulates, or for M >
   // 16 rows, where its plain chains are gemm's too). Twin: gemm_bf16_ref (kernels/bf16.h).
   decltype(&portable::gemm_bf16) gemm_bf16;
+  // 16-bit weights stored as IEEE float16 (F16 checkpoints kept as stored): the three bfloat16
+  // kernels above with B [N, K] of float16, widened exactly (F16C's vcvtph2ps where the ISA has
+  // it), so each is bitwise the float kernel's on the widened B. Twin: matmul_bt_f16_ref
+  // (kernels/half.h).
+  decltype(&portable::matmul_bt_f16) matmul_bt_f16;
+  decltype(&portable::matmul_bt_parts_f16) matmul_bt_parts_f16;
+  decltype(&portable::gemm_bt_f16) gemm_bt_f16;
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

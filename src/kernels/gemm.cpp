@@ -26,6 +26,7 @@
 // its bits are gemm_ex's on the widened B; gemm_bf16 is gemm_ex's C (+)= A·B with B [K, N] stored
 // as bfloat16 (training's dX = dY·W of a bfloat16 weight), likewise widened while packed, its
 // chains the packed path's (gemm_ex's bits when it accumulates or M > kFreshMaxM). gemm_bt_q8_0
+// gemm_bt_f16 is gemm_bt_bf16 for IEEE float16 B (F16C's exact vcvtph2ps). gemm_bt_q8_0
 // and gemm_bt_q4_k are the same as gemm_bt_bf16 for B stored as Q8_0 or Q4_K blocks
 // (kernels/q8_0.h, q4_k.h), dequantised while packed. Not a BLAS:
 // no alpha/beta, no other types. Block sizes and their measurements are below the micro-kernel.
@@ -211,6 +212,7 @@ inline __m256 load8_wide(const uint16_t* p) {
   const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
+inline __m256 load8_wide(const float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
 
 // Packs rows [0, rows) × cols [0, kc) of A (lda) into panels of kMR rows: [rows/kMR][kc][kMR],
@@ -263,6 +265,8 @@ inline float widen(uint16_t x) {
 }
 inline Vec load_wide(const float* p) { return load(p); }
 inline Vec load_wide(const uint16_t* p) { return load_bf16(p); }
+inline float widen(float16 x) { return f16_scalar(x.bits); }
+inline Vec load_wide(const float16* p) { return load_f16(&p->bits); }
 
 // Packs columns [j, j + n) (n <= kNR) of B's K rows into one panel [K][kNR], zero-padded (float,
 // or bfloat16 widened).
@@ -823,6 +827,11 @@ void gemm_bt_stored(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
 
 void gemm_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
                   float* C, int64_t ldc) {
+  gemm_bt_stored(M, N, K, A, lda, B, ldb, C, ldc);
+}
+
+void gemm_bt_f16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float16* B, int64_t ldb,
+                 float* C, int64_t ldc) {
   gemm_bt_stored(M, N, K, A, lda, B, ldb, C, ldc);
 }
 

@@ -1,6 +1,8 @@
 // kernels/half.h — IEEE binary16 (f16) to and from float32, exact and portable (no F16C needed):
 // widening is exact; narrowing rounds to nearest, ties to even, overflows to ±inf, keeps NaN a NaN.
-// Used by the safetensors reader/writer, GGUF and the Q8_0 block scales. Not public.
+// Used by the safetensors reader/writer, GGUF, the Q8_0 block scales and 16-bit weights stored
+// as float16 (Model::load with WeightType::f16), whose kernels' float64 twin is declared here.
+// Not public.
 #pragma once
 
 #include <cstdint>
@@ -53,5 +55,10 @@ inline uint16_t float_to_f16(float f) {
   if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into inf: correct
   return static_cast<uint16_t>(sign | half);
 }
+
+// C[M, N] (ldc) = A[M, K] (lda) · B[N, K]ᵀ (ldb, IEEE float16 bits), summed in float64: the twin
+// of dispatch.h's matmul_bt_f16, matmul_bt_parts_f16 and gemm_bt_f16 (kernels/bf16_ref.cpp).
+void matmul_bt_f16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                       float* C, int64_t ldc);
 
 }  // namespace mhsa::kernels

@@ -10,7 +10,7 @@
 //
 // The _bf16 variants read B as bfloat16 (uint16 storage, half the bytes of the stream) and widen
 // it in registers; widening is exact, so their results are bitwise those of the float kernels on
-// the widened B. The _q8_0 variants read B as Q8_0 blocks (34 bytes per 32 weights instead of
+// the widened B. The _f16 variants are the same for IEEE float16 B (vcvtph2ps). The _q8_0 variants read B as Q8_0 blocks (34 bytes per 32 weights instead of
 // 128) and quantise A per block too, for integer dot products (llama.cpp's way): their results
 // are the dequantised A times the dequantised B, to float rounding (the chain is below, at
 // dot_q8), not the float kernels on the dequantised B.
@@ -44,6 +44,8 @@ inline Vec load_b(const float* b) { return load(b); }
 inline Vec load_b(const uint16_t* b) { return load_bf16(b); }
 inline Vec load_partial_b(const float* b, int n) { return load_partial(b, n, 0.0f); }
 inline Vec load_partial_b(const uint16_t* b, int n) { return load_partial_bf16(b, n); }
+inline Vec load_b(const float16* b) { return load_f16(&b->bits); }
+inline Vec load_partial_b(const float16* b, int n) { return load_partial_kv(b, n); }
 
 // A software prefetch this many elements ahead in B's stream (2 KiB of float, 1 KiB of
 // bfloat16; past the row it is the next row's start when rows are contiguous, and harmless when
@@ -267,6 +269,10 @@ void matmul_bt_parts_bf16(int64_t M, int64_t K, const float* A, int64_t lda, con
   float_parts_product(M, K, A, lda, parts, count);
 }
 
+void matmul_bt_parts_f16(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartF16* parts, int count) {
+  float_parts_product(M, K, A, lda, parts, count);
+}
+
 void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts, int count) {
   const QuantizedA a = quantize_a(M, K, A, lda);
   parts_product(K, parts, count, [&](const BtPartQ8& part, int64_t n0, int64_t n) {
@@ -284,6 +290,12 @@ void matmul_bt_bf16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda
                     float* C, int64_t ldc) {
   const BtPart16 part{B, ldb, N, C, ldc};
   matmul_bt_parts_bf16(M, K, A, lda, &part, 1);
+}
+
+void matmul_bt_f16(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float16* B, int64_t ldb,
+                   float* C, int64_t ldc) {
+  const BtPartF16 part{B, ldb, N, C, ldc};
+  matmul_bt_parts_f16(M, K, A, lda, &part, 1);
 }
 
 void matmul_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb,

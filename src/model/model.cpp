@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 // (indexed like the parameters; empty matrices elsewhere).
 struct Model::Layout : nn::Stack {
   bool blocked = false;  // GPT-2's projections blocked for decoding (ModelAccess::block_weights)
-  std::vector<nn::Bf16Matrix> half16;
+  std::vector<nn::HalfMatrix> half16;
   std::vector<nn::Q8Matrix> quant8;
   std::vector<nn::Q4Matrix> quant4;
 };
@@ -154,10 +154,11 @@ void keep(std::vector<std::pair<std::string, Tensor>>& params, Model::Layout& L,
         t = Tensor();
       }
     }
-  } else if (dtype == WeightType::bf16) {
+  } else if (dtype == WeightType::bf16 || dtype == WeightType::f16) {
     L.half16.resize(params.size() + 1);
     if (spec.half != Half::no) {
-      L.half16.back() = nn::Bf16Matrix::rounded(t, transposed);
+      L.half16.back() = nn::HalfMatrix::rounded(
+          t, transposed, dtype == WeightType::f16 ? nn::HalfFormat::f16 : nn::HalfFormat::bf16, spec.name);
       t = Tensor();
     }
   } else if (dtype == WeightType::q8_0) {
@@ -175,14 +176,16 @@ void keep(std::vector<std::pair<std::string, Tensor>>& params, Model::Layout& L,
 WeightType parse_weight_type(std::string_view name, std::string_view what) {
   if (name == "f32") return WeightType::f32;
   if (name == "bf16") return WeightType::bf16;
+  if (name == "f16") return WeightType::f16;
   if (name == "q8_0") return WeightType::q8_0;
   if (name == "q4_k") return WeightType::q4_k;
-  throw Error(message(what, ": expected \"f32\", \"bf16\", \"q8_0\" or \"q4_k\", got ", detail::quote(name)));
+  throw Error(message(what, ": expected \"f32\", \"bf16\", \"f16\", \"q8_0\" or \"q4_k\", got ", detail::quote(name)));
 }
 
 std::string_view weight_type_name(WeightType dtype) {
   switch (dtype) {
     case WeightType::bf16: return "bf16";
+    case WeightType::f16: return "f16";
     case WeightType::q8_0: return "q8_0";
     case WeightType::q4_k: return "q4_k";
     default: return "f32";
@@ -190,7 +193,11 @@ std::string_view weight_type_name(WeightType dtype) {
 }
 
 WeightType Model::weight_type() const {
-  if (layout_ && !layout_->half16.empty()) return WeightType::bf16;
+  if (layout_ && !layout_->half16.empty()) {
+    for (const nn::HalfMatrix& h : layout_->half16)
+      if (!h.data.empty()) return h.format == nn::HalfFormat::f16 ? WeightType::f16 : WeightType::bf16;
+    return WeightType::bf16;
+  }
   if (layout_ && !layout_->quant4.empty()) return WeightType::q4_k;
   if (layout_ && !layout_->quant8.empty()) return WeightType::q8_0;
   return WeightType::f32;
@@ -287,7 +294,7 @@ nn::Stack ModelAccess::stack(const Model& m) {
   nn::Stack s = *m.layout_;
   s.config = &m.config_;
   for (const auto& [name, t] : m.params_) s.params.push_back(&t);
-  for (const nn::Bf16Matrix& h : m.layout_->half16) s.half.push_back(h.data.empty() ? nullptr : &h);
+  for (const nn::HalfMatrix& h : m.layout_->half16) s.half.push_back(h.data.empty() ? nullptr : &h);
   for (const nn::Q8Matrix& q : m.layout_->quant8) s.q8.push_back(q.data.empty() ? nullptr : &q);
   for (const nn::Q4Matrix& q : m.layout_->quant4) s.q4.push_back(q.data.empty() ? nullptr : &q);
   return s;

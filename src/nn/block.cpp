@@ -36,7 +36,7 @@ Tensor copy_of(const float* x, int64_t rows, int64_t cols) {
 float* grad_or_null(std::vector<Tensor>& grads, int i) { return i >= 0 ? grads[static_cast<size_t>(i)].data() : nullptr; }
 
 void linear(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy) {
-  if (const Bf16Matrix* w16 = s.p16(l.w)) return linear_forward(rows, x, ldx, *w16, s.data_or_null(l.b), y, ldy);
+  if (const HalfMatrix* w16 = s.p16(l.w)) return linear_forward(rows, x, ldx, *w16, s.data_or_null(l.b), y, ldy);
   if (const Q8Matrix* w8 = s.p8(l.w)) return linear_forward(rows, x, ldx, *w8, s.data_or_null(l.b), y, ldy);
   if (const Q4Matrix* w4 = s.p4(l.w)) return linear_forward(rows, x, ldx, *w4, s.data_or_null(l.b), y, ldy);
   linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
@@ -49,7 +49,7 @@ LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
 void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
                  int64_t ldy, float* dx, int64_t lddx, bool accumulate, std::vector<Tensor>& grads) {
   Tensor* dw = &grads[static_cast<size_t>(l.w)];
-  if (const Bf16Matrix* w16 = s.p16(l.w))  // bf16 training: dx from the copy the forward read
+  if (const HalfMatrix* w16 = s.p16(l.w))  // bf16 training: dx from the copy the forward read
     return linear_backward(rows, x, ldx, dy, ldy, *w16, l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
   linear_backward(rows, x, ldx, dy, ldy, s.p(l.w), l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
 }
@@ -405,7 +405,7 @@ RopeTable rope_positions(const Stack& s, int64_t rows, int64_t T, int64_t pos0) 
 
 void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x) {
   const profile::Scope phase(profile::Phase::embed);
-  if (const Bf16Matrix* w16 = s.p16(s.embed))
+  if (const HalfMatrix* w16 = s.p16(s.embed))
     return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w16,
                              s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
   if (const Q8Matrix* w8 = s.p8(s.embed))
@@ -427,7 +427,7 @@ void final_logits(const Stack& s, int64_t rows, const float* x, int64_t ldx, flo
   const int64_t C = c.hidden_size;
   Tensor h({rows, C});
   norm_forward(s.norm(), rows, C, x, ldx, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), h.data(), C);
-  if (const Bf16Matrix* w16 = s.output_matrix16())
+  if (const HalfMatrix* w16 = s.output_matrix16())
     lm_head_forward(rows, h.data(), C, *w16, c.final_logit_softcap, logits);
   else if (const Q8Matrix* w8 = s.output_matrix8())
     lm_head_forward(rows, h.data(), C, *w8, c.final_logit_softcap, logits);
@@ -518,7 +518,8 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   const int64_t C = c.hidden_size, rows = B * T;
   for (size_t i = 0; grads && i < s.half.size(); ++i)  // bf16 training has master weights; a bf16 model none
     if (s.half[i] && !s.params[i]->defined())
-      detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)", "bf16 weights");
+      detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)",
+                   s.half[i]->format == HalfFormat::f16 ? "f16 weights" : "bf16 weights");
   if (grads && !s.q4.empty())
     detail::fail("stack_loss", "grads", "float32 weights (4-bit weights are for inference only)", "q4_k weights");
   if (grads && !s.q8.empty())
@@ -534,7 +535,7 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
   Tensor dhf = grads ? Tensor({rows, C}) : Tensor();
   Tensor* dw = grads ? &(*grads)[static_cast<size_t>(s.head >= 0 ? s.head : s.embed)] : nullptr;
-  const Bf16Matrix* w16 = s.output_matrix16();
+  const HalfMatrix* w16 = s.output_matrix16();
   if (w16 && !grads) return lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted);
   if (const Q8Matrix* w8 = s.output_matrix8())
     return lm_head_loss(rows, hf.data(), *w8, c.final_logit_softcap, targets.data(), counted);

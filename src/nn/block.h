@@ -57,7 +57,7 @@ struct Stack {
   // LinearRef says). In a bf16 model its float tensor is empty, and no gradients are computed;
   // in bf16 training (half_parts) the float tensor is the master weight: the forward and the
   // input gradients read the bfloat16 copy, the parameter's gradient has the float tensor's shape.
-  std::vector<const Bf16Matrix*> half;
+  std::vector<const HalfMatrix*> half;
   // 8-bit weights likewise: indexed like params (empty unless the model is Q8_0); where set, that
   // parameter is this Q8_0 matrix [out, in]. A matrix whose rows are not whole blocks stays float.
   std::vector<const Q8Matrix*> q8;
@@ -66,12 +66,12 @@ struct Stack {
   std::vector<const Q4Matrix*> q4;
 
   const Tensor& p(int i) const { return *params[static_cast<size_t>(i)]; }
-  const Bf16Matrix* p16(int i) const { return half.empty() || i < 0 ? nullptr : half[static_cast<size_t>(i)]; }
+  const HalfMatrix* p16(int i) const { return half.empty() || i < 0 ? nullptr : half[static_cast<size_t>(i)]; }
   const Q8Matrix* p8(int i) const { return q8.empty() || i < 0 ? nullptr : q8[static_cast<size_t>(i)]; }
   const Q4Matrix* p4(int i) const { return q4.empty() || i < 0 ? nullptr : q4[static_cast<size_t>(i)]; }
   const float* data_or_null(int i) const { return i >= 0 ? params[static_cast<size_t>(i)]->data() : nullptr; }
   const Tensor& output_matrix() const { return p(head >= 0 ? head : embed); }
-  const Bf16Matrix* output_matrix16() const { return p16(head >= 0 ? head : embed); }
+  const HalfMatrix* output_matrix16() const { return p16(head >= 0 ? head : embed); }
   const Q8Matrix* output_matrix8() const { return p8(head >= 0 ? head : embed); }
   const Q4Matrix* output_matrix4() const { return p4(head >= 0 ? head : embed); }
   NormSpec norm() const;

@@ -73,11 +73,16 @@ void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, 
   if (b) add_bias(rows, out, b, y, ldy);
 }
 
-void linear_forward(int64_t rows, const float* x, int64_t ldx, const Bf16Matrix& w, const float* b, float* y,
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const HalfMatrix& w, const float* b, float* y,
                     int64_t ldy) {
   const kernels::KernelTable& k = kernels::kernels();
-  if (rows <= kStreamRows)
+  const bool f16 = w.format == HalfFormat::f16;
+  if (rows <= kStreamRows && f16)
+    k.matmul_bt_f16(rows, w.rows, w.cols, x, ldx, w.f16(), w.cols, y, ldy);
+  else if (rows <= kStreamRows)
     k.matmul_bt_bf16(rows, w.rows, w.cols, x, ldx, w.data.data(), w.cols, y, ldy);
+  else if (f16)
+    k.gemm_bt_f16(rows, w.rows, w.cols, x, ldx, w.f16(), w.cols, y, ldy);
   else
     k.gemm_bt_bf16(rows, w.rows, w.cols, x, ldx, w.data.data(), w.cols, y, ldy);
   if (b) add_bias(rows, w.rows, b, y, ldy);
@@ -107,14 +112,23 @@ void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<co
   constexpr size_t kMaxParts = 4;
   const bool few = rows <= kStreamRows && outs.size() <= kMaxParts;
   if (few && std::all_of(outs.begin(), outs.end(), [&](const LinearOut& o) {
-        return o.w16 && o.w16->cols == outs[0].w16->cols;
+        return o.w16 && o.w16->cols == outs[0].w16->cols && o.w16->format == outs[0].w16->format;
       })) {
-    kernels::BtPart16 parts[kMaxParts];
-    for (size_t i = 0; i < outs.size(); ++i) {
-      const Bf16Matrix& w = *outs[i].w16;
-      parts[i] = {w.data.data(), w.cols, w.rows, outs[i].y, outs[i].ldy};
+    if (outs[0].w16->format == HalfFormat::f16) {
+      kernels::BtPartF16 parts[kMaxParts];
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const HalfMatrix& w = *outs[i].w16;
+        parts[i] = {w.f16(), w.cols, w.rows, outs[i].y, outs[i].ldy};
+      }
+      kernels::kernels().matmul_bt_parts_f16(rows, outs[0].w16->cols, x, ldx, parts, static_cast<int>(outs.size()));
+    } else {
+      kernels::BtPart16 parts[kMaxParts];
+      for (size_t i = 0; i < outs.size(); ++i) {
+        const HalfMatrix& w = *outs[i].w16;
+        parts[i] = {w.data.data(), w.cols, w.rows, outs[i].y, outs[i].ldy};
+      }
+      kernels::kernels().matmul_bt_parts_bf16(rows, outs[0].w16->cols, x, ldx, parts, static_cast<int>(outs.size()));
     }
-    kernels::kernels().matmul_bt_parts_bf16(rows, outs[0].w16->cols, x, ldx, parts, static_cast<int>(outs.size()));
     for (const LinearOut& o : outs)
       if (o.b) add_bias(rows, o.w16->rows, o.b, o.y, o.ldy);
     return;
@@ -206,8 +220,10 @@ void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy,
                                lddx, accumulate);
 }
 
-void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Bf16Matrix& w16,
+void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const HalfMatrix& w16,
                      Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate) {
+  if (w16.format != HalfFormat::bf16)
+    throw Error("linear_backward: w16: expected a bfloat16 copy of float32 weights, got a float16 matrix");
   const int64_t in = w16.cols, out = w16.rows;
   weight_grads(rows, in, out, x, ldx, dy, ldy, layout, dw, db);
   if (dx)  // dx [rows, in] = dy [rows, out] · W [out, in]

@@ -9,7 +9,7 @@
 #include <span>
 
 #include "mhsa/tensor.h"
-#include "nn/bf16_matrix.h"
+#include "nn/half_matrix.h"
 #include "nn/q4_matrix.h"
 #include "nn/q8_matrix.h"
 
@@ -24,7 +24,7 @@ enum class Layout { in_out, out_in, in_out_blocked };
 void linear_forward(int64_t rows, const float* x, int64_t ldx, const Tensor& w, Layout layout, const float* b,
                     float* y, int64_t ldy);
 // The same with W [out, in] kept as bfloat16 (widened in the kernels, float32 sums).
-void linear_forward(int64_t rows, const float* x, int64_t ldx, const Bf16Matrix& w, const float* b, float* y,
+void linear_forward(int64_t rows, const float* x, int64_t ldx, const HalfMatrix& w, const float* b, float* y,
                     int64_t ldy);
 // The same with W [out, in] kept as Q8_0 blocks (float32 sums; see kernels/dispatch.h).
 void linear_forward(int64_t rows, const float* x, int64_t ldx, const Q8Matrix& w, const float* b, float* y,
@@ -40,7 +40,7 @@ struct LinearOut {
   const float* b;  // may be null
   float* y;
   int64_t ldy;
-  const Bf16Matrix* w16 = nullptr;
+  const HalfMatrix* w16 = nullptr;
   const Q8Matrix* w8 = nullptr;
   const Q4Matrix* w4 = nullptr;
 };
@@ -59,7 +59,7 @@ void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy,
 // weights): dx = dy·W reads w16 (widened while packed, kernels' gemm_bf16); dw (the master's shape,
 // in its `layout`) and db come from x and dy alone, as above. Bitwise the float linear_backward on
 // the widened weights when rows > 16 (or accumulate): the GEMMs' chains are the same.
-void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const Bf16Matrix& w16,
+void linear_backward(int64_t rows, const float* x, int64_t ldx, const float* dy, int64_t ldy, const HalfMatrix& w16,
                      Layout layout, Tensor* dw, float* db, float* dx, int64_t lddx, bool accumulate);
 
 // dst[cols, rows] = src[rows, cols] (src rows lds apart)

@@ -8,6 +8,8 @@
 
 #include "kernels/bf16.h"
 #include "kernels/dispatch.h"
+#include "kernels/half.h"
+#include "mhsa/error.h"
 #include "nn/linear.h"
 
 namespace mhsa::nn {
@@ -103,9 +105,18 @@ void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids
   embed_rows(rows, T, pos0, ids, C, [&](int64_t i) { return wte.data() + i * C; }, wpe, scale, out);
 }
 
-void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Bf16Matrix& wte,
+void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const HalfMatrix& wte,
                        const Tensor* wpe, float scale, float* out) {
-  embed_rows(rows, T, pos0, ids, wte.cols, [&](int64_t i) { return wte.row(i); }, wpe, scale, out);
+  if (wte.format == HalfFormat::bf16)
+    return embed_rows(rows, T, pos0, ids, wte.cols, [&](int64_t i) { return wte.row(i); }, wpe, scale, out);
+  std::vector<float> row(static_cast<size_t>(wte.cols));  // the row being read, widened
+  embed_rows(
+      rows, T, pos0, ids, wte.cols,
+      [&](int64_t i) {
+        std::transform(wte.row(i), wte.row(i) + wte.cols, row.begin(), kernels::f16_to_float);
+        return static_cast<const float*>(row.data());
+      },
+      wpe, scale, out);
 }
 
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Q8Matrix& wte,
@@ -208,13 +219,23 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Tensor& w,
   if (softcap > 0) softcap_forward(rows, V, softcap, logits);
 }
 
-void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Bf16Matrix& w, float softcap, float* logits) {
+void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const HalfMatrix& w, float softcap, float* logits) {
   const kernels::KernelTable& k = kernels::kernels();
-  if (rows <= kStreamRows)
-    k.matmul_bt_bf16(rows, w.rows, w.cols, h, ldh, w.data.data(), w.cols, logits, w.rows);
-  else  // a block of vocabulary at a time: the GEMM widens w's rows into its packed panels
-    for (int64_t v0 = 0; v0 < w.rows; v0 += kHeadChunk)
-      k.gemm_bt_bf16(rows, std::min(kHeadChunk, w.rows - v0), w.cols, h, ldh, w.row(v0), w.cols, logits + v0, w.rows);
+  const bool f16 = w.format == HalfFormat::f16;
+  if (rows <= kStreamRows) {
+    if (f16)
+      k.matmul_bt_f16(rows, w.rows, w.cols, h, ldh, w.f16(), w.cols, logits, w.rows);
+    else
+      k.matmul_bt_bf16(rows, w.rows, w.cols, h, ldh, w.data.data(), w.cols, logits, w.rows);
+  } else {  // a block of vocabulary at a time: the GEMM widens w's rows into its packed panels
+    for (int64_t v0 = 0; v0 < w.rows; v0 += kHeadChunk) {
+      const int64_t n = std::min(kHeadChunk, w.rows - v0);
+      if (f16)
+        k.gemm_bt_f16(rows, n, w.cols, h, ldh, w.f16(v0), w.cols, logits + v0, w.rows);
+      else
+        k.gemm_bt_bf16(rows, n, w.cols, h, ldh, w.row(v0), w.cols, logits + v0, w.rows);
+    }
+  }
   if (softcap > 0) softcap_forward(rows, w.rows, softcap, logits);
 }
 
@@ -263,7 +284,7 @@ double head_loss(int64_t rows, const float* h, const Matrix& w, float softcap, c
 
 }  // namespace
 
-double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
+double lm_head_loss(int64_t rows, const float* h, const HalfMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted) {
   return head_loss(rows, h, w, softcap, targets, counted);
 }
@@ -323,8 +344,10 @@ double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap
       [&](int64_t R, const float* dl, float* dhr) { k.gemm(R, C, V, dl, V, w.data(), C, nullptr, dhr, C); });
 }
 
-double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
+double lm_head_loss(int64_t rows, const float* h, const HalfMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted, float* dh, Tensor* dw) {
+  if (w.format != HalfFormat::bf16)
+    throw Error("lm_head_loss: w: expected bfloat16 copies of float32 weights for gradients, got a float16 matrix");
   const kernels::KernelTable& k = kernels::kernels();
   const int64_t V = w.rows, C = w.cols;
   return blocked_head_loss(

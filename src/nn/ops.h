@@ -11,7 +11,7 @@
 
 #include "mhsa/model_config.h"
 #include "mhsa/tensor.h"
-#include "nn/bf16_matrix.h"
+#include "nn/half_matrix.h"
 #include "nn/q4_matrix.h"
 #include "nn/q8_matrix.h"
 
@@ -25,7 +25,7 @@ void add_into(float* x, const float* y, int64_t n);
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Tensor& wte,
                        const Tensor* wpe, float scale, float* out);
 // The same with wte kept as bfloat16 (its rows widened).
-void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Bf16Matrix& wte,
+void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const HalfMatrix& wte,
                        const Tensor* wpe, float scale, float* out);
 // The same with wte kept as Q8_0 blocks (each row read dequantised).
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Q8Matrix& wte,
@@ -71,7 +71,7 @@ void softcap_backward(int64_t rows, int64_t n, float cap, const float* x, float*
 // logits [rows, V] = h [rows, C] (ldh) · wᵀ for the output matrix w [V, C], then the soft-cap (0:
 // none). A stream over w for a few rows (decoding), a GEMM over blocks of w's rows otherwise.
 void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Tensor& w, float softcap, float* logits);
-void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Bf16Matrix& w, float softcap, float* logits);
+void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const HalfMatrix& w, float softcap, float* logits);
 void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q8Matrix& w, float softcap, float* logits);
 void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q4Matrix& w, float softcap, float* logits);
 // The mean cross-entropy of targets [rows] (−1: ignored) over `counted` targets, computed a block
@@ -83,10 +83,10 @@ double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap
 // weights; dw has the master's shape): the logits and dh read w (widened while packed), dw comes
 // from h and the logits' gradient. Bitwise the float lm_head_loss on the widened w when every
 // block of rows has more than 16.
-double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
+double lm_head_loss(int64_t rows, const float* h, const HalfMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted, float* dh, Tensor* dw);
 // The loss alone, for a bfloat16, Q8_0 or Q4_K output matrix.
-double lm_head_loss(int64_t rows, const float* h, const Bf16Matrix& w, float softcap, const int32_t* targets,
+double lm_head_loss(int64_t rows, const float* h, const HalfMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted);
 double lm_head_loss(int64_t rows, const float* h, const Q8Matrix& w, float softcap, const int32_t* targets,
                     int64_t counted);

@@ -59,7 +59,7 @@ class Trainable : public TrainableModel {
   M model_;
   std::string_view cls_, context_key_;  // as M's own messages name them
   std::vector<nn::HalfPart> parts_;     // bf16: the matrices kept as bfloat16 copies (empty: f32)
-  std::vector<nn::Bf16Matrix> half_;    // bf16: their copies, parts_' order
+  std::vector<nn::HalfMatrix> half_;    // bf16: their copies, parts_' order
 };
 
 class TrainableGpt2 final : public Trainable<Gpt2> {
