@@ -17,7 +17,7 @@ the other's mean, says more about the moment than about the engines. This script
   range (min–max).
 
 Usage: python3 bench/compare_llama_cpp.py [--rounds 6] [--threads 2] [--arch gpt2|smollm2 | --model-dir DIR]
-                                         [--dtype f32|bf16|q8_0 [--peer-outtype f32|f16|bf16|q8_0]] [--only pp|tg]
+                                         [--dtype f32|bf16|f16|q8_0 [--peer-outtype f32|f16|bf16|q8_0]] [--only pp|tg]
 With a model directory, mhsa runs `mhsa bench --model DIR --filter pp512,tg128` and reads the cases
 whose names end in _pp512 and _tg128. --dtype compares another precision: mhsa loads DIR with
 `--dtype`, llama.cpp runs the GGUF its converter writes with `--outtype` the same (or
@@ -86,7 +86,7 @@ def main():
                     help="the random model (default gpt2: mhsa's built-in GPT-2 124M)")
     ap.add_argument("--model-dir", type=Path, help="a Hugging Face model directory for both engines")
     ap.add_argument("--only-peer", action="store_true", help="run llama.cpp alone (no ratios)")
-    ap.add_argument("--dtype", choices=("f32", "bf16", "q8_0"), default="f32",
+    ap.add_argument("--dtype", choices=("f32", "bf16", "f16", "q8_0"), default="f32",
                     help="mhsa's weights (and llama.cpp's, unless --peer-outtype); needs --model-dir or --arch smollm2")
     ap.add_argument("--peer-outtype", choices=("f32", "f16", "bf16", "q8_0"),
                     help="the GGUF type llama.cpp runs (default: --dtype's)")

@@ -61,7 +61,7 @@ def test_bf16_weights_against_transformers(case, rng, tmp_path):
 
 
 def test_bad_dtype_names_the_argument_and_the_choices(tmp_path):
-    with pytest.raises(Exception, match=r"dtype: expected \"f32\", \"bf16\", \"q8_0\" or \"q4_k\", got 'fp16'"):
+    with pytest.raises(Exception, match=r"dtype: expected \"f32\", \"bf16\", \"f16\", \"q8_0\" or \"q4_k\", got 'fp16'"):
         mhsa.Model.load(tmp_path, dtype="fp16")
 
 
@@ -85,4 +85,4 @@ def test_cli_dtype_option():
     bad = subprocess.run([str(d.CLI), "bench", "--model", str(d.MODEL), "--dtype", "fp16"], capture_output=True,
                          text=True)
     assert bad.returncode == 2
-    assert "--dtype: expected \"f32\", \"bf16\", \"q8_0\" or \"q4_k\", got 'fp16'" in bad.stderr
+    assert "--dtype: expected \"f32\", \"bf16\", \"f16\", \"q8_0\" or \"q4_k\", got 'fp16'" in bad.stderr

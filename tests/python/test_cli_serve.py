@@ -787,9 +787,9 @@ def test_usage_errors_exit_2(gpt2, gpt2_dir):
         assert r.returncode == 2 and text in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "q8_0"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "q8_0"])
 def test_serve_dtype_equals_generate(gpt2_dir, dtype, rng):
-    # `--dtype` as on `mhsa generate`: the weights kept as bfloat16 or Q8_0 blocks (the ready line
+    # `--dtype` as on `mhsa generate`: the weights kept as bfloat16, float16 or Q8_0 blocks (the ready line
     # says which). One request at a time, so every step has generate's rows: greedy completions are
     # generate's with the same dtype.
     s = Server(gpt2_dir, "--dtype", dtype, "--parallel", 1)
