@@ -8,7 +8,7 @@ SwiGLU; a small GPT-2; both with GPT-2's tokenizer, written by transformers' sav
 their token embedding, the tied LM head, scaled by 20: logits spread over tens of units and greedy
 choices are decided by wide gaps. (A briefly trained model would do as well; training a 50257-token
 head takes minutes this script does not spend.)
-For each model, each GGUF type (F32, and Q8_0 via --outtype q8_0) and each prompt, mhsa
+For each model, each GGUF type (F32, and F16 and Q8_0 via --outtype f16 / q8_0) and each prompt, mhsa
 (`mhsa generate --json --temperature 0 --ignore-eos`: its prompt ids and tokens) and llama.cpp
 (its library, libllama, driven by bench/llama_greedy.cpp on the same prompt ids: the argmax of
 llama_get_logits at each step, as its greedy sampler picks) generate N tokens; the table counts
@@ -164,7 +164,7 @@ def main():
               ("llama+llama3 rope", with_llama3_rope(llama))]
     rows, notes, version = [], [], ""
     for name, hf in models:
-        for outtype, dtypes in (("f32", ["f32"]), ("q8_0", ["f32", "q8_0"])):
+        for outtype, dtypes in (("f32", ["f32"]), ("f16", ["f32", "f16"]), ("q8_0", ["f32", "q8_0"])):
             p = peer(hf, outtype)
             version = p["llama_cpp_version"]
             exe = llama_greedy(p)

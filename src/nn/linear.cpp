@@ -114,21 +114,20 @@ void linear_forward_many(int64_t rows, const float* x, int64_t ldx, std::span<co
   if (few && std::all_of(outs.begin(), outs.end(), [&](const LinearOut& o) {
         return o.w16 && o.w16->cols == outs[0].w16->cols && o.w16->format == outs[0].w16->format;
       })) {
-    if (outs[0].w16->format == HalfFormat::f16) {
-      kernels::BtPartF16 parts[kMaxParts];
+    // One stream in the matrices' format: parts of `Part`, their elements from `elems`.
+    const auto stream = [&](auto part, auto elems, auto product) {
+      decltype(part) parts[kMaxParts];
       for (size_t i = 0; i < outs.size(); ++i) {
         const HalfMatrix& w = *outs[i].w16;
-        parts[i] = {w.f16(), w.cols, w.rows, outs[i].y, outs[i].ldy};
+        parts[i] = {elems(w), w.cols, w.rows, outs[i].y, outs[i].ldy};
       }
-      kernels::kernels().matmul_bt_parts_f16(rows, outs[0].w16->cols, x, ldx, parts, static_cast<int>(outs.size()));
-    } else {
-      kernels::BtPart16 parts[kMaxParts];
-      for (size_t i = 0; i < outs.size(); ++i) {
-        const HalfMatrix& w = *outs[i].w16;
-        parts[i] = {w.data.data(), w.cols, w.rows, outs[i].y, outs[i].ldy};
-      }
-      kernels::kernels().matmul_bt_parts_bf16(rows, outs[0].w16->cols, x, ldx, parts, static_cast<int>(outs.size()));
-    }
+      (kernels::kernels().*product)(rows, outs[0].w16->cols, x, ldx, parts, static_cast<int>(outs.size()));
+    };
+    if (outs[0].w16->format == HalfFormat::f16)
+      stream(kernels::BtPartF16{}, [](const HalfMatrix& w) { return w.f16(); }, &kernels::KernelTable::matmul_bt_parts_f16);
+    else
+      stream(kernels::BtPart16{}, [](const HalfMatrix& w) { return w.data.data(); },
+             &kernels::KernelTable::matmul_bt_parts_bf16);
     for (const LinearOut& o : outs)
       if (o.b) add_bias(rows, o.w16->rows, o.b, o.y, o.ldy);
     return;
