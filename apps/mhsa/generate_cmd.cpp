@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -21,7 +23,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "core/check.h"
 #include "default_model.h"
+#include "io/json.h"
 #include "mhsa/error.h"
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
@@ -37,6 +41,7 @@ struct GenerateArgs {
   std::string prompt;
   GenerationOptions options;
   std::vector<std::string> stop;
+  std::vector<std::string> logit_bias;  // ID=BIAS
   bool json = false;
   bool ignore_eos = false;
   bool echo = false, echo_given = false;  // --echo / --no-echo; default: whether stdout is a terminal
@@ -47,6 +52,21 @@ void run(const GenerateArgs& a) {
   use_threads(a.threads);
   const LoadedModel loaded = load_model(model_dir(a.model), a.dtype, a.kv_dtype);
   const Model& model = loaded.model;
+  GenerationOptions o = a.options;
+  o.stop_at_eos = !a.ignore_eos;
+  for (const std::string& entry : a.logit_bias) {  // ID=BIAS, the id checked against the model by generate()
+    const size_t eq = entry.find('=');
+    int32_t id = -1;
+    float bias = 0;
+    const char* end = entry.data() + entry.size();
+    const auto at_id = std::from_chars(entry.data(), entry.data() + std::min(eq, entry.size()), id);
+    const auto at_bias = eq == std::string::npos ? at_id : std::from_chars(entry.data() + eq + 1, end, bias);
+    if (eq == std::string::npos || eq == 0 || at_id.ec != std::errc() || at_id.ptr != entry.data() + eq ||
+        at_bias.ec != std::errc() || at_bias.ptr != end || !std::isfinite(bias))
+      throw Error(detail::message("--logit-bias: expected TOKEN_ID=BIAS (an integer id, a finite number), got ",
+                                  detail::quote(entry)));
+    o.logit_bias.emplace_back(id, bias);
+  }
   const Tokenizer& tok = loaded.tokenizer;
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
   std::string prompt = a.prompt;
@@ -70,8 +90,6 @@ void run(const GenerateArgs& a) {
     write_stdout(prompt);
     flush_stdout();
   }
-  GenerationOptions o = a.options;
-  o.stop_at_eos = !a.ignore_eos;
   text::TextStream stream(a.stop);
   std::vector<int32_t> tokens;
   GenerationStats stats;
@@ -134,6 +152,16 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--repetition-penalty", a->options.repetition_penalty, "> 1 discourages repeating tokens")
       ->default_val(1.0f)
       ->check(number_above(0));
+  cmd->add_option("--presence-penalty", a->options.presence_penalty,
+                  "subtracted from a token's logit once it has been generated (OpenAI's presence_penalty)")
+      ->default_val(0.0f)
+      ->check(number_in(-2, 2));
+  cmd->add_option("--frequency-penalty", a->options.frequency_penalty,
+                  "subtracted from a token's logit for each time it has been generated (OpenAI's frequency_penalty)")
+      ->default_val(0.0f)
+      ->check(number_in(-2, 2));
+  cmd->add_option("--logit-bias", a->logit_bias,
+                  "TOKEN_ID=BIAS added to that token's logit before sampling (repeatable; -100 bans it)");
   cmd->add_option("--seed", a->options.seed, "the sampler's seed")->default_val(0)->check(seed_value());
   cmd->add_option("--stop", a->stop, "stop when this text appears (repeatable); it is not printed");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after the end-of-text token");

@@ -7,6 +7,7 @@
 #include "serve_api.h"
 
 #include <algorithm>
+#include <charconv>
 #include <limits>
 #include <random>
 #include <vector>
@@ -91,6 +92,29 @@ std::vector<std::string> stop_strings(const json& body) {
   return out;
 }
 
+// OpenAI's logit_bias: {"<token id>": bias in [-100, 100], ...}, ids in [0, vocab).
+std::vector<std::pair<int32_t, float>> logit_bias(const json& b, int64_t vocab) {
+  std::vector<std::pair<int32_t, float>> out;
+  const json* v = field(b, "logit_bias");
+  if (!v) return out;
+  const std::string what = "an object of token ids (strings of digits) to biases in [-100, 100]";
+  if (!v->is_object()) bad("logit_bias", what, *v);
+  for (const auto& [key, value] : v->items()) {
+    const std::string param = message("logit_bias[", json(key).dump(), "]");
+    int64_t id = -1;
+    const char* end = key.data() + key.size();
+    const auto [ptr, ec] = std::from_chars(key.data(), end, id);
+    if (key.empty() || key[0] == '-' || key[0] == '+' || ec != std::errc() || ptr != end || id >= vocab)
+      throw ApiError{400, message(param, ": expected a token id in [0, ", vocab, "), got ", json_excerpt(json(key))),
+                     "invalid_request_error", "logit_bias", ""};
+    if (!value.is_number() || !(value.get<double>() >= -100.0 && value.get<double>() <= 100.0))
+      throw ApiError{400, message(param, ": expected a number in [-100, 100], got ", json_excerpt(value)),
+                     "invalid_request_error", "logit_bias", ""};
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(value.get<double>()));
+  }
+  return out;
+}
+
 // The settings both endpoints share.
 void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest& p) {
   if (const json* v = field(b, "model"); v && string_field(*v, "model") != m.id)
@@ -114,14 +138,10 @@ void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest&
                      "invalid_request_error", "top_logprobs", ""};
     top = static_cast<int>(integer(b, "logprobs", -1, 0, kMaxCompletionLogprobs));
   }
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (number(b, key, 0.0, -2.0, 2.0) != 0.0) unsupported(key, "a non-zero penalty");
-  if (const json* v = field(b, "logit_bias"); v && !(v->is_object() && v->empty())) {
-    if (!v->is_object()) bad("logit_bias", "an object", *v);
-    unsupported("logit_bias", "a logit bias");
-  }
-
   GenerationOptions& o = p.request.options;
+  o.presence_penalty = static_cast<float>(number(b, "presence_penalty", 0.0, -2.0, 2.0));
+  o.frequency_penalty = static_cast<float>(number(b, "frequency_penalty", 0.0, -2.0, 2.0));
+  o.logit_bias = logit_bias(b, m.model->config().vocab_size);
   o.temperature = static_cast<float>(number(b, "temperature", 1.0, 0.0, 2.0));
   o.top_p = static_cast<float>(number(b, "top_p", 1.0, 0.0, 1.0, true));
   if (const json* v = field(b, "seed")) {

@@ -90,9 +90,10 @@ class Gpt2 {
       GenerationStats* stats = nullptr) const;
 
   // Picks the next token from one row of logits (modified in place by the penalty and
-  // temperature) given the tokens so far: the sampling rule of generate(), exposed for tests.
+  // temperature) given the tokens so far: the sampling rule of generate(), exposed for tests
+  // (prompt_tokens as Model::sample's).
   static int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& options,
-                        uint64_t& rng_state);
+                        uint64_t& rng_state, size_t prompt_tokens = 0);
 
   // The weights, read-only: embeddings wte [V, C] and wpe [n_positions, C], the blocks, ln_f, and
   // the output matrix [V, C] (wte unless the checkpoint has its own lm_head).

@@ -53,6 +53,14 @@ struct GenerationOptions {
   int64_t top_k = 0;                 // keep the k most likely tokens; 0 keeps all
   float top_p = 1.0f;                // keep the smallest set of tokens whose probability reaches p
   float repetition_penalty = 1.0f;   // > 1 discourages tokens already in the sequence (CTRL/HF rule)
+  // OpenAI's penalties: a token's logit minus frequency_penalty × the times it has been generated
+  // so far, minus presence_penalty once it has been (positive values discourage repeats; the
+  // prompt is not counted). Finite; OpenAI's API takes [-2, 2].
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // Added to those tokens' logits before anything else (OpenAI's logit_bias: −100 bans a token,
+  // +100 all but forces it). Ids in [0, vocab), finite biases.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;                 // the sampler's generator (one per sequence, seed + row)
   bool stop_at_eos = true;           // a sequence ends after it emits an end-of-sequence token
 };
@@ -158,9 +166,11 @@ class Model {
   std::vector<std::vector<int32_t>> generate(std::span<const int32_t> prompts, int64_t B, int64_t T,
                                              const GenerationOptions& options, const TokenCallback& on_token = {},
                                              GenerationStats* stats = nullptr) const;
-  // The sampling rule of generate() on one row of logits (modified in place).
+  // The sampling rule of generate() on one row of logits (modified in place). history: the tokens
+  // before this one; its first prompt_tokens are the prompt, the rest were generated (what the
+  // presence and frequency penalties count; with 0, all of history counts).
   static int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& options,
-                        uint64_t& rng_state);
+                        uint64_t& rng_state, size_t prompt_tokens = 0);
 
   // Every parameter with its Hugging Face name ("model.layers.0.self_attn.q_proj.weight", ...;
   // GPT-2's without a prefix, as Gpt2 names them), in a fixed order. In a bf16, q8_0 or q4_k model

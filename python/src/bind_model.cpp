@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <limits>
+#include <map>
 
 #include "arrays.h"
 #include "core/check.h"
@@ -148,9 +150,17 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
       .def(
           "generate",
           [name](const M& g, const py::object& ids_obj, int64_t max_new_tokens, float temperature, int64_t top_k,
-             float top_p, uint64_t seed, float repetition_penalty, bool stop_at_eos) {
+             float top_p, uint64_t seed, float repetition_penalty, bool stop_at_eos, float presence_penalty,
+             float frequency_penalty, const std::map<int64_t, float>& logit_bias) {
             const Ids ids = token_ids(ids_obj, name + ".generate");
             GenerationOptions o;
+            o.presence_penalty = presence_penalty;
+            o.frequency_penalty = frequency_penalty;
+            for (const auto& [id, bias] : logit_bias) {  // ids checked against the vocabulary by generate
+              if (id < 0 || id > std::numeric_limits<int32_t>::max())
+                throw Error(name + ".generate: logit_bias: expected token ids, got " + std::to_string(id));
+              o.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+            }
             o.max_new_tokens = max_new_tokens;
             o.temperature = temperature;
             o.top_k = top_k;
@@ -179,9 +189,13 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
             return py::array(seq);
           },
           "ids"_a, "max_new_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0,
-          "repetition_penalty"_a = 1.0f, "stop_at_eos"_a = true,
+          "repetition_penalty"_a = 1.0f, "stop_at_eos"_a = true, "presence_penalty"_a = 0.0f,
+          "frequency_penalty"_a = 0.0f, "logit_bias"_a = std::map<int64_t, float>{},
           R"(Prompt + continuation, int64 [B, T + n] (like Hugging Face's generate): greedy at temperature 0,
-otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded with eos.)");
+otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded with eos.
+presence_penalty, frequency_penalty and logit_bias ({token id: bias}) as OpenAI defines them: a
+token's logit plus its bias, minus frequency_penalty per time it was generated and presence_penalty
+once it was (the prompt not counted).)");
 }
 
 }  // namespace

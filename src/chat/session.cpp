@@ -91,7 +91,7 @@ ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOpt
   constexpr std::string_view fn = "ChatSession";
   const GenerationOptions& o = options_.generation;
   if (o.max_new_tokens < 0) fail(fn, "max_new_tokens", "a count >= 0", std::to_string(o.max_new_tokens));
-  detail::check_sampling(fn, o);
+  detail::check_sampling(fn, o, model.config().vocab_size);
   if (tokenizer.vocab_size() > model.config().vocab_size)  // a padded embedding may have more rows
     fail(fn, "tokenizer", message("a tokenizer of at most the model's ", model.config().vocab_size, " tokens"),
          message(tokenizer.vocab_size(), " tokens"));
@@ -219,7 +219,7 @@ ChatTurn ChatSession::answer(const TextCallback& on_text, const std::atomic<bool
     }
     turn.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     t0 = clock::now();
-    std::vector<int32_t> history = ids;  // what the repetition penalty looks at
+    std::vector<int32_t> history = ids;  // what the penalties look at (the answer's tokens: after ids)
     if (cached_.size() < ids.size()) {
       turn.finish = FinishReason::stopped;
     } else if (o.max_new_tokens == 0) {
@@ -230,7 +230,7 @@ ChatTurn ChatSession::answer(const TextCallback& on_text, const std::atomic<bool
           turn.finish = FinishReason::stopped;
           break;
         }
-        const int32_t t = Model::sample({logits.data(), static_cast<size_t>(V)}, history, o, rng_);
+        const int32_t t = Model::sample({logits.data(), static_cast<size_t>(V)}, history, o, rng_, ids.size());
         if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), t)) {
           turn.finish = FinishReason::end_of_turn;
           break;

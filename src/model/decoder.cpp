@@ -34,13 +34,23 @@ void ModelCache::truncate(int64_t length) {
 
 namespace mhsa::detail {
 
-void check_sampling(std::string_view fn, const GenerationOptions& o) {
+void check_sampling(std::string_view fn, const GenerationOptions& o, int64_t vocab) {
   if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
     fail(fn, "temperature", "a finite value >= 0 (0 is greedy)", std::to_string(o.temperature));
   if (o.top_k < 0) fail(fn, "top_k", "a count >= 0 (0 keeps every token)", std::to_string(o.top_k));
   if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail(fn, "top_p", "a value in (0, 1]", std::to_string(o.top_p));
   if (!(o.repetition_penalty > 0.0f) || !std::isfinite(o.repetition_penalty))
     fail(fn, "repetition_penalty", "a finite value > 0 (1 is none)", std::to_string(o.repetition_penalty));
+  if (!std::isfinite(o.presence_penalty))
+    fail(fn, "presence_penalty", "a finite value (0 is none)", std::to_string(o.presence_penalty));
+  if (!std::isfinite(o.frequency_penalty))
+    fail(fn, "frequency_penalty", "a finite value (0 is none)", std::to_string(o.frequency_penalty));
+  for (size_t i = 0; i < o.logit_bias.size(); ++i) {
+    const auto [id, bias] = o.logit_bias[i];
+    if (id < 0 || id >= vocab)
+      fail(fn, message("logit_bias[", i, "]"), message("a token id in [0, ", vocab, ")"), std::to_string(id));
+    if (!std::isfinite(bias)) fail(fn, message("logit_bias[", i, "]"), "a finite bias", std::to_string(bias));
+  }
 }
 
 Tensor random_tensor(std::vector<int64_t> dims, float std, uint64_t& state) {
@@ -222,8 +232,22 @@ double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::s
 // ---- generation ------------------------------------------------------------------------------
 
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
-               uint64_t& rng_state) {
+               uint64_t& rng_state, size_t prompt_tokens) {
   const int64_t V = static_cast<int64_t>(logits.size());
+  for (const auto& [id, bias] : o.logit_bias)
+    if (id >= 0 && id < V) logits[static_cast<size_t>(id)] += bias;
+  if (o.presence_penalty != 0.0f || o.frequency_penalty != 0.0f) {  // each generated token, with its count
+    std::vector<int32_t> made(history.begin() + static_cast<std::ptrdiff_t>(std::min(prompt_tokens, history.size())),
+                              history.end());
+    std::sort(made.begin(), made.end());
+    for (size_t i = 0; i < made.size();) {
+      size_t j = i;
+      while (j < made.size() && made[j] == made[i]) ++j;
+      if (made[i] >= 0 && made[i] < V)
+        logits[static_cast<size_t>(made[i])] -= o.frequency_penalty * static_cast<float>(j - i) + o.presence_penalty;
+      i = j;
+    }
+  }
   if (o.repetition_penalty != 1.0f) {  // each distinct earlier token once, as Hugging Face does
     std::vector<int32_t> seen(history.begin(), history.end());
     std::sort(seen.begin(), seen.end());
@@ -285,7 +309,7 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
          message("at most ", std::max<int64_t>(0, context - T), " (the context is ", context,
                  " tokens and the prompt has ", T, ")"),
          std::to_string(o.max_new_tokens));
-  check_sampling(fn, o);
+  check_sampling(fn, o, d.stack.config->vocab_size);
   if (static_cast<int64_t>(prompts.size()) / T != B || static_cast<int64_t>(prompts.size()) % T != 0)  // B·T could overflow
     fail(fn, "prompts", message(B, "·", T, " ids (B·T)"), std::to_string(prompts.size()));
 
@@ -319,7 +343,7 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
         tokens[i] = pad;
         continue;
       }
-      tokens[i] = sample({logits.data() + b * V, static_cast<size_t>(V)}, history[i], o, rng[i]);
+      tokens[i] = sample({logits.data() + b * V, static_cast<size_t>(V)}, history[i], o, rng[i], static_cast<size_t>(T));
       history[i].push_back(tokens[i]);
       out[i].push_back(tokens[i]);
       if (o.stop_at_eos && std::find(d.eos.begin(), d.eos.end(), tokens[i]) != d.eos.end()) done[i] = 1;

@@ -35,10 +35,10 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
                                            const GenerationOptions& o, const TokenCallback& on_token,
                                            GenerationStats* stats);
 // Throws mhsa::Error naming the option for a sampling setting out of range (temperature, top_k,
-// top_p, repetition_penalty).
-void check_sampling(std::string_view fn, const GenerationOptions& o);
+// top_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias against `vocab`).
+void check_sampling(std::string_view fn, const GenerationOptions& o, int64_t vocab);
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
-               uint64_t& rng_state);
+               uint64_t& rng_state, size_t prompt_tokens = 0);
 // grads null: the loss only. on_final: as nn::stack_loss's.
 double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
                           int64_t T, std::vector<Tensor>* grads,

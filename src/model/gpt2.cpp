@@ -249,8 +249,8 @@ std::vector<std::vector<int32_t>> Gpt2::generate(std::span<const int32_t> prompt
 }
 
 int32_t Gpt2::sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
-                     uint64_t& rng_state) {
-  return detail::sample(logits, history, o, rng_state);
+                     uint64_t& rng_state, size_t prompt_tokens) {
+  return detail::sample(logits, history, o, rng_state, prompt_tokens);
 }
 
 double Gpt2::loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,

@@ -481,11 +481,11 @@ bool Scheduler::advance(Sequence& s, std::span<float> logits) {
   int32_t t = 0;
   if (r.top_logprobs >= 0) {  // from the logits as the model gave them (sample may change them)
     const std::vector<float> raw(logits.begin(), logits.end());
-    t = Model::sample(logits, s.history, o, s.rng);
+    t = Model::sample(logits, s.history, o, s.rng, r.prompt.size());
     if (std::find(r.end_ids.begin(), r.end_ids.end(), t) == r.end_ids.end())
       s.held.emplace_back(s.text.text().size(), token_logprob(raw, t, r.top_logprobs));
   } else {
-    t = Model::sample(logits, s.history, o, s.rng);
+    t = Model::sample(logits, s.history, o, s.rng, r.prompt.size());
   }
   if (std::find(r.end_ids.begin(), r.end_ids.end(), t) != r.end_ids.end()) {
     s.text.add(s.decoder.finish());

@@ -390,6 +390,24 @@ TEST(Gpt2Sampler, RulesAndDistribution) {
   l = logits;
   EXPECT_EQ(Gpt2::sample(l, std::vector<int32_t>{1, 1}, pen, rng), 4);
   EXPECT_FLOAT_EQ(l[1], 1.5f);
+  // OpenAI's penalties count the generated tokens only (history after prompt_tokens): token 1
+  // generated twice, 4 once, 2 only in the prompt.
+  GenerationOptions openai;
+  openai.presence_penalty = 0.25f;
+  openai.frequency_penalty = 0.5f;
+  openai.logit_bias = {{3, 10.0f}, {0, -100.0f}};
+  l = logits;
+  const std::vector<int32_t> history = {2, 2, 1, 4, 1};  // prompt {2, 2}, then 1, 4, 1
+  EXPECT_EQ(Gpt2::sample(l, history, openai, rng, 2), 3);  // −1 + 10 = 9 wins
+  EXPECT_FLOAT_EQ(l[0], 1.0f - 100.0f);
+  EXPECT_FLOAT_EQ(l[1], 3.0f - 2 * 0.5f - 0.25f);
+  EXPECT_FLOAT_EQ(l[2], 2.0f);  // in the prompt only
+  EXPECT_FLOAT_EQ(l[3], 9.0f);
+  EXPECT_FLOAT_EQ(l[4], 2.5f - 0.5f - 0.25f);
+  openai.logit_bias.clear();
+  l = logits;  // with every token of history counted (prompt_tokens 0): 2 is penalised twice
+  EXPECT_EQ(Gpt2::sample(l, history, openai, rng), 1);
+  EXPECT_FLOAT_EQ(l[2], 2.0f - 2 * 0.5f - 0.25f);
   GenerationOptions top1;
   top1.temperature = 1.0f;
   top1.top_k = 1;

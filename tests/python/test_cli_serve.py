@@ -123,6 +123,40 @@ def words(rng, k):
 
 # ---- the openai client --------------------------------------------------------------------------
 
+def test_penalties_and_logit_bias_equal_generate(gpt2, gpt2_dir, rng):
+    """presence_penalty, frequency_penalty and logit_bias as OpenAI defines them, computed as
+    `mhsa generate --presence-penalty --frequency-penalty --logit-bias ID=BIAS` computes them (the
+    formula itself: test_gpt2.cpp's sampler test); +100 forces a token, -100 bans one."""
+    c = gpt2.client()
+    prompt = words(rng, rng.randint(2, 6))
+    plain = generate(gpt2_dir, prompt, 12, "--ignore-eos")["tokens"]
+    forced = int(rng.randint(0, 50000))
+    r = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=5, temperature=0,
+                             logit_bias={str(forced): 100})
+    ref = generate(gpt2_dir, prompt, 5, "--logit-bias", f"{forced}=100")
+    assert ref["tokens"] == [forced] * 5 and r.choices[0].text == ref["text"]
+    r = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=12, temperature=0,
+                             logit_bias={str(plain[0]): -100})
+    ref = generate(gpt2_dir, prompt, 12, "--logit-bias", f"{plain[0]}=-100")
+    assert ref["tokens"][0] != plain[0] and r.choices[0].text == ref["text"]
+    for pres, freq in [(0.5, 1.5), (-2, 2), (2, -1)]:
+        seed = int(rng.randint(0, 2**31))
+        for temperature in (0, 0.8):
+            r = c.completions.create(model=gpt2.id, prompt=prompt, max_tokens=20, temperature=temperature, seed=seed,
+                                     presence_penalty=pres, frequency_penalty=freq)
+            ref = generate(gpt2_dir, prompt, 20, "--presence-penalty", pres, "--frequency-penalty", freq,
+                           "--temperature", temperature, "--seed", seed)
+            assert r.choices[0].text == ref["text"], (pres, freq, temperature)
+    u = gpt2.url + "/v1/completions"
+    for value in [[], "x", {"abc": 1}, {"-1": 1}, {"+5": 1}, {"5 ": 1}, {"": 1}, {"50257": 1}, {"99999999999999999999": 1},
+                  {"5": 101}, {"5": -100.5}, {"5": "1"}, {"5": None}]:
+        assert_error(post(u, {"prompt": "Hello", "logit_bias": value}), 400, param="logit_bias")
+    for field in ("presence_penalty", "frequency_penalty"):
+        assert_error(post(u, {"prompt": "Hello", field: 2.5}), 400, param=field)
+        assert_error(post(u, {"prompt": "Hello", field: "1"}), 400, param=field)
+    healthy(gpt2)
+
+
 def test_completion_greedy_equals_generate(gpt2, gpt2_dir, rng):
     prompt, n = words(rng, rng.randint(1, 7)), rng.randint(5, 30)
     ref = generate(gpt2_dir, prompt, n)
@@ -437,7 +471,7 @@ def test_client_mistakes_are_400_not_500(gpt2):
                          ("stop", 7), ("stop", ["a", "b", "c", "d", "e"]), ("prompt", 5), ("prompt", [1, -2]),
                          ("prompt", [10**12]), ("n", 2), ("logprobs", 6), ("logprobs", -1), ("logprobs", True),
                          ("logprobs", "2"), ("logprobs", 1.5), ("top_logprobs", 2), ("echo", True),
-                         ("presence_penalty", 1)]:
+                         ("presence_penalty", 3)]:
         assert_error(post(u, {"prompt": "Hello", field: value}), 400, param=field)
     assert_error(post(u, {"prompt": "Hello", "max_tokens": 10**30}), 400, param="max_tokens")
     assert_error(post(u, {"prompt": "Hello", "max_tokens": 10**6}), 400, code="context_length_exceeded")

@@ -224,3 +224,33 @@ def test_profile_counts_this_threads_forwards_phase_by_phase(family, rng, tmp_pa
     with mhsa.profile() as q:  # a new profile starts from zero; the old one's forwards are gone
         pass
     assert q.forwards == 0 and not any(q.calls.values()) and str(q) == "mhsa.profile: no forward ran"
+
+
+def test_generate_takes_openais_penalties_and_logit_bias():
+    """Model.generate's presence_penalty, frequency_penalty and logit_bias are the CLI's (and the
+    server's): the default model's tokens equal `mhsa generate`'s with the same options; +100 forces a
+    token; bad ids are errors naming logit_bias."""
+    import subprocess
+
+    import test_default_model as d
+
+    m = mhsa.Model.load(d.MODEL)
+    prompt = "In the beginning God created"
+    ids = np.frombuffer(prompt.encode(), np.uint8).astype(np.int64)
+    assert list(m.generate(ids, 5, logit_bias={97: 100.0})[len(ids):]) == [97] * 5
+    for pres, freq, bias in [(0.0, 2.0, {}), (1.5, 0.5, {101: -100.0}), (-1.0, 1.0, {32: 3.0, 10: -5.0})]:
+        got = m.generate(ids, 24, presence_penalty=pres, frequency_penalty=freq, logit_bias=bias, stop_at_eos=False)
+        args = [str(d.CLI), "generate", "--prompt", prompt, "-n", "24", "--json", "--ignore-eos",
+                "--presence-penalty", str(pres), "--frequency-penalty", str(freq)]
+        for k, v in bias.items():
+            args += ["--logit-bias", f"{k}={v}"]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert list(got[len(ids):]) == json.loads(r.stdout)["tokens"], (pres, freq, bias)
+    plain = m.generate(ids, 24, stop_at_eos=False)
+    assert list(m.generate(ids, 24, frequency_penalty=2.0, stop_at_eos=False)) != list(plain)
+    for bad in ({256: 1.0}, {-1: 1.0}, {2**40: 1.0}):
+        with pytest.raises(mhsa.Error, match="logit_bias"):
+            m.generate(ids, 2, logit_bias=bad)
+    with pytest.raises(mhsa.Error, match="presence_penalty"):
+        m.generate(ids, 2, presence_penalty=float("nan"))
