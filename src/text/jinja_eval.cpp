@@ -104,11 +104,14 @@ int64_t floor_div(int64_t a, int64_t b) {
 }
 
 Value arithmetic(const Node& at, const std::string& op, const Value& a, const Value& b) {
-  if (a.undef()) fail_undefined(at, a);
-  if (b.undef()) fail_undefined(at, b);
   const auto unsupported = [&]() -> Value {
     fail_at(at, detail::message("expected operands that support '", op, "', got ", excerpt(a), " and ", excerpt(b)));
   };
+  // Python's '%' string formatting is refused whatever its right side (jinja2 would format with an
+  // undefined one too: Undefined passes for a mapping).
+  if (op == "%" && a.kind == Kind::Str) unsupported();
+  if (a.undef()) fail_undefined(at, a);
+  if (b.undef()) fail_undefined(at, b);
   if (a.is_num() && b.is_num()) {
     if (a.kind != Kind::Float && b.kind != Kind::Float && op != "/") {
       const int64_t x = a.kind == Kind::Bool ? a.b : a.i, y = b.kind == Kind::Bool ? b.b : b.i;

@@ -1,5 +1,5 @@
-// tests/cpp/low_precision_models.h — shared by the bf16, Q8_0 and Q4_K tests: a random model saved
-// as a Hugging Face directory, the check that a low-precision model computes what the float
+// tests/cpp/low_precision_models.h — shared by the bf16, f16, Q8_0 and Q4_K tests: a random model
+// saved as a Hugging Face directory, the check that a low-precision model computes what the float
 // model computes on the weights it actually holds (rounded or dequantised), and the operands of
 // the kernels over quantised weights (random A, B quantised to Q8_0 or Q4_K blocks, A quantised
 // as the decode streams quantise it, the error measure).
@@ -101,6 +101,33 @@ inline void expect_same_as_float_model(const Model& low, const Model& reference,
   EXPECT_THROW(low.zero_gradients(), Error);
   std::vector<Tensor> grads;
   EXPECT_THROW(low.loss_and_gradients(prompt, prompt, 1, 7, grads), Error);
+}
+
+// A 16-bit model (dtype bf16 or f16) of a random `config` against the float32 model of the same
+// file with its matrices passed through `round` (every matrix but learned positions is kept in 16
+// bits; norms and biases stay float32, as float tensors in both).
+template <class Round>
+void check_16bit_family(const nlohmann::json& config, WeightType dtype, const Round& round) {
+  auto gen = test_rng();
+  const SavedModel saved(config, gen());
+  const Model half = Model::load(saved.dir, dtype);
+  Model rounded = Model::load(saved.dir);
+  EXPECT_EQ(half.weight_type(), dtype);
+  EXPECT_EQ(rounded.weight_type(), WeightType::f32);
+  int64_t rounded_count = 0;
+  for (auto& [name, t] : rounded.parameters()) {
+    const Tensor* h = half.parameter(name);
+    ASSERT_NE(h, nullptr) << name;
+    if (t->shape().size() != 2 || name == "wpe.weight") {
+      EXPECT_EQ(h->shape(), t->shape()) << name << " stays float32";
+      continue;
+    }
+    EXPECT_FALSE(h->defined()) << name << " lives in 16-bit storage";
+    for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = round(t->data()[i]);
+    ++rounded_count;
+  }
+  EXPECT_GT(rounded_count, 2);
+  expect_same_as_float_model(half, rounded, gen);
 }
 
 // ---- kernels over quantised weights ---------------------------------------------------------

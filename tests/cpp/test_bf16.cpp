@@ -1,7 +1,7 @@
-// tests/cpp/test_bf16.cpp — the kernels over bfloat16 weights (kernels/bf16.h, dispatch.h's
-// matmul_bt_bf16, matmul_bt_parts_bf16, gemm_bt_bf16) on every usable ISA: against the float64
-// twin on odd sizes, bitwise equal to the float kernels on the widened B, bitwise identical for
-// any thread count; the float -> bfloat16 rounding (nearest-even, NaN kept); and models loaded
+// tests/cpp/test_bf16.cpp — the kernels over 16-bit weights (kernels/bf16.h, dispatch.h's
+// matmul_bt_bf16, matmul_bt_parts_bf16, gemm_bt_bf16, and their float16 twins _f16) on every
+// usable ISA: against the float64 twin on odd sizes, bitwise equal to the float kernels on the
+// widened B, bitwise identical for any thread count; the float -> bfloat16 rounding (nearest-even, NaN kept); and models loaded
 // with WeightType::bf16 (GPT-2 and a grouped-query SwiGLU Llama): their logits, losses and greedy
 // tokens against the float32 model run on the same weights pre-rounded to bfloat16, and the
 // refusal to compute gradients.
@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/bf16.h"
+#include "kernels/half.h"
 #include "kernels/dispatch.h"
 #include "mhsa/error.h"
 #include "mhsa/model.h"
@@ -32,31 +33,73 @@ namespace {
 using kernels::bf16_to_float;
 using kernels::float_to_bf16;
 
+// The two formats of 16-bit weights: how a float is narrowed and widened, the bits the float64
+// twin reads, and the kernels of each.
+struct Bf16Format {
+  using Elem = uint16_t;
+  using Part = kernels::BtPart16;
+  static Elem narrow(float x) { return float_to_bf16(x); }
+  static uint16_t bits(Elem h) { return h; }
+  static constexpr auto matmul = &kernels::KernelTable::matmul_bt_bf16;
+  static constexpr auto parts = &kernels::KernelTable::matmul_bt_parts_bf16;
+  static constexpr auto gemm = &kernels::KernelTable::gemm_bt_bf16;
+  static constexpr auto ref = &kernels::matmul_bt_bf16_ref;
+  static float widen(uint16_t h) { return bf16_to_float(h); }
+};
+struct F16Format {
+  using Elem = float16;
+  using Part = kernels::BtPartF16;
+  static Elem narrow(float x) { return {kernels::float_to_f16(x)}; }
+  static uint16_t bits(Elem h) { return h.bits; }
+  static constexpr auto matmul = &kernels::KernelTable::matmul_bt_f16;
+  static constexpr auto parts = &kernels::KernelTable::matmul_bt_parts_f16;
+  static constexpr auto gemm = &kernels::KernelTable::gemm_bt_f16;
+  static constexpr auto ref = &kernels::matmul_bt_f16_ref;
+  static float widen(uint16_t h) { return kernels::f16_to_float(h); }
+};
+
+template <class Format>
 struct Operands {
   int64_t M, N, K, lda, ldb;
-  std::vector<float> a;         // [M, lda]
-  std::vector<uint16_t> b;      // [N, ldb] bfloat16
-  std::vector<float> b_wide;    // [N, ldb] the same values as float
+  std::vector<float> a;                        // [M, lda]
+  std::vector<typename Format::Elem> b;        // [N, ldb] 16-bit
+  std::vector<uint16_t> bits;                  // the same, as the float64 twin reads them
+  std::vector<float> b_wide;                   // [N, ldb] the same values as float
 };
 
 // B's rows ldb = K + b_pad apart: padded, or contiguous (b_pad 0) as a weight matrix's are, which
-// the one-row stream prefetches differently (matmul_bt.cpp's dot_cols).
-Operands make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K, int64_t b_pad = 5) {
-  Operands o{M, N, K, K + 3, K + b_pad, {}, {}, {}};
+// the one-row stream prefetches differently (matmul_bt.cpp's dot_cols). Among B's normal values:
+// tiny ones (float16 subnormals), −0 and ±65504 (float16's largest), where conversions could differ.
+template <class Format>
+Operands<Format> make(std::mt19937_64& gen, int64_t M, int64_t N, int64_t K, int64_t b_pad = 5) {
+  Operands<Format> o{M, N, K, K + 3, K + b_pad, {}, {}, {}, {}};
   std::normal_distribution<float> d(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 15);
   o.a.resize(static_cast<size_t>(M * o.lda));
   for (float& x : o.a) x = d(gen);
-  o.b.resize(static_cast<size_t>(N * o.ldb));
-  o.b_wide.resize(o.b.size());
-  for (size_t i = 0; i < o.b.size(); ++i) {
-    o.b[i] = float_to_bf16(d(gen));
-    o.b_wide[i] = bf16_to_float(o.b[i]);
+  const size_t n = static_cast<size_t>(N * o.ldb);
+  o.b.resize(n);
+  o.bits.resize(n);
+  o.b_wide.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    float v = d(gen);
+    switch (pick(gen)) {
+      case 0: v *= 1e-6f; break;
+      case 1: v = -0.0f; break;
+      case 2: v = v > 0 ? 65504.0f : -65504.0f; break;
+      default: break;
+    }
+    o.b[i] = Format::narrow(v);
+    o.bits[i] = Format::bits(o.b[i]);
+    o.b_wide[i] = Format::widen(o.bits[i]);
   }
   return o;
 }
 
 // max |got − ref| / (|A row| · |B row|): the error relative to the dot product's scale.
-double scaled_error(const Operands& o, const std::vector<float>& got, const std::vector<float>& ref, int64_t ldc) {
+template <class Format>
+double scaled_error(const Operands<Format>& o, const std::vector<float>& got, const std::vector<float>& ref,
+                    int64_t ldc) {
   double worst = 0;
   for (int64_t i = 0; i < o.M; ++i)
     for (int64_t j = 0; j < o.N; ++j) {
@@ -97,96 +140,85 @@ TEST(Bf16, RoundingIsNearestEvenAndKeepsNaN) {
   }
 }
 
-TEST(Bf16, MatmulBtMatchesTheReferenceAndTheFloatKernel) {
+// matmul_bt_*, gemm_bt_* of every ISA against the float64 twin, and bitwise the float kernels on
+// the widened B.
+template <class Format>
+void check_against_reference_and_float_kernels() {
   auto gen = test_rng();
   for (int64_t M : {1, 3, 17})
     for (int64_t K : {40, 97, 768})
       for (int64_t N : {1, 61, 1025})
         for (int64_t b_pad : {5, 0}) {
-          const Operands o = make(gen, M, N, K, b_pad);
+          const Operands<Format> o = make<Format>(gen, M, N, K, b_pad);
           const int64_t ldc = N + 2;
           std::vector<float> ref(static_cast<size_t>(M * ldc), 0.0f);
-          kernels::matmul_bt_bf16_ref(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, ref.data(), ldc);
+          Format::ref(M, N, K, o.a.data(), o.lda, o.bits.data(), o.ldb, ref.data(), ldc);
           for (cpu::Isa isa : cpu::usable_isas()) {
             const kernels::KernelTable& k = kernels::kernels_for(isa);
             std::vector<float> got(ref.size(), 0.0f), wide(ref.size(), 0.0f), packed(ref.size(), 0.0f),
                 packed_wide(ref.size(), 0.0f);
-            k.matmul_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, got.data(), ldc);
+            (k.*Format::matmul)(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, got.data(), ldc);
             k.matmul_bt(M, N, K, o.a.data(), o.lda, o.b_wide.data(), o.ldb, wide.data(), ldc);
-            k.gemm_bt_bf16(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, packed.data(), ldc);
+            (k.*Format::gemm)(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, packed.data(), ldc);
             k.gemm_ex(M, N, K, o.a.data(), o.lda, false, o.b_wide.data(), o.ldb, true, packed_wide.data(), ldc, false);
             const std::string what = ::testing::PrintToString(static_cast<int>(isa)) + " M=" + std::to_string(M) +
                                      " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                                      " ldb=" + std::to_string(o.ldb);
             EXPECT_LE(scaled_error(o, got, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
             EXPECT_LE(scaled_error(o, packed, ref, ldc), 4e-7 * std::sqrt(double(K))) << what;
-            EXPECT_TRUE(same_bits(got, wide)) << what << ": matmul_bt_bf16 vs matmul_bt on the widened B";
-            EXPECT_TRUE(same_bits(packed, packed_wide)) << what << ": gemm_bt_bf16 vs gemm_ex on the widened B";
+            EXPECT_TRUE(same_bits(got, wide)) << what << ": the stream vs matmul_bt on the widened B";
+            EXPECT_TRUE(same_bits(packed, packed_wide)) << what << ": the packed GEMM vs gemm_ex on the widened B";
           }
         }
 }
 
-TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) {
+// matmul_bt_parts_* is matmul_bt_* per part, bitwise identical for 1, 2 and 3 threads, as is the GEMM.
+template <class Format>
+void check_parts_and_threads() {
   auto gen = test_rng();
   const int saved = omp_get_max_threads();
   const int64_t M = 3, K = 97;
-  const Operands q = make(gen, M, 61, K), kv = make(gen, M, 1025, K), one = make(gen, M, 1, K);
-  const Operands big = make(gen, 17, 300, 768);
+  const Operands<Format> q = make<Format>(gen, M, 61, K), kv = make<Format>(gen, M, 1025, K),
+                         one = make<Format>(gen, M, 1, K), big = make<Format>(gen, 17, 300, 768);
   for (cpu::Isa isa : cpu::usable_isas()) {
     const kernels::KernelTable& k = kernels::kernels_for(isa);
     std::vector<std::vector<float>> parts_out, single_out, gemm_out;
     for (int threads : {1, 2, 3}) {  // the threads claim ranges as they go: 3 on 2 cores interleave them
       omp_set_num_threads(threads);
-      std::vector<float> c(static_cast<size_t>(M * (61 + 1025 + 1)), 0.0f);  // [M, q | kv | one]
       const int64_t ldc = 61 + 1025 + 1;
-      const kernels::BtPart16 parts[] = {{q.b.data(), q.ldb, 61, c.data(), ldc},
-                                         {kv.b.data(), kv.ldb, 1025, c.data() + 61, ldc},
-                                         {one.b.data(), one.ldb, 1, c.data() + 61 + 1025, ldc}};
-      k.matmul_bt_parts_bf16(M, K, q.a.data(), q.lda, parts, 3);
+      std::vector<float> c(static_cast<size_t>(M * ldc), 0.0f);  // [M, q | kv | one]
+      const typename Format::Part parts[] = {{q.b.data(), q.ldb, 61, c.data(), ldc},
+                                             {kv.b.data(), kv.ldb, 1025, c.data() + 61, ldc},
+                                             {one.b.data(), one.ldb, 1, c.data() + 61 + 1025, ldc}};
+      (k.*Format::parts)(M, K, q.a.data(), q.lda, parts, 3);
       parts_out.push_back(c);
       std::vector<float> s(c.size(), 0.0f);
-      k.matmul_bt_bf16(M, 61, K, q.a.data(), q.lda, q.b.data(), q.ldb, s.data(), ldc);
-      k.matmul_bt_bf16(M, 1025, K, q.a.data(), q.lda, kv.b.data(), kv.ldb, s.data() + 61, ldc);
-      k.matmul_bt_bf16(M, 1, K, q.a.data(), q.lda, one.b.data(), one.ldb, s.data() + 61 + 1025, ldc);
+      (k.*Format::matmul)(M, 61, K, q.a.data(), q.lda, q.b.data(), q.ldb, s.data(), ldc);
+      (k.*Format::matmul)(M, 1025, K, q.a.data(), q.lda, kv.b.data(), kv.ldb, s.data() + 61, ldc);
+      (k.*Format::matmul)(M, 1, K, q.a.data(), q.lda, one.b.data(), one.ldb, s.data() + 61 + 1025, ldc);
       single_out.push_back(s);
       std::vector<float> g(static_cast<size_t>(17 * 300), 0.0f);
-      k.gemm_bt_bf16(17, 300, 768, big.a.data(), big.lda, big.b.data(), big.ldb, g.data(), 300);
+      (k.*Format::gemm)(17, 300, 768, big.a.data(), big.lda, big.b.data(), big.ldb, g.data(), 300);
       gemm_out.push_back(g);
     }
-    EXPECT_TRUE(same_bits(parts_out[0], single_out[0])) << static_cast<int>(isa) << ": parts vs one call each";
-    EXPECT_TRUE(same_bits(parts_out[0], parts_out[1])) << static_cast<int>(isa) << ": 1 vs 2 threads";
-    EXPECT_TRUE(same_bits(parts_out[0], parts_out[2])) << static_cast<int>(isa) << ": 1 vs 3 threads";
-    EXPECT_TRUE(same_bits(single_out[0], single_out[1])) << static_cast<int>(isa) << ": 1 vs 2 threads";
-    EXPECT_TRUE(same_bits(single_out[0], single_out[2])) << static_cast<int>(isa) << ": 1 vs 3 threads";
-    EXPECT_TRUE(same_bits(gemm_out[0], gemm_out[1])) << static_cast<int>(isa) << ": gemm 1 vs 2 threads";
+    const int i = static_cast<int>(isa);
+    EXPECT_TRUE(same_bits(parts_out[0], single_out[0])) << i << ": parts vs one call each";
+    EXPECT_TRUE(same_bits(parts_out[0], parts_out[1])) << i << ": 1 vs 2 threads";
+    EXPECT_TRUE(same_bits(parts_out[0], parts_out[2])) << i << ": 1 vs 3 threads";
+    EXPECT_TRUE(same_bits(single_out[0], single_out[1])) << i << ": 1 vs 2 threads";
+    EXPECT_TRUE(same_bits(single_out[0], single_out[2])) << i << ": 1 vs 3 threads";
+    EXPECT_TRUE(same_bits(gemm_out[0], gemm_out[1])) << i << ": gemm 1 vs 2 threads";
   }
   omp_set_num_threads(saved);
 }
 
-// What a bf16 model keeps in bfloat16: every matrix but learned positions.
-bool stored_16bit(const std::string& name, const Tensor& t) { return t.shape().size() == 2 && name != "wpe.weight"; }
+TEST(Bf16, MatmulBtMatchesTheReferenceAndTheFloatKernel) { check_against_reference_and_float_kernels<Bf16Format>(); }
+TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) { check_parts_and_threads<Bf16Format>(); }
+TEST(F16Weights, MatmulBtMatchesTheReferenceAndTheFloatKernel) { check_against_reference_and_float_kernels<F16Format>(); }
+TEST(F16Weights, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) { check_parts_and_threads<F16Format>(); }
 
 void check_family(const nlohmann::json& config) {
-  auto gen = test_rng();
-  const SavedModel saved(config, gen());
-  const Model half = Model::load(saved.dir, WeightType::bf16);
-  Model rounded = Model::load(saved.dir);
-  EXPECT_EQ(half.weight_type(), WeightType::bf16);
-  EXPECT_EQ(rounded.weight_type(), WeightType::f32);
-  int64_t rounded_count = 0;
-  for (auto& [name, t] : rounded.parameters()) {
-    const Tensor* h = half.parameter(name);
-    ASSERT_NE(h, nullptr) << name;
-    if (!stored_16bit(name, *t)) {
-      EXPECT_EQ(h->shape(), t->shape()) << name << " stays float32";
-      continue;
-    }
-    EXPECT_FALSE(h->defined()) << name << " lives in bfloat16 storage";
-    for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] = bf16_to_float(float_to_bf16(t->data()[i]));
-    ++rounded_count;
-  }
-  EXPECT_GT(rounded_count, 2);
-  expect_same_as_float_model(half, rounded, gen);
+  check_16bit_family(config, WeightType::bf16, [](float x) { return bf16_to_float(float_to_bf16(x)); });
 }
 
 TEST(Bf16Model, Gpt2MatchesTheFloatModelOnRoundedWeights) {
