@@ -7,7 +7,7 @@ its first token), time to first token p50/p99, and the ratio of the N-client agg
 single stream's. Every request must return exactly its tokens (usage) and nothing else fails.
 
   serve_load.py [--model DIR] [--clients 8] [--tokens 128] [--rounds 3] [-t THREADS] [--parallel N] [--peer]
-                [--system N] [--serve-args "..."]
+                [--dtype f32|f16|bf16|q8_0] [--system N] [--serve-args "..."]
 
 --system N puts one "system prompt" of N words before every prompt (the KV blocks of a shared
 prefix: compare with --serve-args=--no-prefix-sharing); --serve-args passes more options to serve.
@@ -17,11 +17,13 @@ save_pretrained, ~500 MB). The clients are plain http.client threads reading ser
 on a small machine they share the CPU with the server, so run it on an otherwise quiet host.
 Not a test: it passes or fails nothing but a request that errs.
 
---peer runs the same load against llama.cpp's llama-server in the same run: both servers load
-the F32 GGUF that llama.cpp's convert_hf_to_gguf.py makes of the model directory (built and
-converted by bench/llama_cpp_peer.sh on first use), llama-server with `-np PARALLEL -t THREADS
--c PARALLEL*256` and its defaults otherwise (F16 KV cache, flash attention auto); every request
-to it says cache_prompt false, since mhsa has no prompt cache and the rounds repeat their prompts.
+--dtype serves the weights in that type (`mhsa serve --dtype`). --peer runs the same load against
+llama.cpp's llama-server in the same run: both servers load the GGUF that llama.cpp's
+convert_hf_to_gguf.py makes of the model directory with `--outtype` the --dtype (F32 by default;
+built and converted by bench/llama_cpp_peer.sh on first use), mhsa keeping its tensors in
+--dtype, llama-server with `-np PARALLEL -t THREADS -c PARALLEL*256` and its defaults otherwise
+(F16 KV cache, flash attention auto); every request to it says cache_prompt false, since mhsa has
+no prompt cache and the rounds repeat their prompts.
 The engines alternate, round by round (mhsa first in odd rounds, llama-server in even ones); the
 summary gives each one's medians, TTFT p50/p99, and the median (min-max) of the paired ratios.
 """
@@ -71,9 +73,11 @@ def start_server(cli, model, threads, parallel, extra=()):
     return proc, m.group(1), int(m.group(2))
 
 
-def start_peer(model, threads, parallel):
-    """llama-server on the F32 GGUF llama.cpp's converter makes of `model`; (process, host, port, gguf)."""
-    env = dict(os.environ, MHSA_PEER_TARGETS="llama-server", MHSA_PEER_NO_BENCH="1", MHSA_PEER_HF_DIR=str(model))
+def start_peer(model, threads, parallel, outtype="f32"):
+    """llama-server on the GGUF llama.cpp's converter makes of `model` (--outtype `outtype`);
+    (process, host, port, gguf)."""
+    env = dict(os.environ, MHSA_PEER_TARGETS="llama-server", MHSA_PEER_NO_BENCH="1", MHSA_PEER_HF_DIR=str(model),
+               MHSA_PEER_OUTTYPE=outtype)
     out = subprocess.run(["bash", str(ROOT / "bench" / "llama_cpp_peer.sh")], check=True, env=env,
                          capture_output=True, text=True)
     peer = json.loads(out.stdout.strip().splitlines()[-1])
@@ -179,6 +183,8 @@ def main():
     ap.add_argument("--parallel", type=int, help="the server's --parallel (default: --clients)")
     ap.add_argument("--peer", action="store_true", help="the same load on llama.cpp's llama-server, alternating")
     ap.add_argument("--system", type=int, default=0, help="words of a system prompt shared by every prompt")
+    ap.add_argument("--dtype", choices=("f32", "f16", "bf16", "q8_0"), default="f32",
+                    help="mhsa serve --dtype (and with --peer, the GGUF's type for both servers)")
     ap.add_argument("--serve-args", default="", help="more options for mhsa serve (split at spaces)")
     a = ap.parse_args()
     words = "You are a helpful assistant who answers every question about the world briefly and well".split()
@@ -188,14 +194,15 @@ def main():
     engines = []  # (name, process, host, port, extra request fields)
     try:
         if a.peer:
-            proc, host, port, peer = start_peer(model, a.threads, parallel)
+            proc, host, port, peer = start_peer(model, a.threads, parallel, a.dtype)
             engines.append(("llama-server", proc, host, port, {"cache_prompt": False}))
             print(f"peer: {peer['llama_cpp_version']}, llama-server -np {parallel} -t {a.threads} on {peer['gguf']}; "
                   f"mhsa serves the same file", flush=True)
             served = Path(peer["gguf"])
         else:
             served = model
-        proc, host, port = start_server(a.cli, served, a.threads, parallel, a.serve_args.split())
+        dtype = ["--dtype", a.dtype] if a.dtype != "f32" else []
+        proc, host, port = start_server(a.cli, served, a.threads, parallel, dtype + a.serve_args.split())
         engines.insert(0, ("mhsa", proc, host, port, None))
         stats = {name: {"single": [], "multi": [], "ttft1": [], "ttftn": []} for name, *_ in engines}
         for _, _, host, port, extra in engines:
@@ -228,7 +235,7 @@ def main():
             st["ttft1"].sort()
             st["ttftn"].sort()
             ratios = [m / s for m, s in zip(st["multi"], st["single"])]
-            print(f"summary {name} ({a.rounds} rounds, -t {a.threads}, GPT-2 shape {model.name}): "
+            print(f"summary {name} ({a.rounds} rounds, -t {a.threads}, {a.dtype}, GPT-2 shape {model.name}): "
                   f"1 client median {statistics.median(st['single']):.1f} tok/s; {a.clients} clients median "
                   f"{statistics.median(st['multi']):.1f} tok/s aggregate; ratio median {statistics.median(ratios):.2f} "
                   f"(min {min(ratios):.2f}, max {max(ratios):.2f}); TTFT 1 client p50 "

@@ -4,9 +4,10 @@
 // that multiply the same A (q | k | v, gate | up) are one call: their rows form one row space
 // that the threads claim in groups of kGroup rows, contiguous ranges from the front (isa/bt_parts.h), read
 // in order (one sequential stream: interleaving several rows' streams measured slower). Each row
-// of B is read once, from memory, and dotted with up to 8 rows of A held in L1. Every C
-// element is one FMA chain over k in vector steps and the same horizontal sum, whatever the
-// grouping and the thread count. Not for large M: that is a GEMM.
+// of B is read once, from memory, and dotted with up to 8 rows of A held in L1 (a 16-bit B with
+// several rows of A: in register blocks of 3 rows of B, dot_block). Every C element is one FMA
+// chain over k in vector steps and the same horizontal sum, whatever the grouping, the blocking
+// and the thread count. Not for large M: that is a GEMM.
 //
 // The _bf16 variants read B as bfloat16 (uint16 storage, half the bytes of the stream) and widen
 // it in registers; widening is exact, so their results are bitwise those of the float kernels on
@@ -116,41 +117,124 @@ void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, float* out) {
   for (int j = 0; j < J; ++j) out[j] = reduce_sum(acc[j]);
 }
 
-// Rows of A per pass of the float and bfloat16 streams: 8 independent FMA chains (two FMA units
-// of 4 cycles' latency need 8 in flight; a pass of 4 rows ran at half the FMA rate, and a server
-// decoding 8 sequences needed two passes). 8 A rows, one B vector and a load fit 16 registers.
+// Several rows of A (serving several sequences, M = 2..8): J rows of B at a time against R rows
+// of A, J·R accumulators, each the same FMA chain over k and the same horizontal sum as dot_rows'
+// (so the same bits). With one row of B against 8 of A, a vector step is 9 loads for 8 FMAs, and
+// 8 chains for two FMA units of 4 cycles' latency leave no slack: ~60 GFLOP/s per core on this
+// project's Zen 3 with B in the caches. 3 rows of B against 4 of A is 7 loads (and 3 widenings
+// for 16-bit B) for 12 FMAs in 12 chains, in 16 registers: ~85 GFLOP/s
+// (docs/performance.md, 2026-11-30, twenty-first session).
+constexpr int kBlockCols = 3;  // J: rows of B per register block
+constexpr int kBlockRows = 4;  // R at most: rows of A per pass
+
+// How a pass prefetches B: not at all (a second pass: the block is in L1), the next block in
+// address order (contiguous rows, a weight matrix: its prefetches one ascending stream, issued in
+// the first pass), or each row kPrefetch ahead (rows apart).
+enum class BlockPrefetch { none, next_block, along_rows };
+
+template <int J, int R, class TB>
+void dot_block(int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, float* out, int64_t ldc,
+               BlockPrefetch prefetch) {
+  constexpr int64_t kStep = J * kLanes * static_cast<int64_t>(sizeof(TB));  // bytes of B per vector step
+  const char* next = reinterpret_cast<const char*>(B + J * ldb);           // the next block, if contiguous
+  Vec acc[J][R] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    Vec bv[J];
+    for (int j = 0; j < J; ++j) bv[j] = load_b(B + j * ldb + k);
+    if (prefetch == BlockPrefetch::next_block) {
+      const int64_t at = k / kLanes * kStep;
+      for (int64_t o = at / 64 * 64; o < at + kStep; o += 64) __builtin_prefetch(next + o);
+    } else if (prefetch == BlockPrefetch::along_rows && k % (64 / sizeof(TB)) == 0) {
+      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * ldb + k + kPrefetch);
+    }
+  for (int r = 0; r < R; ++r) {
+      const Vec av = load(A + r * lda + k);
+      for (int j = 0; j < J; ++j) acc[j][r] = fused(av, bv[j], acc[j][r]);
+    }
+  }
+  if (k < K) {
+    const int rest = static_cast<int>(K - k);
+    Vec bv[J];
+    for (int j = 0; j < J; ++j) bv[j] = load_partial_b(B + j * ldb + k, rest);
+    for (int r = 0; r < R; ++r) {
+      const Vec av = load_partial(A + r * lda + k, rest, 0.0f);
+      for (int j = 0; j < J; ++j) acc[j][r] = fused(av, bv[j], acc[j][r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) out[r * ldc + j] = reduce_sum(acc[j][r]);
+}
+
+template <int J, class TB>
+void dot_block_rows(int R, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, float* out,
+                    int64_t ldc, BlockPrefetch prefetch) {
+  switch (R) {
+    case 4: return dot_block<J, 4>(K, A, lda, B, ldb, out, ldc, prefetch);
+    case 3: return dot_block<J, 3>(K, A, lda, B, ldb, out, ldc, prefetch);
+    case 2: return dot_block<J, 2>(K, A, lda, B, ldb, out, ldc, prefetch);
+    default: return dot_block<J, 1>(K, A, lda, B, ldb, out, ldc, prefetch);
+  }
+}
+
+// Rows of A per pass of the float stream: 8 independent FMA chains (two FMA units of 4 cycles'
+// latency need 8 in flight; a pass of 4 rows ran at half the FMA rate, and a server decoding 8
+// sequences needed two passes). 8 A rows, one B vector and a load fit 16 registers. At 8 rows a
+// float B is read at ~the memory's rate this way; the register blocks above, which read kBlockCols
+// rows of B side by side, were slower from memory (SmolLM2's 8-sequence step 0.87–1.07× with
+// them), so the float stream keeps one row of B at a time.
 constexpr int kFloatRows = 8;
 
 // C[M, rows] = A[M, K] · B[rows, K]ᵀ, B's rows in order (one sequential stream when they are
-// contiguous), each group of kGroup rows L1-resident while every kFloatRows rows of A pass over it.
+// contiguous). One row of A: each row of B dotted in turn (float), or two side by side (16-bit).
+// More, float: each group of kGroup rows of B L1-resident while every kFloatRows rows of A pass
+// over it. More, 16-bit: blocks of kBlockCols rows of B, each L1-resident while the rows of A pass
+// over it in passes of at most kBlockRows rows, as even as they can be (8 rows: 4 + 4; 6: 3 + 3),
+// the next block prefetched in address order during the first pass.
 template <class TB>
 void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t rows,
                    float* C, int64_t ldc) {
-  if constexpr (!std::is_same_v<TB, float>) {
-    if (M == 1) {  // decoding one sequence: a group's rows side by side
-      int64_t n = 0;
-      for (; n + kPairs <= rows; n += kPairs) dot_cols<kPairs>(K, A, B + n * ldb, ldb, C + n);
-      for (; n < rows; ++n) dot_cols<1>(K, A, B + n * ldb, ldb, C + n);
-      return;
+  if constexpr (std::is_same_v<TB, float>) {
+    for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
+      for (int64_t m = 0; m < M; m += kFloatRows)
+        for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
+          const float* a = A + m * lda;
+          const float* b = B + n * ldb;
+          float* out = C + m * ldc + n;
+          switch (std::min<int64_t>(kFloatRows, M - m)) {
+            case 8: dot_rows<8>(K, a, lda, b, out, ldc); break;
+            case 7: dot_rows<7>(K, a, lda, b, out, ldc); break;
+            case 6: dot_rows<6>(K, a, lda, b, out, ldc); break;
+            case 5: dot_rows<5>(K, a, lda, b, out, ldc); break;
+            case 4: dot_rows<4>(K, a, lda, b, out, ldc); break;
+            case 3: dot_rows<3>(K, a, lda, b, out, ldc); break;
+            case 2: dot_rows<2>(K, a, lda, b, out, ldc); break;
+            default: dot_rows<1>(K, a, lda, b, out, ldc); break;
+          }
+        }
+  } else if (M == 1) {  // decoding one sequence: a group's rows side by side
+    int64_t n = 0;
+    for (; n + kPairs <= rows; n += kPairs) dot_cols<kPairs>(K, A, B + n * ldb, ldb, C + n);
+    for (; n < rows; ++n) dot_cols<1>(K, A, B + n * ldb, ldb, C + n);
+  } else {
+    const int64_t passes = (M + kBlockRows - 1) / kBlockRows;
+    const bool contiguous = ldb == K;  // a weight matrix: the next block follows this one
+    for (int64_t n = 0; n < rows; n += kBlockCols) {
+      const TB* b = B + n * ldb;
+      const int64_t cols = std::min<int64_t>(kBlockCols, rows - n);
+      for (int64_t p = 0; p < passes; ++p) {
+        const int64_t m0 = M * p / passes, m1 = M * (p + 1) / passes;
+        const float* a = A + m0 * lda;
+        float* out = C + m0 * ldc + n;
+        const int R = static_cast<int>(m1 - m0);
+        const BlockPrefetch prefetch =
+            p > 0 ? BlockPrefetch::none : contiguous ? BlockPrefetch::next_block : BlockPrefetch::along_rows;
+        if (cols == 3) dot_block_rows<3>(R, K, a, lda, b, ldb, out, ldc, prefetch);
+        else if (cols == 2) dot_block_rows<2>(R, K, a, lda, b, ldb, out, ldc, prefetch);
+        else dot_block_rows<1>(R, K, a, lda, b, ldb, out, ldc, prefetch);
+      }
     }
   }
-  for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
-    for (int64_t m = 0; m < M; m += kFloatRows)
-      for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
-        const float* a = A + m * lda;
-        const TB* b = B + n * ldb;
-        float* out = C + m * ldc + n;
-        switch (std::min<int64_t>(kFloatRows, M - m)) {
-          case 8: dot_rows<8>(K, a, lda, b, out, ldc); break;
-          case 7: dot_rows<7>(K, a, lda, b, out, ldc); break;
-          case 6: dot_rows<6>(K, a, lda, b, out, ldc); break;
-          case 5: dot_rows<5>(K, a, lda, b, out, ldc); break;
-          case 4: dot_rows<4>(K, a, lda, b, out, ldc); break;
-          case 3: dot_rows<3>(K, a, lda, b, out, ldc); break;
-          case 2: dot_rows<2>(K, a, lda, b, out, ldc); break;
-          default: dot_rows<1>(K, a, lda, b, out, ldc); break;
-        }
-      }
 }
 
 // ---- Q8_0 B: A quantised per block, integer dot products ---------------------------------------

@@ -98,7 +98,9 @@ inline float f16_scalar(uint16_t h) {
 // kLanes IEEE f16 values from p, widened exactly: F16C's vcvtph2ps where the ISA has it.
 inline Vec load_f16(const uint16_t* p) {
 #if defined(__AVX512F__)
-  return (Vec)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  // (the zero-masked form with every lane selected: the same instruction's result, without GCC 12's
+  // false -Wmaybe-uninitialized on the plain intrinsic's undefined source)
+  return (Vec)_mm512_maskz_cvtph_ps(__mmask16{0xFFFF}, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 #elif defined(__F16C__) && defined(__AVX2__)
   return (Vec)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 #else
