@@ -220,7 +220,8 @@ def main():
                     # (an older server has no sequences counter: the mean then reads 0)
                     steps = after["mhsa_scheduler_steps_total"] - before["mhsa_scheduler_steps_total"]
                     seqs = after.get("mhsa_scheduler_sequences_total", 0) - before.get("mhsa_scheduler_sequences_total", 0)
-                    per_step = f"; {seqs / max(steps, 1):.2f} sequences per step"
+                    busy = after.get("mhsa_scheduler_busy_seconds_total", 0) - before.get("mhsa_scheduler_busy_seconds_total", 0)
+                    per_step = f"; {seqs / max(steps, 1):.2f} sequences per step, {busy / max(steps, 1) * 1e3:.1f} ms a step"
                 st["single"].append(one["aggregate_tok_s"])
                 st["multi"].append(many["aggregate_tok_s"])
                 st["ttft1"] += one["ttft"]

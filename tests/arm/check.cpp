@@ -49,6 +49,27 @@ int main() {
   }
   std::printf("GPT-2 cached vs full rel L2 %.3g\n", std::sqrt(num / den));
   bad += std::sqrt(num / den) > 1e-5;
+  // 16-bit weights (the B·Aᵀ streams widening f16 and bf16 B): a forward of 8 rows (register blocks
+  // of 3 B rows against passes of 4 A rows) equals decoding one row at a time (2 B rows side by side).
+  for (const mhsa::WeightType dtype : {mhsa::WeightType::f16, mhsa::WeightType::bf16}) {
+    const mhsa::Model lm = mhsa::Model::random(mhsa::ModelConfig::parse(R"({"model_type": "llama", "vocab_size": 97,
+        "hidden_size": 48, "intermediate_size": 100, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 32, "tie_word_embeddings": false})"), 5, dtype);
+    const std::vector<int32_t> eight(ids.begin(), ids.begin() + 8);
+    const mhsa::Tensor all = lm.forward(eight, 1, 8);
+    mhsa::ModelCache mc = lm.new_cache(1, 8);
+    num = den = 0;
+    for (int64_t t = 0; t < 8; ++t) {
+      const mhsa::Tensor l = lm.extend(mc, std::span<const int32_t>(eight).subspan(size_t(t), 1), 1, 1, false);
+      for (int64_t v = 0; v < 97; ++v) {
+        const double want = all.data()[t * 97 + v];
+        num += std::pow(l.data()[v] - want, 2); den += want * want;
+      }
+    }
+    std::printf("%s: 8 rows vs one at a time rel L2 %.3g\n", std::string(mhsa::weight_type_name(dtype)).c_str(),
+                std::sqrt(num / den));
+    bad += !(std::sqrt(num / den) <= 1e-5);
+  }
   // Training (transposed GEMMs, the cross-entropy head, AdamW): the gradient against a central
   // difference of the loss along it, then AdamW steps on one batch must fit it.
   {
