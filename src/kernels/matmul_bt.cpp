@@ -122,7 +122,8 @@ void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, float* out) {
 // (so the same bits). With one row of B against 8 of A, a vector step is 9 loads for 8 FMAs, and
 // 8 chains for two FMA units of 4 cycles' latency leave no slack: ~60 GFLOP/s per core on this
 // project's Zen 3 with B in the caches. 3 rows of B against 4 of A is 7 loads (and 3 widenings
-// for 16-bit B) for 12 FMAs in 12 chains, in 16 registers: ~85 GFLOP/s
+// for 16-bit B) for 12 FMAs in 12 chains, in 16 registers: 77–90 GFLOP/s in a scratch harness,
+// and an 8-sequence step with 16-bit weights 1.18–1.19× the one-row-of-B stream's
 // (docs/performance.md, 2026-11-30, twenty-first session).
 constexpr int kBlockCols = 3;  // J: rows of B per register block
 constexpr int kBlockRows = 4;  // R at most: rows of A per pass
@@ -148,7 +149,7 @@ void dot_block(int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb,
     } else if (prefetch == BlockPrefetch::along_rows && k % (64 / sizeof(TB)) == 0) {
       for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * ldb + k + kPrefetch);
     }
-  for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < R; ++r) {
       const Vec av = load(A + r * lda + k);
       for (int j = 0; j < J; ++j) acc[j][r] = fused(av, bv[j], acc[j][r]);
     }
