@@ -52,8 +52,13 @@ def test_bf16_weights_against_transformers(case, rng, tmp_path):
     ours_err, theirs_err = rel(got, truth), rel(theirs, truth)
     assert ours_err <= theirs_err, f"mhsa bf16 {ours_err:.3g} vs transformers bf16 {theirs_err:.3g}"
 
-    # Decoding through the cache gives the same logits as the forward.
-    cache = m.new_cache(2, ids.shape[1])
+    check_decoding_and_no_gradients(m, ids, got)
+
+
+def check_decoding_and_no_gradients(m, ids, got):
+    """A 16-bit model (test_f16_weights.py too): decoding through the cache gives the logits `got` of
+    the forward of `ids`, and gradients are refused."""
+    cache = m.new_cache(ids.shape[0], ids.shape[1])
     parts = [m.extend(cache, ids[:, :3])] + [m.extend(cache, ids[:, t:t + 1]) for t in range(3, ids.shape[1])]
     assert rel(np.concatenate(parts, axis=1), got) <= 1e-5
     with pytest.raises(Exception, match="float32 weights"):

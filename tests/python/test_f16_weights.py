@@ -27,12 +27,9 @@ from families import logits  # noqa: E402
 import test_default_model as d  # noqa: E402
 from test_default_model import held_out  # noqa: E402,F401  (the fixture)
 
-CASES = {
-    "gpt2": (transformers.GPT2Config, dict(vocab_size=97, n_embd=48, n_layer=2, n_head=3, n_positions=64),
-             transformers.GPT2LMHeadModel),
-    "llama": families.TINY["llama_untied_bias"],
-    "gemma2": families.TINY["gemma2_softcap"],
-}
+from test_bf16 import CASES as BF16_CASES, check_decoding_and_no_gradients  # noqa: E402
+
+CASES = {**BF16_CASES, "gemma2": families.TINY["gemma2_softcap"]}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -60,11 +57,7 @@ def test_an_f16_checkpoint_runs_as_stored(case, rng, tmp_path):
     ours_err, theirs_err = rel(got, truth), rel(theirs, truth)
     assert ours_err <= theirs_err, f"mhsa f16 {ours_err:.3g} vs transformers float16 {theirs_err:.3g}"
 
-    cache = m.new_cache(2, ids.shape[1])
-    parts = [m.extend(cache, ids[:, :3])] + [m.extend(cache, ids[:, t:t + 1]) for t in range(3, ids.shape[1])]
-    assert rel(np.concatenate(parts, axis=1), got) <= 1e-5
-    with pytest.raises(Exception, match="float32 weights"):
-        m.loss_and_grad(ids, ids)
+    check_decoding_and_no_gradients(m, ids, got)
 
 
 def test_a_float32_checkpoint_is_rounded_to_float16(rng, tmp_path):
