@@ -74,47 +74,32 @@ void dot_rows(int64_t K, const float* A, int64_t lda, const TB* b, float* out, i
   for (int r = 0; r < R; ++r) out[r * ldc] = reduce_sum(acc[r]);
 }
 
-// out[j] = a · B row j for J rows of B (ldb apart), for a single row a of A: J independent
-// chains, each exactly dot_rows' chain. A bfloat16 row is read twice as fast as a float one, so
-// one chain's FMA latency would bound it (8 bf16 per 4 cycles: ~12 GB/s on a 3 GHz core), and
-// the J interleaved streams need a software prefetch of the next group's rows: on the LM head's
-// shape (N 50257, K 768, 1 thread, medians of 40 alternating runs) 2.0× the float kernel with it,
-// 1.7× without. Where the rows are contiguous (ldb == K, a weight matrix) the next group is one
-// block of memory, prefetched in address order, a line per 64 bytes this group consumes, so the
-// prefetches form one ascending stream rather than J. Decoding uses J = kPairs = 2: twice one
-// chain's rate is above one core's share of the memory bandwidth, and fewer streams read faster.
-// Both steps were measured on bf16 GPT-2 124M decode at 2 threads, alternating binaries (the
-// numbers: docs/performance.md, 2026-11-28, eleventh session): the in-order prefetch 1.1–1.2×,
-// then 2 rows faster than 4 in each of 4 paired rounds, as on SmolLM2's shape.
-constexpr int kPairs = 2;
-
+// out[j·apart] = a · B row j·apart for J rows of B, `apart` rows of ldb elements from each other,
+// for a single row a of A: J independent chains, each exactly dot_rows' chain, each row its own
+// stream with dot_rows' prefetch kPrefetch ahead (past the row: the next row, when rows are
+// contiguous). Decoding one sequence uses J = 2 with the rows half a range apart (range_product):
+// one FMA chain has 4 cycles' latency, which bounds a single 16-bit row at 8 elements per 4 cycles
+// (~12 GB/s on a 3 GHz core) and leaves a float row no slack to catch up after a stall. Two rows
+// side by side give two chains; rows far apart keep each a plain ascending stream, which the
+// memory reads faster than two adjacent rows interleaved with the next pair prefetched (SmolLM2's
+// shapes, 2 threads, B from memory: float16 1.07–1.24×, float 1.07–1.19× in a scratch harness;
+// the decode numbers are in docs/performance.md, 2026-11-30, twenty-second session).
 template <int J, class TB>
-void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, float* out) {
-  constexpr int64_t kStep = J * kLanes * static_cast<int64_t>(sizeof(TB));  // bytes of B per vector step
-  const char* next = reinterpret_cast<const char*>(B + J * ldb);           // the next group, when contiguous
-  const bool contiguous = ldb == K;
+void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, int64_t apart, float* out) {
   Vec acc[J] = {};
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     const Vec av = load(a + k);
-    if (contiguous) {
-      const int64_t at = k / kLanes * kStep;
-      if constexpr (kStep >= 64) {
-        for (int64_t o = 0; o < kStep; o += 64) __builtin_prefetch(next + at + o);
-      } else if (at % 64 == 0) {
-        __builtin_prefetch(next + at);
-      }
-    } else if (k % (64 / sizeof(TB)) == 0) {
-      for (int j = 0; j < J; ++j) __builtin_prefetch(B + (J + j) * ldb + k);
-    }
-    for (int j = 0; j < J; ++j) acc[j] = fused(av, load_b(B + j * ldb + k), acc[j]);
+    if (k % (64 / sizeof(TB)) == 0)
+      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * apart * ldb + k + kPrefetch);
+    for (int j = 0; j < J; ++j) acc[j] = fused(av, load_b(B + j * apart * ldb + k), acc[j]);
   }
   if (k < K) {
     const int rest = static_cast<int>(K - k);
     const Vec av = load_partial(a + k, rest, 0.0f);
-    for (int j = 0; j < J; ++j) acc[j] = fused(av, load_partial_b(B + j * ldb + k, rest), acc[j]);
+    for (int j = 0; j < J; ++j) acc[j] = fused(av, load_partial_b(B + j * apart * ldb + k, rest), acc[j]);
   }
-  for (int j = 0; j < J; ++j) out[j] = reduce_sum(acc[j]);
+  for (int j = 0; j < J; ++j) out[j * apart] = reduce_sum(acc[j]);
 }
 
 // Several rows of A (serving several sequences, M = 2..8): J rows of B at a time against R rows
@@ -187,7 +172,8 @@ void dot_block_rows(int R, int64_t K, const float* A, int64_t lda, const TB* B, 
 constexpr int kFloatRows = 8;
 
 // C[M, rows] = A[M, K] · B[rows, K]ᵀ, B's rows in order (one sequential stream when they are
-// contiguous). One row of A: each row of B dotted in turn (float), or two side by side (16-bit).
+// contiguous). One row of A: two rows of B side by side, row i of the range's first half and row
+// i of its second (dot_cols), each of the two an ascending stream.
 // More, float: each group of kGroup rows of B L1-resident while every kFloatRows rows of A pass
 // over it. More, 16-bit: blocks of kBlockCols rows of B, each L1-resident while the rows of A pass
 // over it in passes of at most kBlockRows rows, as even as they can be (8 rows: 4 + 4; 6: 3 + 3),
@@ -195,7 +181,11 @@ constexpr int kFloatRows = 8;
 template <class TB>
 void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t rows,
                    float* C, int64_t ldc) {
-  if constexpr (std::is_same_v<TB, float>) {
+  if (M == 1) {  // decoding one sequence: row i of the range's first half beside row i of its second
+    const int64_t half = rows / 2;
+    for (int64_t n = 0; n < half; ++n) dot_cols<2>(K, A, B + n * ldb, ldb, half, C + n);
+    if (rows % 2) dot_cols<1>(K, A, B + (rows - 1) * ldb, ldb, 0, C + rows - 1);
+  } else if constexpr (std::is_same_v<TB, float>) {
     for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
       for (int64_t m = 0; m < M; m += kFloatRows)
         for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
@@ -213,10 +203,6 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
             default: dot_rows<1>(K, a, lda, b, out, ldc); break;
           }
         }
-  } else if (M == 1) {  // decoding one sequence: a group's rows side by side
-    int64_t n = 0;
-    for (; n + kPairs <= rows; n += kPairs) dot_cols<kPairs>(K, A, B + n * ldb, ldb, C + n);
-    for (; n < rows; ++n) dot_cols<1>(K, A, B + n * ldb, ldb, C + n);
   } else {
     const int64_t passes = (M + kBlockRows - 1) / kBlockRows;
     const bool contiguous = ldb == K;  // a weight matrix: the next block follows this one
