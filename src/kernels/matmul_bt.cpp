@@ -109,31 +109,25 @@ void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, int64_t apart
 // project's Zen 3 with B in the caches. 3 rows of B against 4 of A is 7 loads (and 3 widenings
 // for 16-bit B) for 12 FMAs in 12 chains, in 16 registers: 77–90 GFLOP/s in a scratch harness,
 // and an 8-sequence step with 16-bit weights 1.18–1.19× the one-row-of-B stream's
-// (docs/performance.md, 2026-11-30, twenty-first session).
+// (docs/performance.md, 2026-11-30, twenty-first session). The J rows are `apart` rows of ldb
+// elements from each other, their results `apart` columns of C: range_product takes them a third
+// of its range apart, each row its own ascending stream (as dot_cols does for one row of A),
+// which read faster than 3 adjacent rows with the next block prefetched: 1.12–1.15× on 4- and
+// 8-sequence steps (twenty-second session). With `prefetch` (the first pass; later passes find
+// the block in L1) each row is prefetched kPrefetch ahead, once per cache line.
 constexpr int kBlockCols = 3;  // J: rows of B per register block
 constexpr int kBlockRows = 4;  // R at most: rows of A per pass
 
-// How a pass prefetches B: not at all (a second pass: the block is in L1), the next block in
-// address order (contiguous rows, a weight matrix: its prefetches one ascending stream, issued in
-// the first pass), or each row kPrefetch ahead (rows apart).
-enum class BlockPrefetch { none, next_block, along_rows };
-
 template <int J, int R, class TB>
-void dot_block(int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, float* out, int64_t ldc,
-               BlockPrefetch prefetch) {
-  constexpr int64_t kStep = J * kLanes * static_cast<int64_t>(sizeof(TB));  // bytes of B per vector step
-  const char* next = reinterpret_cast<const char*>(B + J * ldb);           // the next block, if contiguous
+void dot_block(int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t apart, float* out,
+               int64_t ldc, bool prefetch) {
   Vec acc[J][R] = {};
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     Vec bv[J];
-    for (int j = 0; j < J; ++j) bv[j] = load_b(B + j * ldb + k);
-    if (prefetch == BlockPrefetch::next_block) {
-      const int64_t at = k / kLanes * kStep;
-      for (int64_t o = at / 64 * 64; o < at + kStep; o += 64) __builtin_prefetch(next + o);
-    } else if (prefetch == BlockPrefetch::along_rows && k % (64 / sizeof(TB)) == 0) {
-      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * ldb + k + kPrefetch);
-    }
+    for (int j = 0; j < J; ++j) bv[j] = load_b(B + j * apart * ldb + k);
+    if (prefetch && k % (64 / sizeof(TB)) == 0)
+      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * apart * ldb + k + kPrefetch);
     for (int r = 0; r < R; ++r) {
       const Vec av = load(A + r * lda + k);
       for (int j = 0; j < J; ++j) acc[j][r] = fused(av, bv[j], acc[j][r]);
@@ -142,24 +136,32 @@ void dot_block(int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb,
   if (k < K) {
     const int rest = static_cast<int>(K - k);
     Vec bv[J];
-    for (int j = 0; j < J; ++j) bv[j] = load_partial_b(B + j * ldb + k, rest);
+    for (int j = 0; j < J; ++j) bv[j] = load_partial_b(B + j * apart * ldb + k, rest);
     for (int r = 0; r < R; ++r) {
       const Vec av = load_partial(A + r * lda + k, rest, 0.0f);
       for (int j = 0; j < J; ++j) acc[j][r] = fused(av, bv[j], acc[j][r]);
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) out[r * ldc + j] = reduce_sum(acc[j][r]);
+    for (int j = 0; j < J; ++j) out[r * ldc + j * apart] = reduce_sum(acc[j][r]);
 }
 
+// One block of J rows of B (apart as in dot_block) against all M rows of A, in passes of at most
+// kBlockRows rows of A, as even as they can be (8 rows: 4 + 4; 6: 3 + 3).
 template <int J, class TB>
-void dot_block_rows(int R, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, float* out,
-                    int64_t ldc, BlockPrefetch prefetch) {
-  switch (R) {
-    case 4: return dot_block<J, 4>(K, A, lda, B, ldb, out, ldc, prefetch);
-    case 3: return dot_block<J, 3>(K, A, lda, B, ldb, out, ldc, prefetch);
-    case 2: return dot_block<J, 2>(K, A, lda, B, ldb, out, ldc, prefetch);
-    default: return dot_block<J, 1>(K, A, lda, B, ldb, out, ldc, prefetch);
+void dot_block_passes(int64_t M, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t apart,
+                      float* C, int64_t ldc) {
+  const int64_t passes = (M + kBlockRows - 1) / kBlockRows;
+  for (int64_t p = 0; p < passes; ++p) {
+    const int64_t m0 = M * p / passes, m1 = M * (p + 1) / passes;
+    const float* a = A + m0 * lda;
+    float* out = C + m0 * ldc;
+    switch (m1 - m0) {
+      case 4: dot_block<J, 4>(K, a, lda, B, ldb, apart, out, ldc, p == 0); break;
+      case 3: dot_block<J, 3>(K, a, lda, B, ldb, apart, out, ldc, p == 0); break;
+      case 2: dot_block<J, 2>(K, a, lda, B, ldb, apart, out, ldc, p == 0); break;
+      default: dot_block<J, 1>(K, a, lda, B, ldb, apart, out, ldc, p == 0); break;
+    }
   }
 }
 
@@ -175,9 +177,8 @@ constexpr int kFloatRows = 8;
 // contiguous). One row of A: two rows of B side by side, row i of the range's first half and row
 // i of its second (dot_cols), each of the two an ascending stream.
 // More, float: each group of kGroup rows of B L1-resident while every kFloatRows rows of A pass
-// over it. More, 16-bit: blocks of kBlockCols rows of B, each L1-resident while the rows of A pass
-// over it in passes of at most kBlockRows rows, as even as they can be (8 rows: 4 + 4; 6: 3 + 3),
-// the next block prefetched in address order during the first pass.
+// over it. More, 16-bit: blocks of kBlockCols rows of B, row i of each third of the range, each
+// block L1-resident while the rows of A pass over it (dot_block_passes).
 template <class TB>
 void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t rows,
                    float* C, int64_t ldc) {
@@ -203,24 +204,12 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
             default: dot_rows<1>(K, a, lda, b, out, ldc); break;
           }
         }
-  } else {
-    const int64_t passes = (M + kBlockRows - 1) / kBlockRows;
-    const bool contiguous = ldb == K;  // a weight matrix: the next block follows this one
-    for (int64_t n = 0; n < rows; n += kBlockCols) {
-      const TB* b = B + n * ldb;
-      const int64_t cols = std::min<int64_t>(kBlockCols, rows - n);
-      for (int64_t p = 0; p < passes; ++p) {
-        const int64_t m0 = M * p / passes, m1 = M * (p + 1) / passes;
-        const float* a = A + m0 * lda;
-        float* out = C + m0 * ldc + n;
-        const int R = static_cast<int>(m1 - m0);
-        const BlockPrefetch prefetch =
-            p > 0 ? BlockPrefetch::none : contiguous ? BlockPrefetch::next_block : BlockPrefetch::along_rows;
-        if (cols == 3) dot_block_rows<3>(R, K, a, lda, b, ldb, out, ldc, prefetch);
-        else if (cols == 2) dot_block_rows<2>(R, K, a, lda, b, ldb, out, ldc, prefetch);
-        else dot_block_rows<1>(R, K, a, lda, b, ldb, out, ldc, prefetch);
-      }
-    }
+  } else {  // 16-bit: row i of each third of the range side by side; the last rows % 3 together
+    const int64_t third = rows / kBlockCols;
+    for (int64_t n = 0; n < third; ++n) dot_block_passes<kBlockCols>(M, K, A, lda, B + n * ldb, ldb, third, C + n, ldc);
+    const int64_t n = kBlockCols * third;
+    if (rows - n == 2) dot_block_passes<2>(M, K, A, lda, B + n * ldb, ldb, 1, C + n, ldc);
+    if (rows - n == 1) dot_block_passes<1>(M, K, A, lda, B + n * ldb, ldb, 1, C + n, ldc);
   }
 }
 
