@@ -2,12 +2,13 @@
 // the weight streams of decoding, where every projection is a pass over an [out, in] matrix (an
 // nn.Linear weight, or the LM head's logits = h · wteᵀ with wte stored [V, C]). Several matrices
 // that multiply the same A (q | k | v, gate | up) are one call: their rows form one row space
-// that the threads claim in groups of kGroup rows, contiguous ranges from the front (isa/bt_parts.h), read
-// in order (one sequential stream: interleaving several rows' streams measured slower). Each row
-// of B is read once, from memory, and dotted with up to 8 rows of A held in L1 (a 16-bit B with
-// several rows of A: in register blocks of 3 rows of B, dot_block). Every C element is one FMA
-// chain over k in vector steps and the same horizontal sum, whatever the grouping, the blocking
-// and the thread count. Not for large M: that is a GEMM.
+// that the threads claim in groups of kGroup rows, contiguous ranges from the front
+// (isa/bt_parts.h). A range is read as ascending streams: one row at a time, or rows far apart
+// side by side (its halves; for a 16-bit B with several rows of A, its thirds), which read faster
+// than adjacent rows interleaved. Each row of B is read once, from memory, and dotted with up to
+// 8 rows of A held in L1 (a 16-bit B with several rows of A: in register blocks of 3 rows of B,
+// dot_block). Every C element is one FMA chain over k in vector steps and the same horizontal
+// sum, whatever the grouping, the blocking and the thread count. Not for large M: that is a GEMM.
 //
 // The _bf16 variants read B as bfloat16 (uint16 storage, half the bytes of the stream) and widen
 // it in registers; widening is exact, so their results are bitwise those of the float kernels on
@@ -173,9 +174,8 @@ void dot_block_passes(int64_t M, int64_t K, const float* A, int64_t lda, const T
 // them), so the float stream keeps one row of B at a time.
 constexpr int kFloatRows = 8;
 
-// C[M, rows] = A[M, K] · B[rows, K]ᵀ, B's rows in order (one sequential stream when they are
-// contiguous). One row of A: two rows of B side by side, row i of the range's first half and row
-// i of its second (dot_cols), each of the two an ascending stream.
+// C[M, rows] = A[M, K] · B[rows, K]ᵀ. One row of A: two rows of B side by side, row i of the
+// range's first half and row i of its second (dot_cols), each of the two an ascending stream.
 // More, float: each group of kGroup rows of B L1-resident while every kFloatRows rows of A pass
 // over it. More, 16-bit: blocks of kBlockCols rows of B, row i of each third of the range, each
 // block L1-resident while the rows of A pass over it (dot_block_passes).
@@ -206,7 +206,8 @@ void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* 
         }
   } else {  // 16-bit: row i of each third of the range side by side; the last rows % 3 together
     const int64_t third = rows / kBlockCols;
-    for (int64_t n = 0; n < third; ++n) dot_block_passes<kBlockCols>(M, K, A, lda, B + n * ldb, ldb, third, C + n, ldc);
+    for (int64_t n = 0; n < third; ++n)
+      dot_block_passes<kBlockCols>(M, K, A, lda, B + n * ldb, ldb, third, C + n, ldc);
     const int64_t n = kBlockCols * third;
     if (rows - n == 2) dot_block_passes<2>(M, K, A, lda, B + n * ldb, ldb, 1, C + n, ldc);
     if (rows - n == 1) dot_block_passes<1>(M, K, A, lda, B + n * ldb, ldb, 1, C + n, ldc);
@@ -305,8 +306,9 @@ void dot_q8_cols(const QuantizedA& a, const BlockQ8_0* B, int64_t ldb, int64_t a
 }
 
 // C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// two rows of B at a time (dot_q8_cols), or each group of kGroup rows in turn against kRows rows of A at a time
-// (the group stays in L1 while the passes over A's rows read it again).
+// two rows of B at a time, half the range apart (dot_q8_cols), or each group of kGroup rows in
+// turn against kRows rows of A at a time (the group stays in L1 while the passes over A's rows
+// read it again).
 void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
   if (M == 1) {
