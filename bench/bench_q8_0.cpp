@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
     const int q4_copies = hot ? 1 : static_cast<int>(std::max<int64_t>(2, (int64_t{96} << 20) / (n * 144 / 256)));
     std::vector<BlockQ4_K, mhsa::AlignedAllocator<BlockQ4_K>> b4(static_cast<size_t>(n / kQ4KBlock * q4_copies));
     mhsa::kernels::quantize_row_q4_k(w.data(), n, b4.data());
+    mhsa::kernels::interleave_q4_k(b4.data(), n / kQ4KBlock);  // the kernels' order, as a loaded model keeps it
     for (int i = 1; i < q4_copies; ++i)
       std::copy(b4.begin(), b4.begin() + n / kQ4KBlock, b4.begin() + n / kQ4KBlock * i);
     struct Variant {

@@ -49,8 +49,8 @@ struct BtPartQ8 {
   int64_t ldc;
 };
 
-// matmul_bt_parts_q4_k's part: B [N, K] stored as Q4_K blocks (kernels/q4_k.h), K a multiple of
-// 256; ldb counts blocks (K / 256 for a whole matrix).
+// matmul_bt_parts_q4_k's part: B [N, K] stored as Q4_K blocks in the kernels' order of quants
+// (kernels/q4_k.h: interleave_q4_k), K a multiple of 256; ldb counts blocks (K / 256 for a whole matrix).
 struct BtPartQ4K {
   const BlockQ4_K* B;
   int64_t ldb, N;
@@ -188,15 +188,15 @@ struct KernelTable {
   decltype(&portable::matmul_bt_q8_0) matmul_bt_q8_0;
   decltype(&portable::matmul_bt_parts_q8_0) matmul_bt_parts_q8_0;
   decltype(&portable::gemm_bt_q8_0) gemm_bt_q8_0;
-  // 4-bit weights: the same three with B [N, K] stored as Q4_K blocks (K a multiple of 256, ldb in
-  // blocks; kernels/matmul_q4_k.cpp). The streams quantise A as the Q8_0 streams do and sum each
+  // 4-bit weights: the same three with B [N, K] stored as Q4_K blocks in the kernels' order of
+  // quants (kernels/q4_k.h; K a multiple of 256, ldb in blocks; kernels/matmul_q4_k.cpp). The streams quantise A as the Q8_0 streams do and sum each
   // 32-weight sub-block's Σ q·qa as an exact integer (the nibbles unsigned against the signed
   // quants); lane s of 8 holds sub-block s, one FMA with d·sc·dA and one with −dmin·m and dA·Σqa
   // per block, the lanes added by one fixed tree (spelled out at the top of matmul_q4_k.cpp): the
   // same bits whatever the grouping, the thread count or the number of rows, and on every ISA
   // with FMA. Twin: matmul_bt_q4_k_ref (kernels/q4_k.h), the dequantised A times B in float64.
   // gemm_bt_q4_k keeps A in float32 and dequantises B while packing (dequantize_row_q4_k's
-  // values), so its bits are gemm_ex's on the dequantised B. Twin: gemm_bt_q4_k_ref.
+  // values, dequantize_row_q4_k_interleaved), so its bits are gemm_ex's on the dequantised B. Twin: gemm_bt_q4_k_ref.
   decltype(&portable::matmul_bt_q4_k) matmul_bt_q4_k;
   decltype(&portable::matmul_bt_parts_q4_k) matmul_bt_parts_q4_k;
   decltype(&portable::gemm_bt_q4_k) gemm_bt_q4_k;

@@ -345,7 +345,8 @@ void pack_b_panel_transposed(int64_t K, int64_t n, const BlockQ8_0* B, int64_t l
 }
 
 // pack_b_panel_transposed for B stored as Q4_K blocks ([N, K/256], ldb in blocks; kKC is one
-// block): each block dequantised by dequantize_row_q4_k (its exact values), then placed.
+// block; the kernels' order of quants, kernels/q4_k.h): each block dequantised as
+// dequantize_row_q4_k does (its exact values), then placed.
 void pack_b_panel_transposed(int64_t K, int64_t n, const BlockQ4_K* B, int64_t ldb, float* panel) {
   static_assert(kKC % kQ4KBlock == 0, "a K block holds whole Q4_K blocks");
   float w[kQ4KBlock];
@@ -357,7 +358,7 @@ void pack_b_panel_transposed(int64_t K, int64_t n, const BlockQ4_K* B, int64_t l
         continue;
       }
       for (int64_t k = k0; k < k_end; k += kQ4KBlock) {
-        dequantize_row_q4_k(B + jj * ldb + k / kQ4KBlock, kQ4KBlock, w);
+        dequantize_row_q4_k_interleaved(B + jj * ldb + k / kQ4KBlock, kQ4KBlock, w);
         for (int64_t i = 0; i < kQ4KBlock; ++i) panel[(k + i) * kNR + jj] = w[i];
       }
     }

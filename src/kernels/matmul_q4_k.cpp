@@ -3,8 +3,11 @@
 // per ISA: the weight streams of decoding a 4-bit model. The same plan as matmul_bt.cpp's
 // streams: several matrices that multiply one A are one call, their rows one row space that the
 // threads claim in groups of kGroup rows, contiguous ranges read in order (isa/bt_parts.h);
-// with one row of A, kGroup rows of B are read side by side (independent chains, the next
-// group's rows prefetched).
+// with one row of A, row i of a claimed range's first half beside row i of its second, each row
+// its own ascending stream (as the other weight types' one-row streams). B's quants are in the
+// kernels' order (kernels/q4_k.h), and so are A's quants here (activations_in_kernel_order), so
+// that a block's eight byte-product vectors add up vertically: 1.37× ggml's order's horizontal
+// tree on one core with B in L3 (docs/performance.md, 2026-11-30, twenty-third session).
 //
 // The arithmetic: each row of A is quantised once per call per 32-value block, bit for bit as the
 // Q8_0 streams quantise it (kernels::quantize_activations_q8; isa/q8_activations.h), and Q4_K's
@@ -65,27 +68,23 @@ inline Lanes byte_lanes(uint64_t bytes) {
   return (Lanes)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(bytes))));
 }
 
-// The block's 8 exact sums Σ q·qa, sub-block s in lane s, as floats; qa the 256 activation quants
-// under the block. vpmaddubsw multiplies the nibbles (unsigned) by qa (signed, never −128) and
-// adds pairs into int16 (|pair| ≤ 2·15·127); three rounds of vphaddw add neighbours until each
-// 128-bit half holds the 8 sub-blocks' sums over its 16 products (|sum| ≤ 16·15·127 < 2¹⁵: no
-// wrap-around), and the two halves are widened to int32 and added.
+// The block's 8 exact sums Σ q·qa, sub-block s in lane s, as floats; qs in the kernels' order and
+// qa the 256 activation quants under the block in the same order (kernels/q4_k.h: byte 4s + u of
+// each 32-byte vector belongs to sub-block s). vpmaddubsw multiplies the nibbles (unsigned) by qa
+// (signed, never −128) and adds pairs into int16 (|pair| ≤ 2·15·127); the eight vectors' int16
+// lanes add vertically (each lane 8 pairs: |sum| ≤ 16·15·127 < 2¹⁵, no wrap-around), lanes 2s and
+// 2s + 1 sub-block s's, and vpmaddwd adds each such pair into int32 lane s.
 inline Lanes sub_block_sums(const uint8_t* qs, const int8_t* qa) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  __m256i p[kSubs];
-  for (int i = 0; i < 4; ++i) {  // sub-blocks 2i (low nibbles) and 2i + 1 (high nibbles)
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * i));
-    const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * i));
-    const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * i + 32));
-    p[2 * i] = _mm256_maddubs_epi16(_mm256_and_si256(w, low), a_lo);
-    p[2 * i + 1] = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), a_hi);
+  __m256i sum = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {  // vectors 2c (low nibbles) and 2c + 1 (high nibbles)
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+    const __m256i a_lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * c));
+    const __m256i a_hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + 64 * c + 32));
+    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(_mm256_and_si256(w, low), a_lo));
+    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 4), low), a_hi));
   }
-  const __m256i s01 = _mm256_hadd_epi16(p[0], p[1]), s23 = _mm256_hadd_epi16(p[2], p[3]);
-  const __m256i s45 = _mm256_hadd_epi16(p[4], p[5]), s67 = _mm256_hadd_epi16(p[6], p[7]);
-  const __m256i s = _mm256_hadd_epi16(_mm256_hadd_epi16(s01, s23), _mm256_hadd_epi16(s45, s67));
-  const __m256i sum = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s)),
-                                       _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s, 1)));
-  return (Lanes)_mm256_cvtepi32_ps(sum);
+  return (Lanes)_mm256_cvtepi32_ps(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)));
 }
 #else  // 4-lane vectors: scalar integer sums
 inline Lanes byte_lanes(uint64_t bytes) {
@@ -94,16 +93,30 @@ inline Lanes byte_lanes(uint64_t bytes) {
   return load8(v);
 }
 
-inline Lanes sub_block_sums(const uint8_t* qs, const int8_t* qa) {
+inline Lanes sub_block_sums(const uint8_t* qs, const int8_t* qa) {  // both in the kernels' order
   float sums[kSubs];
   for (int s = 0; s < kSubs; ++s) {
     int32_t sum = 0;
-    for (int l = 0; l < 32; ++l) sum += ((qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15) * int32_t{qa[32 * s + l]};
+    for (int v = 0; v < 8; ++v)
+      for (int u = 0; u < 4; ++u)
+        sum += ((qs[32 * (v / 2) + 4 * s + u] >> (4 * (v % 2))) & 15) * int32_t{qa[32 * v + 4 * s + u]};
     sums[s] = static_cast<float>(sum);
   }
   return load8(sums);
 }
 #endif
+
+// Row `row` of the quantised A (K values) into the kernels' order, block by block: byte 32v +
+// 4s + u of a 256-value block ← value 32s + 4v + u (an 8 × 8 transpose of 4-byte words).
+inline void activations_in_kernel_order(const int8_t* q, int64_t K, int8_t* out) {
+  for (int64_t b = 0; b < K / kQ4KBlock; ++b) {
+    uint32_t w[kSubs][kSubs], t[kSubs][kSubs];  // [s][v] → [v][s]
+    std::memcpy(w, q + b * kQ4KBlock, sizeof(w));
+    for (int s = 0; s < kSubs; ++s)
+      for (int v = 0; v < kSubs; ++v) t[v][s] = w[s][v];
+    std::memcpy(out + b * kQ4KBlock, t, sizeof(t));
+  }
+}
 
 // One block's coefficients, sub-block s in lane s: scale = d·sc[s] and −offset = −(dmin·m[s]).
 struct Coefficients {
@@ -121,20 +134,23 @@ struct Activations {
   const float* sums;
 };
 
-// out[r·ldc + j] = row m + r of A · B row j for R rows of A and J rows of B (ldb blocks apart):
-// the chain above for each (r, j), the same whatever R and J. With J > 1 (one row of A,
-// decoding) the J interleaved streams prefetch the next group's rows.
+// out[r·ldc + j·apart] = row m + r of A · B row j·apart for R rows of A and J rows of B (`apart`
+// rows of ldb blocks from each other): the chain above for each (r, j), the same whatever R, J
+// and apart. With one row of A, each row of B is its own ascending stream, prefetched
+// kQ4Prefetch bytes ahead once per block (past the row: the next row, when rows are contiguous).
+constexpr int64_t kQ4Prefetch = 2048;
+
 template <int R, int J>
-void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, float* out, int64_t ldc) {
+void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, int64_t apart, float* out,
+             int64_t ldc) {
   const QuantizedA& a = x.a;
   Lanes acc[R][J] = {};
   for (int64_t b = 0; b < a.nb / kSubs; ++b) {
-    if constexpr (J > 1)
-      for (int j = 0; j < J; ++j)
-        for (int line = 0; line < 3; ++line)
-          __builtin_prefetch(reinterpret_cast<const char*>(B + (J + j) * ldb + b) + 64 * line);
     for (int j = 0; j < J; ++j) {
-      const BlockQ4_K& blk = B[j * ldb + b];
+      const BlockQ4_K& blk = B[j * apart * ldb + b];
+      if constexpr (R == 1)
+        for (int line = 0; line < 3; ++line)
+          __builtin_prefetch(reinterpret_cast<const char*>(&blk) + kQ4Prefetch + 64 * line);
       const Coefficients co = coefficients(blk);
       for (int r = 0; r < R; ++r) {
         const int64_t ib = (m + r) * a.nb + b * kSubs;  // the row's first A block under this block
@@ -145,17 +161,17 @@ void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, f
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < J; ++j) out[r * ldc + j] = sum8(acc[r][j]);
+    for (int j = 0; j < J; ++j) out[r * ldc + j * apart] = sum8(acc[r][j]);
 }
 
 // C[M, rows] = A · B[rows, K/256 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
 // kGroup rows of B at a time, or each group's rows in turn against kRows rows of A.
 void range_product(const Activations& x, int64_t M, const BlockQ4_K* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
-  if (M == 1) {
-    int64_t n = 0;
-    for (; n + kGroup <= rows; n += kGroup) dot_q4k<1, kGroup>(x, 0, B + n * ldb, ldb, C + n, ldc);
-    for (; n < rows; ++n) dot_q4k<1, 1>(x, 0, B + n * ldb, ldb, C + n, ldc);
+  if (M == 1) {  // row i of the range's first half beside row i of its second, each its own stream
+    const int64_t half = rows / 2;
+    for (int64_t n = 0; n < half; ++n) dot_q4k<1, 2>(x, 0, B + n * ldb, ldb, half, C + n, ldc);
+    if (rows % 2) dot_q4k<1, 1>(x, 0, B + (rows - 1) * ldb, ldb, 0, C + rows - 1, ldc);
     return;
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
@@ -164,10 +180,10 @@ void range_product(const Activations& x, int64_t M, const BlockQ4_K* B, int64_t 
         const BlockQ4_K* b = B + n * ldb;
         float* out = C + m * ldc + n;
         switch (std::min<int64_t>(kRows, M - m)) {
-          case 4: dot_q4k<4, 1>(x, m, b, ldb, out, ldc); break;
-          case 3: dot_q4k<3, 1>(x, m, b, ldb, out, ldc); break;
-          case 2: dot_q4k<2, 1>(x, m, b, ldb, out, ldc); break;
-          default: dot_q4k<1, 1>(x, m, b, ldb, out, ldc); break;
+          case 4: dot_q4k<4, 1>(x, m, b, ldb, 0, out, ldc); break;
+          case 3: dot_q4k<3, 1>(x, m, b, ldb, 0, out, ldc); break;
+          case 2: dot_q4k<2, 1>(x, m, b, ldb, 0, out, ldc); break;
+          default: dot_q4k<1, 1>(x, m, b, ldb, 0, out, ldc); break;
         }
       }
 }
@@ -183,7 +199,10 @@ void matmul_bt_parts_q4_k(int64_t M, int64_t K, const float* A, int64_t lda, con
     for (int64_t k = 0; k < kQ8Block; ++k) s += a.q[i * kQ8Block + k];
     sums[static_cast<size_t>(i)] = a.d[i] * static_cast<float>(s);
   }
-  const Activations x{a, sums.data()};
+  thread_local std::vector<int8_t> ordered;  // A's quants in the kernels' order (kernels/q4_k.h)
+  if (static_cast<int64_t>(ordered.size()) < M * K) ordered.resize(static_cast<size_t>(M * K));
+  for (int64_t i = 0; i < M; ++i) activations_in_kernel_order(a.q + i * K, K, ordered.data() + i * K);
+  const Activations x{{ordered.data(), a.d, a.K, a.nb}, sums.data()};
   parts_product(K, parts, count, [&](const BtPartQ4K& part, int64_t n0, int64_t n) {
     range_product(x, M, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
   });

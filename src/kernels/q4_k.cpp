@@ -184,6 +184,61 @@ void dequantize_row_q4_k(const BlockQ4_K* blocks, int64_t n, float* y) {
   }
 }
 
+namespace {
+// The block's 256 quants in weight order, from ggml's order or the kernels'.
+void quants(const BlockQ4_K& b, bool interleaved, uint8_t* q) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t byte = b.qs[32 * c + l];
+      // ggml: byte 32c + l holds weights 64c + l (low) and 64c + 32 + l (high); the kernels'
+      // order: byte 32c + 4s + u holds weights 32s + 8c + u (low) and 32s + 8c + 4 + u (high).
+      const int lo = interleaved ? 32 * (l / 4) + 8 * c + l % 4 : 64 * c + l;
+      const int hi = interleaved ? lo + 4 : lo + 32;
+      q[lo] = byte & 0x0f;
+      q[hi] = byte >> 4;
+    }
+}
+
+void set_quants(BlockQ4_K& b, bool interleaved, const uint8_t* q) {
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      const int lo = interleaved ? 32 * (l / 4) + 8 * c + l % 4 : 64 * c + l;
+      const int hi = interleaved ? lo + 4 : lo + 32;
+      b.qs[32 * c + l] = static_cast<uint8_t>(q[lo] | (q[hi] << 4));
+    }
+}
+
+// One block in ggml's order, from the kernels' order.
+BlockQ4_K ggml_order(const BlockQ4_K& b) {
+  BlockQ4_K out = b;
+  deinterleave_q4_k(&out, 1);
+  return out;
+}
+}  // namespace
+
+void interleave_q4_k(BlockQ4_K* blocks, int64_t count) {
+  uint8_t q[kQ4KBlock];
+  for (int64_t i = 0; i < count; ++i) {
+    quants(blocks[i], false, q);
+    set_quants(blocks[i], true, q);
+  }
+}
+
+void deinterleave_q4_k(BlockQ4_K* blocks, int64_t count) {
+  uint8_t q[kQ4KBlock];
+  for (int64_t i = 0; i < count; ++i) {
+    quants(blocks[i], true, q);
+    set_quants(blocks[i], false, q);
+  }
+}
+
+void dequantize_row_q4_k_interleaved(const BlockQ4_K* blocks, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kQ4KBlock; ++b) {
+    const BlockQ4_K blk = ggml_order(blocks[b]);
+    dequantize_row_q4_k(&blk, kQ4KBlock, y + b * kQ4KBlock);
+  }
+}
+
 void matmul_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B,
                         int64_t ldb, float* C, int64_t ldc) {
   const int64_t nb = K / kQ8Block;
@@ -195,7 +250,7 @@ void matmul_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t
     for (int64_t i = 0; i < M; ++i) {
       double acc = 0;
       for (int64_t b = 0; b < K / kQ4KBlock; ++b) {
-        const BlockQ4_K& blk = B[j * ldb + b];
+        const BlockQ4_K blk = ggml_order(B[j * ldb + b]);
         const float d = f16_to_float(blk.d), dmin = f16_to_float(blk.dmin);
         for (int s = 0; s < kSubs; ++s) {
           int sc, m;
@@ -221,7 +276,7 @@ void gemm_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t l
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < N; ++j) {
     std::vector<float> b(static_cast<size_t>(K));
-    dequantize_row_q4_k(B + j * ldb, K, b.data());
+    dequantize_row_q4_k_interleaved(B + j * ldb, K, b.data());
     for (int64_t i = 0; i < M; ++i) {
       double acc = 0;
       for (int64_t k = 0; k < K; ++k) acc += double{A[i * lda + k]} * b[static_cast<size_t>(k)];

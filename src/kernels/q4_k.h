@@ -49,17 +49,35 @@ void quantize_row_q4_k(const float* x, int64_t n, BlockQ4_K* out);
 // blocks [n / 256] → y [n].
 void dequantize_row_q4_k(const BlockQ4_K* blocks, int64_t n, float* y);
 
+// ---- The kernels' layout -----------------------------------------------------------------------
+// The Q4_K kernels (dispatch.h's matmul_bt_q4_k, matmul_bt_parts_q4_k, gemm_bt_q4_k and their
+// twins below) and nn::Q4Matrix keep a block's quants in an order of their own; d, dmin and the
+// scales stay as ggml packs them. Numbering ggml's 32-byte runs of quants c = 0..3, each a vector
+// of low nibbles (v = 2c) and one of high nibbles (v = 2c + 1), byte 4s + u (s < 8, u < 4) of
+// vector v holds weight 32s + 4v + u of the block: every vector holds four weights of each of the
+// eight sub-blocks, sub-block s in bytes 4s..4s+3. So the decode stream's eight byte products per
+// block (vpmaddubsw against activations stored in the same order) add up vertically, lane pair s
+// the sub-block s, where ggml's order (a vector per sub-block) needs a horizontal tree of seven
+// vphaddw. The sums, and so every result, are the same; the order is the kernels' business only:
+// files (GGUF) hold ggml's order, and quantize_row_q4_k / dequantize_row_q4_k read and write it.
+//
+//   qs[32c + 4s + u] = q(32s + 8c + u) | q(32s + 8c + 4 + u) << 4,   q(k) the block's k-th quant
+void interleave_q4_k(BlockQ4_K* blocks, int64_t count);    // ggml's order → the kernels', in place
+void deinterleave_q4_k(BlockQ4_K* blocks, int64_t count);  // the kernels' order → ggml's, in place
+// dequantize_row_q4_k for blocks in the kernels' order.
+void dequantize_row_q4_k_interleaved(const BlockQ4_K* blocks, int64_t n, float* y);
+
 // The float64 twin of dispatch.h's Q4_K streams (matmul_bt_q4_k, matmul_bt_parts_q4_k): C[M, N]
 // (ldc) = A[M, K] (lda) · B[N, K]ᵀ with B stored as Q4_K blocks (ldb in blocks, K a multiple of
-// 256), each row of A first quantised by quantize_activations_q8 (kernels/q8_0.h), then per
+// 256; B in the kernels' order), each row of A first quantised by quantize_activations_q8 (kernels/q8_0.h), then per
 // 32-weight sub-block dA · (scale·Σ q·qa − offset·Σ qa) with the exact integer sums and the
 // dequantiser's scale = d·sc, offset = dmin·m, summed in float64 — that is, the dequantised A
 // times B's values scale·q − offset (dequantize_row_q4_k's values before their last rounding).
 void matmul_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B,
                         int64_t ldb, float* C, int64_t ldc);
 
-// The float64 twin of gemm_bt_q4_k (many rows: A stays float): A times B dequantised as
-// dequantize_row_q4_k does, summed in float64.
+// The float64 twin of gemm_bt_q4_k (many rows: A stays float; B in the kernels' order): A times
+// B dequantised as dequantize_row_q4_k does, summed in float64.
 void gemm_bt_q4_k_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ4_K* B, int64_t ldb,
                       float* C, int64_t ldc);
 

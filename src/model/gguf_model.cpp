@@ -194,6 +194,7 @@ std::optional<nn::Q4Matrix> GgufModelFile::load_q4_k(const std::string& name, co
     if ((b.d & 0x7c00) == 0x7c00 || (b.dmin & 0x7c00) == 0x7c00)
       fail(message("gguf ", file_.source()), message("tensor ", quote(g.name), " (", name, ")"),
            "finite Q4_K scales", "an f16 infinity or NaN");
+  kernels::interleave_q4_k(m.data.data(), static_cast<int64_t>(m.data.size()));  // the kernels' order
   return m;
 }
 

@@ -137,7 +137,7 @@ void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids
   embed_rows(
       rows, T, pos0, ids, wte.cols,
       [&](int64_t i) {
-        kernels::dequantize_row_q4_k(wte.row(i), wte.cols, row.data());
+        kernels::dequantize_row_q4_k_interleaved(wte.row(i), wte.cols, row.data());
         return static_cast<const float*>(row.data());
       },
       wpe, scale, out);

@@ -27,14 +27,16 @@ Q4Matrix Q4Matrix::quantized(const Tensor& w, bool transposed, std::string_view 
       detail::checked_count("Q4Matrix::quantized: blocks", {m.rows, m.blocks_per_row()}, sizeof(kernels::BlockQ4_K));
   m.data.resize(static_cast<size_t>(blocks));
 #pragma omp parallel for schedule(dynamic, 16) if (m.rows * m.cols >= (int64_t{1} << 16))
-  for (int64_t r = 0; r < m.rows; ++r)
+  for (int64_t r = 0; r < m.rows; ++r) {
     kernels::quantize_row_q4_k(src + r * m.cols, m.cols, m.row(r));
+    kernels::interleave_q4_k(m.row(r), m.blocks_per_row());
+  }
   return m;
 }
 
 Tensor Q4Matrix::dequantized() const {
   Tensor t({rows, cols});
-  for (int64_t r = 0; r < rows; ++r) kernels::dequantize_row_q4_k(row(r), cols, t.data() + r * cols);
+  for (int64_t r = 0; r < rows; ++r) kernels::dequantize_row_q4_k_interleaved(row(r), cols, t.data() + r * cols);
   return t;
 }
 

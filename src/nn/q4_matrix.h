@@ -3,7 +3,8 @@
 // decode step streams about an eighth of the float model's. Always stored [out, in] (GPT-2's
 // Conv1D [in, out] weights are transposed before they are quantised), each row its own blocks, in
 // tensor memory (huge pages from 2 MiB, as Tensor's). The row length must be a multiple of 256:
-// the model keeps other matrices as Q8_0 (see mhsa/model.h). Inference only. Not public.
+// the model keeps other matrices as Q8_0 (see mhsa/model.h). The blocks' quants are in the Q4_K
+// kernels' order (kernels/q4_k.h: interleave_q4_k), not ggml's. Inference only. Not public.
 #pragma once
 
 #include <cstdint>
@@ -17,9 +18,9 @@ namespace mhsa::nn {
 
 struct Q4Matrix {
   int64_t rows = 0, cols = 0;  // [out, in]; cols a multiple of 256
-  std::vector<kernels::BlockQ4_K, AlignedAllocator<kernels::BlockQ4_K>> data;  // [rows, cols / 256]
+  std::vector<kernels::BlockQ4_K, AlignedAllocator<kernels::BlockQ4_K>> data;  // [rows, cols / 256], kernels' order
 
-  // w quantised by kernels::quantize_row_q4_k: w [rows, cols] as it is, or, transposed, w [cols,
+  // w quantised by kernels::quantize_row_q4_k (then interleaved): w [rows, cols] as it is, or, transposed, w [cols,
   // rows] stored [rows, cols]. Throws mhsa::Error naming `what` (the parameter) when the row
   // length is not a multiple of 256 or a value is not finite.
   static Q4Matrix quantized(const Tensor& w, bool transposed, std::string_view what);

@@ -143,11 +143,14 @@ struct Q8Format {
   static void quantize(const float* x, int64_t n, Block* out) { kernels::quantize_row_q8_0(x, n, out); }
   static void dequantize(const Block* b, int64_t n, float* y) { kernels::dequantize_row_q8_0(b, n, y); }
 };
-struct Q4KFormat {
+struct Q4KFormat {  // blocks in the Q4_K kernels' order (kernels/q4_k.h), as nn::Q4Matrix keeps them
   using Block = kernels::BlockQ4_K;
   static constexpr int64_t kWeights = kernels::kQ4KBlock;
-  static void quantize(const float* x, int64_t n, Block* out) { kernels::quantize_row_q4_k(x, n, out); }
-  static void dequantize(const Block* b, int64_t n, float* y) { kernels::dequantize_row_q4_k(b, n, y); }
+  static void quantize(const float* x, int64_t n, Block* out) {
+    kernels::quantize_row_q4_k(x, n, out);
+    kernels::interleave_q4_k(out, n / kWeights);
+  }
+  static void dequantize(const Block* b, int64_t n, float* y) { kernels::dequantize_row_q4_k_interleaved(b, n, y); }
 };
 
 template <class Format>

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -165,6 +166,41 @@ TEST(Q4_K, GgufReaderDequantisesOurBlocksToOurValues) {
   std::filesystem::remove(path);
 }
 
+// The kernels' order of quants (kernels/q4_k.h) holds the same quants as ggml's where the header
+// says, leaves d, dmin and the scales alone, dequantises to the same values, and goes back.
+TEST(Q4_K, KernelOrderIsTheStatedPermutationOfGgmls) {
+  auto gen = test_rng();
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::vector<BlockQ4_K> ggml(3);
+  for (BlockQ4_K& b : ggml) {
+    auto* p = reinterpret_cast<uint8_t*>(&b);
+    for (size_t i = 0; i < sizeof(BlockQ4_K); ++i) p[i] = static_cast<uint8_t>(byte(gen));
+    b.d = 0x3c00 ^ static_cast<uint16_t>(byte(gen));  // finite f16 scales
+    b.dmin = 0x3800 ^ static_cast<uint16_t>(byte(gen));
+  }
+  std::vector<BlockQ4_K> ours = ggml;
+  kernels::interleave_q4_k(ours.data(), 3);
+  const auto quant = [](const BlockQ4_K& b, int k) {  // ggml's k-th quant of a block
+    return (b.qs[32 * (k / 64) + k % 32] >> (4 * (k % 64 / 32))) & 15;
+  };
+  for (size_t i = 0; i < ggml.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&ours[i], &ggml[i], offsetof(BlockQ4_K, qs)), 0) << "d, dmin, scales unchanged";
+    for (int c = 0; c < 4; ++c)
+      for (int s = 0; s < 8; ++s)
+        for (int u = 0; u < 4; ++u) {
+          const int byte_at = ours[i].qs[32 * c + 4 * s + u];
+          ASSERT_EQ(byte_at & 15, quant(ggml[i], 32 * s + 8 * c + u)) << "block " << i << " c " << c << " s " << s;
+          ASSERT_EQ(byte_at >> 4, quant(ggml[i], 32 * s + 8 * c + 4 + u)) << "block " << i << " c " << c << " s " << s;
+        }
+  }
+  std::vector<float> want(3 * kQ4KBlock), got(3 * kQ4KBlock);
+  kernels::dequantize_row_q4_k(ggml.data(), 3 * kQ4KBlock, want.data());
+  kernels::dequantize_row_q4_k_interleaved(ours.data(), 3 * kQ4KBlock, got.data());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+  kernels::deinterleave_q4_k(ours.data(), 3);
+  EXPECT_EQ(std::memcmp(ours.data(), ggml.data(), ggml.size() * sizeof(BlockQ4_K)), 0) << "and back";
+}
+
 // ---- kernels ---------------------------------------------------------------------------------
 
 using Operands = QuantOperands<Q4KFormat>;
@@ -180,7 +216,8 @@ struct SubBlock {
   float scale, offset, da;
 };
 SubBlock sub_block(const Operands& o, const QuantizedA& a, int64_t i, int64_t j, int64_t b, int s) {
-  const BlockQ4_K& blk = o.b[j * o.ldb + b];
+  BlockQ4_K blk = o.b[j * o.ldb + b];
+  kernels::deinterleave_q4_k(&blk, 1);  // ggml's order: weight 32s + l in byte 32·(s/2) + l
   int sc, m;
   kernels::q4_k_scale_min(blk, s, &sc, &m);
   SubBlock r;
