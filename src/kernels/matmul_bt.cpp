@@ -267,54 +267,42 @@ inline Lanes block_lanes(Quants qa, Quants qb) {
 // of B in a single stream prefetched 2 KiB ahead was read ~1.4× as fast as kGroup adjacent rows
 // interleaved (GPT-2's c_fc shape, 2 threads, bench_q8_0: 31–33 against 22–23 GB/s;
 // docs/performance.md, 2026-11-28, eleventh session; 512 ahead gained less, 1024–4096 about the
-// same). Two rows half a range apart, each such a stream with its own chain (dot_q8_cols), beat
+// same). Two rows half a range apart, each such a stream with its own chain (dot_q8<1, 2>), beat
 // one: SmolLM2's shape at Q8_0, tg128 1.18× (1.06–1.25; 2026-11-30, twenty-second session).
 constexpr int64_t kQ8Prefetch = 2048;
 
-// out[r·ldc] = row m + r of A · B's row for R rows of A: the chain above for each r, the same
-// whatever R.
-template <int R>
-void dot_q8(const QuantizedA& a, int64_t m, const BlockQ8_0* B, float* out, int64_t ldc) {
-  Lanes acc[R] = {};
-  for (int64_t b = 0; b < a.nb; ++b) {
-    if (b % 2 == 0) __builtin_prefetch(reinterpret_cast<const char*>(B + b) + kQ8Prefetch);
-    const BlockQ8_0& blk = B[b];
-    const Quants qb = load_quants(blk.qs);
-    const float dw = f16_scalar(blk.d);
-    for (int r = 0; r < R; ++r) {
-      const Quants qa = load_quants(a.q + (m + r) * a.K + b * kQ8Block);
-      acc[r] = fused8(splat8(dw * a.d[(m + r) * a.nb + b]), block_lanes(qa, qb), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r * ldc] = sum8(acc[r]);
-}
-
-// out[j·apart] = row 0 of A · B's row j·apart for J rows of B, `apart` rows of ldb blocks from
-// each other: dot_q8's chain for each, side by side (dot_cols' pairing for one row of A).
-template <int J>
-void dot_q8_cols(const QuantizedA& a, const BlockQ8_0* B, int64_t ldb, int64_t apart, float* out) {
-  Lanes acc[J] = {};
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const Quants qa = load_quants(a.q + b * kQ8Block);
+// out[r·ldc + j·apart] = row m + r of A · B row j·apart for R rows of A and J rows of B, `apart`
+// rows of ldb blocks from each other: the chain above for each (r, j), the same whatever R, J and
+// apart. Each row of B is its own stream, prefetched kQ8Prefetch ahead.
+template <int R, int J>
+void dot_q8(const QuantizedA& a, int64_t m, const BlockQ8_0* B, int64_t ldb, int64_t apart, float* out,
+            int64_t ldc) {
+  Lanes acc[R][J] = {};
+  for (int64_t b = 0; b < a.nb; ++b)
     for (int j = 0; j < J; ++j) {
       const BlockQ8_0& blk = B[j * apart * ldb + b];
       if (b % 2 == 0) __builtin_prefetch(reinterpret_cast<const char*>(&blk) + kQ8Prefetch);
-      acc[j] = fused8(splat8(f16_scalar(blk.d) * a.d[b]), block_lanes(qa, load_quants(blk.qs)), acc[j]);
+      const Quants qb = load_quants(blk.qs);
+      const float dw = f16_scalar(blk.d);
+      for (int r = 0; r < R; ++r) {
+        const Quants qa = load_quants(a.q + (m + r) * a.K + b * kQ8Block);
+        acc[r][j] = fused8(splat8(dw * a.d[(m + r) * a.nb + b]), block_lanes(qa, qb), acc[r][j]);
+      }
     }
-  }
-  for (int j = 0; j < J; ++j) out[j * apart] = sum8(acc[j]);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < J; ++j) out[r * ldc + j * apart] = sum8(acc[r][j]);
 }
 
 // C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// two rows of B at a time, half the range apart (dot_q8_cols), or each group of kGroup rows in
+// two rows of B at a time, half the range apart, or each group of kGroup rows in
 // turn against kRows rows of A at a time (the group stays in L1 while the passes over A's rows
 // read it again).
 void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
   if (M == 1) {
     const int64_t half = rows / 2;
-    for (int64_t n = 0; n < half; ++n) dot_q8_cols<2>(a, B + n * ldb, ldb, half, C + n);
-    if (rows % 2) dot_q8_cols<1>(a, B + (rows - 1) * ldb, ldb, 0, C + rows - 1);
+    for (int64_t n = 0; n < half; ++n) dot_q8<1, 2>(a, 0, B + n * ldb, ldb, half, C + n, ldc);
+    if (rows % 2) dot_q8<1, 1>(a, 0, B + (rows - 1) * ldb, ldb, 0, C + rows - 1, ldc);
     return;
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
@@ -323,10 +311,10 @@ void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t l
         const BlockQ8_0* b = B + n * ldb;
         float* out = C + m * ldc + n;
         switch (std::min<int64_t>(kRows, M - m)) {
-          case 4: dot_q8<4>(a, m, b, out, ldc); break;
-          case 3: dot_q8<3>(a, m, b, out, ldc); break;
-          case 2: dot_q8<2>(a, m, b, out, ldc); break;
-          default: dot_q8<1>(a, m, b, out, ldc); break;
+          case 4: dot_q8<4, 1>(a, m, b, ldb, 0, out, ldc); break;
+          case 3: dot_q8<3, 1>(a, m, b, ldb, 0, out, ldc); break;
+          case 2: dot_q8<2, 1>(a, m, b, ldb, 0, out, ldc); break;
+          default: dot_q8<1, 1>(a, m, b, ldb, 0, out, ldc); break;
         }
       }
 }
