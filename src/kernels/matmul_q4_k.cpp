@@ -106,7 +106,7 @@ inline Lanes sub_block_sums(const uint8_t* qs, const int8_t* qa) {  // both in t
 }
 #endif
 
-// Row `row` of the quantised A (K values) into the kernels' order, block by block: byte 32v +
+// One row of the quantised A (K values) into the kernels' order, block by block: byte 32v +
 // 4s + u of a 256-value block ← value 32s + 4v + u (an 8 × 8 transpose of 4-byte words).
 inline void activations_in_kernel_order(const int8_t* q, int64_t K, int8_t* out) {
   for (int64_t b = 0; b < K / kQ4KBlock; ++b) {
@@ -165,7 +165,8 @@ void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, i
 }
 
 // C[M, rows] = A · B[rows, K/256 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// kGroup rows of B at a time, or each group's rows in turn against kRows rows of A.
+// two rows of B at a time, half the range apart, or each group of kGroup rows in turn against
+// kRows rows of A at a time.
 void range_product(const Activations& x, int64_t M, const BlockQ4_K* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
   if (M == 1) {  // row i of the range's first half beside row i of its second, each its own stream

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/half.h"
@@ -232,10 +233,30 @@ void deinterleave_q4_k(BlockQ4_K* blocks, int64_t count) {
   }
 }
 
+// dequantize_row_q4_k's arithmetic on blocks in the kernels' order: the quants unpacked to one
+// byte each in weight order (a 32-bit word of 4 bytes at a time: weights 32s + 8c + u and
+// 32s + 8c + 4 + u are the low and high nibbles of bytes 32c + 4s + u), then each sub-block's
+// 32 values from contiguous bytes, as dequantize_row_q4_k computes them.
 void dequantize_row_q4_k_interleaved(const BlockQ4_K* blocks, int64_t n, float* y) {
   for (int64_t b = 0; b < n / kQ4KBlock; ++b) {
-    const BlockQ4_K blk = ggml_order(blocks[b]);
-    dequantize_row_q4_k(&blk, kQ4KBlock, y + b * kQ4KBlock);
+    const BlockQ4_K& blk = blocks[b];
+    uint8_t q[kQ4KBlock];
+    for (int c = 0; c < 4; ++c)
+      for (int s = 0; s < kSubs; ++s) {
+        uint32_t w, lo, hi;
+        std::memcpy(&w, blk.qs + 32 * c + 4 * s, sizeof(w));
+        lo = w & 0x0f0f0f0fu;
+        hi = (w >> 4) & 0x0f0f0f0fu;
+        std::memcpy(q + 32 * s + 8 * c, &lo, sizeof(lo));
+        std::memcpy(q + 32 * s + 8 * c + 4, &hi, sizeof(hi));
+      }
+    const float d = f16_to_float(blk.d), dmin = f16_to_float(blk.dmin);
+    for (int s = 0; s < kSubs; ++s) {
+      int sc, m;
+      q4_k_scale_min(blk, s, &sc, &m);
+      const float scale = d * static_cast<float>(sc), offset = dmin * static_cast<float>(m);
+      for (int l = 0; l < 32; ++l) *y++ = value(scale, offset, q[32 * s + l]);
+    }
   }
 }
 
