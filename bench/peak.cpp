@@ -56,6 +56,22 @@ __attribute__((target("avx2,fma"))) double fma_loop_avx2(float seed) {
   return 2.0 * 8 * kAcc * static_cast<double>(kIters);
 }
 
+// vdpbf16ps: 16 lanes of two bfloat16 products each, 4 FLOPs a lane.
+__attribute__((target("avx512f,avx512bf16"))) double bf16_dot_loop(float seed) {
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed * static_cast<float>(i));
+  const __m512i one = _mm512_set1_epi32(0x3f803f80);  // the pair (1, 1)
+  const __m512bh a = reinterpret_cast<const __m512bh&>(one);
+  for (long it = 0; it < kIters; ++it)
+#pragma GCC unroll 16
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, a);
+  __m512 sum = acc[0];
+  for (int i = 1; i < kAcc; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  return 4.0 * 16 * kAcc * static_cast<double>(kIters);
+}
+
 #endif
 
 // 4-lane vectors in the compiler's baseline ISA (SSE2 on x86: a multiply and an add per step;
@@ -112,6 +128,21 @@ double measure_fma_peak_gflops(int threads) {
   for (int round = 0; round < kRounds && best < 0.92 * threads * one; ++round)
     best = std::max(best, widest_gflops(threads, kReps));
   return best;
+}
+
+double measure_bf16_dot_peak_gflops(int threads) {
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx512bf16")) return 0.0;
+  constexpr int kReps = 5, kRounds = 8;
+  const double one = best_gflops(bf16_dot_loop, 1, kReps);
+  double best = 0.0;
+  for (int round = 0; round < kRounds && best < 0.92 * threads * one; ++round)
+    best = std::max(best, best_gflops(bf16_dot_loop, threads, kReps));
+  return best;
+#else
+  (void)threads;
+  return 0.0;
+#endif
 }
 
 double measure_copy_bandwidth_gbs(int threads) {

@@ -10,6 +10,11 @@ namespace mhsa::bench {
 // using the widest of AVX-512 / AVX2+FMA / SSE the CPU has (the best of those it measures).
 double measure_fma_peak_gflops(int threads);
 
+// AVX512_BF16's peak: GFLOP/s of independent vdpbf16ps (16 lanes × 2 products, 4 FLOPs a lane)
+// on `threads` threads; 0 where the CPU lacks the instruction. The yardstick of GEMMs over
+// bfloat16 weights that run on it (kernels::gemm_bt_bf16_dot).
+double measure_bf16_dot_peak_gflops(int threads);
+
 // memcpy bandwidth in GB/s (bytes read + bytes written, 1 GB = 1e9 B) between two 128 MiB buffers,
 // far larger than the last-level cache, on `threads` OpenMP threads each copying its own slice.
 double measure_copy_bandwidth_gbs(int threads);

@@ -52,6 +52,19 @@ std::string_view isa_name(Isa isa) {
   }
 }
 
+bool bf16_dot() {
+  static const bool yes = [] {
+#if defined(__x86_64__) && defined(MHSA_HAVE_X86_KERNELS)
+    const char* env = std::getenv("MHSA_BF16_DOT");
+    if (env && std::string(env) == "0") return false;
+    return hardware_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
 int max_threads() { return std::min(1024, 16 * std::max(1, omp_get_num_procs())); }
 
 std::string limit_threads() {

@@ -177,7 +177,9 @@ void run_backward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
 
 void run_forward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
   if (isa) {
-    kernels::kernels_for(*isa).attention_forward(&p, 1);
+    const kernels::KernelTable& k = kernels::kernels_for(*isa);
+    if (p.bf16_values && k.attention_forward_bf16_dot && k.attention_forward_bf16_dot(p)) return;
+    k.attention_forward(&p, 1);
   } else {
     kernels::attention_forward_ref(p);
   }
@@ -207,6 +209,14 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
   constexpr std::string_view fn = "scaled_dot_product_attention";
   AttentionParams p = make_params(fn, q, k, &v, options);
   forward_into(fn, p, out, lse, isa);
+}
+
+void scaled_dot_product_attention_bf16_values(ConstTensorView q, View<const bfloat16> k, View<const bfloat16> v,
+                                              TensorView out, const AttentionOptions& options, TensorView lse) {
+  constexpr std::string_view fn = "scaled_dot_product_attention";
+  AttentionParams p = make_params(fn, q, k, &v, options);
+  p.bf16_values = true;
+  forward_into(fn, p, out, lse, kernel_choice(options.backend));
 }
 
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,

@@ -1,12 +1,17 @@
 // kernels/attention_16bit.cpp — the attention entry points for bfloat16 / float16 inputs
-// (mhsa/attention.h): widen every 16-bit view into a contiguous float32 tensor (exact), run the
+// (mhsa/attention.h): widen the 16-bit views into contiguous float32 tensors (exact), run the
 // float32 entry point (which validates shapes and options and names the arguments), and round
-// out / the gradients back into the caller's 16-bit views (nearest even). Not a kernel: the copies
-// cost O(B·H·T·D); the kernels reading 16-bit elements directly would replace this file.
+// out / the gradients back into the caller's 16-bit views (nearest even). The bfloat16 forward
+// widens q alone and hands k and v over as they are (the 16-bit KV cache's entry point), marked
+// as bfloat16 values: where the CPU has AVX512_BF16 its products run on bfloat16 pairs
+// (kernels/flash_attention_bf16.cpp); elsewhere the result is the float32 one on the widened
+// inputs, bit for bit. Not a kernel: the copies cost O(B·H·T·D).
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/attention_backends.h"
 #include "kernels/bf16.h"
 #include "kernels/half.h"
 #include "mhsa/attention.h"
@@ -77,12 +82,18 @@ template <Float16Element T>
 void scaled_dot_product_attention(View<const T> q, View<const T> k, View<const T> v, View<T> out,
                                   const AttentionOptions& options, TensorView lse) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
-  const Tensor q32 = widened(q, "scaled_dot_product_attention: q"), k32 = widened(k, "scaled_dot_product_attention: k"),
-               v32 = widened(v, "scaled_dot_product_attention: v");
+  const Tensor q32 = widened(q, "scaled_dot_product_attention: q");
   Tensor out32 = stand_in(out, "scaled_dot_product_attention: out");
   if (out.numel() > 0 && out.data == nullptr) detail::fail(fn, "out", "a pointer", "a null pointer");
-  scaled_dot_product_attention(view_or_none(q32), view_or_none(k32), view_or_none(v32), view_or_none(out32), options,
-                               lse);
+  if constexpr (std::is_same_v<T, bfloat16>) {  // keys and values read as they are; AVX512_BF16's dot product
+    for (const auto& [name, x] : {std::pair{"k", &k}, std::pair{"v", &v}})
+      if (x->numel() > 0 && x->data == nullptr) detail::fail(fn, name, "a pointer", "a null pointer");
+    detail::scaled_dot_product_attention_bf16_values(view_or_none(q32), k, v, view_or_none(out32), options, lse);
+  } else {
+    const Tensor k32 = widened(k, "scaled_dot_product_attention: k"), v32 = widened(v, "scaled_dot_product_attention: v");
+    scaled_dot_product_attention(view_or_none(q32), view_or_none(k32), view_or_none(v32), view_or_none(out32),
+                                 options, lse);
+  }
   round_into(out32, out);
 }
 

@@ -16,6 +16,13 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
                                      ConstTensorView v, TensorView out, const AttentionOptions& options,
                                      TensorView lse);
 
+// scaled_dot_product_attention of float32 queries that hold bfloat16 values (the bfloat16 entry
+// point's widened q) against bfloat16 keys and values: where the CPU has AVX512_BF16, the forward
+// multiplies them as bfloat16 pairs and rounds P to bfloat16 for P·V
+// (kernels/flash_attention_bf16.cpp); elsewhere the 16-bit KV cache's entry point.
+void scaled_dot_product_attention_bf16_values(ConstTensorView q, View<const bfloat16> k, View<const bfloat16> v,
+                                              TensorView out, const AttentionOptions& options, TensorView lse);
+
 // The 16-bit KV cache entry points (contiguous and paged), likewise.
 template <Float16Element T>
 void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, View<const T> k, View<const T> v,

@@ -54,6 +54,10 @@ struct AttentionParams {
   // dropped); keep_ij from dropout_scales. 0: none.
   float dropout = 0.0f;
   uint64_t dropout_seed = 0;
+  // q, k and v hold bfloat16 values (the bfloat16 entry point's widened inputs): a forward may
+  // multiply them as bfloat16 pairs and round P to bfloat16 for P·V (dispatch.h:
+  // attention_forward_bf16_dot).
+  bool bf16_values = false;
   float* out = nullptr;  // [B, Hq, Tq, Dv]; null when only lse is wanted
   Strides4 out_stride{};
   float* lse = nullptr;  // [B, Hq, Tq] (stride[3] unused), or null

@@ -39,4 +39,9 @@ void matmul_bt_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t
 void gemm_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
                    float* C, int64_t ldc, bool accumulate);
 
+// gemm_bt_bf16_dot's twin: C[M, N] (ldc) = bf16(A)[M, K] (lda) · B[N, K]ᵀ (ldb, bfloat16), A
+// rounded to bfloat16 by float_to_bf16 and the products summed in float64.
+void gemm_bt_bf16_dot_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,
+                          int64_t ldb, float* C, int64_t ldc);
+
 }  // namespace mhsa::kernels

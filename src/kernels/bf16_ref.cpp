@@ -32,6 +32,18 @@ void matmul_bt_f16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
   matmul_bt_16_ref(M, N, K, A, lda, B, ldb, C, ldc, f16_to_float);
 }
 
+void gemm_bt_bf16_dot_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B,
+                          int64_t ldb, float* C, int64_t ldc) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k)
+        acc += double{bf16_to_float(float_to_bf16(A[i * lda + k]))} * bf16_to_float(B[j * ldb + k]);
+      C[i * ldc + j] = static_cast<float>(acc);
+    }
+}
+
 void gemm_bf16_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
                    float* C, int64_t ldc, bool accumulate) {
 #pragma omp parallel for collapse(2) schedule(static)

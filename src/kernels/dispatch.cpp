@@ -35,7 +35,13 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       &avx512::matmul_bt_q4_k, &avx512::matmul_bt_parts_q4_k, &avx512::gemm_bt_q4_k,
       &avx512::gemm_bf16,
       &avx512::matmul_bt_f16, &avx512::matmul_bt_parts_f16, &avx512::gemm_bt_f16};
-  if (isa == cpu::Isa::avx512) return avx512_table;
+  static const KernelTable avx512_bf16_table = [] {
+    KernelTable t = avx512_table;
+    t.gemm_bt_bf16_dot = &avx512bf16::gemm_bt_bf16_dot;
+    t.attention_forward_bf16_dot = &avx512bf16::attention_forward_bf16_dot;
+    return t;
+  }();
+  if (isa == cpu::Isa::avx512) return cpu::bf16_dot() ? avx512_bf16_table : avx512_table;
   if (isa == cpu::Isa::avx2) return avx2_table;
 #endif
   (void)isa;

@@ -127,6 +127,13 @@ MHSA_DECLARE_ISA_KERNELS(avx2)
 MHSA_DECLARE_ISA_KERNELS(avx512)
 #undef MHSA_DECLARE_ISA_KERNELS
 
+// AVX512_BF16's dot product (kernels/gemm_bf16_dot.cpp), on x86 builds only; run where cpu::bf16_dot().
+namespace avx512bf16 {
+void gemm_bt_bf16_dot(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                      float* C, int64_t ldc);
+bool attention_forward_bf16_dot(const AttentionParams& p);
+}
+
 struct KernelTable {
   // C[M, N] = A[M, K] · B[K, N] + bias[N] (bias may be null); row-major with leading dimensions.
   // Deterministic: each element of C is summed by one thread in a fixed order.
@@ -212,6 +219,19 @@ struct KernelTable {
   decltype(&portable::matmul_bt_f16) matmul_bt_f16;
   decltype(&portable::matmul_bt_parts_f16) matmul_bt_parts_f16;
   decltype(&portable::gemm_bt_f16) gemm_bt_f16;
+  // C[M, N] = bf16(A) · B[N, K]ᵀ with B stored as bfloat16 and A rounded to bfloat16 (nearest
+  // even), each element one float32 chain over K's pairs (vdpbf16ps; spelled out in
+  // kernels/gemm_bf16_dot.cpp): prefill and training's forward over bfloat16 weights, about twice
+  // gemm_bt_bf16's arithmetic rate. Null unless the CPU has AVX512_BF16 and the table is
+  // AVX-512's (cpu::bf16_dot()); callers fall back to gemm_bt_bf16. Twin: gemm_bt_bf16_dot_ref.
+  decltype(&avx512bf16::gemm_bt_bf16_dot) gemm_bt_bf16_dot = nullptr;
+  // The attention forward for bfloat16 q, k, v (p.bf16_values) with Q·Kᵀ and P·V on bfloat16 pairs,
+  // P rounded to bfloat16 (kernels/flash_attention_bf16.cpp); false, having done nothing, for the
+  // shapes it does not take (decode, dropout, 16-bit or paged caches). Null where
+  // gemm_bt_bf16_dot is. Twin: attention_forward_ref (within the rounding of P).
+  decltype(&avx512bf16::attention_forward_bf16_dot) attention_forward_bf16_dot = nullptr;
+  // The GEMM for many rows over bfloat16 weights: gemm_bt_bf16_dot where there is one.
+  decltype(&portable::gemm_bt_bf16) gemm_bt_bf16_many() const { return gemm_bt_bf16_dot ? gemm_bt_bf16_dot : gemm_bt_bf16; }
 };
 
 const KernelTable& kernels_for(cpu::Isa isa);

@@ -86,47 +86,6 @@ struct Scratch {
         m(kBr), l(kBr), begin(kBr), end(kBr), z(kBc) {}
 };
 
-// Online-softmax update of one row of scores s[0, n) (n a multiple of kLanes), first multiplied
-// by `scale`: turns them into probabilities and rescales the row's output o[0, dv) when its
-// running max moves. The scale is applied here, not folded into q, to spare q·k a rounding.
-// NaN: the max skips NaN scores, but e^(NaN − m) is NaN, so a NaN score makes l (and the
-// output) NaN; m stays −∞ only while every score so far is −∞ or NaN, and l == 0 only while
-// every score is −∞ (a masked row).
-void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t dv) {
-  Vec vmax = splat(kNegInf);
-  const Vec sc = splat(scale);
-  for (int64_t j = 0; j < n; j += kLanes) {
-    const Vec x = load(s + j) * sc;
-    store(s + j, x);
-    vmax = max(vmax, x);
-  }
-  const float m_new = std::max(m, reduce_max(vmax));
-  if (m_new == kNegInf) {  // every score −∞ (masked) or NaN
-    bool nan = false;
-    for (int64_t j = 0; j < n; ++j) nan |= std::isnan(s[j]);
-    if (nan) {  // the row is NaN: poison l and o, whatever comes later
-      l = std::numeric_limits<float>::quiet_NaN();
-      for (int64_t d = 0; d < dv; ++d) o[d] = l;
-    }
-    for (int64_t j = 0; j < n; j += kLanes) store(s + j, splat(0.0f));  // nothing to add to o
-    return;
-  }
-  if (m_new > m) {
-    const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
-    l *= alpha;
-    for (int64_t d = 0; d < dv; ++d) o[d] *= alpha;
-    m = m_new;
-  }
-  const Vec mv = splat(m_new);
-  Vec sum = splat(0.0f);
-  for (int64_t j = 0; j < n; j += kLanes) {
-    const Vec e = exp(load(s + j) - mv);
-    store(s + j, e);
-    sum += e;
-  }
-  l += reduce_sum(sum);
-}
-
 // Rows [i0, i0 + rows) of query head h against the packed keys of its kv head.
 void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_t h, int64_t i0, int64_t rows,
                  Scratch& w) {

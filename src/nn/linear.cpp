@@ -84,7 +84,7 @@ void linear_forward(int64_t rows, const float* x, int64_t ldx, const HalfMatrix&
   else if (f16)
     k.gemm_bt_f16(rows, w.rows, w.cols, x, ldx, w.f16(), w.cols, y, ldy);
   else
-    k.gemm_bt_bf16(rows, w.rows, w.cols, x, ldx, w.data.data(), w.cols, y, ldy);
+    k.gemm_bt_bf16_many()(rows, w.rows, w.cols, x, ldx, w.data.data(), w.cols, y, ldy);
   if (b) add_bias(rows, w.rows, b, y, ldy);
 }
 

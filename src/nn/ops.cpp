@@ -233,7 +233,7 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const HalfMatrix
       if (f16)
         k.gemm_bt_f16(rows, n, w.cols, h, ldh, w.f16(v0), w.cols, logits + v0, w.rows);
       else
-        k.gemm_bt_bf16(rows, n, w.cols, h, ldh, w.row(v0), w.cols, logits + v0, w.rows);
+        k.gemm_bt_bf16_many()(rows, n, w.cols, h, ldh, w.row(v0), w.cols, logits + v0, w.rows);
     }
   }
   if (softcap > 0) softcap_forward(rows, w.rows, softcap, logits);
@@ -354,7 +354,7 @@ double lm_head_loss(int64_t rows, const float* h, const HalfMatrix& w, float sof
       rows, V, C, h, softcap, targets, counted, dh, dw,
       [&](int64_t R, const float* hr, float* logits) {  // a block of vocabulary at a time (bounded packed B)
         for (int64_t v0 = 0; v0 < V; v0 += kHeadChunk)
-          k.gemm_bt_bf16(R, std::min(kHeadChunk, V - v0), C, hr, C, w.row(v0), C, logits + v0, V);
+          k.gemm_bt_bf16_many()(R, std::min(kHeadChunk, V - v0), C, hr, C, w.row(v0), C, logits + v0, V);
       },
       [&](int64_t R, const float* dl, float* dhr) { k.gemm_bf16(R, C, V, dl, V, w.data.data(), C, dhr, C, false); });
 }

@@ -3,13 +3,18 @@
 // a window, a mask and kv_lengths, the forward's lse and the backward's gradients equal, bit for
 // bit, the float32 entry point run on the widened inputs with its results rounded to nearest even;
 // the rounding itself is checked against the float64 value (at most half a unit in the last
-// place); bad shapes are named as in float32.
+// place); bad shapes are named as in float32. Where the CPU has AVX512_BF16, the bfloat16 forward
+// runs on its dot product with P rounded to bfloat16 (kernels/flash_attention_bf16.cpp): there it
+// is checked against the float64 reference within that rounding, on these cases and on a grid of
+// head sizes, lengths and options; ctest runs this file again with MHSA_BF16_DOT=0 for the
+// bitwise contract.
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/bf16.h"
+#include "kernels/dispatch.h"
 #include "kernels/half.h"
 #include "mhsa/attention.h"
 #include "mhsa/error.h"
@@ -68,6 +73,39 @@ void expect_rounded(const std::vector<T>& got, const Tensor& wide, const char* w
   }
 }
 
+// Whether a bfloat16 forward of this shape runs on AVX512_BF16's dot product (the blocked path:
+// more than 8 query rows; the decode path stays float32).
+template <class T>
+bool dot_forward(int64_t Tq) {
+  return std::is_same_v<T, bfloat16> && kernels::kernels().attention_forward_bf16_dot && Tq > 8;
+}
+
+// out and lse of the dot-product forward against the float64 reference on the same (widened)
+// inputs: lse within float32 sums' error, out within P's rounding to bfloat16 (2^-9 of the values
+// averaged, vmax) and out's own (2^-9 of it), with room for two units.
+template <class T>
+void expect_near_reference(const std::vector<T>& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const AttentionOptions& options) {
+  AttentionOptions ref_options = options;
+  ref_options.backend = Backend::reference;
+  Tensor ref({q.dim(0), q.dim(1), q.dim(2), v.dim(3)}), ref_lse({q.dim(0), q.dim(1), q.dim(2)});
+  scaled_dot_product_attention(q.view(), k.view(), v.view(), ref.view(), ref_options, ref_lse.view());
+  for (int64_t i = 0; i < lse.numel(); ++i) {
+    const double want = ref_lse.data()[i];
+    if (std::isinf(want)) ASSERT_EQ(lse.data()[i], want) << "lse " << i;
+    else ASSERT_NEAR(lse.data()[i], want, 2e-5 * (1 + std::fabs(want))) << "lse " << i;
+  }
+  double vmax = 0, sq_err = 0, sq_ref = 0;
+  for (int64_t i = 0; i < v.numel(); ++i) vmax = std::max(vmax, double{std::fabs(v.data()[i])});
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double want = ref.data()[i], err = std::fabs(widen(out[i]) - want);
+    ASSERT_LE(err, 0x1p-8 * (vmax + std::fabs(want))) << "out " << i;
+    sq_err += err * err;
+    sq_ref += want * want;
+  }
+  EXPECT_LE(std::sqrt(sq_err / std::max(sq_ref, 1e-30)), 4e-3) << "out: relative L2";
+}
+
 template <class T>
 void check_case(const AttentionOptions& options, int64_t Tq, int64_t Tk) {
   auto gen = test_rng();
@@ -80,8 +118,12 @@ void check_case(const AttentionOptions& options, int64_t Tq, int64_t Tk) {
   scaled_dot_product_attention<T>(q.view, k.view, v.view, View<T>(out.data(), {B, Hq, Tq, Dv}), options, lse.view());
   Tensor out32({B, Hq, Tq, Dv}), lse32({B, Hq, Tq});
   scaled_dot_product_attention(q.wide.view(), k.wide.view(), v.wide.view(), out32.view(), options, lse32.view());
-  ASSERT_EQ(std::memcmp(lse.data(), lse32.data(), sizeof(float) * lse.numel()), 0) << "lse";
-  expect_rounded(out, out32, "out");
+  if (dot_forward<T>(Tq)) {
+    expect_near_reference(out, lse, q.wide, k.wide, v.wide, options);
+  } else {
+    ASSERT_EQ(std::memcmp(lse.data(), lse32.data(), sizeof(float) * lse.numel()), 0) << "lse";
+    expect_rounded(out, out32, "out");
+  }
 
   // The backward from the 16-bit out (as a caller has it), against float32 on its widened copy.
   const View<const T> out_view(out.data(), {B, Hq, Tq, Dv});
@@ -126,6 +168,44 @@ void check_all() {
 
 TEST(Attention16Bit, BFloat16EqualsFloat32OnWidenedInputsRounded) { check_all<bfloat16>(); }
 TEST(Attention16Bit, Float16EqualsFloat32OnWidenedInputsRounded) { check_all<float16>(); }
+
+// The bfloat16 forward on a grid of head sizes (odd pairs: D 40 and Dv 24 are whole, D 97 is not),
+// lengths (one key block and several; Tq ≠ Tk) and options, against the float64 reference: on
+// AVX512_BF16 the dot-product kernel (within P's rounding), elsewhere the float32 kernels (which
+// meet the same bound).
+TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
+  auto gen = test_rng();
+  struct Case {
+    int64_t D, Dv, Tq, Tk;
+    AttentionOptions options;
+  };
+  AttentionOptions plain, causal, top_left, window, capped, padded;
+  causal.causal = true;
+  top_left.causal = true;
+  top_left.causal_alignment = CausalAlignment::top_left;
+  window.causal = true;
+  window.window = {100, -1};
+  capped.softcap = 5.0f;
+  const std::vector<int64_t> lengths{300, 7};
+  padded.kv_lengths = lengths;
+  const std::vector<Case> cases = {{64, 64, 97, 97, causal},      {40, 24, 300, 300, plain},
+                                   {80, 80, 97, 1025, top_left},  {96, 96, 1025, 1025, window},
+                                   {97, 33, 50, 300, capped},     {128, 128, 300, 300, padded},
+                                   {64, 64, 9, 513, causal}};
+  for (const Case& c : cases) {
+    const int64_t B = 2, Hq = 4, Hkv = 2;
+    const auto q = random_input<bfloat16>(gen, {B, Hq, c.Tq, c.D}, 1.0f),
+               k = random_input<bfloat16>(gen, {B, Hkv, c.Tk, c.D}, 1.0f),
+               v = random_input<bfloat16>(gen, {B, Hkv, c.Tk, c.Dv}, 1.0f);
+    std::vector<bfloat16> out(static_cast<size_t>(B * Hq * c.Tq * c.Dv));
+    Tensor lse({B, Hq, c.Tq});
+    scaled_dot_product_attention<bfloat16>(q.view, k.view, v.view, View<bfloat16>(out.data(), {B, Hq, c.Tq, c.Dv}),
+                                           c.options, lse.view());
+    SCOPED_TRACE("D=" + std::to_string(c.D) + " Dv=" + std::to_string(c.Dv) + " Tq=" + std::to_string(c.Tq) +
+                 " Tk=" + std::to_string(c.Tk));
+    expect_near_reference(out, lse, q.wide, k.wide, v.wide, c.options);
+  }
+}
 
 TEST(Attention16Bit, BadShapesAreNamed) {
   std::vector<bfloat16> q(2 * 3 * 5 * 8), k(2 * 3 * 4 * 7), v(2 * 3 * 4 * 8), out(2 * 3 * 5 * 8);

@@ -217,6 +217,60 @@ TEST(Bf16, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) { check_parts_a
 TEST(F16Weights, MatmulBtMatchesTheReferenceAndTheFloatKernel) { check_against_reference_and_float_kernels<F16Format>(); }
 TEST(F16Weights, PartsAreMatmulBtAndBitwiseIdenticalForAnyThreadCount) { check_parts_and_threads<F16Format>(); }
 
+// gemm_bt_bf16_dot (AVX512_BF16's vdpbf16ps; only where the CPU has it): against its float64 twin
+// (A rounded to bfloat16) within a float32 chain's error and much further from the product of the
+// unrounded A (so A is rounded); odd K (a half pair), edge panels and rows, several K blocks.
+TEST(Bf16, DotProductGemmMatchesItsTwin) {
+  const kernels::KernelTable& k = kernels::kernels_for(cpu::usable_isas().back());
+  if (!k.gemm_bt_bf16_dot) GTEST_SKIP() << "no AVX512_BF16 on this CPU (or MHSA_BF16_DOT=0): nothing to test";
+  auto gen = test_rng();
+  for (int64_t M : {9, 13, 50, 97})
+    for (int64_t K : {1, 2, 3, 31, 40, 97, 600})
+      for (int64_t N : {1, 31, 33, 100})
+        for (int64_t b_pad : {5, 0}) {
+          const Operands<Bf16Format> o = make<Bf16Format>(gen, M, N, K, b_pad);
+          const int64_t ldc = N + 2;
+          std::vector<float> twin(static_cast<size_t>(M * ldc), 0.0f), unrounded(twin), got(twin);
+          kernels::gemm_bt_bf16_dot_ref(M, N, K, o.a.data(), o.lda, o.bits.data(), o.ldb, twin.data(), ldc);
+          kernels::matmul_bt_bf16_ref(M, N, K, o.a.data(), o.lda, o.bits.data(), o.ldb, unrounded.data(), ldc);
+          k.gemm_bt_bf16_dot(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, got.data(), ldc);
+          const std::string what = "M=" + std::to_string(M) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
+                                   " ldb=" + std::to_string(o.ldb);
+          const double e = scaled_error(o, got, twin, ldc);
+          EXPECT_LE(e, 4e-7 * std::sqrt(double(K))) << what;
+          if (K >= 31) EXPECT_GT(scaled_error(o, got, unrounded, ldc), 10 * e) << what << ": A not rounded?";
+        }
+}
+
+// gemm_bt_bf16_dot's bits depend on A, B and K only: the same for 1, 2 and 3 threads and for a
+// block of A's rows run alone; a NaN in A reaches its own row of C and no other.
+TEST(Bf16, DotProductGemmIsBitwiseIdenticalForAnySplit) {
+  const kernels::KernelTable& k = kernels::kernels_for(cpu::usable_isas().back());
+  if (!k.gemm_bt_bf16_dot) GTEST_SKIP() << "no AVX512_BF16 on this CPU (or MHSA_BF16_DOT=0): nothing to test";
+  auto gen = test_rng();
+  const int saved = omp_get_max_threads();
+  const int64_t M = 200, N = 300, K = 601, ldc = N;
+  Operands<Bf16Format> o = make<Bf16Format>(gen, M, N, K);
+  o.a[5 * o.lda + 17] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::vector<float>> out;
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    std::vector<float> c(static_cast<size_t>(M * ldc), 0.0f);
+    k.gemm_bt_bf16_dot(M, N, K, o.a.data(), o.lda, o.b.data(), o.ldb, c.data(), ldc);
+    out.push_back(c);
+  }
+  omp_set_num_threads(saved);
+  EXPECT_TRUE(same_bits(out[0], out[1])) << "1 vs 2 threads";
+  EXPECT_TRUE(same_bits(out[0], out[2])) << "1 vs 3 threads";
+  const int64_t r0 = 37, rows = 50;
+  std::vector<float> part(static_cast<size_t>(rows * ldc), 0.0f);
+  k.gemm_bt_bf16_dot(rows, N, K, o.a.data() + r0 * o.lda, o.lda, o.b.data(), o.ldb, part.data(), ldc);
+  EXPECT_TRUE(same_bits(part, std::vector<float>(out[0].begin() + r0 * ldc, out[0].begin() + (r0 + rows) * ldc)))
+      << "rows 37..86 alone vs in the whole";
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) ASSERT_EQ(std::isnan(out[0][i * ldc + j]), i == 5) << i << "," << j;
+}
+
 void check_family(const nlohmann::json& config) {
   check_16bit_family(config, WeightType::bf16, [](float x) { return bf16_to_float(float_to_bf16(x)); });
 }

@@ -27,6 +27,7 @@
 #include "mhsa/model.h"
 #include "model/access.h"
 #include "nn/profile.h"
+#include "kernels/dispatch.h"
 #include "test_util.h"
 
 namespace mhsa {
@@ -110,9 +111,13 @@ void run_family(const std::string& name, const json& config, WeightType dtype) {
   EXPECT_EQ(s.step({4, 3, 1, 0}, {20 + len(gen), 18, 17, 25}), 0.0);
   // Mixed: a new prompt chunk in the same forward as decode tokens (paths differ: rounding only).
   s.add(150);
+  // bfloat16 weights on AVX512_BF16's dot product: a step of more than 8 rows rounds its
+  // activations to bfloat16 (kernels::gemm_bt_bf16_dot), a decode token alone does not (seen up
+  // to 5e-3 with Gemma 2's soft-caps); ctest's Bf16WithoutDotProduct covers the float32 rounding.
+  const double tolerance = dtype == WeightType::bf16 && kernels::kernels().gemm_bt_bf16_dot ? 2e-2 : 1e-4;
   const double mixed = s.step({0, 5, 2, 4, 1}, {1, 12 + len(gen), 1, 1, 1});
-  EXPECT_LT(mixed, 1e-4);
-  for (int k = 0; k < 3; ++k) EXPECT_LT(s.step({5, 4, 0, 3, 2, 1}, {1, 1, 1, 1, 1, 1}), 1e-4);
+  EXPECT_LT(mixed, tolerance);
+  for (int k = 0; k < 3; ++k) EXPECT_LT(s.step({5, 4, 0, 3, 2, 1}, {1, 1, 1, 1, 1, 1}), tolerance);
 }
 
 TEST(ModelStep, EqualsExtendAloneForEveryFamily) {

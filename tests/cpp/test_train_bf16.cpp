@@ -156,7 +156,14 @@ void check_step(const std::string& arch, bool tied) {
   const double l16 = loss_and_grads(*half, batch, 2, o.context, g16);
   const double lr = loss_and_grads(*rounded, batch, 2, o.context, gr);
   const double l32 = loss_and_grads(*exact, batch, 2, o.context, g32);
-  EXPECT_EQ(l16, lr) << "the bf16 forward is the float32 forward on the rounded matrices";
+  // Where bfloat16 GEMMs run on AVX512_BF16's dot product, the forward's activations are rounded
+  // to bfloat16 too (kernels::gemm_bt_bf16_dot): near the rounded model, not bit for bit (ctest's
+  // Bf16WithoutDotProduct runs these again with MHSA_BF16_DOT=0 for the bitwise contract).
+  const bool dot = kernels::kernels().gemm_bt_bf16_dot != nullptr;
+  if (dot)
+    EXPECT_NEAR(l16, lr, 1e-3 * std::abs(lr)) << "the bf16 forward is near the float32 forward on the rounded matrices";
+  else
+    EXPECT_EQ(l16, lr) << "the bf16 forward is the float32 forward on the rounded matrices";
   EXPECT_NE(l16, l32) << "the forward read the bfloat16 copy, not the masters";
   const auto params16 = half->parameters(), params32 = exact->parameters();
   ASSERT_EQ(g16.size(), gr.size());
@@ -164,7 +171,10 @@ void check_step(const std::string& arch, bool tied) {
   for (size_t i = 0; i < g16.size(); ++i) {
     const std::string& name = params16[i].first;
     ASSERT_EQ(g16[i].shape(), gr[i].shape()) << name;
-    EXPECT_TRUE(same_bits(g16[i].data(), gr[i].data(), g16[i].numel())) << name << ": vs the rounded float32 model";
+    if (dot)
+      EXPECT_LE(rel_error(g16[i], gr[i]), 0x1p-5) << name << ": vs the rounded float32 model";
+    else
+      EXPECT_TRUE(same_bits(g16[i].data(), gr[i].data(), g16[i].numel())) << name << ": vs the rounded float32 model";
     // Against the float32 gradient of the unrounded weights: bfloat16's 8-bit mantissas (relative
     // rounding ≤ 2^-9 per weight) move each gradient by a fraction of a percent; 2^-5 leaves room
     // for a small tensor's worst case, and would not hold if a gradient itself were rounded by a

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -141,6 +142,47 @@ inline float finish_scores(float* s, int64_t n, int64_t lo, int64_t hi, float sc
   std::fill(s, s + lo, -std::numeric_limits<float>::infinity());
   std::fill(s + hi, s + n, -std::numeric_limits<float>::infinity());
   return pending;
+}
+
+// The forwards' (flash_attention.cpp, flash_attention_bf16.cpp) online-softmax update of one row of scores s[0, n) (n a multiple of kLanes), first multiplied
+// by `scale`: turns them into probabilities and rescales the row's output o[0, dv) when its
+// running max moves. The scale is applied here, not folded into q, to spare q·k a rounding.
+// NaN: the max skips NaN scores, but e^(NaN − m) is NaN, so a NaN score makes l (and the
+// output) NaN; m stays −∞ only while every score so far is −∞ or NaN, and l == 0 only while
+// every score is −∞ (a masked row).
+inline void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t dv) {
+  Vec vmax = splat(-std::numeric_limits<float>::infinity());
+  const Vec sc = splat(scale);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const Vec x = load(s + j) * sc;
+    store(s + j, x);
+    vmax = max(vmax, x);
+  }
+  const float m_new = std::max(m, reduce_max(vmax));
+  if (m_new == -std::numeric_limits<float>::infinity()) {  // every score −∞ (masked) or NaN
+    bool nan = false;
+    for (int64_t j = 0; j < n; ++j) nan |= std::isnan(s[j]);
+    if (nan) {  // the row is NaN: poison l and o, whatever comes later
+      l = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t d = 0; d < dv; ++d) o[d] = l;
+    }
+    for (int64_t j = 0; j < n; j += kLanes) store(s + j, splat(0.0f));  // nothing to add to o
+    return;
+  }
+  if (m_new > m) {
+    const float alpha = m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m - m_new);
+    l *= alpha;
+    for (int64_t d = 0; d < dv; ++d) o[d] *= alpha;
+    m = m_new;
+  }
+  const Vec mv = splat(m_new);
+  Vec sum = splat(0.0f);
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const Vec e = exp(load(s + j) - mv);
+    store(s + j, e);
+    sum += e;
+  }
+  l += reduce_sum(sum);
 }
 
 // The forward's split-K decode path (flash_attention.cpp) takes few queries against many keys:
