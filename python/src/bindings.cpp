@@ -203,6 +203,10 @@ PYBIND11_MODULE(_core, m) {
   bind_chat(m);
   bind_gguf(m);
   bind_attention(m);
+  m.def("bf16_dot_product", &mhsa::cpu::bf16_dot,
+        "Whether bfloat16 work runs on AVX512_BF16's dot product here: a bfloat16 model's GEMMs over more "
+        "than 8 rows (prefill, training) round their activations to bfloat16, and bfloat16 attention's "
+        "forward rounds P to bfloat16. False without the instruction or with MHSA_BF16_DOT=0.");
   m.def("release_cached_memory", &mhsa::release_cached_memory,
         "Give the freed tensor memory that mhsa keeps for reuse (up to 1/8 of RAM) back to the system.");
   m.def("set_cached_memory_limit", &mhsa::set_cached_memory_limit, "bytes"_a,

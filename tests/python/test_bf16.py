@@ -48,19 +48,24 @@ def test_bf16_weights_against_transformers(case, rng, tmp_path):
         for name, p in rounded.named_parameters():
             if p.dim() == 2 and "wpe" not in name:
                 p.copy_(p.to(torch.bfloat16).double())
-    assert rel(got, logits(rounded, ids)) <= 1e-4
+    # Where AVX512_BF16's dot product runs the GEMMs of more than 8 rows, the activations entering
+    # them are rounded to bfloat16 too (seen 0.002 and 0.0085 from the rounded-weights model): then
+    # only within 2^-5 of it, and the comparison with transformers below is the test.
+    dot = mhsa.bf16_dot_product()
+    assert rel(got, logits(rounded, ids)) <= (2**-5 if dot else 1e-4)
     ours_err, theirs_err = rel(got, truth), rel(theirs, truth)
     assert ours_err <= theirs_err, f"mhsa bf16 {ours_err:.3g} vs transformers bf16 {theirs_err:.3g}"
 
-    check_decoding_and_no_gradients(m, ids, got)
+    check_decoding_and_no_gradients(m, ids, got, 2**-5 if dot else 1e-5)
 
 
-def check_decoding_and_no_gradients(m, ids, got):
+def check_decoding_and_no_gradients(m, ids, got, tolerance=1e-5):
     """A 16-bit model (test_f16_weights.py too): decoding through the cache gives the logits `got` of
-    the forward of `ids`, and gradients are refused."""
+    the forward of `ids` (within `tolerance`: the decode steps keep float32 activations where a
+    bfloat16 forward on AVX512_BF16 rounds them), and gradients are refused."""
     cache = m.new_cache(ids.shape[0], ids.shape[1])
     parts = [m.extend(cache, ids[:, :3])] + [m.extend(cache, ids[:, t:t + 1]) for t in range(3, ids.shape[1])]
-    assert rel(np.concatenate(parts, axis=1), got) <= 1e-5
+    assert rel(np.concatenate(parts, axis=1), got) <= tolerance
     with pytest.raises(Exception, match="float32 weights"):
         m.loss_and_grad(ids, ids)
 
