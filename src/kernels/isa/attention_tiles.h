@@ -150,7 +150,9 @@ inline float finish_scores(float* s, int64_t n, int64_t lo, int64_t hi, float sc
 // NaN: the max skips NaN scores, but e^(NaN − m) is NaN, so a NaN score makes l (and the
 // output) NaN; m stays −∞ only while every score so far is −∞ or NaN, and l == 0 only while
 // every score is −∞ (a masked row).
-inline void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t dv) {
+// exp_fn: e^x of a vector (simd.h's exp unless a kernel brings its own).
+template <class ExpFn>
+inline void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t dv, ExpFn exp_fn) {
   Vec vmax = splat(-std::numeric_limits<float>::infinity());
   const Vec sc = splat(scale);
   for (int64_t j = 0; j < n; j += kLanes) {
@@ -178,11 +180,14 @@ inline void softmax_row(float* s, int64_t n, float scale, float& m, float& l, fl
   const Vec mv = splat(m_new);
   Vec sum = splat(0.0f);
   for (int64_t j = 0; j < n; j += kLanes) {
-    const Vec e = exp(load(s + j) - mv);
+    const Vec e = exp_fn(load(s + j) - mv);
     store(s + j, e);
     sum += e;
   }
   l += reduce_sum(sum);
+}
+inline void softmax_row(float* s, int64_t n, float scale, float& m, float& l, float* o, int64_t dv) {
+  softmax_row(s, n, scale, m, l, o, dv, [](Vec x) { return exp(x); });
 }
 
 // The forward's split-K decode path (flash_attention.cpp) takes few queries against many keys:
