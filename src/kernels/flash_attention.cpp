@@ -133,18 +133,7 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
         tile_fn<AccumulateTile>(std::min<int64_t>(kRows, rows - r), std::min<int64_t>(kCols, (dv_pad - c) / kLanes))(
             w.s.data() + r * kBc + skip, kBc, vb + c, dv_pad, keys, w.o.data() + r * dv_pad + c, dv_pad);
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + r;
-    const bool masked = w.l[r] == 0.0f;  // no visible key (NaN l is a NaN row, not a masked one)
-    const float inv = 1.0f / w.l[r];
-    if (p.out) {
-      float* out = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
-      for (int64_t d = 0; d < p.Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : w.o[r * dv_pad + d] * inv;
-    }
-    if (p.lse)
-      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-          masked ? kNegInf : w.m[r] + std::log(w.l[r]);
-  }
+  write_rows(p, b, h, i0, rows, w.m.data(), w.l.data(), w.o.data(), dv_pad);
 }
 
 // ---- Split-K decode: few query rows per kv head, many keys. ----

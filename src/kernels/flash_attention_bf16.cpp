@@ -90,84 +90,47 @@ inline Vec exp_scalef(Vec x) {
   const __mmask16 under = _mm512_cmp_ps_mask(x, splat(-87.33f), _CMP_LT_OQ);
   x = min(splat(88.0f), max(splat(-87.33f), x));  // max and min return x when it is NaN
   const Vec n = _mm512_roundscale_ps(x * 1.44269504088896341f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  Vec r = fma(n, splat(-0.693359375f), x);
-  r = fma(n, splat(2.12194440e-4f), r);
-  Vec p = splat(1.0f / 5040.0f);
-  p = fma(p, r, splat(1.0f / 720.0f));
-  p = fma(p, r, splat(1.0f / 120.0f));
-  p = fma(p, r, splat(1.0f / 24.0f));
-  p = fma(p, r, splat(1.0f / 6.0f));
-  p = fma(p, r, splat(0.5f));
-  p = fma(p, r, splat(1.0f));
-  p = fma(p, r, splat(1.0f));
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(p, n));
+  const Vec r = fma(n, splat(2.12194440e-4f), fma(n, splat(-0.693359375f), x));  // ln2 in two parts
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(exp_taylor7(r), n));
 }
 
-// s[R, C·16] (lds) = Q[R, pairs of D] (q: [R][d2] words) · the key block's pairs (kt: [d2][kBk] words).
-template <int R, int C>
-void scores_tile(const uint32_t* q, int64_t d2, const uint32_t* kt, float* s, int64_t lds) {
+// out[R, C·16] (ldo) = (kAdd ? out : 0) + Σ_i a[r·lda + i] · b[i·ldb + (16 c ...)] over `steps` pairs,
+// each a's word broadcast against C vectors of b's words by vdpbf16ps; the sum starts from 0 and
+// is added to out at the end. Scores: a the queries' pairs of D ([R][d2]), b the key block's
+// ([d2][kBk]). Output: a the probabilities' pairs of keys (rows kBk2 apart), b the values' ([pairs][dv_pad]).
+template <int R, int C, bool kAdd>
+void dot_tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t steps, float* out, int64_t ldo) {
   __m512 acc[R][C];
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < d2; ++p) {
-    __m512bh kv[C];
+  for (int64_t i = 0; i < steps; ++i) {
+    __m512bh bv[C];
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) kv[c] = as_bh(_mm512_load_si512(kt + p * kBk + c * 16));
+    for (int c = 0; c < C; ++c) bv[c] = as_bh(_mm512_load_si512(b + i * ldb + c * 16));
 #pragma GCC unroll 6
     for (int r = 0; r < R; ++r) {
-      const __m512bh qv = as_bh(_mm512_set1_epi32(static_cast<int>(q[r * d2 + p])));
+      const __m512bh av = as_bh(_mm512_set1_epi32(static_cast<int>(a[r * lda + i])));
 #pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], qv, kv[c]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
     }
   }
 #pragma GCC unroll 6
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(s + r * lds + c * 16, acc[r][c]);
-}
-
-// o[R, C·16] (ldo) += P[R, pairs of keys] (pw: rows ldp words apart) · V's pairs (v: [pairs][ldv]
-// words), the pairs' sum starting from 0 and added to o at the end.
-template <int R, int C>
-void accumulate_tile(const uint32_t* pw, int64_t ldp, const uint32_t* v, int64_t ldv, int64_t pairs, float* o,
-                     int64_t ldo) {
-  __m512 acc[R][C];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < pairs; ++i) {
-    __m512bh vv[C];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) vv[c] = as_bh(_mm512_load_si512(v + i * ldv + c * 16));
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512bh pv = as_bh(_mm512_set1_epi32(static_cast<int>(pw[r * ldp + i])));
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], pv, vv[c]);
+    for (int c = 0; c < C; ++c) {
+      float* o = out + r * ldo + c * 16;
+      _mm512_storeu_ps(o, kAdd ? _mm512_add_ps(acc[r][c], _mm512_loadu_ps(o)) : acc[r][c]);
     }
-  }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c)
-      _mm512_storeu_ps(o + r * ldo + c * 16, _mm512_add_ps(acc[r][c], _mm512_loadu_ps(o + r * ldo + c * 16)));
 }
 
-using ScoresFn = void (*)(const uint32_t*, int64_t, const uint32_t*, float*, int64_t);
-using AccumulateFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t);
-template <int C>
-ScoresFn scores_fn(int64_t rows) {
-  static constexpr ScoresFn table[kR] = {scores_tile<1, C>, scores_tile<2, C>, scores_tile<3, C>,
-                                         scores_tile<4, C>, scores_tile<5, C>, scores_tile<6, C>};
-  return table[rows - 1];
-}
-AccumulateFn accumulate_fn(int64_t rows, int64_t cols) {
-#define MHSA_ROW(R) {accumulate_tile<R, 1>, accumulate_tile<R, 2>, accumulate_tile<R, 3>, accumulate_tile<R, 4>}
-  static constexpr AccumulateFn table[kR][kC] = {MHSA_ROW(1), MHSA_ROW(2), MHSA_ROW(3),
-                                                 MHSA_ROW(4), MHSA_ROW(5), MHSA_ROW(6)};
+using DotTileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t);
+template <bool kAdd>
+DotTileFn dot_tile_fn(int64_t rows, int64_t cols) {
+#define MHSA_ROW(R) {dot_tile<R, 1, kAdd>, dot_tile<R, 2, kAdd>, dot_tile<R, 3, kAdd>, dot_tile<R, 4, kAdd>}
+  static constexpr DotTileFn table[kR][kC] = {MHSA_ROW(1), MHSA_ROW(2), MHSA_ROW(3),
+                                              MHSA_ROW(4), MHSA_ROW(5), MHSA_ROW(6)};
 #undef MHSA_ROW
   return table[rows - 1][cols - 1];
 }
@@ -214,15 +177,9 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
     const uint32_t* kt = kv.kt.data() + kb * d2 * kBk;
     for (int64_t r = 0; r < rows; r += kR) {
       const int64_t R = std::min<int64_t>(kR, rows - r);
-      for (int64_t c = c_begin; c < c_end; c += kC * 16) {
-        float* s = w.s.data() + r * kBk + c;
-        switch (std::min<int64_t>(kC, (c_end - c) / 16)) {
-          case 4: scores_fn<4>(R)(w.q.data() + r * d2, d2, kt + c, s, kBk); break;
-          case 3: scores_fn<3>(R)(w.q.data() + r * d2, d2, kt + c, s, kBk); break;
-          case 2: scores_fn<2>(R)(w.q.data() + r * d2, d2, kt + c, s, kBk); break;
-          default: scores_fn<1>(R)(w.q.data() + r * d2, d2, kt + c, s, kBk); break;
-        }
-      }
+      for (int64_t c = c_begin; c < c_end; c += kC * 16)
+        dot_tile_fn<false>(R, std::min<int64_t>(kC, (c_end - c) / 16))(w.q.data() + r * d2, d2, kt + c, kBk, d2,
+                                                                      w.s.data() + r * kBk + c, kBk);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t j1 = j0 + c_begin;  // the first key of the row's scores
@@ -246,21 +203,10 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
     const uint32_t* vb = kv.v.data() + (kb * kBk2 + skip) * dv_pad;
     for (int64_t r = 0; r < rows; r += kR)
       for (int64_t c = 0; c < dv_pad; c += kC * 16)
-        accumulate_fn(std::min<int64_t>(kR, rows - r), std::min<int64_t>(kC, (dv_pad - c) / 16))(
+        dot_tile_fn<true>(std::min<int64_t>(kR, rows - r), std::min<int64_t>(kC, (dv_pad - c) / 16))(
             w.pw.data() + r * kBk2 + skip, kBk2, vb + c, dv_pad, pairs, w.o.data() + r * dv_pad + c, dv_pad);
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + r;
-    const bool masked = w.l[r] == 0.0f;  // no visible key (NaN l is a NaN row, not a masked one)
-    const float inv = 1.0f / w.l[r];
-    if (p.out) {
-      float* out = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
-      for (int64_t d = 0; d < p.Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : w.o[r * dv_pad + d] * inv;
-    }
-    if (p.lse)
-      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
-          masked ? kNegInf : w.m[r] + std::log(w.l[r]);
-  }
+  write_rows(p, b, h, i0, rows, w.m.data(), w.l.data(), w.o.data(), dv_pad);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 // panels of kMR = 12 rows a cache block at a time ([kc/2][12] words); the micro-kernel keeps a
 // 12 × 32 tile of C in 24 registers and per pair of K issues two loads of B, twelve broadcasts of
 // A's pair and 24 vdpbf16ps (64 multiply-adds each against an FMA's 32).
+#define MHSA_ISA avx512bf16
 #include <immintrin.h>
 #include <omp.h>
 
@@ -27,6 +28,8 @@
 #include <cstring>
 #include <memory>
 #include <utility>
+
+#include "kernels/isa/transpose.h"
 
 namespace mhsa::kernels::avx512bf16 {
 namespace {
@@ -91,26 +94,6 @@ constexpr std::array<MicroTile, sizeof...(R)> micro_table(std::integer_sequence<
   return {&micro_tile<R + 1>...};
 }
 constexpr std::array<MicroTile, kMR> kMicro = micro_table(std::make_integer_sequence<int, kMR>{});
-
-// The eight rows r[0..7] of eight 32-bit words transposed in place (words: pairs of bfloat16).
-inline void transpose8x8(__m256 r[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
 
 // The pair p (elements 2p, 2p+1) of a bfloat16 row of length K as one word; past K, zero.
 inline uint32_t pair_word(const uint16_t* row, int64_t K, int64_t p) {

@@ -190,6 +190,25 @@ inline void softmax_row(float* s, int64_t n, float scale, float& m, float& l, fl
   softmax_row(s, n, scale, m, l, o, dv, [](Vec x) { return exp(x); });
 }
 
+// The blocked forwards' last step for rows [i0, i0 + rows) of query head h: out = o / l (0 for a
+// row with no visible key; a NaN l is a NaN row, not a masked one), lse = m + log l (−∞ there).
+// o: the rows' unnormalised outputs, ldo apart.
+inline void write_rows(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64_t rows, const float* m,
+                       const float* l, const float* o, int64_t ldo) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    const bool masked = l[r] == 0.0f;
+    const float inv = 1.0f / l[r];
+    if (p.out) {
+      float* out = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
+      for (int64_t d = 0; d < p.Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : o[r * ldo + d] * inv;
+    }
+    if (p.lse)
+      p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+          masked ? -std::numeric_limits<float>::infinity() : m[r] + std::log(l[r]);
+  }
+}
+
 // The forward's split-K decode path (flash_attention.cpp) takes few queries against many keys:
 // Tq <= kDecodeQueries and at most kDecodeRows query rows per kv head, rows of unit stride, no
 // dropout (a training-time option; decoding never drops).

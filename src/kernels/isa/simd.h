@@ -191,6 +191,19 @@ inline float reduce_max(Vec v) {
   return reduce(v, [](Vec a, Vec b) { return a > b ? a : b; });
 }
 
+// e^r by its Taylor series to r^7 (truncation error < |r|^8/8! < 5e-9 for |r| <= ln2/2): the
+// polynomial of exp below (and of the bfloat16 attention's exp, flash_attention_bf16.cpp).
+inline Vec exp_taylor7(Vec r) {
+  Vec p = splat(1.0f / 5040.0f);
+  p = fma(p, r, splat(1.0f / 720.0f));
+  p = fma(p, r, splat(1.0f / 120.0f));
+  p = fma(p, r, splat(1.0f / 24.0f));
+  p = fma(p, r, splat(1.0f / 6.0f));
+  p = fma(p, r, splat(0.5f));
+  p = fma(p, r, splat(1.0f));
+  return fma(p, r, splat(1.0f));
+}
+
 // e^x for every lane: range reduction x = n·ln2 + r with |r| <= ln2/2, a degree-7 polynomial for
 // e^r, and 2^n built in the exponent bits. A few ulp on [-87.3, 88]; inputs below -87.3
 // (including -inf) give exactly 0, the value a masked score must contribute; inputs above 88
@@ -209,15 +222,7 @@ inline Vec exp(Vec x) {
   tf = __builtin_convertvector(ti, Vec);
   Vec r = x - tf * 0.693359375f;                // ln2 split in two for an exact product
   r = r - tf * -2.12194440e-4f;
-  // e^r by its Taylor series to r^7 (truncation error < |r|^8/8! < 5e-9 for |r| <= ln2/2).
-  Vec p = splat(1.0f / 5040.0f);
-  p = fma(p, r, splat(1.0f / 720.0f));
-  p = fma(p, r, splat(1.0f / 120.0f));
-  p = fma(p, r, splat(1.0f / 24.0f));
-  p = fma(p, r, splat(1.0f / 6.0f));
-  p = fma(p, r, splat(0.5f));
-  p = fma(p, r, splat(1.0f));
-  p = fma(p, r, splat(1.0f));
+  const Vec p = exp_taylor7(r);
   const IVec bits = (ti + 127) << 23;
   Vec scale;
   std::memcpy(&scale, &bits, sizeof(Vec));

@@ -1,0 +1,37 @@
+// kernels/isa/transpose.h — an 8 × 8 transpose of 32-bit elements in AVX registers, for the
+// packing of GEMM operands (gemm.cpp: floats; gemm_bf16_dot.cpp: pairs of bfloat16). Include it
+// after defining MHSA_ISA, in sources compiled with AVX2 or wider.
+#pragma once
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#ifndef MHSA_ISA
+#error "define MHSA_ISA (the ISA namespace) before including kernels/isa/transpose.h"
+#endif
+
+namespace mhsa::kernels::MHSA_ISA {
+#if defined(__AVX2__)
+// The eight rows r[0..7] (8 floats each) transposed in place: r[k] = (row 0[k], ..., row 7[k]).
+inline void transpose8x8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+#endif
+}  // namespace mhsa::kernels::MHSA_ISA
