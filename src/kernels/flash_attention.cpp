@@ -91,17 +91,10 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
                  Scratch& w) {
   const int64_t D = p.D, dv_pad = kv.dv_pad;
   const float* q = p.q + b * p.q_stride[0] + h * p.q_stride[1];
-  int64_t min_begin = p.Tk, max_end = 0;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = 0; r < rows; ++r)
     for (int64_t d = 0; d < D; ++d) w.q[r * D + d] = q[(i0 + r) * p.q_stride[2] + d * p.q_stride[3]];
-    const KeyRange keys = key_range(p, b, i0 + r);
-    w.begin[r] = keys.begin;
-    w.end[r] = keys.end;
-    min_begin = std::min(min_begin, keys.begin);
-    max_end = std::max(max_end, keys.end);
-    w.m[r] = kNegInf;
-    w.l[r] = 0.0f;
-  }
+  int64_t min_begin, max_end;
+  start_rows(p, b, i0, rows, w.begin.data(), w.end.data(), w.m.data(), w.l.data(), min_begin, max_end);
   std::fill(w.o.begin(), w.o.begin() + rows * dv_pad, 0.0f);
   // Blocks wholly before every row's window or past every row's limit are skipped.
   const int64_t first = min_begin / kBc, blocks = (max_end + kBc - 1) / kBc;

@@ -150,22 +150,15 @@ struct Scratch {
 // Rows [i0, i0 + rows) of query head h against the packed keys of its kv head.
 void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_t h, int64_t i0, int64_t rows,
                  Scratch& w) {
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t d2 = kv.d2, dv_pad = kv.dv_pad;
   const float* q = p.q + b * p.q_stride[0] + h * p.q_stride[1];
-  int64_t min_begin = p.Tk, max_end = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* qr = q + (i0 + r) * p.q_stride[2];
     const auto at = [&](int64_t d) { return d < p.D ? qr[d * p.q_stride[3]] : 0.0f; };
     for (int64_t i = 0; i < d2; ++i) w.q[r * d2 + i] = pair_of(at(2 * i), at(2 * i + 1));
-    const KeyRange keys = key_range(p, b, i0 + r);
-    w.begin[r] = keys.begin;
-    w.end[r] = keys.end;
-    min_begin = std::min(min_begin, keys.begin);
-    max_end = std::max(max_end, keys.end);
-    w.m[r] = kNegInf;
-    w.l[r] = 0.0f;
   }
+  int64_t min_begin, max_end;
+  start_rows(p, b, i0, rows, w.begin.data(), w.end.data(), w.m.data(), w.l.data(), min_begin, max_end);
   std::fill(w.o.begin(), w.o.begin() + rows * dv_pad, 0.0f);
   const int64_t first = min_begin / kBk, blocks = (max_end + kBk - 1) / kBk;
   for (int64_t kb = first; kb < blocks; ++kb) {

@@ -190,6 +190,23 @@ inline void softmax_row(float* s, int64_t n, float scale, float& m, float& l, fl
   softmax_row(s, n, scale, m, l, o, dv, [](Vec x) { return exp(x); });
 }
 
+// The blocked forwards' first step for rows [i0, i0 + rows) of batch b: each row's visible keys
+// (begin, end), the union's bounds (min_begin, max_end), and the online softmax's m = −∞, l = 0.
+inline void start_rows(const AttentionParams& p, int64_t b, int64_t i0, int64_t rows, int64_t* begin, int64_t* end,
+                       float* m, float* l, int64_t& min_begin, int64_t& max_end) {
+  min_begin = p.Tk;
+  max_end = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const KeyRange keys = key_range(p, b, i0 + r);
+    begin[r] = keys.begin;
+    end[r] = keys.end;
+    min_begin = std::min(min_begin, keys.begin);
+    max_end = std::max(max_end, keys.end);
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+}
+
 // The blocked forwards' last step for rows [i0, i0 + rows) of query head h: out = o / l (0 for a
 // row with no visible key; a NaN l is a NaN row, not a masked one), lse = m + log l (−∞ there).
 // o: the rows' unnormalised outputs, ldo apart.
