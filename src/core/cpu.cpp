@@ -57,7 +57,7 @@ bool bf16_dot() {
 #if defined(__x86_64__) && defined(MHSA_HAVE_X86_KERNELS)
     const char* env = std::getenv("MHSA_BF16_DOT");
     if (env && std::string(env) == "0") return false;
-    return hardware_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");
+    return best_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16");  // MHSA_ISA=avx2 turns it off
 #else
     return false;
 #endif

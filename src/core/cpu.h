@@ -23,8 +23,9 @@ std::string_view isa_name(Isa isa);
 
 // Whether the AVX-512 kernels may use AVX512_BF16's dot product (vdpbf16ps) for GEMMs over
 // bfloat16 weights, which round the activations to bfloat16 (kernels/dispatch.h:
-// gemm_bt_bf16_dot): the CPU has it, this is an x86 build, and MHSA_BF16_DOT=0 is not set.
-// Orthogonal to the ISA level: the AVX-512 table carries it, so MHSA_ISA=avx2 turns it off too.
+// gemm_bt_bf16_dot): the CPU has it, this is an x86 build, the kernels are AVX-512's (not capped
+// by MHSA_ISA=avx2 or portable), and MHSA_BF16_DOT=0 is not set. Not an ISA level: the AVX-512
+// table carries the kernels as extra entries.
 bool bf16_dot();
 
 // The most threads mhsa lets OpenMP run: 16 × the processors this process may use, at most 1024.
