@@ -515,7 +515,9 @@ void run(const BenchArgs& a) {
   // bfloat16 weights' many-row GEMMs and bfloat16 attention run on AVX512_BF16's dot product where
   // the CPU has it: those cases (bf16 in the name) are quoted against that instruction's peak
   // (twice the FMA's), the stricter yardstick.
-  const bool dot = cpu::bf16_dot();
+  const bool dot = cpu::bf16_dot() && std::any_of(cases.begin(), cases.end(), [&](const Case& c) {
+                     return selected(c.name, a.filter) && c.name.find("bf16") != std::string::npos;
+                   });
   const double dot_peak = dot ? bench::measure_bf16_dot_peak_gflops(threads) : 0.0;
   std::printf("measured: FP32 FMA peak %.1f GFLOP/s, read bandwidth %.1f GB/s (copy %.1f GB/s)", peak, bandwidth,
               bench::measure_copy_bandwidth_gbs(threads));

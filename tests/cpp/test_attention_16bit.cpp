@@ -207,6 +207,49 @@ TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
   }
 }
 
+// The bfloat16 forward's edge rows (on AVX512_BF16 the dot-product kernel's): a NaN in one query
+// row makes that row's out and lse NaN and no other; a NaN in one key makes NaN every row that sees
+// that key (one NaN score among finite ones: the softmax's exp must keep it); a batch with no
+// visible key (kv_lengths 0) gives out 0 and lse −∞; a clean batch matches the float64 reference.
+TEST(Attention16Bit, BFloat16ForwardKeepsNaNRowsAndEmptyRows) {
+  auto gen = test_rng();
+  const int64_t B = 3, H = 2, Tq = 40, Tk = 300, D = 64, nan_key = 270;  // causal: rows from 10 see key 270
+  auto q = random_input<bfloat16>(gen, {B, H, Tq, D}, 1.0f), k = random_input<bfloat16>(gen, {B, H, Tk, D}, 1.0f);
+  const auto v = random_input<bfloat16>(gen, {B, H, Tk, D}, 1.0f);
+  const_cast<bfloat16&>(q.view.at(1, 1, 17, 5)) = narrow<bfloat16>(NAN);
+  q.wide.view().at(1, 1, 17, 5) = NAN;
+  const_cast<bfloat16&>(k.view.at(1, 0, nan_key, 3)) = narrow<bfloat16>(NAN);
+  k.wide.view().at(1, 0, nan_key, 3) = NAN;
+  AttentionOptions options;
+  options.causal = true;
+  const std::vector<int64_t> lengths{0, Tk, Tk};
+  options.kv_lengths = lengths;
+  std::vector<bfloat16> out(static_cast<size_t>(B * H * Tq * D));
+  Tensor lse({B, H, Tq});
+  scaled_dot_product_attention<bfloat16>(q.view, k.view, v.view, View<bfloat16>(out.data(), {B, H, Tq, D}), options,
+                                         lse.view());
+  const auto o = [&](int64_t b, int64_t h, int64_t i, int64_t d) { return widen(out[static_cast<size_t>(((b * H + h) * Tq + i) * D + d)]); };
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < Tq; ++i) {
+      const bool nan = h == 1 ? i == 17 : i + (Tk - Tq) >= nan_key;
+      ASSERT_EQ(lse.view().at(0, h, i, 0), -INFINITY) << h << "," << i;
+      ASSERT_EQ(std::isnan(lse.view().at(1, h, i, 0)), nan) << h << "," << i;
+      for (int64_t d = 0; d < D; ++d) {
+        ASSERT_EQ(o(0, h, i, d), 0.0f);
+        ASSERT_EQ(std::isnan(o(1, h, i, d)), nan) << h << "," << i << "," << d;
+      }
+    }
+  Tensor ref({B, H, Tq, D}), ref_lse({B, H, Tq});
+  options.backend = Backend::reference;
+  scaled_dot_product_attention(q.wide.view(), k.wide.view(), v.wide.view(), ref.view(), options, ref_lse.view());
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < Tq; ++i) {
+      const float want = ref_lse.view().at(2, h, i, 0);
+      EXPECT_NEAR(lse.view().at(2, h, i, 0), want, 2e-5 * (1 + std::fabs(want)));
+      for (int64_t d = 0; d < D; ++d) EXPECT_NEAR(o(2, h, i, d), ref.view().at(2, h, i, d), 0.05);
+    }
+}
+
 TEST(Attention16Bit, BadShapesAreNamed) {
   std::vector<bfloat16> q(2 * 3 * 5 * 8), k(2 * 3 * 4 * 7), v(2 * 3 * 4 * 8), out(2 * 3 * 5 * 8);
   try {
