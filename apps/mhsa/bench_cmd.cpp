@@ -207,6 +207,35 @@ Case backward_case(int64_t H, int64_t T, int64_t D, bool causal, Variant var = {
           }};
 }
 
+// backward_case on bfloat16 inputs and gradients (the same random values rounded), from the bfloat16
+// forward's out and lse: on AVX512_BF16's dot product where the CPU has it, else widened.
+Case backward_bf16_case(int64_t H, int64_t T, int64_t D, bool causal) {
+  const std::string name = "backward_H" + std::to_string(H) + "_T" + std::to_string(T) + "_D" + std::to_string(D) +
+                           (causal ? "_causal" : "_full") + "_bf16";
+  return {name, [=](double min_seconds) {
+            std::mt19937_64 gen(5);
+            const size_t n = static_cast<size_t>(H * T * D);
+            std::vector<bfloat16> q(n), k(n), v(n), dout(n), out(n), dq(n), dk(n), dv(n);
+            for (auto* x : {&q, &k, &v, &dout}) {
+              const Tensor t = random_tensor(gen, {1, H, T, D});
+              for (size_t i = 0; i < n; ++i) (*x)[i] = bfloat16{kernels::float_to_bf16(t.data()[i])};
+            }
+            const auto in = [&](const std::vector<bfloat16>& x) { return View<const bfloat16>(x.data(), {1, H, T, D}); };
+            const auto grad = [&](std::vector<bfloat16>& x) { return View<bfloat16>(x.data(), {1, H, T, D}); };
+            Tensor lse({1, H, T});
+            AttentionOptions opt;
+            opt.causal = causal;
+            scaled_dot_product_attention<bfloat16>(in(q), in(k), in(v), grad(out), opt, lse.view());
+            const Timing s = time_runs(
+                [&] {
+                  scaled_dot_product_attention_backward<bfloat16>(in(dout), in(q), in(k), in(v), in(out), lse.view(),
+                                                                  grad(dq), grad(dk), grad(dv), opt);
+                },
+                min_seconds);
+            return Result{name, "GFLOP/s", s, 2.5 * Variant{}.flops(H, T, D, opt)};
+          }};
+}
+
 Case decode_case(int64_t H, int64_t Tk, int64_t D) {
   const std::string name = "decode_H" + std::to_string(H) + "_Tk" + std::to_string(Tk) + "_D" + std::to_string(D);
   return {name, [=](double min_seconds) {
@@ -505,6 +534,7 @@ void run(const BenchArgs& a) {
       attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),
       attention_bf16_case(12, 4096, 64, false), attention_bf16_case(12, 4096, 64, true),
       backward_case(12, 4096, 64, true),   backward_case(12, 4096, 64, true, {512}),
+      backward_bf16_case(12, 4096, 64, true),
       mha_case(768, 12, 1024),             gemm_case(1024, 768, 2304),
       decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
       gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};

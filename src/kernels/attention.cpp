@@ -169,7 +169,9 @@ std::optional<cpu::Isa> kernel_choice(Backend backend) {
 
 void run_backward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
   if (isa) {
-    kernels::kernels_for(*isa).attention_backward(p);
+    const kernels::KernelTable& k = kernels::kernels_for(*isa);
+    if (p.bf16_values && k.attention_backward_bf16_dot && k.attention_backward_bf16_dot(p)) return;
+    k.attention_backward(p);
   } else {
     kernels::attention_backward_ref(p);
   }
@@ -222,7 +224,7 @@ void scaled_dot_product_attention_bf16_values(ConstTensorView q, View<const bflo
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
                                               ConstTensorView k, ConstTensorView v, ConstTensorView out,
                                               ConstTensorView lse, TensorView dq, TensorView dk, TensorView dv,
-                                              const AttentionOptions& options) {
+                                              const AttentionOptions& options, bool bf16_values) {
   constexpr std::string_view fn = "scaled_dot_product_attention_backward";
   AttentionParams p = make_params(fn, q, k, &v, options);
   check_input(fn, "dout", dout, {p.B, p.Hq, p.Tq, p.Dv}, "[B, Hq, Tq, Dv]");
@@ -243,6 +245,7 @@ void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, Const
   p.dk_stride = dk.stride;
   p.dv = dv.data;
   p.dv_stride = dv.stride;
+  p.bf16_values = bf16_values;
   run_backward(p, isa);
 }
 

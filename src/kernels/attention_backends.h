@@ -36,10 +36,12 @@ template <KVElementType T>
 void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<const AttentionBatchItem<T>> batch,
                                      const AttentionOptions& options);
 
-// scaled_dot_product_attention_backward, likewise.
+// scaled_dot_product_attention_backward, likewise. bf16_values: every input holds bfloat16 values
+// (the bfloat16 entry point's widened copies): where the CPU has AVX512_BF16 the backward multiplies
+// them as bfloat16 pairs and rounds P and dS to bfloat16 (kernels/flash_backward_bf16.cpp).
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
                                               ConstTensorView k, ConstTensorView v, ConstTensorView out,
                                               ConstTensorView lse, TensorView dq, TensorView dk, TensorView dv,
-                                              const AttentionOptions& options);
+                                              const AttentionOptions& options, bool bf16_values = false);
 
 }  // namespace mhsa::detail

@@ -39,6 +39,7 @@ const KernelTable& kernels_for(cpu::Isa isa) {
     KernelTable t = avx512_table;
     t.gemm_bt_bf16_dot = &avx512bf16::gemm_bt_bf16_dot;
     t.attention_forward_bf16_dot = &avx512bf16::attention_forward_bf16_dot;
+    t.attention_backward_bf16_dot = &avx512bf16::attention_backward_bf16_dot;
     return t;
   }();
   if (isa == cpu::Isa::avx512) return cpu::bf16_dot() ? avx512_bf16_table : avx512_table;

@@ -132,6 +132,7 @@ namespace avx512bf16 {
 void gemm_bt_bf16_dot(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
                       float* C, int64_t ldc);
 bool attention_forward_bf16_dot(const AttentionParams& p);
+bool attention_backward_bf16_dot(const AttentionParams& p);
 }
 
 struct KernelTable {
@@ -230,6 +231,11 @@ struct KernelTable {
   // shapes it does not take (decode, dropout, 16-bit or paged caches). Null where
   // gemm_bt_bf16_dot is. Twin: attention_forward_ref (within the rounding of P).
   decltype(&avx512bf16::attention_forward_bf16_dot) attention_forward_bf16_dot = nullptr;
+  // The attention backward for bfloat16 inputs (p.bf16_values) with its five products on bfloat16
+  // pairs, P and dS rounded to bfloat16 (kernels/flash_backward_bf16.cpp); false, having done
+  // nothing, for the shapes the forward's dot product does not take. Set where
+  // attention_forward_bf16_dot is. Twin: attention_backward_ref (within the rounding of P and dS).
+  decltype(&avx512bf16::attention_backward_bf16_dot) attention_backward_bf16_dot = nullptr;
   // The GEMM for many rows over bfloat16 weights: gemm_bt_bf16_dot where there is one.
   decltype(&portable::gemm_bt_bf16) gemm_bt_bf16_many() const { return gemm_bt_bf16_dot ? gemm_bt_bf16_dot : gemm_bt_bf16; }
 };

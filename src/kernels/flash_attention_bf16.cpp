@@ -30,21 +30,17 @@
 #include "kernels/attention_params.h"
 #include "kernels/bf16.h"
 #include "kernels/isa/attention_tiles.h"
+#include "kernels/isa/bf16_dot_tiles.h"
 #include "kernels/isa/simd.h"
 #include "mhsa/tensor.h"
 
 namespace mhsa::kernels::avx512bf16 {
 namespace {
 
-constexpr int kR = 6;           // query rows of a tile
-constexpr int kC = 4;           // vectors of a tile: 64 keys (scores) or 64 of Dv (output)
 constexpr int64_t kBq = 48;     // query rows per block
 constexpr int64_t kBk = 256;    // keys per block (even: whole pairs)
 constexpr int64_t kBk2 = kBk / 2;
-using Words = std::vector<uint32_t, AlignedAllocator<uint32_t>>;
 
-inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh&>(v); }
-inline uint32_t pair_of(float lo, float hi) { return float_to_bf16(lo) | uint32_t{float_to_bf16(hi)} << 16; }
 inline uint16_t bits_of(float x) { return float_to_bf16(x); }  // exact: the value is a bfloat16's
 inline uint16_t bits_of(bfloat16 x) { return x.bits; }
 
@@ -83,58 +79,6 @@ void pack_block(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb, Pac
   }
 }
 
-// e^x with simd.h's range reduction and polynomial, but AVX-512's roundscale and scalef in place of
-// its integer rounding and exponent assembly (13 instructions against 20); a few ulp, 0 below
-// -87.33 (and for −∞), NaN kept. The softmax is a third of this kernel's time.
-inline Vec exp_scalef(Vec x) {
-  const __mmask16 under = _mm512_cmp_ps_mask(x, splat(-87.33f), _CMP_LT_OQ);
-  x = min(splat(88.0f), max(splat(-87.33f), x));  // max and min return x when it is NaN
-  const Vec n = _mm512_roundscale_ps(x * 1.44269504088896341f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const Vec r = fma(n, splat(2.12194440e-4f), fma(n, splat(-0.693359375f), x));  // ln2 in two parts
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(exp_taylor7(r), n));
-}
-
-// out[R, C·16] (ldo) = (kAdd ? out : 0) + Σ_i a[r·lda + i] · b[i·ldb + (16 c ...)] over `steps` pairs,
-// each a's word broadcast against C vectors of b's words by vdpbf16ps; the sum starts from 0 and
-// is added to out at the end. Scores: a the queries' pairs of D ([R][d2]), b the key block's
-// ([d2][kBk]). Output: a the probabilities' pairs of keys (rows kBk2 apart), b the values' ([pairs][dv_pad]).
-template <int R, int C, bool kAdd>
-void dot_tile(const uint32_t* a, int64_t lda, const uint32_t* b, int64_t ldb, int64_t steps, float* out, int64_t ldo) {
-  __m512 acc[R][C];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < steps; ++i) {
-    __m512bh bv[C];
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) bv[c] = as_bh(_mm512_load_si512(b + i * ldb + c * 16));
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512bh av = as_bh(_mm512_set1_epi32(static_cast<int>(a[r * lda + i])));
-#pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
-    }
-  }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      float* o = out + r * ldo + c * 16;
-      _mm512_storeu_ps(o, kAdd ? _mm512_add_ps(acc[r][c], _mm512_loadu_ps(o)) : acc[r][c]);
-    }
-}
-
-using DotTileFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t);
-template <bool kAdd>
-DotTileFn dot_tile_fn(int64_t rows, int64_t cols) {
-#define MHSA_ROW(R) {dot_tile<R, 1, kAdd>, dot_tile<R, 2, kAdd>, dot_tile<R, 3, kAdd>, dot_tile<R, 4, kAdd>}
-  static constexpr DotTileFn table[kR][kC] = {MHSA_ROW(1), MHSA_ROW(2), MHSA_ROW(3),
-                                              MHSA_ROW(4), MHSA_ROW(5), MHSA_ROW(6)};
-#undef MHSA_ROW
-  return table[rows - 1][cols - 1];
-}
-
 struct Scratch {
   Words q;                          // [kBq][d2] the rows' queries as pairs
   AlignedFloats s;                  // [kBq][kBk] scores, then probabilities
@@ -168,12 +112,7 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
     const int64_t c_begin = std::clamp<int64_t>(min_begin - j0, 0, kBk) / 32 * 32;
     const int64_t c_end = (std::clamp<int64_t>(max_end - j0, 0, kBk) + 31) / 32 * 32, n = c_end - c_begin;
     const uint32_t* kt = kv.kt.data() + kb * d2 * kBk;
-    for (int64_t r = 0; r < rows; r += kR) {
-      const int64_t R = std::min<int64_t>(kR, rows - r);
-      for (int64_t c = c_begin; c < c_end; c += kC * 16)
-        dot_tile_fn<false>(R, std::min<int64_t>(kC, (c_end - c) / 16))(w.q.data() + r * d2, d2, kt + c, kBk, d2,
-                                                                      w.s.data() + r * kBk + c, kBk);
-    }
+    dot_product<false>(rows, n, w.q.data(), d2, kt + c_begin, kBk, d2, w.s.data() + c_begin, kBk);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t j1 = j0 + c_begin;  // the first key of the row's scores
       const int64_t lo = std::clamp<int64_t>(w.begin[r] - j1, 0, n), hi = std::clamp<int64_t>(w.end[r] - j1, lo, n);
@@ -194,10 +133,7 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
     const int64_t skip = std::clamp<int64_t>(min_begin - j0, 0, kBk) / 2;
     const int64_t pairs = (std::min(kBk, max_end - j0) + 1) / 2 - skip;
     const uint32_t* vb = kv.v.data() + (kb * kBk2 + skip) * dv_pad;
-    for (int64_t r = 0; r < rows; r += kR)
-      for (int64_t c = 0; c < dv_pad; c += kC * 16)
-        dot_tile_fn<true>(std::min<int64_t>(kR, rows - r), std::min<int64_t>(kC, (dv_pad - c) / 16))(
-            w.pw.data() + r * kBk2 + skip, kBk2, vb + c, dv_pad, pairs, w.o.data() + r * dv_pad + c, dv_pad);
+    dot_product<true>(rows, dv_pad, w.pw.data() + skip, kBk2, vb, dv_pad, pairs, w.o.data(), dv_pad);
   }
   write_rows(p, b, h, i0, rows, w.m.data(), w.l.data(), w.o.data(), dv_pad);
 }

@@ -6,8 +6,11 @@
 // place); bad shapes are named as in float32. Where the CPU has AVX512_BF16, the bfloat16 forward
 // runs on its dot product with P rounded to bfloat16 (kernels/flash_attention_bf16.cpp): there it
 // is checked against the float64 reference within that rounding, on these cases and on a grid of
-// head sizes, lengths and options; ctest runs this file again with MHSA_BF16_DOT=0 for the
-// bitwise contract.
+// head sizes, lengths and options; so is the bfloat16 backward there, with P and dS rounded to
+// bfloat16 (kernels/flash_backward_bf16.cpp), and it is bitwise identical for any thread count.
+// ctest runs this file again with MHSA_BF16_DOT=0 for the bitwise contract.
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -106,6 +109,65 @@ void expect_near_reference(const std::vector<T>& out, const Tensor& lse, const T
   EXPECT_LE(std::sqrt(sq_err / std::max(sq_ref, 1e-30)), 4e-3) << "out: relative L2";
 }
 
+// The bfloat16 backward through the 16-bit entry point: dq, dk, dv into 16-bit buffers.
+struct Grads16 {
+  std::vector<bfloat16> dq, dk, dv;
+};
+Grads16 backward_bf16(const Input<bfloat16>& dout, const Input<bfloat16>& q, const Input<bfloat16>& k,
+                      const Input<bfloat16>& v, const std::vector<bfloat16>& out, const Tensor& lse,
+                      const AttentionOptions& options) {
+  const int64_t B = q.wide.dim(0), Hq = q.wide.dim(1), Tq = q.wide.dim(2), D = q.wide.dim(3);
+  const int64_t Hkv = k.wide.dim(1), Tk = k.wide.dim(2), Dv = v.wide.dim(3);
+  Grads16 g{std::vector<bfloat16>(static_cast<size_t>(B * Hq * Tq * D)),
+            std::vector<bfloat16>(static_cast<size_t>(B * Hkv * Tk * D)),
+            std::vector<bfloat16>(static_cast<size_t>(B * Hkv * Tk * Dv))};
+  scaled_dot_product_attention_backward<bfloat16>(
+      dout.view, q.view, k.view, v.view, View<const bfloat16>(out.data(), {B, Hq, Tq, Dv}), lse.view(),
+      View<bfloat16>(g.dq.data(), {B, Hq, Tq, D}), View<bfloat16>(g.dk.data(), {B, Hkv, Tk, D}),
+      View<bfloat16>(g.dv.data(), {B, Hkv, Tk, Dv}), options);
+  return g;
+}
+
+// The dot-product backward's gradients against the float64 reference backward on the same widened
+// inputs (and the same out and lse). dv = Pᵀ dO: within P's rounding to bfloat16 (2^-9 of
+// Σ_r P|dO|, which is the reference's dv for |dout|) and dv's own (2^-9 of it), with room for two
+// units. dq = dS K and dk = dSᵀ Q: dS's rounding summed where the terms cancel (a row of dS sums
+// to 0) has no such per-element bound; within 1% relative L2 (measured 0.24-0.25%, PyTorch's bf16
+// kernel 0.25-0.56%, on the Python test's shapes).
+void expect_backward_near_reference(const Grads16& g, const Input<bfloat16>& dout, const Input<bfloat16>& q,
+                                    const Input<bfloat16>& k, const Input<bfloat16>& v,
+                                    const std::vector<bfloat16>& out, const Tensor& lse,
+                                    const AttentionOptions& options) {
+  AttentionOptions ref_options = options;
+  ref_options.backend = Backend::reference;
+  Tensor out_wide({q.wide.dim(0), q.wide.dim(1), q.wide.dim(2), v.wide.dim(3)}), abs_dout(out_wide.shape());
+  for (int64_t i = 0; i < out_wide.numel(); ++i) {
+    out_wide.data()[i] = widen(out[static_cast<size_t>(i)]);
+    abs_dout.data()[i] = std::fabs(dout.wide.data()[i]);
+  }
+  const AttentionGrads ref = scaled_dot_product_attention_backward(dout.wide.view(), q.wide.view(), k.wide.view(),
+                                                                   v.wide.view(), out_wide.view(), lse.view(),
+                                                                   ref_options);
+  const AttentionGrads bound = scaled_dot_product_attention_backward(abs_dout.view(), q.wide.view(), k.wide.view(),
+                                                                     v.wide.view(), out_wide.view(), lse.view(),
+                                                                     ref_options);
+  for (int64_t i = 0; i < ref.dv.numel(); ++i) {
+    const double want = ref.dv.data()[i], err = std::fabs(widen(g.dv[static_cast<size_t>(i)]) - want);
+    ASSERT_LE(err, 0x1p-8 * (bound.dv.data()[i] + std::fabs(want)) + 1e-30) << "dv " << i;
+  }
+  for (const auto& [name, got, want] : {std::tuple{"dq", &g.dq, &ref.dq}, std::tuple{"dk", &g.dk, &ref.dk},
+                                        std::tuple{"dv", &g.dv, &ref.dv}}) {
+    double sq_err = 0, sq_ref = 0;
+    for (int64_t i = 0; i < want->numel(); ++i) {
+      const double x = widen((*got)[static_cast<size_t>(i)]), y = want->data()[i];
+      ASSERT_TRUE(std::isfinite(x)) << name << " " << i;
+      sq_err += (x - y) * (x - y);
+      sq_ref += y * y;
+    }
+    EXPECT_LE(std::sqrt(sq_err / std::max(sq_ref, 1e-30)), 1e-2) << name << ": relative L2";
+  }
+}
+
 template <class T>
 void check_case(const AttentionOptions& options, int64_t Tq, int64_t Tk) {
   auto gen = test_rng();
@@ -129,6 +191,18 @@ void check_case(const AttentionOptions& options, int64_t Tq, int64_t Tk) {
   const View<const T> out_view(out.data(), {B, Hq, Tq, Dv});
   Tensor out_wide({B, Hq, Tq, Dv});
   for (int64_t i = 0; i < out_wide.numel(); ++i) out_wide.data()[i] = widen(out[i]);
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    if (dot_forward<T>(Tq)) {  // the backward takes the forward's shapes onto the dot product
+      const Grads16 g = backward_bf16(dout, q, k, v, out, lse, options);
+      expect_backward_near_reference(g, dout, q, k, v, out, lse, options);
+      if (options.causal && options.causal_alignment == CausalAlignment::top_left && !options.attn_mask.defined())
+        for (int64_t b = 0; b < B; ++b)  // row 0 sees key 0 alone: P = 1, dS = 0, dq = 0 exactly
+          for (int64_t h = 0; h < Hq; ++h)
+            for (int64_t d = 0; d < D; ++d)
+              ASSERT_EQ(g.dq[static_cast<size_t>(((b * Hq + h) * Tq) * D + d)].bits, 0) << b << "," << h << "," << d;
+      return;
+    }
+  }
   std::vector<T> dq(static_cast<size_t>(B * Hq * Tq * D)), dk(static_cast<size_t>(B * Hkv * Tk * D)),
       dv(static_cast<size_t>(B * Hkv * Tk * Dv));
   scaled_dot_product_attention_backward<T>(dout.view, q.view, k.view, v.view, out_view, lse.view(),
@@ -172,7 +246,8 @@ TEST(Attention16Bit, Float16EqualsFloat32OnWidenedInputsRounded) { check_all<flo
 // The bfloat16 forward on a grid of head sizes (odd pairs: D 40 and Dv 24 are whole, D 97 is not),
 // lengths (one key block and several; Tq ≠ Tk) and options, against the float64 reference: on
 // AVX512_BF16 the dot-product kernel (within P's rounding), elsewhere the float32 kernels (which
-// meet the same bound).
+// meet the same bound). On AVX512_BF16 the dot-product backward too (within P's and dS's rounding),
+// with one thread and with all, bitwise alike.
 TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
   auto gen = test_rng();
   struct Case {
@@ -186,7 +261,7 @@ TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
   window.causal = true;
   window.window = {100, -1};
   capped.softcap = 5.0f;
-  const std::vector<int64_t> lengths{300, 7};
+  const std::vector<int64_t> lengths{0, 7};  // a batch with no key: out 0, lse −∞, no gradient
   padded.kv_lengths = lengths;
   const std::vector<Case> cases = {{64, 64, 97, 97, causal},      {40, 24, 300, 300, plain},
                                    {80, 80, 97, 1025, top_left},  {96, 96, 1025, 1025, window},
@@ -204,6 +279,17 @@ TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
     SCOPED_TRACE("D=" + std::to_string(c.D) + " Dv=" + std::to_string(c.Dv) + " Tq=" + std::to_string(c.Tq) +
                  " Tk=" + std::to_string(c.Tk));
     expect_near_reference(out, lse, q.wide, k.wide, v.wide, c.options);
+    if (!kernels::kernels().attention_backward_bf16_dot || c.Tq <= 8) continue;  // else: the float32 backward, tested bitwise
+    const auto dout = random_input<bfloat16>(gen, {B, Hq, c.Tq, c.Dv}, 1.0f);
+    const Grads16 g = backward_bf16(dout, q, k, v, out, lse, c.options);
+    expect_backward_near_reference(g, dout, q, k, v, out, lse, c.options);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const Grads16 one = backward_bf16(dout, q, k, v, out, lse, c.options);
+    omp_set_num_threads(saved);
+    for (const auto& [name, a, b] : {std::tuple{"dq", &g.dq, &one.dq}, std::tuple{"dk", &g.dk, &one.dk},
+                                     std::tuple{"dv", &g.dv, &one.dv}})
+      ASSERT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(bfloat16)), 0) << name << ": 1 thread";
   }
 }
 
