@@ -121,13 +121,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     std::fill(t.dv.begin(), t.dv.end(), 0.0f);
     for (int64_t r0 = 0; r0 < t.rows; r0 += kBr) {
       const int64_t n = std::min(kBr, t.rows - r0);
-      int64_t min_begin = p.Tk, max_end = 0;  // over the rows that see any key
-      for (int64_t r = r0; r < r0 + n; ++r)
-        if (t.begin[r] < t.end[r]) {
-          min_begin = std::min(min_begin, t.begin[r]);
-          max_end = std::max(max_end, t.end[r]);
-        }
-      if (max_end <= j0 || min_begin >= j0 + kBc) continue;  // no row sees these keys (causal, window, padding)
+      if (!rows_see_keys(t.begin.data() + r0, t.end.data() + r0, n, j0, j0 + kBc)) continue;
       if (decode)
         for (int64_t r = 0; r < n; ++r)
           for (int64_t jj = 0; jj < kBc; ++jj)
@@ -184,23 +178,13 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
       for (int64_t d = 0; d < p.Dv; ++d) dv[d * p.dv_stride[3]] = t.dv[jj * t.dv_pad + d];
     }
   }
-  for (int64_t row = 0; row < t.rows; ++row) {
-    const int64_t h = hk * group + row / p.Tq, i = row % p.Tq;
-    float* dq = p.dq + b * p.dq_stride[0] + h * p.dq_stride[1] + i * p.dq_stride[2];
-    for (int64_t d = 0; d < p.D; ++d) dq[d * p.dq_stride[3]] = t.dq[row * t.d_pad + d];
-  }
+  write_dq(p, b, hk, t.dq.data(), t.d_pad);
 }
 
 }  // namespace
 
 void attention_backward(const AttentionParams& p) {
-#pragma omp parallel
-  {
-    Task task(p);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t hk = 0; hk < p.Hkv; ++hk) run_task(p, b, hk, task);
-  }
+  for_each_kv_head<Task>(p, run_task);
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA

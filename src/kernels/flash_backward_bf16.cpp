@@ -161,13 +161,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     const uint32_t* kp = t.kp.data() + kb * kBc2 * t.d_pad;
     for (int64_t r0 = 0; r0 < t.rows; r0 += kBr) {
       const int64_t n = std::min(kBr, t.rows - r0), n2 = (n + 1) / 2;
-      int64_t min_begin = p.Tk, max_end = 0;  // over the rows that see any key
-      for (int64_t r = r0; r < r0 + n; ++r)
-        if (t.begin[r] < t.end[r]) {
-          min_begin = std::min(min_begin, t.begin[r]);
-          max_end = std::max(max_end, t.end[r]);
-        }
-      if (max_end <= j0 || min_begin >= j0 + kBc) continue;  // no row sees these keys (causal, window, padding)
+      if (!rows_see_keys(t.begin.data() + r0, t.end.data() + r0, n, j0, j0 + kBc)) continue;
       dot_product<false>(n, kBc, t.q.data() + r0 * t.d2, t.d2, kt, kBc, t.d2, t.s.data(), kBc);
       dot_product<false>(n, kBc, t.dout.data() + r0 * t.dv2, t.dv2, vt, kBc, t.dv2, t.dp.data(), kBc);
       for (int64_t r = 0; r < n; ++r) {
@@ -223,11 +217,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
       for (int64_t d = 0; d < p.Dv; ++d) dv[d * p.dv_stride[3]] = t.dvt[d * kBc + jj];
     }
   }
-  for (int64_t row = 0; row < t.rows; ++row) {
-    const int64_t h = hk * group + row / p.Tq, i = row % p.Tq;
-    float* dq = p.dq + b * p.dq_stride[0] + h * p.dq_stride[1] + i * p.dq_stride[2];
-    for (int64_t d = 0; d < p.D; ++d) dq[d * p.dq_stride[3]] = t.dq[row * t.d_pad + d];
-  }
+  write_dq(p, b, hk, t.dq.data(), t.d_pad);
 }
 
 }  // namespace
@@ -235,13 +225,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
 bool attention_backward_bf16_dot(const AttentionParams& p) {
   if (!p.bf16_values || p.kv_element != KVElement::f32 || p.k_pages || p.dropout > 0.0f || takes_decode_path(p))
     return false;
-#pragma omp parallel
-  {
-    Task task(p);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t b = 0; b < p.B; ++b)
-      for (int64_t hk = 0; hk < p.Hkv; ++hk) run_task(p, b, hk, task);
-  }
+  for_each_kv_head<Task>(p, run_task);
   return true;
 }
 

@@ -226,6 +226,39 @@ inline void write_rows(const AttentionParams& p, int64_t b, int64_t h, int64_t i
   }
 }
 
+// The backwards' (flash_backward.cpp, flash_backward_bf16.cpp) split: one task per (batch, kv
+// head), run start to end by one thread with its own scratch Task(p), so that no two threads add
+// into one gradient and the result does not depend on the thread count.
+template <class Task, class Run>
+void for_each_kv_head(const AttentionParams& p, Run run) {
+#pragma omp parallel
+  {
+    Task task(p);
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t hk = 0; hk < p.Hkv; ++hk) run(p, b, hk, task);
+  }
+}
+
+// Whether any of n rows' visible keys [begin[r], end[r]) (empty when equal) meets keys [j0, j1):
+// the backwards skip a key block no row of a query block sees (causal, window, padding).
+inline bool rows_see_keys(const int64_t* begin, const int64_t* end, int64_t n, int64_t j0, int64_t j1) {
+  for (int64_t r = 0; r < n; ++r)
+    if (begin[r] < end[r] && begin[r] < j1 && end[r] > j0) return true;
+  return false;
+}
+
+// The backwards' last step for kv head hk of batch b: dq of the group's rows (r = (h − first
+// head)·Tq + i) from dq_rows, ld apart.
+inline void write_dq(const AttentionParams& p, int64_t b, int64_t hk, const float* dq_rows, int64_t ld) {
+  const int64_t group = p.Hq / p.Hkv;
+  for (int64_t row = 0; row < group * p.Tq; ++row) {
+    const int64_t h = hk * group + row / p.Tq, i = row % p.Tq;
+    float* dq = p.dq + b * p.dq_stride[0] + h * p.dq_stride[1] + i * p.dq_stride[2];
+    for (int64_t d = 0; d < p.D; ++d) dq[d * p.dq_stride[3]] = dq_rows[row * ld + d];
+  }
+}
+
 // The forward's split-K decode path (flash_attention.cpp) takes few queries against many keys:
 // Tq <= kDecodeQueries and at most kDecodeRows query rows per kv head, rows of unit stride, no
 // dropout (a training-time option; decoding never drops).
