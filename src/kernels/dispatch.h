@@ -228,7 +228,7 @@ struct KernelTable {
   decltype(&avx512bf16::gemm_bt_bf16_dot) gemm_bt_bf16_dot = nullptr;
   // The attention forward for bfloat16 q, k, v (p.bf16_values) with Q·Kᵀ and P·V on bfloat16 pairs,
   // P rounded to bfloat16 (kernels/flash_attention_bf16.cpp); false, having done nothing, for the
-  // shapes it does not take (decode, dropout, 16-bit or paged caches). Null where
+  // shapes it does not take (decode, float16 or paged caches). Null where
   // gemm_bt_bf16_dot is. Twin: attention_forward_ref (within the rounding of P).
   decltype(&avx512bf16::attention_forward_bf16_dot) attention_forward_bf16_dot = nullptr;
   // The attention backward for bfloat16 inputs (p.bf16_values) with its five products on bfloat16

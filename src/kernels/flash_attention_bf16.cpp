@@ -14,9 +14,10 @@
 // block), the values as pairs of keys ([kBc/2][Dv] words), each word two bfloat16.
 //
 // q holds bfloat16 values widened to float32; k and v are bfloat16 (read as they are) or widened.
-// Takes the shapes the blocked float32 path takes, without dropout (the decode path's shapes read
-// the cache from memory, where the dot product would not pay); returns false for the others, which
-// the caller runs on the float32 kernel. Every output row is computed by one thread in an order
+// Dropout as the float32 kernel's: after the row sum, P times the row's factors (dropout_scales),
+// then rounded. Takes the shapes the blocked float32 path takes (the decode path's shapes read the
+// cache from memory, where the dot product would not pay); returns false for the others, which the
+// caller runs on the float32 kernel. Every output row is computed by one thread in an order
 // fixed by the shapes: bitwise identical for any thread count.
 #define MHSA_ISA avx512bf16
 #include <immintrin.h>
@@ -86,9 +87,10 @@ struct Scratch {
   AlignedFloats o;                  // [kBq][dv_pad] unnormalised output
   std::vector<float> m, l;          // [kBq] running max and sum
   std::vector<int64_t> begin, end;  // [kBq] each row's visible keys
+  AlignedFloats z;                  // [kBk] one row's dropout factors
   Scratch(int64_t d2, int64_t dv_pad)
       : q(static_cast<size_t>(kBq * d2)), s(static_cast<size_t>(kBq * kBk)), pw(static_cast<size_t>(kBq * kBk2)),
-        o(static_cast<size_t>(kBq * std::max<int64_t>(dv_pad, 1))), m(kBq), l(kBq), begin(kBq), end(kBq) {}
+        o(static_cast<size_t>(kBq * std::max<int64_t>(dv_pad, 1))), m(kBq), l(kBq), begin(kBq), end(kBq), z(kBk) {}
 };
 
 // Rows [i0, i0 + rows) of query head h against the packed keys of its kv head.
@@ -122,6 +124,10 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
       float* s = w.s.data() + r * kBk + c_begin;
       const float scale = finish_scores(s, n, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], nullptr);
       softmax_row(s, n, scale, w.m[r], w.l[r], w.o.data() + r * dv_pad, dv_pad, exp_scalef);
+      if (p.dropout > 0.0f) {  // after the row sum: dropout changes what P·V adds, not l
+        dropout_scales(p, b, h, i0 + r, j1, n, w.z.data());
+        for (int64_t jj = 0; jj < n; jj += 16) store(s + jj, load(s + jj) * load(w.z.data() + jj));
+      }
       uint32_t* pw = w.pw.data() + r * kBk2 + c_begin / 2;
       for (int64_t jj = 0; jj < n; jj += 32) {
         const __m512bh two = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(s + jj + 16), _mm512_loadu_ps(s + jj));
@@ -141,7 +147,7 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 }  // namespace
 
 bool attention_forward_bf16_dot(const AttentionParams& p) {
-  if (p.kv_element == KVElement::f16 || p.k_pages || p.dropout > 0.0f || takes_decode_path(p)) return false;
+  if (p.kv_element == KVElement::f16 || p.k_pages || takes_decode_path(p)) return false;
   const int64_t group = p.Hq / p.Hkv, q_blocks = (p.Tq + kBq - 1) / kBq;
   PackedKV kv;  // shared by all threads: packed once per (batch, kv head)
   kv.blocks = (p.Tk + kBk - 1) / kBk;

@@ -20,8 +20,9 @@
 //   q [rows][D/2], qt [D][rows/2], dout [rows][Dv/2], doutt [Dv][rows/2]   (rows: the group's Hq/Hkv·Tq)
 //   kt [blocks][D/2][kBc], vt [blocks][Dv/2][kBc], kp [blocks][kBc/2][D]   (keys past Tk zero)
 // O(T·D) memory per task, no T×T. Key blocks that no row of a query block sees are skipped.
-// Takes the shapes the bfloat16 forward takes on its dot product (no dropout, not the decode path)
-// and returns false for the others, which the caller runs on the float32 backward.
+// With dropout (factors Z regenerated from the seed, as flash_backward.cpp): dVᵀ += dOᵀ (P∘Z) and
+// dS = scale · P ∘ (dP∘Z − D). Takes the shapes the bfloat16 forward takes on its dot product (not
+// the decode path's) and returns false for the others, which the caller runs on the float32 backward.
 #define MHSA_ISA avx512bf16
 #include <immintrin.h>
 
@@ -50,6 +51,7 @@ struct Task {
   std::vector<float> lse, di, di_dot;
   std::vector<int64_t> begin, end;
   AlignedFloats s, dp, dcap;  // [kBr][kBc]: S then P; dP then dS; soft-capping's 1 − tanh² (or empty)
+  AlignedFloats z;            // [kBc] one row's dropout factors (or empty)
   Words p_rows, ds_rows;      // [kBr/2][kBc]: P and dS as pairs of rows
   Words ds_keys;              // [kBr][kBc2]: dS as pairs of keys
   AlignedFloats dq;           // [rows][d_pad]
@@ -63,7 +65,7 @@ struct Task {
         vt(static_cast<size_t>(blocks * dv2 * kBc)), kp(static_cast<size_t>(blocks * kBc2 * d_pad)),
         lse(static_cast<size_t>(rows)), di(static_cast<size_t>(rows)), di_dot(static_cast<size_t>(rows)),
         begin(static_cast<size_t>(rows)), end(static_cast<size_t>(rows)), s(kBr * kBc), dp(kBr * kBc),
-        dcap(p.softcap > 0.0f ? kBr * kBc : 0), p_rows(kBr / 2 * kBc), ds_rows(kBr / 2 * kBc), ds_keys(kBr * kBc2),
+        dcap(p.softcap > 0.0f ? kBr * kBc : 0), z(p.dropout > 0.0f ? kBc : 0), p_rows(kBr / 2 * kBc), ds_rows(kBr / 2 * kBc), ds_keys(kBr * kBc2),
         dq(static_cast<size_t>(rows * d_pad)), dkt(static_cast<size_t>(p.D * kBc)),
         dvt(static_cast<size_t>(p.Dv * kBc)), out_row(static_cast<size_t>(dv2 * 2)) {}
 };
@@ -185,10 +187,19 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
         const Vec pending = splat(finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], dcap));
         const Vec lse = splat(t.lse[row]), di = splat(t.di[row]), di_dot = splat(t.di_dot[row]);
         const Vec one = splat(1.0f), ds_scale = splat(p.scale);
-        for (int64_t jj = 0; jj < kBc; jj += 16) {  // P into s, dS into dp
-          const Vec prob = exp_scalef(_mm512_mul_round_ps(load(s + jj), pending, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) - lse);
-          Vec ds = prob * (load(dp + jj) - (prob == one ? di_dot : di));
+        const float* z = nullptr;
+        if (p.dropout > 0.0f) {
+          dropout_scales(p, b, h, i, j0, kBc, t.z.data());
+          z = t.z.data();
+        }
+        for (int64_t jj = 0; jj < kBc; jj += 16) {  // P (dropped) into s, dS into dp
+          Vec prob = exp_scalef(_mm512_mul_round_ps(load(s + jj), pending, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) -
+                                lse),
+              dpz = load(dp + jj);
+          if (z) dpz *= load(z + jj);
+          Vec ds = prob * (dpz - (prob == one ? di_dot : di));
           if (dcap) ds *= load(dcap + jj);
+          if (z) prob *= load(z + jj);
           store(s + jj, prob);
           store(dp + jj, ds * ds_scale);
         }
@@ -223,7 +234,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
 }  // namespace
 
 bool attention_backward_bf16_dot(const AttentionParams& p) {
-  if (!p.bf16_values || p.kv_element != KVElement::f32 || p.k_pages || p.dropout > 0.0f || takes_decode_path(p))
+  if (!p.bf16_values || p.kv_element != KVElement::f32 || p.k_pages || takes_decode_path(p))
     return false;
   for_each_kv_head<Task>(p, run_task);
   return true;

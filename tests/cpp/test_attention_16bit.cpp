@@ -254,7 +254,7 @@ TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
     int64_t D, Dv, Tq, Tk;
     AttentionOptions options;
   };
-  AttentionOptions plain, causal, top_left, window, capped, padded;
+  AttentionOptions plain, causal, top_left, window, capped, padded, dropped;
   causal.causal = true;
   top_left.causal = true;
   top_left.causal_alignment = CausalAlignment::top_left;
@@ -263,10 +263,12 @@ TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
   capped.softcap = 5.0f;
   const std::vector<int64_t> lengths{0, 7};  // a batch with no key: out 0, lse −∞, no gradient
   padded.kv_lengths = lengths;
+  dropped.causal = true;
+  dropped.dropout = {0.2f, 7};
   const std::vector<Case> cases = {{64, 64, 97, 97, causal},      {40, 24, 300, 300, plain},
                                    {80, 80, 97, 1025, top_left},  {96, 96, 1025, 1025, window},
                                    {97, 33, 50, 300, capped},     {128, 128, 300, 300, padded},
-                                   {64, 64, 9, 513, causal}};
+                                   {64, 64, 9, 513, causal},      {64, 48, 200, 300, dropped}};
   for (const Case& c : cases) {
     const int64_t B = 2, Hq = 4, Hkv = 2;
     const auto q = random_input<bfloat16>(gen, {B, Hq, c.Tq, c.D}, 1.0f),
