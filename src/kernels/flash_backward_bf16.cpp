@@ -65,7 +65,8 @@ struct Task {
         vt(static_cast<size_t>(blocks * dv2 * kBc)), kp(static_cast<size_t>(blocks * kBc2 * d_pad)),
         lse(static_cast<size_t>(rows)), di(static_cast<size_t>(rows)), di_dot(static_cast<size_t>(rows)),
         begin(static_cast<size_t>(rows)), end(static_cast<size_t>(rows)), s(kBr * kBc), dp(kBr * kBc),
-        dcap(p.softcap > 0.0f ? kBr * kBc : 0), z(p.dropout > 0.0f ? kBc : 0), p_rows(kBr / 2 * kBc), ds_rows(kBr / 2 * kBc), ds_keys(kBr * kBc2),
+        dcap(p.softcap > 0.0f ? kBr * kBc : 0), z(p.dropout > 0.0f ? kBc : 0), p_rows(kBr / 2 * kBc),
+        ds_rows(kBr / 2 * kBc), ds_keys(kBr * kBc2),
         dq(static_cast<size_t>(rows * d_pad)), dkt(static_cast<size_t>(p.D * kBc)),
         dvt(static_cast<size_t>(p.Dv * kBc)), out_row(static_cast<size_t>(dv2 * 2)) {}
 };
@@ -146,7 +147,8 @@ void pair_rows(const float* x, int64_t n2, uint32_t* w) {
   const __m512i idx = _mm512_load_si512(kIdx);
   for (int64_t i = 0; i < n2; ++i)
     for (int64_t j = 0; j < kBc; j += 16) {
-      const __m512bh two = _mm512_cvtne2ps_pbh(_mm512_load_ps(x + (2 * i + 1) * kBc + j), _mm512_load_ps(x + 2 * i * kBc + j));
+      const float* even = x + 2 * i * kBc + j;
+      const __m512bh two = _mm512_cvtne2ps_pbh(_mm512_load_ps(even + kBc), _mm512_load_ps(even));
       _mm512_store_si512(w + i * kBc + j, _mm512_permutexvar_epi16(idx, reinterpret_cast<const __m512i&>(two)));
     }
 }
@@ -193,9 +195,8 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
           z = t.z.data();
         }
         for (int64_t jj = 0; jj < kBc; jj += 16) {  // P (dropped) into s, dS into dp
-          Vec prob = exp_scalef(_mm512_mul_round_ps(load(s + jj), pending, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) -
-                                lse),
-              dpz = load(dp + jj);
+          const Vec scaled = _mm512_mul_round_ps(load(s + jj), pending, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          Vec prob = exp_scalef(scaled - lse), dpz = load(dp + jj);
           if (z) dpz *= load(z + jj);
           Vec ds = prob * (dpz - (prob == one ? di_dot : di));
           if (dcap) ds *= load(dcap + jj);

@@ -281,7 +281,8 @@ TEST(Attention16Bit, BFloat16ForwardMatchesTheReferenceOnAGrid) {
     SCOPED_TRACE("D=" + std::to_string(c.D) + " Dv=" + std::to_string(c.Dv) + " Tq=" + std::to_string(c.Tq) +
                  " Tk=" + std::to_string(c.Tk));
     expect_near_reference(out, lse, q.wide, k.wide, v.wide, c.options);
-    if (!kernels::kernels().attention_backward_bf16_dot || c.Tq <= 8) continue;  // else: the float32 backward, tested bitwise
+    // Without the dot product, or on the decode path, the backward is the float32 one, tested bitwise.
+    if (!kernels::kernels().attention_backward_bf16_dot || c.Tq <= 8) continue;
     const auto dout = random_input<bfloat16>(gen, {B, Hq, c.Tq, c.Dv}, 1.0f);
     const Grads16 g = backward_bf16(dout, q, k, v, out, lse, c.options);
     expect_backward_near_reference(g, dout, q, k, v, out, lse, c.options);
