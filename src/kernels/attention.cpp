@@ -249,6 +249,14 @@ void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, Const
   run_backward(p, isa);
 }
 
+void scaled_dot_product_attention_backward_bf16_values(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
+                                                       ConstTensorView v, ConstTensorView out, ConstTensorView lse,
+                                                       TensorView dq, TensorView dk, TensorView dv,
+                                                       const AttentionOptions& options) {
+  scaled_dot_product_attention_backward_on(kernel_choice(options.backend), dout, q, k, v, out, lse, dq, dk, dv, options,
+                                           true);
+}
+
 }  // namespace detail
 
 void scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,

@@ -110,10 +110,13 @@ void scaled_dot_product_attention_backward(View<const T> dout, View<const T> q, 
          dv32 = stand_in(dv, "scaled_dot_product_attention_backward: dv");
   for (const auto& [name, g] : {std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
     if (g->numel() > 0 && g->data == nullptr) detail::fail(fn, name, "a pointer", "a null pointer");
-  detail::scaled_dot_product_attention_backward_on(
-      options.backend == Backend::reference ? std::nullopt : std::optional{cpu::best_isa()}, view_or_none(dout32),
-      view_or_none(q32), view_or_none(k32), view_or_none(v32), view_or_none(out32), lse, view_or_none(dq32),
-      view_or_none(dk32), view_or_none(dv32), options, std::is_same_v<T, bfloat16>);
+  using Backward = void (*)(ConstTensorView, ConstTensorView, ConstTensorView, ConstTensorView, ConstTensorView,
+                            ConstTensorView, TensorView, TensorView, TensorView, const AttentionOptions&);
+  const Backward backward = std::is_same_v<T, bfloat16>
+                                ? &detail::scaled_dot_product_attention_backward_bf16_values
+                                : static_cast<Backward>(&scaled_dot_product_attention_backward);
+  backward(view_or_none(dout32), view_or_none(q32), view_or_none(k32), view_or_none(v32), view_or_none(out32), lse,
+           view_or_none(dq32), view_or_none(dk32), view_or_none(dv32), options);
   round_into(dq32, dq);
   round_into(dk32, dk);
   round_into(dv32, dv);
