@@ -759,6 +759,123 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
   }
 }
 
+#if defined(__AVX512F__)
+// 5–16 rows (a serving step) from a blocked B that streams from memory, on AVX-512 machines: tiles
+// of up to 8 rows × one 16-column panel in 256-bit registers (16 accumulators: AVX-512VL's 32
+// registers), so that the panel's 1 KiB block is read from memory once, in address order, and
+// every chain has enough independent neighbours to keep both FMA pipes busy. AVX2's 6 + 2 row
+// tiles (16 registers) run the 2-row tile on 4 chains, at half the FMA rate (latency 4); the
+// 12 × 32 tiles read two panels at once and streamed B at 13–17 GB/s on a 2-core Zen 4. At 8 rows
+// the arithmetic, not the memory, bounds these products on that machine: with B hot in L2 one core
+// reads it at ~21 GB/s, against ~16 GB/s of each core's share of the memory. An 8-sequence GPT-2
+// step with these tiles against AVX2's: 1.05× (docs/performance.md, 2026-12-01); 8 × 16 tiles in
+// 512-bit registers (8 chains, one B load a row): level with AVX2's.
+// The chains are gemm_in_place's fresh ones (blocks of kFreshKC rows, kFreshParts fixed parts
+// added in order), so are the bits.
+constexpr int kRowTile = 8;
+
+// c[R, 16] (ldc) = start + a[0:16, R] · b[16 × 16 block], one fresh chain per element; start is
+// init[0:16] for every row (ld 0) or c itself. a is A packed [K][kRowTile] at the block's row.
+template <int R, bool kPrefetch>
+void row_tile(const float* a, const float* b, const float* init, float* c, int64_t ldc) {
+  static_assert(kFreshKC == kBlockedB && kBlockedB == 16, "one fresh chain per block of blocked B");
+  __m256 acc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int k = 0; k < kBlockedB; ++k) {
+    const __m256 b0 = _mm256_load_ps(b + k * kBlockedB), b1 = _mm256_load_ps(b + k * kBlockedB + 8);
+    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(b + k * kBlockedB + kBlockedAhead), _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 ar = _mm256_broadcast_ss(a + k * kRowTile + r);
+      acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const float* start = init ? init : c + r * ldc;
+    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(acc[r][0], _mm256_loadu_ps(start)));
+    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(acc[r][1], _mm256_loadu_ps(start + 8)));
+  }
+}
+
+template <bool kPrefetch>
+void run_row_tile(int rows, const float* a, const float* b, const float* init, float* c, int64_t ldc) {
+  switch (rows) {
+    case 8: return row_tile<8, kPrefetch>(a, b, init, c, ldc);
+    case 7: return row_tile<7, kPrefetch>(a, b, init, c, ldc);
+    case 6: return row_tile<6, kPrefetch>(a, b, init, c, ldc);
+    case 5: return row_tile<5, kPrefetch>(a, b, init, c, ldc);
+    case 4: return row_tile<4, kPrefetch>(a, b, init, c, ldc);
+    case 3: return row_tile<3, kPrefetch>(a, b, init, c, ldc);
+    case 2: return row_tile<2, kPrefetch>(a, b, init, c, ldc);
+    default: return row_tile<1, kPrefetch>(a, b, init, c, ldc);
+  }
+}
+
+// gemm_blocked for kStreamMaxM < M <= kFreshMaxM: gemm_in_place's split (K in kFreshParts parts,
+// then column slices so that every thread has work) with row_tile's panels.
+void gemm_blocked_rows(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                       const float* bias, float* C, int64_t ldc) {
+  constexpr int64_t kGroups = kFreshMaxM / kRowTile;
+  static_assert(kFreshMaxM % kRowTile == 0, "tiles of kRowTile rows cover kFreshMaxM");
+  const int64_t groups = (M + kRowTile - 1) / kRowTile, panels = N / kBlockedB;
+  thread_local Scratch a_scratch;
+  float* a_packed = a_scratch.reserve(kGroups * K * kRowTile);  // [group][K][kRowTile]
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < std::min<int64_t>(kRowTile, M - g * kRowTile); ++r) {
+      const float* src = A + (g * kRowTile + r) * lda;
+      for (int64_t k = 0; k < K; ++k) a_packed[(g * K + k) * kRowTile + r] = src[k];
+    }
+  const int64_t blocks = K / kBlockedB, parts = std::min(kFreshParts, blocks);
+  thread_local Scratch part_scratch;
+  float* part_sums = parts > 1 ? part_scratch.reserve((parts - 1) * M * N) : nullptr;  // [part - 1][M][N]
+#pragma omp parallel if (M * N * K >= (int64_t{1} << 16))
+  {
+    const int64_t threads = omp_get_num_threads();
+    const int64_t slices = std::max<int64_t>(1, (threads + parts - 1) / parts);
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < parts * slices; ++item) {
+      const int64_t part = item / slices, slice = item % slices;
+      const int64_t p_begin = panels * slice / slices, p_end = panels * (slice + 1) / slices;
+      const int64_t k_begin = blocks * part / parts * kBlockedB, k_end = blocks * (part + 1) / parts * kBlockedB;
+      float* out = part == 0 ? C : part_sums + (part - 1) * M * N;
+      const int64_t ldo = part == 0 ? ldc : N;
+      for (int64_t k0 = k_begin; k0 < k_end; k0 += kBlockedB)
+        for (int64_t p = p_begin; p < p_end; ++p) {
+          const int64_t j = p * kBlockedB;
+          alignas(64) float init[kBlockedB] = {};
+          if (part == 0 && bias && k0 == k_begin) std::copy(bias + j, bias + j + kBlockedB, init);
+          const float* start = k0 == k_begin ? init : nullptr;
+          const float* b = B + blocked_index(k0, j, N);
+          for (int64_t g = 0; g < groups; ++g) {
+            const int rows = static_cast<int>(std::min<int64_t>(kRowTile, M - g * kRowTile));
+            const float* a = a_packed + (g * K + k0) * kRowTile;
+            float* c = out + g * kRowTile * ldo + j;
+            if (g == 0)
+              run_row_tile<true>(rows, a, b, start, c, ldo);
+            else
+              run_row_tile<false>(rows, a, b, start, c, ldo);
+          }
+        }
+    }
+    if (parts > 1) {  // C += part 1, part 2, ... in order (the implicit barrier above: all parts done)
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t part = 1; part < parts; ++part) {
+          const float* sum = part_sums + ((part - 1) * M + i) * N;
+          float* c = C + i * ldc;
+          int64_t j = 0;
+          for (; j + kLanes <= N; j += kLanes) store(c + j, load(c + j) + load(sum + j));
+          for (; j < N; ++j) c[j] += sum[j];
+        }
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
@@ -778,12 +895,8 @@ void gemm_blocked(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, 
                   float* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
   if (M <= kStreamMaxM) return gemm_stream(M, N, K, A, lda, B, N, bias, C, ldc, true);
-#if defined(__AVX512F__) && defined(MHSA_HAVE_X86_KERNELS)
-  // 5–16 rows (a serving step) from a blocked B that streams from memory: AVX2's tiles (6 × 16,
-  // one 1 KiB panel at a time) read it at 22–25 GB/s on a 2-core Zen 4 where the 12 × 32 tiles
-  // read 13–17 (bench_step_gemm 8 30 12 all 0 blk: 13.5 against 20–26 ms). The chains are the
-  // same (fresh blocks of 16, two fixed parts), so are the bits.
-  if (M <= kFreshMaxM) return avx2::gemm_blocked(M, N, K, A, lda, B, bias, C, ldc);
+#if defined(__AVX512F__)
+  if (M <= kFreshMaxM) return gemm_blocked_rows(M, N, K, A, lda, B, bias, C, ldc);
 #endif
   if (M <= kInPlaceMaxM) return gemm_in_place(M, N, K, A, lda, B, N, bias, C, ldc, true);
   gemm_packed(M, N, K, A, lda, false, B, N, false, bias, C, ldc, false, true);

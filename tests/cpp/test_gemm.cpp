@@ -200,7 +200,7 @@ TEST(Gemm, BlockedBIsBitwiseGemm) {
       std::memcpy(in_place.data(), b.data(), sizeof(float) * K * N);
       kernels::block_b_in_place(K, N, in_place.data());
       ASSERT_EQ(std::memcmp(in_place.data(), blocked.data(), sizeof(float) * K * N), 0);
-      for (int64_t M : {1, 2, 3, 4, 5, 8, 13, 16, 17, 40, 256, 257, 300}) {
+      for (int64_t M : {1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 15, 16, 17, 40, 256, 257, 300}) {
         if (N == 2304 && M > 40 && K == 768) continue;  // the packed path at this size: covered by N 96
         const Case c{M, N, K, 3, 0, 5};
         const Operands o = make_operands(gen, c);
