@@ -53,14 +53,7 @@ HeadTrace trace(const nn::Stack& s, std::string_view context_key, std::span<cons
   t.layer = layer;
   t.head = head;
   t.token_embedding = Tensor({T, C});
-  if (const nn::HalfMatrix* w16 = s.p16(s.embed))
-    nn::embedding_forward(T, T, 0, ids.data(), *w16, nullptr, c.embedding_scale, t.token_embedding.data());
-  else if (const nn::Q8Matrix* w8 = s.p8(s.embed))
-    nn::embedding_forward(T, T, 0, ids.data(), *w8, nullptr, c.embedding_scale, t.token_embedding.data());
-  else if (const nn::Q4Matrix* w4 = s.p4(s.embed))
-    nn::embedding_forward(T, T, 0, ids.data(), *w4, nullptr, c.embedding_scale, t.token_embedding.data());
-  else
-    nn::embedding_forward(T, T, 0, ids.data(), s.p(s.embed), nullptr, c.embedding_scale, t.token_embedding.data());
+  nn::embed_forward(s, ids, T, 0, t.token_embedding.data(), false);
   t.position_embedding = Tensor({T, C});  // zero for rotary positions (they act inside attention)
   if (s.pos >= 0) std::copy_n(s.p(s.pos).data(), T * C, t.position_embedding.data());
   t.x = Tensor({T, C});

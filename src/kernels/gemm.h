@@ -32,5 +32,9 @@ void unblock_b(int64_t K, int64_t N, const float* blocked, float* out);
 // B blocked where it is, a row block at a time through a buffer of one (16·N floats): no second
 // copy of the matrix, no new pages (a model's weights are blocked at load this way).
 void block_b_in_place(int64_t K, int64_t N, float* B);
+// out = B [K, N] blocked, for the B with B[k, j] = Bt[j·ldbt + k] for j < n and 0 for n <= j < N: a
+// matrix stored transposed ([n, K]: an LM head's [V, C]) blocked as gemm_blocked reads it, its
+// columns padded with zeros to N (can_block(K, N), 0 < n <= N; out does not alias Bt).
+void block_bt(int64_t K, int64_t N, const float* Bt, int64_t ldbt, int64_t n, float* out);
 
 }  // namespace mhsa::kernels

@@ -41,6 +41,20 @@ void block_b_in_place(int64_t K, int64_t N, float* B) {
   }
 }
 
+void block_bt(int64_t K, int64_t N, const float* Bt, int64_t ldbt, int64_t n, float* out) {
+  const int64_t blocks = K / kBlockedB, panels = N / kBlockedB;
+#pragma omp parallel for schedule(static) if (K * N >= (int64_t{1} << 20))
+  for (int64_t p = 0; p < panels; ++p)  // a panel's 16 rows of Bt, every row block of them
+    for (int64_t b = 0; b < blocks; ++b) {
+      float* dst = out + (b * panels + p) * kBlockedB * kBlockedB;
+      for (int64_t kk = 0; kk < kBlockedB; ++kk)
+        for (int64_t jj = 0; jj < kBlockedB; ++jj) {
+          const int64_t j = p * kBlockedB + jj, k = b * kBlockedB + kk;
+          dst[kk * kBlockedB + jj] = j < n ? Bt[j * ldbt + k] : 0.0f;
+        }
+    }
+}
+
 void unblock_b(int64_t K, int64_t N, const float* blocked, float* out) {
   for (int64_t k0 = 0; k0 < K; k0 += kBlockedB)
     for (int64_t j = 0; j < N; j += kBlockedB)

@@ -29,6 +29,7 @@ struct Model::Layout : nn::Stack {
   std::vector<nn::HalfMatrix> half16;
   std::vector<nn::Q8Matrix> quant8;
   std::vector<nn::Q4Matrix> quant4;
+  std::vector<nn::BlockedMatrix> blocked_out;  // the output matrix, blocked (block_weights)
 };
 
 namespace {
@@ -297,6 +298,7 @@ nn::Stack ModelAccess::stack(const Model& m) {
   for (const nn::HalfMatrix& h : m.layout_->half16) s.half.push_back(h.data.empty() ? nullptr : &h);
   for (const nn::Q8Matrix& q : m.layout_->quant8) s.q8.push_back(q.data.empty() ? nullptr : &q);
   for (const nn::Q4Matrix& q : m.layout_->quant4) s.q4.push_back(q.data.empty() ? nullptr : &q);
+  for (const nn::BlockedMatrix& b : m.layout_->blocked_out) s.blocked.push_back(b.rows == 0 ? nullptr : &b);
   return s;
 }
 
@@ -314,6 +316,17 @@ bool ModelAccess::block_weights(Model& m) {
       l->layout = nn::Layout::in_out_blocked;
       layout->blocked = true;
     }
+  // The output matrix (GPT-2's tied embedding) transposed and blocked: the head is the largest
+  // product of a step of several sequences. Its float tensor goes (the embedding reads the blocked
+  // one), so the model holds no second copy of it.
+  const int out = layout->head >= 0 ? layout->head : layout->embed;
+  Tensor& w = m.params_[static_cast<size_t>(out)].second;
+  if (out >= 0 && w.shape().size() == 2 && nn::BlockedMatrix::fits(w.dim(0), w.dim(1))) {
+    layout->blocked_out.resize(m.params_.size());
+    layout->blocked_out[static_cast<size_t>(out)] = nn::BlockedMatrix::of(w);
+    w = Tensor();
+    layout->blocked = true;
+  }
   const bool any = layout->blocked;
   m.layout_ = std::move(layout);
   return any;

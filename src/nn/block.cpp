@@ -403,19 +403,16 @@ RopeTable rope_positions(const Stack& s, int64_t rows, int64_t T, int64_t pos0) 
   return s.config->positions == PositionKind::rotary ? rope_table(s.rope, rows, T, pos0) : RopeTable();
 }
 
-void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x) {
+void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x, bool positions) {
   const profile::Scope phase(profile::Phase::embed);
-  if (const HalfMatrix* w16 = s.p16(s.embed))
-    return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w16,
-                             s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
-  if (const Q8Matrix* w8 = s.p8(s.embed))
-    return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w8,
-                             s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
-  if (const Q4Matrix* w4 = s.p4(s.embed))
-    return embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), *w4,
-                             s.pos >= 0 ? &s.p(s.pos) : nullptr, s.config->embedding_scale, x);
-  embedding_forward(static_cast<int64_t>(ids.size()), T, pos0, ids.data(), s.p(s.embed), s.pos >= 0 ? &s.p(s.pos) : nullptr,
-                    s.config->embedding_scale, x);
+  const auto rows = static_cast<int64_t>(ids.size());
+  const Tensor* wpe = positions && s.pos >= 0 ? &s.p(s.pos) : nullptr;
+  const float scale = s.config->embedding_scale;
+  if (const HalfMatrix* w16 = s.p16(s.embed)) return embedding_forward(rows, T, pos0, ids.data(), *w16, wpe, scale, x);
+  if (const Q8Matrix* w8 = s.p8(s.embed)) return embedding_forward(rows, T, pos0, ids.data(), *w8, wpe, scale, x);
+  if (const Q4Matrix* w4 = s.p4(s.embed)) return embedding_forward(rows, T, pos0, ids.data(), *w4, wpe, scale, x);
+  if (const BlockedMatrix* wb = s.pb(s.embed)) return embedding_forward(rows, T, pos0, ids.data(), *wb, wpe, scale, x);
+  embedding_forward(rows, T, pos0, ids.data(), s.p(s.embed), wpe, scale, x);
 }
 
 namespace {
@@ -433,6 +430,8 @@ void final_logits(const Stack& s, int64_t rows, const float* x, int64_t ldx, flo
     lm_head_forward(rows, h.data(), C, *w8, c.final_logit_softcap, logits);
   else if (const Q4Matrix* w4 = s.output_matrix4())
     lm_head_forward(rows, h.data(), C, *w4, c.final_logit_softcap, logits);
+  else if (const BlockedMatrix* wb = s.output_matrix_blocked())
+    lm_head_forward(rows, h.data(), C, *wb, c.final_logit_softcap, logits);
   else
     lm_head_forward(rows, h.data(), C, s.output_matrix(), c.final_logit_softcap, logits);
 }
@@ -541,6 +540,10 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
     return lm_head_loss(rows, hf.data(), *w8, c.final_logit_softcap, targets.data(), counted);
   if (const Q4Matrix* w4 = s.output_matrix4())
     return lm_head_loss(rows, hf.data(), *w4, c.final_logit_softcap, targets.data(), counted);
+  if (const BlockedMatrix* wb = s.output_matrix_blocked()) {
+    if (grads) throw Error("stack_loss: a model blocked for inference has no gradients (load it again to train)");
+    return lm_head_loss(rows, hf.data(), *wb, c.final_logit_softcap, targets.data(), counted);
+  }
   const double loss = w16 ? lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted,
                                          dhf.data(), dw)
                           : lm_head_loss(rows, hf.data(), s.output_matrix(), c.final_logit_softcap, targets.data(),

@@ -64,16 +64,22 @@ struct Stack {
   // 4-bit weights likewise (empty unless the model is Q4_K); a matrix whose rows are not whole
   // 256-weight blocks is in q8 (or float) instead.
   std::vector<const Q4Matrix*> q4;
+  // The output matrix kept transposed and blocked (nn/blocked_matrix.h; the CLI's float GPT-2
+  // models): indexed like params, set at the output matrix only; its float tensor is then empty,
+  // and a tied embedding gathers its rows from it. Inference only.
+  std::vector<const BlockedMatrix*> blocked;
 
   const Tensor& p(int i) const { return *params[static_cast<size_t>(i)]; }
   const HalfMatrix* p16(int i) const { return half.empty() || i < 0 ? nullptr : half[static_cast<size_t>(i)]; }
   const Q8Matrix* p8(int i) const { return q8.empty() || i < 0 ? nullptr : q8[static_cast<size_t>(i)]; }
   const Q4Matrix* p4(int i) const { return q4.empty() || i < 0 ? nullptr : q4[static_cast<size_t>(i)]; }
+  const BlockedMatrix* pb(int i) const { return blocked.empty() || i < 0 ? nullptr : blocked[static_cast<size_t>(i)]; }
   const float* data_or_null(int i) const { return i >= 0 ? params[static_cast<size_t>(i)]->data() : nullptr; }
   const Tensor& output_matrix() const { return p(head >= 0 ? head : embed); }
   const HalfMatrix* output_matrix16() const { return p16(head >= 0 ? head : embed); }
   const Q8Matrix* output_matrix8() const { return p8(head >= 0 ? head : embed); }
   const Q4Matrix* output_matrix4() const { return p4(head >= 0 ? head : embed); }
+  const BlockedMatrix* output_matrix_blocked() const { return pb(head >= 0 ? head : embed); }
   NormSpec norm() const;
 };
 
@@ -139,8 +145,10 @@ void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run)
 void block_backward(const Stack& s, int64_t layer, const BlockTape& tape, int64_t B, int64_t T, const RopeTable& rope,
                     float* dx, std::vector<Tensor>& grads);
 
-// Embedding rows ids [B·T] at positions pos0 + r % T into x [B·T, C].
-void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x);
+// Embedding rows ids [B·T] at positions pos0 + r % T into x [B·T, C]; without `positions`, the
+// token embedding alone (learned positions not added).
+void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int64_t pos0, float* x,
+                   bool positions = true);
 
 // The whole stack over a cache (one KVCache per layer): logits [B, T, V], or [B, 1, V] of each
 // sequence's last row. probs: every layer's attention probabilities (no cache; caches must be null).

@@ -21,6 +21,9 @@ constexpr int64_t kLossRows = 256;   // rows of logits alive at once in lm_head_
 // rows (a serving step of 16 sequences, GPT-2 124M, 1 thread) the stream took a step from 573 to
 // 232 ms: the float GEMM path transposes all of w on every call.
 constexpr int64_t kStreamRows = 64;
+// Rows of a blocked head per gemm_blocked call: the in-place path's most (kernels/gemm.cpp), which
+// reads w where it is; more rows would take the packed path, which copies all of w.
+constexpr int64_t kHeadRows = 256;
 constexpr int64_t kHeadChunk = 1024; // vocabulary rows per GEMM of a bfloat16 head (its packed B: 3 MiB at C = 768)
 
 bool parallel_worth_it(int64_t elements) { return elements >= (int64_t{1} << 16); }
@@ -143,6 +146,18 @@ void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids
       wpe, scale, out);
 }
 
+void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const BlockedMatrix& wte,
+                       const Tensor* wpe, float scale, float* out) {
+  std::vector<float> row(static_cast<size_t>(wte.cols));  // the row being read, gathered
+  embed_rows(
+      rows, T, pos0, ids, wte.cols,
+      [&](int64_t i) {
+        wte.row(i, row.data());
+        return static_cast<const float*>(row.data());
+      },
+      wpe, scale, out);
+}
+
 void embedding_backward(int64_t rows, int64_t T, const int32_t* ids, const float* dout, float scale, Tensor& dwte,
                         Tensor* dwpe, int32_t padding_row) {
   const int64_t C = dwte.dim(1);
@@ -215,6 +230,27 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Tensor& w,
         for (int64_t c = 0; c < C; ++c) wt.data()[c * kChunk + v] = w.data()[(v0 + v) * C + c];
       k.gemm(rows, cols, C, h, ldh, wt.data(), kChunk, nullptr, logits + v0, V);
     }
+  }
+  if (softcap > 0) softcap_forward(rows, V, softcap, logits);
+}
+
+void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const BlockedMatrix& w, float softcap, float* logits) {
+  const kernels::KernelTable& k = kernels::kernels();
+  const int64_t V = w.rows, C = w.cols;
+  constexpr int64_t kTail = 32;
+  alignas(64) float tail[kHeadRows * kTail];  // [R, 32]: the last, zero-padded panel's logits
+  // At most kHeadRows rows at a time (beyond, gemm_blocked would pack a copy of all of w), in
+  // even chunks: past kHeadRows every chunk has over 16 rows, so each row's logits are gemm's
+  // chains for the whole call's row count (kernels/gemm.cpp's classes).
+  const int64_t chunks = (rows + kHeadRows - 1) / kHeadRows;
+  for (int64_t i = 0; i < chunks; ++i) {
+    const int64_t r0 = rows * i / chunks, R = rows * (i + 1) / chunks - r0;
+    const float* hr = h + r0 * ldh;
+    float* out = logits + r0 * V;
+    if (w.full > 0) k.gemm_blocked(R, w.full, C, hr, ldh, w.main.data(), nullptr, out, V);
+    if (w.full == V) continue;
+    k.gemm_blocked(R, kTail, C, hr, ldh, w.tail.data(), nullptr, tail, kTail);
+    for (int64_t r = 0; r < R; ++r) std::copy_n(tail + r * kTail, V - w.full, out + r * V + w.full);
   }
   if (softcap > 0) softcap_forward(rows, V, softcap, logits);
 }
@@ -295,6 +331,11 @@ double lm_head_loss(int64_t rows, const float* h, const Q8Matrix& w, float softc
 }
 
 double lm_head_loss(int64_t rows, const float* h, const Q4Matrix& w, float softcap, const int32_t* targets,
+                    int64_t counted) {
+  return head_loss(rows, h, w, softcap, targets, counted);
+}
+
+double lm_head_loss(int64_t rows, const float* h, const BlockedMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted) {
   return head_loss(rows, h, w, softcap, targets, counted);
 }

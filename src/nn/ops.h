@@ -11,6 +11,7 @@
 
 #include "mhsa/model_config.h"
 #include "mhsa/tensor.h"
+#include "nn/blocked_matrix.h"
 #include "nn/half_matrix.h"
 #include "nn/q4_matrix.h"
 #include "nn/q8_matrix.h"
@@ -32,6 +33,9 @@ void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids
                        const Tensor* wpe, float scale, float* out);
 // The same with wte kept as Q4_K blocks (each row read dequantised).
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Q4Matrix& wte,
+                       const Tensor* wpe, float scale, float* out);
+// The same with wte kept transposed and blocked (its rows gathered back, exact).
+void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const BlockedMatrix& wte,
                        const Tensor* wpe, float scale, float* out);
 // dwte[ids[r], :] += scale·dout[r, :] (but for ids[r] == padding_row: nn.Embedding's padding_idx),
 // dwpe[r % T, :] += dout[r, :], rows in order (the same sums for any thread count).
@@ -74,6 +78,9 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Tensor& w,
 void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const HalfMatrix& w, float softcap, float* logits);
 void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q8Matrix& w, float softcap, float* logits);
 void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q4Matrix& w, float softcap, float* logits);
+// The same with w kept transposed and blocked: gemm_blocked's chains (a row's logits depend on
+// the row count's class: kernels/gemm.cpp), written in place.
+void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const BlockedMatrix& w, float softcap, float* logits);
 // The mean cross-entropy of targets [rows] (−1: ignored) over `counted` targets, computed a block
 // of rows at a time through the fused softmax cross-entropy (the [rows, V] logits never exist
 // whole). With dh: dh [rows, C] = ∂loss/∂h and dw += ∂loss/∂w.
@@ -85,12 +92,14 @@ double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap
 // block of rows has more than 16.
 double lm_head_loss(int64_t rows, const float* h, const HalfMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted, float* dh, Tensor* dw);
-// The loss alone, for a bfloat16, Q8_0 or Q4_K output matrix.
+// The loss alone, for a bfloat16, Q8_0, Q4_K or blocked output matrix.
 double lm_head_loss(int64_t rows, const float* h, const HalfMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted);
 double lm_head_loss(int64_t rows, const float* h, const Q8Matrix& w, float softcap, const int32_t* targets,
                     int64_t counted);
 double lm_head_loss(int64_t rows, const float* h, const Q4Matrix& w, float softcap, const int32_t* targets,
+                    int64_t counted);
+double lm_head_loss(int64_t rows, const float* h, const BlockedMatrix& w, float softcap, const int32_t* targets,
                     int64_t counted);
 
 }  // namespace mhsa::nn
