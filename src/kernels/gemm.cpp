@@ -457,6 +457,20 @@ void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64
 // one core, B from memory in 2 MiB pages (docs/performance.md, 2026-11-28, tenth session).
 constexpr int64_t kFreshParts = 2;
 
+// C[M, N] (ldc) += sums [parts − 1][M][N], part after part: the fixed-part paths' last step. A
+// worksharing loop: called inside their parallel region, by every thread.
+void add_parts(int64_t M, int64_t N, int64_t parts, const float* part_sums, float* C, int64_t ldc) {
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t part = 1; part < parts; ++part) {
+      const float* sum = part_sums + ((part - 1) * M + i) * N;
+      float* c = C + i * ldc;
+      int64_t j = 0;
+      for (; j + kLanes <= N; j += kLanes) store(c + j, load(c + j) + load(sum + j));
+      for (; j < N; ++j) c[j] += sum[j];
+    }
+}
+
 void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
                    const float* bias, float* C, int64_t ldc, bool blocked = false) {
   const int64_t panels = (N + kNR - 1) / kNR;
@@ -491,17 +505,8 @@ void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
       in_place_panels(p_begin, p_end, M, N, K, a_packed, B, ldb, edge_b.get(), part == 0 ? bias : nullptr, out,
                       part == 0 ? ldc : N, copy_b, panel_copy, k_begin, k_end, blocked);
     }
-    if (parts > 1) {  // C += part 1, part 2, ... in order (the implicit barrier above: all parts done)
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t part = 1; part < parts; ++part) {
-          const float* sum = part_sums + ((part - 1) * M + i) * N;
-          float* c = C + i * ldc;
-          int64_t j = 0;
-          for (; j + kLanes <= N; j += kLanes) store(c + j, load(c + j) + load(sum + j));
-          for (; j < N; ++j) c[j] += sum[j];
-        }
-    }
+    // C += part 1, part 2, ... in order (the implicit barrier above: all parts done)
+    if (parts > 1) add_parts(M, N, parts, part_sums, C, ldc);
   }
 }
 
@@ -861,17 +866,8 @@ void gemm_blocked_rows(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
           }
         }
     }
-    if (parts > 1) {  // C += part 1, part 2, ... in order (the implicit barrier above: all parts done)
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t part = 1; part < parts; ++part) {
-          const float* sum = part_sums + ((part - 1) * M + i) * N;
-          float* c = C + i * ldc;
-          int64_t j = 0;
-          for (; j + kLanes <= N; j += kLanes) store(c + j, load(c + j) + load(sum + j));
-          for (; j < N; ++j) c[j] += sum[j];
-        }
-    }
+    // C += part 1, part 2, ... in order (the implicit barrier above: all parts done)
+    if (parts > 1) add_parts(M, N, parts, part_sums, C, ldc);
   }
 }
 #endif

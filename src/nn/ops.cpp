@@ -100,6 +100,20 @@ void embed_rows(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, int64
   }
 }
 
+// embed_rows with row r of wte written to a buffer by fill(r, row) (widened, dequantised, gathered).
+template <class Fill>
+void embed_filled_rows(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, int64_t C, Fill fill,
+                       const Tensor* wpe, float scale, float* out) {
+  std::vector<float> row(static_cast<size_t>(C));  // the row being read
+  embed_rows(
+      rows, T, pos0, ids, C,
+      [&](int64_t i) {
+        fill(i, row.data());
+        return static_cast<const float*>(row.data());
+      },
+      wpe, scale, out);
+}
+
 }  // namespace
 
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Tensor& wte,
@@ -112,50 +126,30 @@ void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids
                        const Tensor* wpe, float scale, float* out) {
   if (wte.format == HalfFormat::bf16)
     return embed_rows(rows, T, pos0, ids, wte.cols, [&](int64_t i) { return wte.row(i); }, wpe, scale, out);
-  std::vector<float> row(static_cast<size_t>(wte.cols));  // the row being read, widened
-  embed_rows(
+  embed_filled_rows(
       rows, T, pos0, ids, wte.cols,
-      [&](int64_t i) {
-        std::transform(wte.row(i), wte.row(i) + wte.cols, row.begin(), kernels::f16_to_float);
-        return static_cast<const float*>(row.data());
-      },
+      [&](int64_t i, float* row) { std::transform(wte.row(i), wte.row(i) + wte.cols, row, kernels::f16_to_float); },
       wpe, scale, out);
 }
 
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Q8Matrix& wte,
                        const Tensor* wpe, float scale, float* out) {
-  std::vector<float> row(static_cast<size_t>(wte.cols));  // the row being read, dequantised
-  embed_rows(
-      rows, T, pos0, ids, wte.cols,
-      [&](int64_t i) {
-        kernels::dequantize_row_q8_0(wte.row(i), wte.cols, row.data());
-        return static_cast<const float*>(row.data());
-      },
+  embed_filled_rows(
+      rows, T, pos0, ids, wte.cols, [&](int64_t i, float* row) { kernels::dequantize_row_q8_0(wte.row(i), wte.cols, row); },
       wpe, scale, out);
 }
 
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const Q4Matrix& wte,
                        const Tensor* wpe, float scale, float* out) {
-  std::vector<float> row(static_cast<size_t>(wte.cols));  // the row being read, dequantised
-  embed_rows(
+  embed_filled_rows(
       rows, T, pos0, ids, wte.cols,
-      [&](int64_t i) {
-        kernels::dequantize_row_q4_k_interleaved(wte.row(i), wte.cols, row.data());
-        return static_cast<const float*>(row.data());
-      },
-      wpe, scale, out);
+      [&](int64_t i, float* row) { kernels::dequantize_row_q4_k_interleaved(wte.row(i), wte.cols, row); }, wpe, scale,
+      out);
 }
 
 void embedding_forward(int64_t rows, int64_t T, int64_t pos0, const int32_t* ids, const BlockedMatrix& wte,
                        const Tensor* wpe, float scale, float* out) {
-  std::vector<float> row(static_cast<size_t>(wte.cols));  // the row being read, gathered
-  embed_rows(
-      rows, T, pos0, ids, wte.cols,
-      [&](int64_t i) {
-        wte.row(i, row.data());
-        return static_cast<const float*>(row.data());
-      },
-      wpe, scale, out);
+  embed_filled_rows(rows, T, pos0, ids, wte.cols, [&](int64_t i, float* row) { wte.row(i, row); }, wpe, scale, out);
 }
 
 void embedding_backward(int64_t rows, int64_t T, const int32_t* ids, const float* dout, float scale, Tensor& dwte,
