@@ -224,6 +224,15 @@ TEST(ModelStep, BlockedGpt2WeightsGiveTheSameResults) {
   EXPECT_THROW(blocked.zero_gradients(), Error);
   std::vector<Tensor> grads = plain.zero_gradients();
   EXPECT_THROW(blocked.loss_and_gradients(ids, targets, 1, 299, grads), Error);
+  // An untied output matrix is blocked in its own right; the embedding stays as loaded.
+  config["tie_word_embeddings"] = false;
+  const Model plain_untied = Model::random(ModelConfig::parse(config.dump()), seed);
+  Model untied = Model::random(ModelConfig::parse(config.dump()), seed);
+  ASSERT_EQ(untied.parameters().size(), plain.parameters().size() + 1);
+  ASSERT_TRUE(ModelAccess::block_weights(untied));
+  EXPECT_LE(distance(untied.forward(prompt, 1, 300), plain_untied.forward(prompt, 1, 300)), kClose);
+  EXPECT_LE(distance(untied.forward(std::span(prompt).first(3), 1, 3), plain_untied.forward(std::span(prompt).first(3), 1, 3)),
+            kClose);
   Model llama = Model::random(ModelConfig::parse(configs()[1].second.dump()), seed);
   EXPECT_FALSE(ModelAccess::block_weights(llama));
   Model half = Model::random(ModelConfig::parse(config.dump()), seed, WeightType::bf16);
