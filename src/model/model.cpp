@@ -320,11 +320,11 @@ bool ModelAccess::block_weights(Model& m) {
   // product of a step of several sequences. Its float tensor goes (the embedding reads the blocked
   // one), so the model holds no second copy of it.
   const int out = layout->head >= 0 ? layout->head : layout->embed;
-  Tensor& w = m.params_[static_cast<size_t>(out)].second;
-  if (out >= 0 && w.shape().size() == 2 && nn::BlockedMatrix::fits(w.dim(0), w.dim(1))) {
+  Tensor* w = out >= 0 ? &m.params_[static_cast<size_t>(out)].second : nullptr;
+  if (w && w->shape().size() == 2 && nn::BlockedMatrix::fits(w->dim(0), w->dim(1))) {
     layout->blocked_out.resize(m.params_.size());
-    layout->blocked_out[static_cast<size_t>(out)] = nn::BlockedMatrix::of(w);
-    w = Tensor();
+    layout->blocked_out[static_cast<size_t>(out)] = nn::BlockedMatrix::of(*w);
+    *w = Tensor();
     layout->blocked = true;
   }
   const bool any = layout->blocked;
