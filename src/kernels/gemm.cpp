@@ -593,15 +593,23 @@ void stream_blocks(int64_t M, int64_t N, const float* A, int64_t lda, const floa
 
 // gemm_stream's parts [p0, p1) for B blocked: up to 4 parts side by side, a segment of each in
 // turn (stream_blocks), each part's first segment summed into its sums, the others into a chain
-// buffer of their own and added on in order — every part's sum is gemm_stream's.
+// buffer of their own and added on in order — every part's sum is gemm_stream's. Past kWideN
+// columns (an LM head: GPT-2's 50257) 2 side by side: each part's sums and chain are then rows of
+// hundreds of KB, and 4 parts' worth crossed L2 on every segment. One row of A through GPT-2's
+// blocked head, 2 threads, its time over the B·Aᵀ stream's on [V, C] in the same process (medians
+// of 6 and 9): 1.10 and 1.08 with 4 side by side, 1.03 and 1.05 with 2, 1.04 with 1
+// (docs/performance.md, 2026-12-01). The projections' widths (≤ 3072) keep 4: level with 2
+// (bench_step_gemm 1 40 12 all 0 blk).
+constexpr int64_t kWideN = 8192;
+
 void stream_parts_blocked(int64_t M, int64_t N, const float* A, int64_t lda, const float* B, int64_t segments,
                           int64_t parts, int64_t p0, int64_t p1, float* sums, float* chains) {
-  constexpr int64_t kSide = 4;
-  for (int64_t g = p0; g < p1; g += kSide) {
-    const int64_t count = std::min(kSide, p1 - g);
+  const int64_t side = N > kWideN ? 2 : 4;
+  for (int64_t g = p0; g < p1; g += side) {
+    const int64_t count = std::min(side, p1 - g);
     for (int64_t step = 0;; ++step) {
-      int64_t k0[kSide];
-      float* out[kSide];
+      int64_t k0[4];
+      float* out[4];
       int64_t n = 0;
       for (int64_t p = g; p < g + count; ++p) {
         const int64_t seg = segments * p / parts + step;
