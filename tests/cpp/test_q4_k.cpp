@@ -83,6 +83,22 @@ double rms(const std::vector<float>& x, const std::vector<float>& y) {
   return std::sqrt(e / static_cast<double>(x.size()));
 }
 
+// The error of y against x block by block, each relative to its block's own size, then their
+// root mean square: every 256-weight block counts alike, whatever its magnitude.
+double block_relative_rms(const std::vector<float>& x, const std::vector<float>& y) {
+  double total = 0;
+  const size_t blocks = x.size() / kQ4KBlock;
+  for (size_t b = 0; b < blocks; ++b) {
+    double e = 0, s = 0;
+    for (size_t i = b * kQ4KBlock; i < (b + 1) * kQ4KBlock; ++i) {
+      e += (double{x[i]} - y[i]) * (double{x[i]} - y[i]);
+      s += double{x[i]} * x[i];
+    }
+    total += e / s;
+  }
+  return std::sqrt(total / static_cast<double>(blocks));
+}
+
 TEST(Q4_K, QuantiserBeatsTheMinMaxRuleAndHandlesEdgeBlocks) {
   auto gen = test_rng();
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -101,8 +117,12 @@ TEST(Q4_K, QuantiserBeatsTheMinMaxRuleAndHandlesEdgeBlocks) {
   double norm = 0;
   for (float v : x) norm += double{v} * v;
   norm = std::sqrt(norm / static_cast<double>(n));
-  // (0.96 failed for 1 seed in 1500, at 0.966.)
-  EXPECT_LT(rms(x, ours), 0.98 * rms(x, plain)) << "ours " << rms(x, ours) << ", min/max " << rms(x, plain);
+  // Block by block, each block's error relative to its own size (600 seeds: ours / min-max 0.883
+  // to 0.919, median 0.902). Compared over all weights at once instead, the few largest blocks of
+  // the log-normal spread decide alone, and the ratio wandered from 0.82 to 0.985 (seed 2329361615
+  // missed a 0.98 bar).
+  EXPECT_LT(block_relative_rms(x, ours), 0.95 * block_relative_rms(x, plain))
+      << "ours " << block_relative_rms(x, ours) << ", min/max " << block_relative_rms(x, plain);
   // About a tenth of the signal (0.1 was exceeded by 1 seed in 400: blocks of log-normal spread
   // with outliers): a sanity bound; the comparison above is the test.
   EXPECT_LT(rms(x, ours), 0.125 * norm);
