@@ -786,6 +786,12 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
 // The chains are gemm_in_place's fresh ones (blocks of kFreshKC rows, kFreshParts fixed parts
 // added in order), so are the bits.
 constexpr int kRowTile = 8;
+// The first row group's tiles ask for B 8 KiB ahead into L2 (prefetcht1): the 48 projections of an
+// 8-sequence GPT-2 step (build/bench_step_gemm 8 20 12 all 0 blk, alternating binaries) read B at
+// 30-32 GB/s against 27-29 with a prefetcht0 2 KiB ahead (the 8-sequence step 1.06x: 2026-12-01,
+// docs/performance.md). 6 and 12-16 KiB ahead into L2 were level or worse; 8 or 16 KiB ahead into
+// L1 (prefetcht0) 5-40% slower than 2 KiB.
+constexpr int64_t kRowTileAhead = 2048;
 
 // c[R, 16] (ldc) = start + a[0:16, R] · b[16 × 16 block], one fresh chain per element; start is
 // init[0:16] for every row (ld 0) or c itself. a is A packed [K][kRowTile] at the block's row.
@@ -798,7 +804,7 @@ void row_tile(const float* a, const float* b, const float* init, float* c, int64
 #pragma GCC unroll 4
   for (int k = 0; k < kBlockedB; ++k) {
     const __m256 b0 = _mm256_load_ps(b + k * kBlockedB), b1 = _mm256_load_ps(b + k * kBlockedB + 8);
-    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(b + k * kBlockedB + kBlockedAhead), _MM_HINT_T0);
+    if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(b + k * kBlockedB + kRowTileAhead), _MM_HINT_T1);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m256 ar = _mm256_broadcast_ss(a + k * kRowTile + r);
