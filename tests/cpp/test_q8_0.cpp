@@ -4,6 +4,7 @@
 // per-element error within half a quantisation step, the scale's definition, zero blocks,
 // and quantise(dequantise(q)) = q (what a GGUF round trip relies on).
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -59,6 +60,38 @@ TEST(Half, NarrowingIsNearestEven) {
   }
   EXPECT_EQ(float_to_f16(70000.0f), 0x7c00);  // overflow is inf
   EXPECT_EQ(float_to_f16(-70000.0f), 0xfc00);
+}
+
+// The edges of the branch-free narrowing: ties halfway between two f16 values in the subnormal
+// range (rounded by a float add) and in the normal range (by the carry), the largest value that
+// still rounds to 65504, the smallest subnormal and the boundary between the two ranges, and NaN
+// of either sign.
+TEST(Half, NarrowingTiesAndEdges) {
+  for (uint32_t k = 0; k < 2048; ++k) {  // (k + 1/2)·2^-24: subnormals, then the first normal binade
+    const float x = std::ldexp(static_cast<float>(k) + 0.5f, -24);
+    const uint16_t want = static_cast<uint16_t>(k + (k & 1u));  // the even neighbour
+    ASSERT_EQ(float_to_f16(x), want) << "tie at (" << k << " + 1/2)·2^-24";
+    ASSERT_EQ(float_to_f16(-x), want | 0x8000u) << k;
+    ASSERT_EQ(float_to_f16(std::nextafter(x, 1.0f)), k + 1) << "just above a tie, k " << k;
+    ASSERT_EQ(float_to_f16(std::nextafter(x, 0.0f)), k) << "just below a tie, k " << k;
+  }
+  for (int e = -14; e <= 15; ++e)  // ties in every normal binade: 1 + (2j + 1)/2048
+    for (uint32_t j : {0u, 1u, 511u, 1022u, 1023u}) {
+      const float x = std::ldexp(1.0f + (2.0f * static_cast<float>(j) + 1.0f) / 2048.0f, e);
+      const uint16_t low = static_cast<uint16_t>(((e + 15) << 10) | j);
+      ASSERT_EQ(float_to_f16(x), low + (low & 1u)) << "binade " << e << " j " << j;
+    }
+  EXPECT_EQ(float_to_f16(std::nextafter(65520.0f, 0.0f)), 0x7bff);  // below the tie: 65504
+  EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);                         // the tie goes to inf (even)
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -14)), 0x0400);            // the smallest normal
+  EXPECT_EQ(float_to_f16(std::nextafter(std::ldexp(1.0f, -14), 0.0f)), 0x0400);  // rounds up to it
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)), 0x0000);            // half the smallest subnormal: even
+  EXPECT_EQ(float_to_f16(std::nextafter(std::ldexp(1.0f, -25), 1.0f)), 0x0001);
+  EXPECT_EQ(float_to_f16(std::numeric_limits<float>::denorm_min()), 0x0000);
+  EXPECT_EQ(float_to_f16(-0.0f), 0x8000);
+  EXPECT_EQ(float_to_f16(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_EQ(float_to_f16(-std::numeric_limits<float>::quiet_NaN()) & 0xfe00u, 0xfe00u);
+  EXPECT_EQ(float_to_f16(std::numeric_limits<float>::signaling_NaN()), 0x7e00);
 }
 
 TEST(Q8_0, QuantiseWithinHalfAStepAndRoundTrips) {
