@@ -195,7 +195,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
           z = t.z.data();
         }
         for (int64_t jj = 0; jj < kBc; jj += 16) {  // P (dropped) into s, dS into dp
-          const Vec scaled = _mm512_mul_round_ps(load(s + jj), pending, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          const Vec scaled = _mm512_maskz_mul_round_ps(0xFFFF, load(s + jj), pending, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
           Vec prob = exp_scalef(scaled - lse), dpz = load(dp + jj);
           if (z) dpz *= load(z + jj);
           Vec ds = prob * (dpz - (prob == one ? di_dot : di));

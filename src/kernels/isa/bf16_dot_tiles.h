@@ -33,9 +33,10 @@ inline uint32_t pair_of(float lo, float hi) { return float_to_bf16(lo) | uint32_
 inline Vec exp_scalef(Vec x) {
   const __mmask16 under = _mm512_cmp_ps_mask(x, splat(-87.33f), _CMP_LT_OQ);
   x = min(splat(88.0f), max(splat(-87.33f), x));  // max and min return x when it is NaN
-  const Vec n = _mm512_roundscale_ps(x * 1.44269504088896341f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  // (the zero-masked forms: GCC 12's plain ones start from _mm512_undefined_ps and warn when inlined)
+  const Vec n = _mm512_maskz_roundscale_ps(0xFFFF, x * 1.44269504088896341f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const Vec r = fma(n, splat(2.12194440e-4f), fma(n, splat(-0.693359375f), x));  // ln2 in two parts
-  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~under), _mm512_scalef_ps(exp_taylor7(r), n));
+  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~under), exp_taylor7(r), n);
 }
 
 // out[R, C·16] (ldo) = (kAdd ? out : 0) + Σ_i a[r·lda + i] · b[i·ldb + (16 c ...)] over `steps`
