@@ -131,10 +131,12 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 
 // ---- Split-K decode: few query rows per kv head, many keys. ----
 
-// Asks for the cache lines of [p, p + bytes) (a prefetch never faults).
+// Asks for the cache lines of [p, p + bytes) (a prefetch never faults), into L1 (locality 3,
+// prefetcht0) or L2 (locality 2, prefetcht1).
+template <int kLocality = 3>
 inline void prefetch_bytes(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, kLocality);
 }
 
 // orow[d0, d0 + NV·kLanes) += Σ_{jj in [lo, hi)} sr[jj] · value jb + jj, key by key in order: each
@@ -181,10 +183,8 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
   // bfloat16 (docs/performance.md, 2026-12-01); one sequence at depth 512 level. Later chunks are
   // prefetched one chunk ahead, below.
   if (values)
-    for (int64_t f = jb0, end = std::min(hi_all, jb0 + kKeys); f < end; ++f) {
-      const char* row = reinterpret_cast<const char*>(value_row<T>(p, b, hk, f));
-      for (int64_t o = 0; o < Dv * static_cast<int64_t>(sizeof(T)); o += 64) __builtin_prefetch(row + o, 0, 2);
-    }
+    for (int64_t f = jb0, end = std::min(hi_all, jb0 + kKeys); f < end; ++f)
+      prefetch_bytes<2>(value_row<T>(p, b, hk, f), Dv * static_cast<int64_t>(sizeof(T)));
   for (int64_t jb = jb0; jb < hi_all; jb += kKeys) {
     const int64_t n = std::min(kKeys, j1 - jb);
     for (int64_t r = 0; r < n_rows; ++r) std::fill(s[r] + n, s[r] + kKeys, 0.0f);  // finish_scores reads them

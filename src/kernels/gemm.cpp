@@ -789,8 +789,8 @@ constexpr int kRowTile = 8;
 // The first row group's tiles ask for B 8 KiB ahead into L2 (prefetcht1): the 48 projections of an
 // 8-sequence GPT-2 step (build/bench_step_gemm 8 20 12 all 0 blk, alternating binaries) read B at
 // 30-32 GB/s against 27-29 with a prefetcht0 2 KiB ahead (the 8-sequence step 1.06x: 2026-12-01,
-// docs/performance.md). 6 and 12-16 KiB ahead into L2 were level or worse; 8 or 16 KiB ahead into
-// L1 (prefetcht0) 5-40% slower than 2 KiB.
+// docs/performance.md). 6 KiB ahead into L2 about the same, 4 and 12-16 KiB level or worse,
+// prefetcht2 about the same; 8 or 16 KiB ahead into L1 (prefetcht0) 5-40% slower than 2 KiB.
 constexpr int64_t kRowTileAhead = 2048;
 
 // c[R, 16] (ldc) = start + a[0:16, R] · b[16 × 16 block], one fresh chain per element; start is
