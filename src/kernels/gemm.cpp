@@ -774,49 +774,44 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
 
 #if defined(__AVX512F__)
 // 5–16 rows (a serving step) from a blocked B that streams from memory, on AVX-512 machines: tiles
-// of up to 8 rows × one 16-column panel in 256-bit registers (16 accumulators: AVX-512VL's 32
-// registers), so that the panel's 1 KiB block is read from memory once, in address order, and
-// every chain has enough independent neighbours to keep both FMA pipes busy. AVX2's 6 + 2 row
-// tiles (16 registers) run the 2-row tile on 4 chains, at half the FMA rate (latency 4); the
-// 12 × 32 tiles read two panels at once and streamed B at 13–17 GB/s on a 2-core Zen 4. At 8 rows
-// the arithmetic, not the memory, bounds these products on that machine: with B hot in L2 one core
-// reads it at ~21 GB/s, against ~16 GB/s of each core's share of the memory. An 8-sequence GPT-2
-// step with these tiles against AVX2's: 1.05× (docs/performance.md, 2026-12-01); 8 × 16 tiles in
-// 512-bit registers (8 chains, one B load a row): level with AVX2's.
-// The chains are gemm_in_place's fresh ones (blocks of kFreshKC rows, kFreshParts fixed parts
-// added in order), so are the bits.
+// of up to 8 rows × one 16-column panel, one 512-bit accumulator a row, so that the panel's 1 KiB
+// block is read from memory once, in address order, with one B load and 8 broadcasts a step for
+// 8 FMAs on 8 independent chains (two FMA pipes of latency 4). The same tile in 256-bit halves
+// (16 accumulators) was this kernel on a 2-core Zen 4, whose AVX-512 units are 256 bits wide
+// (there: 1.05× AVX2's 6 + 2 row tiles; 512-bit tiles level with AVX2's); on a Zen 5, with
+// 512-bit FMA units, 256-bit FMAs capped the products at half its FMA peak: with B hot in the
+// caches 240 GFLOP/s of 555, 315 with these tiles, and the 48 projections of an 8-sequence GPT-2
+// step from memory 1.26× faster (docs/performance.md, 2026-12-01, twenty-eighth session). Tiles of
+// two panels (16 accumulators: 372 GFLOP/s hot) read from memory slower than one: their rows of
+// two blocks 1 KiB apart interleave two streams. The chains are gemm_in_place's fresh ones (blocks
+// of kFreshKC rows, kFreshParts fixed parts added in order), a lane each, so are the bits.
 constexpr int kRowTile = 8;
-// The first row group's tiles ask for B 8 KiB ahead into L2 (prefetcht1): the 48 projections of an
-// 8-sequence GPT-2 step (build/bench_step_gemm 8 20 12 all 0 blk, alternating binaries) read B at
-// 30-32 GB/s against 27-29 with a prefetcht0 2 KiB ahead (the 8-sequence step 1.06x: 2026-12-01,
-// docs/performance.md). 6 KiB ahead into L2 about the same, 4 and 12-16 KiB level or worse,
-// prefetcht2 about the same; 8 or 16 KiB ahead into L1 (prefetcht0) 5-40% slower than 2 KiB.
-constexpr int64_t kRowTileAhead = 2048;
+// The first row group's tiles ask for B 16 KiB ahead into L2 (prefetcht1). On the Zen 4, 8 KiB
+// ahead read the 48 projections (build/bench_step_gemm 8 20 12 all 0 blk) at 30-32 GB/s against
+// 27-29 with a prefetcht0 2 KiB ahead, 16 KiB level or worse; on the Zen 5, whose tiles take half
+// the time, 12-16 KiB ahead 1.04x faster than 8 (pass-by-pass alternation in one process), 4 KiB
+// 1.13x slower, prefetcht0 and prefetcht2 about the same as prefetcht1.
+constexpr int64_t kRowTileAhead = 4096;
 
 // c[R, 16] (ldc) = start + a[0:16, R] · b[16 × 16 block], one fresh chain per element; start is
 // init[0:16] for every row (ld 0) or c itself. a is A packed [K][kRowTile] at the block's row.
 template <int R, bool kPrefetch>
 void row_tile(const float* a, const float* b, const float* init, float* c, int64_t ldc) {
   static_assert(kFreshKC == kBlockedB && kBlockedB == 16, "one fresh chain per block of blocked B");
-  __m256 acc[R][2];
+  __m512 acc[R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
 #pragma GCC unroll 4
   for (int k = 0; k < kBlockedB; ++k) {
-    const __m256 b0 = _mm256_load_ps(b + k * kBlockedB), b1 = _mm256_load_ps(b + k * kBlockedB + 8);
+    const __m512 bv = _mm512_load_ps(b + k * kBlockedB);
     if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(b + k * kBlockedB + kRowTileAhead), _MM_HINT_T1);
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 ar = _mm256_broadcast_ss(a + k * kRowTile + r);
-      acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[k * kRowTile + r]), bv, acc[r]);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const float* start = init ? init : c + r * ldc;
-    _mm256_storeu_ps(c + r * ldc, _mm256_add_ps(acc[r][0], _mm256_loadu_ps(start)));
-    _mm256_storeu_ps(c + r * ldc + 8, _mm256_add_ps(acc[r][1], _mm256_loadu_ps(start + 8)));
+    _mm512_storeu_ps(c + r * ldc, _mm512_add_ps(acc[r], _mm512_loadu_ps(start)));
   }
 }
 
