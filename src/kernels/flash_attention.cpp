@@ -23,6 +23,8 @@
 //
 // Every output row is computed by one thread, in an order that depends only on the shapes, so
 // results are bitwise identical for any thread count. Not a backward kernel (see the gradients).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -139,6 +141,16 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, kLocality);
 }
 
+// Keys and values [j0, j1) of kv head hk in batch b, asked for into L2 (prefetcht1).
+template <class T>
+void prefetch_keys_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
+  const bool values = p.v || p.v_pages;
+  for (int64_t f = j0; f < j1; ++f) {
+    prefetch_bytes<2>(key_row<T>(p, b, hk, f), p.D * static_cast<int64_t>(sizeof(T)));
+    if (values) prefetch_bytes<2>(value_row<T>(p, b, hk, f), p.Dv * static_cast<int64_t>(sizeof(T)));
+  }
+}
+
 // orow[d0, d0 + NV·kLanes) += Σ_{jj in [lo, hi)} sr[jj] · value jb + jj, key by key in order: each
 // element the same chain of FMAs as one load-FMA-store per key, the NV vectors kept in registers.
 template <int NV, class T>
@@ -177,14 +189,11 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
   // Chunks of keys that no row sees are skipped (they would change nothing); the chunks keep
   // their places (j0 + a multiple of kKeys) whatever is skipped.
   const int64_t jb0 = j0 + (lo_all - j0) / kKeys * kKeys;
-  // The first chunk's values asked for into L2 (prefetcht1) while its keys are read: at a serving
-  // step's short contexts a slice is one chunk, so nothing else overlaps their misses with the
-  // keys'. An 8-sequence GPT-2 step, 12 alternating pairs: 1.04x with a float32 cache, 1.03x with
-  // bfloat16 (docs/performance.md, 2026-12-01); one sequence at depth 512 level. Later chunks are
-  // prefetched one chunk ahead, below.
-  if (values)
-    for (int64_t f = jb0, end = std::min(hi_all, jb0 + kKeys); f < end; ++f)
-      prefetch_bytes<2>(value_row<T>(p, b, hk, f), Dv * static_cast<int64_t>(sizeof(T)));
+  // The first chunk's keys and values asked for into L2 (prefetcht1) before its keys are read: at
+  // a serving step's short contexts a slice is one chunk, so nothing else overlaps their misses.
+  // (attention_decode has asked for them already when it guessed this task right.) Later chunks
+  // are prefetched one chunk ahead, below.
+  prefetch_keys_values<T>(p, b, hk, jb0, std::min(hi_all, jb0 + kKeys));
   for (int64_t jb = jb0; jb < hi_all; jb += kKeys) {
     const int64_t n = std::min(kKeys, j1 - jb);
     for (int64_t r = 0; r < n_rows; ++r) std::fill(s[r] + n, s[r] + kKeys, 0.0f);  // finish_scores reads them
@@ -276,6 +285,29 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
                                        [&](int64_t value, const Item& it) { return value < it.*first; });
     return static_cast<int64_t>(next - items.begin()) - 1;
   };
+  // The first chunk of task t's keys and values asked for into L2: a thread asks for those of the
+  // task it will likely take next (tasks of equal length go round the threads in turn) before it
+  // computes its own, so that at a serving step's short contexts (a task is one chunk of 64 keys)
+  // their misses overlap its work rather than start after it. A wrong guess costs the bandwidth of
+  // one chunk. The attention phase of an 8-sequence GPT-2 step (mhsa bench --batch 8 --paged 16
+  // --profile, 4 alternating pairs on a Zen 5) 1.95-2.07 -> 1.74-1.95 ms with this and
+  // decode_slice's first-chunk keys (2026-12-01, docs/performance.md).
+  const auto prefetch_task = [&](int64_t t) {
+    if (t >= tasks) return;
+    const int64_t i = owner(t, &Item::first_task);
+    const AttentionParams& p = ps[i];
+    const Item& it = items[static_cast<size_t>(i)];
+    const int64_t local = t - it.first_task;
+    const int64_t sp = local % it.splits, hk = local / it.splits % p.Hkv, b = local / it.splits / p.Hkv;
+    int64_t lo = std::min(p.Tk, (sp + 1) * kSplitKeys), hi = sp * kSplitKeys;  // the keys its rows see
+    for (int64_t r = 0; r < it.rows; ++r) {
+      const KeyRange keys = key_range(p, b, it.queries[r]);
+      lo = std::min(lo, std::max(sp * kSplitKeys, keys.begin));
+      hi = std::max(hi, std::min((sp + 1) * kSplitKeys, keys.end));
+    }
+    const int64_t first = sp * kSplitKeys + (lo - sp * kSplitKeys) / (4 * kLanes) * (4 * kLanes);  // decode_slice's
+    prefetch_keys_values<T>(p, b, hk, first, std::min(hi, first + 4 * kLanes));
+  };
 #pragma omp parallel  // one region: the slices, then (after the loop's barrier) their merge
   {
 #pragma omp for schedule(dynamic, 1)
@@ -291,6 +323,7 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
       std::fill(m, m + it.rows, kNegInf);
       int64_t abs_heads[kDecodeRows];
       for (int64_t r = 0; r < it.rows; ++r) abs_heads[r] = hk * it.group + it.heads[r];
+      prefetch_task(t + omp_get_num_threads());
       decode_slice<T>(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), it.rows, abs_heads,
                       it.queries, part, m, l);
     }
