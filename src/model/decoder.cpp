@@ -231,6 +231,31 @@ double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::s
 
 // ---- generation ------------------------------------------------------------------------------
 
+namespace {
+
+// std::max_element's index (the first of equal maxima, like torch.argmax; a NaN is never taken
+// unless it is the first logit) at several times its speed: 16 independent running maxima (the
+// compiler's vector max: `m < x ? x : m` keeps m when x is NaN, as max_element's `<` does), then
+// the first logit equal to the largest. A server samples 8 × 50,257 logits a step on the thread
+// that the other model threads wait for; max_element's one compare chain took 0.2 ms of it.
+int32_t argmax(std::span<const float> logits) {
+  const size_t V = logits.size();
+  const float* x = logits.data();
+  if (V == 0 || std::isnan(x[0])) return 0;
+  constexpr size_t kLanes = 16;
+  float m[kLanes];
+  std::fill(m, m + kLanes, x[0]);
+  size_t i = 0;
+  for (; i + kLanes <= V; i += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) m[j] = m[j] < x[i + j] ? x[i + j] : m[j];
+  for (; i < V; ++i) m[0] = m[0] < x[i] ? x[i] : m[0];
+  float best = m[0];
+  for (size_t j = 1; j < kLanes; ++j) best = best < m[j] ? m[j] : best;
+  return static_cast<int32_t>(std::find(x, x + V, best) - x);
+}
+
+}  // namespace
+
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
                uint64_t& rng_state, size_t prompt_tokens) {
   const int64_t V = static_cast<int64_t>(logits.size());
@@ -258,8 +283,7 @@ int32_t sample(std::span<float> logits, std::span<const int32_t> history, const 
       l = l > 0 ? l / o.repetition_penalty : l * o.repetition_penalty;
     }
   }
-  if (o.temperature <= 0.0f)  // greedy; the first of equal maxima, like torch.argmax
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (o.temperature <= 0.0f) return argmax(logits);  // greedy
   // Candidates sorted by logit, cut by top-k, then by top-p on the softmax of what remains.
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);

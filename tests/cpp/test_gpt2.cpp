@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
 #include "kernels/dispatch.h"
@@ -376,6 +377,32 @@ TEST(Gpt2, ContextLimitIsAClearError) {
   expect_error([&] { m.extend(cache, bad, 1, 2, true); }, {"Gpt2::extend: ids[0, 1]: expected a token id in [0, 61), got 61"});
   EXPECT_EQ(cache.length(), 30);
   expect_error([&] { m.new_cache(1, 41); }, {"Gpt2::new_cache: max_tokens: expected a count in [1, 40]"});
+}
+
+// Greedy sampling is std::max_element's index (the first of equal maxima; a NaN only when it is
+// the first logit) on random vocabularies of every length around the vector width, with ties,
+// signed zeros, infinities and NaNs planted at random places.
+TEST(Gpt2Sampler, GreedyIsTheFirstLargest) {
+  std::mt19937_64 gen = test_rng();
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  GenerationOptions greedy;
+  uint64_t rng = 1;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const size_t V = trial < 200 ? 1 + trial % 70 : 1 + gen() % 60000;
+    std::vector<float> l(V);
+    const int kind = static_cast<int>(gen() % 6);
+    for (float& x : l) x = kind == 0 ? std::round(u(gen)) : u(gen);  // kind 0: many ties
+    for (int k = static_cast<int>(gen() % 4); k > 0; --k) {
+      const float special[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(), 4.0f};
+      l[gen() % V] = special[gen() % 6];
+    }
+    if (kind == 1) std::fill(l.begin(), l.end(), -std::numeric_limits<float>::infinity());
+    if (kind == 2) l[0] = std::numeric_limits<float>::quiet_NaN();
+    const int32_t expected = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    std::vector<float> copy = l;
+    ASSERT_EQ(Gpt2::sample(copy, {}, greedy, rng), expected) << "V " << V << " kind " << kind << " trial " << trial;
+  }
 }
 
 // The sampler: penalties, cuts, and a distribution that follows softmax(logits / temperature).
