@@ -4,7 +4,7 @@
 // that multiply the same A (q | k | v, gate | up) are one call: their rows form one row space
 // that the threads claim in groups of kGroup rows, contiguous ranges from the front
 // (isa/bt_parts.h). A range is read as ascending streams: one row at a time, or rows far apart
-// side by side (its halves; for a 16-bit B with several rows of A, its thirds), which read faster
+// side by side (its halves; for a 16-bit B its quarters, or with several rows of A its thirds), which read faster
 // than adjacent rows interleaved. Each row of B is read once, from memory, and dotted with up to
 // 8 rows of A held in L1 (a 16-bit B with several rows of A: in register blocks of 3 rows of B,
 // dot_block). Every C element is one FMA chain over k in vector steps and the same horizontal
@@ -103,6 +103,15 @@ void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, int64_t apart
   for (int j = 0; j < J; ++j) out[j * apart] = reduce_sum(acc[j]);
 }
 
+// Rows of B dotted side by side with one row of A (range_product, M = 1), each a part of the
+// range apart: two for a float B; four for a 16-bit B, whose row supplies 16 elements a load at
+// half the bytes, so that two chains of 4 cycles' latency bound it below what memory delivers. The
+// bfloat16 weights of GPT-2 124M (its 48 projections and LM head, 249 MB from memory, 2 threads,
+// a scratch harness alternating the variants pass by pass on a Zen 5): four rows 1.10-1.13x two,
+// six 1.13x, eight 1.07x, three 1.07x, one 0.94x (docs/performance.md, 2026-12-01).
+template <class TB>
+inline constexpr int kColStreams = std::is_same_v<TB, float> ? 2 : 4;
+
 // Several rows of A (serving several sequences, M = 2..8): J rows of B at a time against R rows
 // of A, J·R accumulators, each the same FMA chain over k and the same horizontal sum as dot_rows'
 // (so the same bits). With one row of B against 8 of A, a vector step is 9 loads for 8 FMAs, and
@@ -174,18 +183,19 @@ void dot_block_passes(int64_t M, int64_t K, const float* A, int64_t lda, const T
 // them), so the float stream keeps one row of B at a time.
 constexpr int kFloatRows = 8;
 
-// C[M, rows] = A[M, K] · B[rows, K]ᵀ. One row of A: two rows of B side by side, row i of the
-// range's first half and row i of its second (dot_cols), each of the two an ascending stream.
+// C[M, rows] = A[M, K] · B[rows, K]ᵀ. One row of A: kColStreams rows of B side by side, row i of
+// each of the range's parts (dot_cols), each an ascending stream; the last rows % kColStreams alone.
 // More, float: each group of kGroup rows of B L1-resident while every kFloatRows rows of A pass
 // over it. More, 16-bit: blocks of kBlockCols rows of B, row i of each third of the range, each
 // block L1-resident while the rows of A pass over it (dot_block_passes).
 template <class TB>
 void range_product(int64_t M, int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t rows,
                    float* C, int64_t ldc) {
-  if (M == 1) {  // decoding one sequence: row i of the range's first half beside row i of its second
-    const int64_t half = rows / 2;
-    for (int64_t n = 0; n < half; ++n) dot_cols<2>(K, A, B + n * ldb, ldb, half, C + n);
-    if (rows % 2) dot_cols<1>(K, A, B + (rows - 1) * ldb, ldb, 0, C + rows - 1);
+  if (M == 1) {  // decoding one sequence: row i of each of the range's kColStreams parts side by side
+    constexpr int kStreams = kColStreams<TB>;
+    const int64_t part = rows / kStreams;
+    for (int64_t n = 0; n < part; ++n) dot_cols<kStreams>(K, A, B + n * ldb, ldb, part, C + n);
+    for (int64_t n = kStreams * part; n < rows; ++n) dot_cols<1>(K, A, B + n * ldb, ldb, 0, C + n);
   } else if constexpr (std::is_same_v<TB, float>) {
     for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
       for (int64_t m = 0; m < M; m += kFloatRows)
