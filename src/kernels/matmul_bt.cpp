@@ -303,16 +303,21 @@ void dot_q8(const QuantizedA& a, int64_t m, const BlockQ8_0* B, int64_t ldb, int
     for (int j = 0; j < J; ++j) out[r * ldc + j * apart] = sum8(acc[r][j]);
 }
 
+// Rows of B a part of the range apart that one row of A reads side by side: four (GPT-2 124M's
+// Q8_0 weights, 132 MB from memory, 2 threads, pass-by-pass alternation on a Zen 5: 1.05-1.06x
+// two, three 1.02-1.03x; docs/performance.md, 2026-12-01).
+constexpr int kQ8ColStreams = 4;
+
 // C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// two rows of B at a time, half the range apart, or each group of kGroup rows in
+// kQ8ColStreams rows of B at a time, a part of the range apart, or each group of kGroup rows in
 // turn against kRows rows of A at a time (the group stays in L1 while the passes over A's rows
 // read it again).
 void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
   if (M == 1) {
-    const int64_t half = rows / 2;
-    for (int64_t n = 0; n < half; ++n) dot_q8<1, 2>(a, 0, B + n * ldb, ldb, half, C + n, ldc);
-    if (rows % 2) dot_q8<1, 1>(a, 0, B + (rows - 1) * ldb, ldb, 0, C + rows - 1, ldc);
+    const int64_t part = rows / kQ8ColStreams;
+    for (int64_t n = 0; n < part; ++n) dot_q8<1, kQ8ColStreams>(a, 0, B + n * ldb, ldb, part, C + n, ldc);
+    for (int64_t n = kQ8ColStreams * part; n < rows; ++n) dot_q8<1, 1>(a, 0, B + n * ldb, ldb, 0, C + n, ldc);
     return;
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
