@@ -3,8 +3,8 @@
 // per ISA: the weight streams of decoding a 4-bit model. The same plan as matmul_bt.cpp's
 // streams: several matrices that multiply one A are one call, their rows one row space that the
 // threads claim in groups of kGroup rows, contiguous ranges read in order (isa/bt_parts.h);
-// with one row of A, row i of a claimed range's first half beside row i of its second, each row
-// its own ascending stream (as the other weight types' one-row streams). B's quants are in the
+// with one row of A, row i of each quarter of a claimed range side by side, each row its own
+// ascending stream (as the 16-bit and Q8_0 one-row streams). B's quants are in the
 // kernels' order (kernels/q4_k.h), and so are A's quants here (activations_in_kernel_order), so
 // that a block's eight byte-product vectors add up vertically: 1.37× ggml's order's horizontal
 // tree on one core with B in L3 (docs/performance.md, 2026-11-30, twenty-third session).
@@ -165,14 +165,17 @@ void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, i
 }
 
 // C[M, rows] = A · B[rows, K/256 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// two rows of B at a time, half the range apart, or each group of kGroup rows in turn against
+// four rows of B at a time, a quarter of the range apart, or each group of kGroup rows in turn against
 // kRows rows of A at a time.
 void range_product(const Activations& x, int64_t M, const BlockQ4_K* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
-  if (M == 1) {  // row i of the range's first half beside row i of its second, each its own stream
-    const int64_t half = rows / 2;
-    for (int64_t n = 0; n < half; ++n) dot_q4k<1, 2>(x, 0, B + n * ldb, ldb, half, C + n, ldc);
-    if (rows % 2) dot_q4k<1, 1>(x, 0, B + (rows - 1) * ldb, ldb, 0, C + rows - 1, ldc);
+  if (M == 1) {  // row i of each quarter of the range side by side, each its own stream
+    // Four rows: GPT-2 124M's Q4_K weights from memory, 2 threads, pass-by-pass alternation on a
+    // Zen 5: 1.13-1.15x two rows, three 1.08x, six 1.09x, eight 1.07x (docs/performance.md, 2026-12-01).
+    constexpr int kStreams = 4;
+    const int64_t part = rows / kStreams;
+    for (int64_t n = 0; n < part; ++n) dot_q4k<1, kStreams>(x, 0, B + n * ldb, ldb, part, C + n, ldc);
+    for (int64_t n = kStreams * part; n < rows; ++n) dot_q4k<1, 1>(x, 0, B + n * ldb, ldb, 0, C + n, ldc);
     return;
   }
   for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
