@@ -49,12 +49,15 @@ inline Vec load_partial_b(const uint16_t* b, int n) { return load_partial_bf16(b
 inline Vec load_b(const float16* b) { return load_f16(&b->bits); }
 inline Vec load_partial_b(const float16* b, int n) { return load_partial_kv(b, n); }
 
-// A software prefetch this many elements ahead in B's stream (2 KiB of float, 1 KiB of
-// bfloat16; past the row it is the next row's start when rows are contiguous, and harmless when
-// not), once per cache line. One Zen 3 core, B from memory, CPU time, 3 alternating rounds
+// A software prefetch this many elements ahead in B's stream (2 KiB, whatever the element type;
+// past the row it is the next row's start when rows are contiguous, and harmless when not), once
+// per cache line. One Zen 3 core, float B from memory, CPU time, 3 alternating rounds
 // (docs/performance.md, 2026-11-28): 8 rows × N 2304 × K 768 1.1–1.3× faster than without, at K
-// 3072 ~1.15×, one row ~1.1×; 256 ahead about the same, 1024 and 1536 less.
-constexpr int64_t kPrefetch = 512;
+// 3072 ~1.15×, one row ~1.1×; 1 KiB ahead about the same, 4 and 6 KiB less. A 16-bit B was
+// prefetched 512 elements (1 KiB) ahead until GPT-2's bfloat16 weights, one row of A on a Zen 5
+// (pass-by-pass alternation), read 1.09–1.10× faster 2 KiB ahead (4 and 8 KiB: 0.98×, 0.93×).
+template <class TB>
+constexpr int64_t kPrefetch = 2048 / sizeof(TB);
 
 // out[r·ldc] = A row r · b for R rows of A: one FMA chain per row over k in vector steps, then
 // the fixed-order horizontal sum. TB: float, or uint16_t for bfloat16.
@@ -64,7 +67,7 @@ void dot_rows(int64_t K, const float* A, int64_t lda, const TB* b, float* out, i
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     const Vec bv = load_b(b + k);
-    if (k % (64 / sizeof(TB)) == 0) __builtin_prefetch(b + k + kPrefetch);
+    if (k % (64 / sizeof(TB)) == 0) __builtin_prefetch(b + k + kPrefetch<TB>);
     for (int r = 0; r < R; ++r) acc[r] = fused(load(A + r * lda + k), bv, acc[r]);
   }
   if (k < K) {
@@ -92,7 +95,7 @@ void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, int64_t apart
   for (; k + kLanes <= K; k += kLanes) {
     const Vec av = load(a + k);
     if (k % (64 / sizeof(TB)) == 0)
-      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * apart * ldb + k + kPrefetch);
+      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * apart * ldb + k + kPrefetch<TB>);
     for (int j = 0; j < J; ++j) acc[j] = fused(av, load_b(B + j * apart * ldb + k), acc[j]);
   }
   if (k < K) {
@@ -137,7 +140,7 @@ void dot_block(int64_t K, const float* A, int64_t lda, const TB* B, int64_t ldb,
     Vec bv[J];
     for (int j = 0; j < J; ++j) bv[j] = load_b(B + j * apart * ldb + k);
     if (prefetch && k % (64 / sizeof(TB)) == 0)
-      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * apart * ldb + k + kPrefetch);
+      for (int j = 0; j < J; ++j) __builtin_prefetch(B + j * apart * ldb + k + kPrefetch<TB>);
     for (int r = 0; r < R; ++r) {
       const Vec av = load(A + r * lda + k);
       for (int j = 0; j < J; ++j) acc[j][r] = fused(av, bv[j], acc[j][r]);
