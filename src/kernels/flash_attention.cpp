@@ -166,6 +166,24 @@ void accumulate_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t 
   for (int v = 0; v < NV; ++v) store(orow + d0 + v * kLanes, acc[v]);
 }
 
+// decode_slice takes keys a chunk of kDecodeChunk at a time, the chunks at j0 + multiples of it.
+constexpr int64_t kDecodeChunk = 4 * kLanes;
+
+// Of keys [j0, j1), those that some row sees (keys[r]: row r's range): `end` the end of the last,
+// `first` the start of the chunk that holds the first. Chunks that no row sees are skipped (they
+// would change nothing); the others keep their places whatever is skipped.
+struct SeenKeys {
+  int64_t first, end;
+};
+inline SeenKeys seen_keys(const KeyRange* keys, int64_t n_rows, int64_t j0, int64_t j1) {
+  int64_t lo = j1, hi = j0;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    lo = std::min(lo, std::max(j0, keys[r].begin));
+    hi = std::max(hi, std::min(j1, keys[r].end));
+  }
+  return {j0 + (lo - j0) / kDecodeChunk * kDecodeChunk, hi};
+}
+
 // Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
 // strided (or paged) cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
 // online softmax and P·V as the blocked path. T: the cache's element type (16-bit keys and values
@@ -173,22 +191,18 @@ void accumulate_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t 
 template <class T>
 void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t n_rows,
                   const int64_t* heads, const int64_t* queries, float* o, float* m, float* l) {
-  constexpr int64_t kKeys = 4 * kLanes;
+  constexpr int64_t kKeys = kDecodeChunk;
   float s[kDecodeRows][kKeys];
   const bool values = p.v || p.v_pages;
   const int64_t D = p.D, Dv = p.out ? p.Dv : 0;
   const float* q[kDecodeRows];
   KeyRange keys[kDecodeRows];
-  int64_t lo_all = j1, hi_all = j0;  // the keys of the slice that some row sees
   for (int64_t r = 0; r < n_rows; ++r) {
     q[r] = p.q + b * p.q_stride[0] + heads[r] * p.q_stride[1] + queries[r] * p.q_stride[2];
     keys[r] = key_range(p, b, queries[r]);
-    lo_all = std::min(lo_all, std::max(j0, keys[r].begin));
-    hi_all = std::max(hi_all, std::min(j1, keys[r].end));
   }
-  // Chunks of keys that no row sees are skipped (they would change nothing); the chunks keep
-  // their places (j0 + a multiple of kKeys) whatever is skipped.
-  const int64_t jb0 = j0 + (lo_all - j0) / kKeys * kKeys;
+  const SeenKeys seen = seen_keys(keys, n_rows, j0, j1);
+  const int64_t jb0 = seen.first, hi_all = seen.end;
   // The first chunk's keys and values asked for into L2 (prefetcht1) before its keys are read: at
   // a serving step's short contexts a slice is one chunk, so nothing else overlaps their misses.
   // (attention_decode has asked for them already when it guessed this task right.) Later chunks
@@ -292,31 +306,36 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
   // one chunk. The attention phase of an 8-sequence GPT-2 step (mhsa bench --batch 8 --paged 16
   // --profile, 4 alternating pairs on a Zen 5) 1.95-2.07 -> 1.74-1.95 ms with this and
   // decode_slice's first-chunk keys (2026-12-01, docs/performance.md).
-  const auto prefetch_task = [&](int64_t t) {
-    if (t >= tasks) return;
+  // Task t: its call, its number within the call (((b · Hkv) + hk) · splits + sp) and its keys [j0, j1).
+  struct Task {
+    int64_t call, local, b, hk, j0, j1;
+  };
+  const auto task_at = [&](int64_t t) {
     const int64_t i = owner(t, &Item::first_task);
     const AttentionParams& p = ps[i];
     const Item& it = items[static_cast<size_t>(i)];
     const int64_t local = t - it.first_task;
-    const int64_t sp = local % it.splits, hk = local / it.splits % p.Hkv, b = local / it.splits / p.Hkv;
-    int64_t lo = std::min(p.Tk, (sp + 1) * kSplitKeys), hi = sp * kSplitKeys;  // the keys its rows see
-    for (int64_t r = 0; r < it.rows; ++r) {
-      const KeyRange keys = key_range(p, b, it.queries[r]);
-      lo = std::min(lo, std::max(sp * kSplitKeys, keys.begin));
-      hi = std::max(hi, std::min((sp + 1) * kSplitKeys, keys.end));
-    }
-    const int64_t first = sp * kSplitKeys + (lo - sp * kSplitKeys) / (4 * kLanes) * (4 * kLanes);  // decode_slice's
-    prefetch_keys_values<T>(p, b, hk, first, std::min(hi, first + 4 * kLanes));
+    const int64_t sp = local % it.splits;
+    return Task{i, local, local / it.splits / p.Hkv, local / it.splits % p.Hkv, sp * kSplitKeys,
+                std::min(p.Tk, (sp + 1) * kSplitKeys)};
+  };
+  const auto prefetch_task = [&](int64_t t) {
+    if (t >= tasks) return;
+    const Task k = task_at(t);
+    const AttentionParams& p = ps[k.call];
+    const Item& it = items[static_cast<size_t>(k.call)];
+    KeyRange keys[kDecodeRows];
+    for (int64_t r = 0; r < it.rows; ++r) keys[r] = key_range(p, k.b, it.queries[r]);
+    const SeenKeys seen = seen_keys(keys, it.rows, k.j0, k.j1);
+    prefetch_keys_values<T>(p, k.b, k.hk, seen.first, std::min(seen.end, seen.first + kDecodeChunk));
   };
 #pragma omp parallel  // one region: the slices, then (after the loop's barrier) their merge
   {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t i = owner(t, &Item::first_task);
+      const auto [i, local, b, hk, j0, j1] = task_at(t);
       const AttentionParams& p = ps[i];
       const Item& it = items[static_cast<size_t>(i)];
-      const int64_t local = t - it.first_task;  // ((b · Hkv) + hk) · splits + sp
-      const int64_t sp = local % it.splits, hk = local / it.splits % p.Hkv, b = local / it.splits / p.Hkv;
       float* part = partials.data() + it.partials + static_cast<size_t>(local * it.stride);
       float* m = part + it.rows * it.Dv;
       float* l = m + it.rows;
@@ -324,8 +343,7 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
       int64_t abs_heads[kDecodeRows];
       for (int64_t r = 0; r < it.rows; ++r) abs_heads[r] = hk * it.group + it.heads[r];
       prefetch_task(t + omp_get_num_threads());
-      decode_slice<T>(p, b, hk, sp * kSplitKeys, std::min(p.Tk, (sp + 1) * kSplitKeys), it.rows, abs_heads,
-                      it.queries, part, m, l);
+      decode_slice<T>(p, b, hk, j0, j1, it.rows, abs_heads, it.queries, part, m, l);
     }
     // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
 #pragma omp for schedule(static)
