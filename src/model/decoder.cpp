@@ -3,8 +3,10 @@
 #include "model/decoder.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/check.h"
@@ -255,6 +257,249 @@ int32_t argmax(std::span<const float> logits) {
   return static_cast<int32_t>(std::find(x, x + V, best) - x);
 }
 
+// The weight e^−x of a token x = (largest logit − its logit) / temperature above the largest
+// (x >= 0, or +inf), and its bucket: x in [0, 88) spread over kBuckets, kNoBucket once the weight
+// is 0 (x > 87, past float's normal range). e^−x = 2^k · e^r with |r| <= ln2/2 and e^r's degree-6
+// Taylor polynomial (error below 2e-7 relative). Plain arithmetic, and the test for x > 87 made
+// on x's bits (a float compare keeps GCC from vectorising under its default -ftrapping-math), so
+// that a loop of it vectorises, where std::exp is a call per element.
+constexpr uint16_t kBuckets = 2048, kNoBucket = kBuckets;
+inline void weigh(float x, float& weight, uint16_t& bucket) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x), high = std::bit_cast<uint32_t>(87.0f);
+  const uint32_t in = bits > high ? 0u : ~0u;  // x <= 87 (for x >= 0, a larger x has larger bits)
+  const float c = -std::bit_cast<float>((bits & in) | (high & ~in));  // −x clamped to [−87, 0]
+  const float t = c * 1.44269504f + 12582912.0f;  // 1.5·2^23: t's low bits are round(c·log2 e)
+  const float k = t - 12582912.0f;
+  const float r = (c - k * 0.693145751953125f) - k * 1.428606765330187e-6f;  // c − k·ln 2, ln 2 in two parts
+  const float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720))))));
+  const uint32_t two_k = static_cast<uint32_t>(std::bit_cast<int32_t>(t) - 0x4B400000 + 127) << 23;  // k >= −126
+  weight = p * std::bit_cast<float>(two_k & in);
+  const int32_t b = static_cast<int32_t>(-c * (kBuckets / 88.0f));  // in [0, kBuckets): −c <= 87
+  bucket = static_cast<uint16_t>((static_cast<uint32_t>(b) & in) | (kNoBucket & ~in));
+}
+
+// weigh over keys [0, V) (below the largest, `top`), compiled for AVX-512 and AVX2 as well where
+// GCC can pick at run time (16 or 8 lanes with FMA rather than SSE2's 4 without).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#endif
+void weigh_all(const float* key, size_t V, float top, float inv_t, float* weight, uint16_t* bucket) {
+  for (size_t i = 0; i < V; ++i) weigh((top - key[i]) * inv_t, weight[i], bucket[i]);
+}
+
+// Of ids (ascending), the smallest set of the largest keys (between equal keys, the lower id
+// first) whose measure (weight[id], or 1 each when weight is null) reaches `need`, added to
+// `out`: the ids of the buckets wholly inside it (ascending), then those of the bucket where the
+// running measure reaches `need`, cut the same way (its keys spread again over kBuckets), or,
+// once few or all equal, sorted; all of ids when they fall short (rounding). With `bucket`, the
+// ids are every token of a bucket other than kNoBucket, and it gives their buckets. O(ids) a
+// level; a level narrows the keys' range kBuckets-fold.
+void select_largest(std::span<const int32_t> ids, const uint16_t* bucket, size_t V, const float* key,
+                    const float* weight, double need, std::vector<int32_t>& out) {
+  const auto measure = [&](int32_t id) { return weight ? static_cast<double>(weight[id]) : 1.0; };
+  float lo = 0, hi = 0;
+  double scale = 0;
+  if (!bucket) {
+    lo = std::numeric_limits<float>::infinity();
+    hi = -lo;
+    for (const int32_t id : ids) {
+      lo = std::min(lo, key[id]);
+      hi = std::max(hi, key[id]);
+    }
+    if (ids.size() <= 64 || lo == hi) {
+      std::vector<int32_t> sorted;
+      std::span<const int32_t> order = ids;  // equal keys: in order already (by id)
+      if (lo != hi) {
+        sorted.assign(ids.begin(), ids.end());
+        std::sort(sorted.begin(), sorted.end(),
+                  [&](int32_t a, int32_t b) { return key[a] > key[b] || (key[a] == key[b] && a < b); });
+        order = sorted;
+      }
+      double have = 0;
+      for (const int32_t id : order) {
+        if (have >= need && have > 0) break;  // (need <= 0: the largest alone)
+        out.push_back(id);
+        have += measure(id);
+      }
+      return;
+    }
+    scale = (kBuckets - 1) / (static_cast<double>(hi) - lo);
+  }
+  const auto bucket_of = [&](int32_t id) {  // 0: the largest keys; non-decreasing as the key falls
+    return bucket ? bucket[id]
+                  : static_cast<uint16_t>(std::min<double>(kBuckets - 1, (static_cast<double>(hi) - key[id]) * scale));
+  };
+  std::vector<double> mass(kBuckets + 1, 0.0);
+  if (bucket) {  // four histograms, summed after: runs of one bucket are not one chain of adds
+    std::vector<double> part(4 * (kBuckets + 1), 0.0);
+    size_t i = 0;
+    for (; i + 4 <= V; i += 4)
+      for (size_t j = 0; j < 4; ++j) part[j * (kBuckets + 1) + bucket[i + j]] += weight ? weight[i + j] : 1.0;
+    for (; i < V; ++i) part[bucket[i]] += weight ? weight[i] : 1.0;
+    for (size_t b = 0; b < kBuckets; ++b)  // ([kNoBucket]: unused)
+      mass[b] = (part[b] + part[kBuckets + 1 + b]) + (part[2 * (kBuckets + 1) + b] + part[3 * (kBuckets + 1) + b]);
+  } else {
+    for (const int32_t id : ids) mass[bucket_of(id)] += measure(id);
+  }
+  size_t cut = 0;
+  double have = 0;
+  for (; cut < kBuckets && have + mass[cut] < need; ++cut) have += mass[cut];
+  std::vector<int32_t> edge;  // the cut bucket's ids, ascending
+  const auto place = [&](int32_t id) {
+    const size_t b = bucket_of(id);
+    if (b < cut) out.push_back(id);
+    else if (b == cut) edge.push_back(id);
+  };
+  if (bucket) {
+    for (size_t i = 0; i < V; ++i)
+      if (bucket[i] != kNoBucket) place(static_cast<int32_t>(i));
+  } else {
+    for (const int32_t id : ids) place(id);
+  }
+  if (cut < kBuckets) select_largest(edge, nullptr, 0, key, weight, need - have, out);
+}
+
+// The k largest keys above −inf (between equal keys, the lower id first), in
+// `out`, ascending: one pass that keeps those past a running bar in a buffer, cut back to the k
+// largest (nth_element) whenever it holds 4k, the bar then the k-th's key. Ids come in ascending
+// order, so once k are kept, a key equal to the bar comes after them all.
+void select_top_k(const float* key, size_t V, size_t k, std::vector<int32_t>& out) {
+  const auto before = [&](int32_t a, int32_t b) { return key[a] > key[b] || (key[a] == key[b] && a < b); };
+  const auto cut = [&] {
+    std::nth_element(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(k - 1), out.end(), before);
+    out.resize(k);
+  };
+  out.clear();
+  bool full = false;
+  float bar = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < V; ++i) {
+    if (key[i] < bar || (full && key[i] == bar) || key[i] == -std::numeric_limits<float>::infinity()) continue;
+    out.push_back(static_cast<int32_t>(i));
+    if (out.size() < 4 * k) continue;
+    cut();
+    bar = key[*std::max_element(out.begin(), out.end(), before)];  // the last in `before` order
+    full = true;
+  }
+  if (out.size() > k) cut();
+  std::sort(out.begin(), out.end());
+}
+
+// An index i in [0, n) drawn with probability weight(i) / Σ weight (weight >= 0, not all 0) with
+// the generator: the sums of blocks of kDrawBlock (each summed in double as 8 side-by-side chains,
+// so that it does not wait on one chain of adds), the block where their running sum passes u, then
+// the index within it. The same weights and state give the same index.
+constexpr size_t kDrawBlock = 256;
+template <class Weight>
+size_t draw_index(size_t n, Weight weight, uint64_t& rng_state, std::vector<double>& sums) {
+  constexpr size_t kLanes = 8;
+  sums.assign((n + kDrawBlock - 1) / kDrawBlock, 0.0);
+  double total = 0;
+  for (size_t b = 0; b < sums.size(); ++b) {
+    double lane[kLanes] = {};
+    const size_t i0 = b * kDrawBlock, i1 = std::min(n, i0 + kDrawBlock);
+    size_t i = i0;
+    for (; i + kLanes <= i1; i += kLanes)
+      for (size_t j = 0; j < kLanes; ++j) lane[j] += weight(i + j);
+    for (; i < i1; ++i) lane[0] += weight(i);
+    for (size_t j = 0; j < kLanes; ++j) sums[b] += lane[j];
+    total += sums[b];
+  }
+  const double u = static_cast<double>(splitmix(rng_state) >> 11) * 0x1.0p-53 * total;
+  double acc = 0;
+  size_t b = 0;
+  for (; b < sums.size() && !(u < acc + sums[b]); ++b) acc += sums[b];
+  size_t last = n;  // the last index with a weight where the sums round short of u
+  if (b < sums.size()) {
+    for (size_t i = b * kDrawBlock, i1 = std::min(n, i + kDrawBlock); i < i1; ++i) {
+      if (weight(i) == 0.0f) continue;
+      acc += weight(i);
+      last = i;
+      if (u < acc) return i;
+    }
+    return last;
+  }
+  while (last > 0 && weight(last - 1) == 0.0f) --last;
+  return last - 1;
+}
+
+// A token drawn from softmax(logits / temperature) cut to the top_k largest logits, then to the
+// smallest set of the most likely of those whose probability reaches top_p (between equal
+// logits, the lower id first; a NaN logit is never drawn, nor one more than 87 temperatures below
+// the largest, whose weight is below float's range). Neither cut sorts the vocabulary
+// (select_largest), the weights are one vectorised pass (weigh), and the draw without a cut finds
+// its block of 256 tokens by their sums: GPT-2's 50,257 logits took 4.2-4.5 ms a draw when they
+// were all sorted, paid by a server per sequence per step on the thread the model waits for
+// (docs/performance.md, 2026-12-01). The same logits and generator state give the same token.
+int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t& rng_state) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const size_t V = logits.size();
+  // Kept per thread: allocated afresh, GPT-2's 0.8 MB of them went back to the system after every
+  // draw and was faulted in again at the next.
+  struct Scratch {
+    std::vector<float> key, weight;
+    std::vector<uint16_t> bucket;
+    std::vector<int32_t> ids, kept;
+    std::vector<double> sums;
+  };
+  thread_local Scratch w;
+  w.key.resize(V);
+  w.weight.resize(V);
+  w.bucket.resize(V);
+  float *key = w.key.data(), *weight = w.weight.data();
+  uint16_t* bucket = w.bucket.data();
+  constexpr size_t kMaxima = 16;  // the largest key as argmax finds it
+  float m[kMaxima];
+  std::fill(m, m + kMaxima, -kInf);
+  for (size_t i = 0; i < V; ++i) {  // NaN: −inf
+    const uint32_t bits = std::bit_cast<uint32_t>(logits[i]);
+    const uint32_t nan = (bits & 0x7FFFFFFFu) > 0x7F800000u ? ~0u : 0u;
+    key[i] = std::bit_cast<float>((bits & ~nan) | (std::bit_cast<uint32_t>(-kInf) & nan));
+  }
+  size_t full = V / kMaxima * kMaxima;
+  for (size_t i = 0; i < full; i += kMaxima)
+    for (size_t j = 0; j < kMaxima; ++j) m[j] = m[j] < key[i + j] ? key[i + j] : m[j];
+  for (size_t i = full; i < V; ++i) m[0] = m[0] < key[i] ? key[i] : m[0];
+  float top = *std::max_element(m, m + kMaxima);
+  if (top == -kInf) return argmax(logits);  // no token has a probability
+  if (top == kInf) {  // the +inf logits share all of it
+    for (size_t i = 0; i < V; ++i) key[i] = key[i] == kInf ? 0.0f : -kInf;
+    top = 0.0f;
+  }
+  // (A temperature so small that 1/t overflows: the largest alone, as 0 · FLT_MAX is 0.)
+  const float inv_t = 1.0f / o.temperature <= std::numeric_limits<float>::max() ? 1.0f / o.temperature
+                                                                                 : std::numeric_limits<float>::max();
+  std::vector<int32_t>& ids = w.ids;  // the candidates, unless every token of a bucket is (`all`)
+  std::vector<int32_t>& kept = w.kept;
+  bool all = true;
+  ids.clear();
+  if (o.top_k > 0 && static_cast<size_t>(o.top_k) < V) {  // only those weighed
+    select_top_k(key, V, static_cast<size_t>(o.top_k), ids);
+    for (const int32_t id : ids) weigh((top - key[id]) * inv_t, weight[id], bucket[id]);
+    all = false;
+  } else {
+    weigh_all(key, V, top, inv_t, weight, bucket);
+  }
+  if (o.top_p < 1.0f) {
+    double total = 0;
+    if (all) {
+      constexpr size_t kLanes = 8;  // side-by-side chains, as draw_index sums
+      double lane[kLanes] = {};
+      size_t i = 0;
+      for (; i + kLanes <= V; i += kLanes)
+        for (size_t j = 0; j < kLanes; ++j) lane[j] += weight[i + j];
+      for (; i < V; ++i) lane[0] += weight[i];
+      for (const double l : lane) total += l;
+    }
+    for (const int32_t id : ids) total += weight[id];
+    kept.clear();
+    select_largest(ids, all ? bucket : nullptr, V, key, weight, static_cast<double>(o.top_p) * total, kept);
+    ids.swap(kept);
+    all = false;
+  }
+  if (all) return static_cast<int32_t>(draw_index(V, [&](size_t i) { return weight[i]; }, rng_state, w.sums));
+  return ids[draw_index(ids.size(), [&](size_t i) { return weight[ids[i]]; }, rng_state, w.sums)];
+}
+
 }  // namespace
 
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
@@ -285,41 +530,7 @@ int32_t sample(std::span<float> logits, std::span<const int32_t> history, const 
     }
   }
   if (o.temperature <= 0.0f) return argmax(logits);  // greedy
-  // Candidates sorted by logit, cut by top-k, then by top-p on the softmax of what remains.
-  std::vector<int32_t> order(static_cast<size_t>(V));
-  std::iota(order.begin(), order.end(), 0);
-  const auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
-           (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-  };
-  size_t keep = order.size();
-  if (o.top_k > 0 && o.top_k < V) {
-    keep = static_cast<size_t>(o.top_k);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(), by_logit);
-  } else {
-    std::sort(order.begin(), order.end(), by_logit);
-  }
-  const float top = logits[static_cast<size_t>(order[0])];
-  std::vector<double> p(keep);
-  double total = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    p[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) / o.temperature);
-    total += p[i];
-  }
-  if (o.top_p < 1.0f) {  // the smallest head of the sorted list whose mass reaches top_p
-    double mass = 0;
-    size_t cut = 0;
-    while (cut < keep && mass < o.top_p * total) mass += p[cut++];
-    keep = std::max<size_t>(cut, 1);
-    total = std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0);
-  }
-  const double u = static_cast<double>(splitmix(rng_state) >> 11) * 0x1.0p-53 * total;
-  double acc = 0;
-  for (size_t i = 0; i < keep; ++i) {
-    acc += p[i];
-    if (u < acc) return order[i];
-  }
-  return order[keep - 1];
+  return draw(logits, o, rng_state);
 }
 
 std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int32_t> prompts, int64_t B, int64_t T,

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <numeric>
+#include <set>
 
 #include "kernels/dispatch.h"
 #include "kernels/elementwise.h"
@@ -466,6 +468,161 @@ TEST(Gpt2Sampler, RulesAndDistribution) {
     EXPECT_NEAR(count[t], draws * p, 5 * sd) << "token " << t;
   }
   EXPECT_EQ(count[0] + count[3], 0);
+}
+
+// The cuts against a plain sorted reference (every token ordered by logit, then id; top_k, then
+// the smallest head whose softmax mass reaches top_p) on random logits with ties and NaNs, from 1
+// to 50,257 tokens: every draw lies in the reference's set, and the likeliest token is drawn.
+// (The sampler selects without sorting, in buckets of logit value: a wrong bucket boundary would
+// let a token past the cut in, or keep one out.)
+TEST(Gpt2Sampler, CutsAreThoseOfASortedReference) {
+  auto gen = test_rng();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto pick = [&](auto list) { return list[std::uniform_int_distribution<size_t>(0, list.size() - 1)(gen)]; };
+  for (int trial = 0; trial < 80; ++trial) {
+    const size_t V = pick(std::vector<size_t>{1, 2, 7, 65, 300, 5000, 50257});
+    const float scale = pick(std::vector<float>{0.05f, 1.0f, 6.0f});
+    std::vector<float> logits(V);
+    for (size_t i = 0; i < V; ++i) {
+      const float u = std::uniform_real_distribution<float>(0, 1)(gen);
+      logits[i] = i > 0 && u < 0.1f ? logits[i - 1 - std::uniform_int_distribution<size_t>(0, i - 1)(gen) % std::min<size_t>(i, 5)]
+                                    : normal(gen) * scale;  // ties
+      if (V > 1 && u > 0.99f) logits[i] = std::numeric_limits<float>::quiet_NaN();
+    }
+    GenerationOptions o;
+    o.temperature = std::uniform_real_distribution<float>(0.2f, 2.0f)(gen);
+    o.top_k = pick(std::vector<int64_t>{0, 1, 3, 40, static_cast<int64_t>(V) - 1, static_cast<int64_t>(V)});
+    o.top_p = pick(std::vector<float>{1.0f, 0.3f, 0.9f, 0.999f});
+    std::vector<int32_t> order;
+    for (size_t i = 0; i < V; ++i)
+      if (!std::isnan(logits[i])) order.push_back(static_cast<int32_t>(i));
+    if (order.empty()) continue;
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    if (o.top_k > 0 && static_cast<size_t>(o.top_k) < order.size()) order.resize(static_cast<size_t>(o.top_k));
+    std::vector<double> p;
+    for (const int32_t t : order) p.push_back(std::exp((double(logits[t]) - logits[order[0]]) / o.temperature));
+    const double total = std::accumulate(p.begin(), p.end(), 0.0);
+    size_t keep = order.size();
+    if (o.top_p < 1.0f) {
+      double mass = 0;
+      keep = 0;
+      while (keep < order.size() && mass < o.top_p * total) mass += p[keep++];
+      // A cut within float rounding of the mass could fall either way: leave such cases out.
+      if (std::abs(mass - o.top_p * total) < 1e-4 * total || std::abs(mass - p[keep - 1] - o.top_p * total) < 1e-4 * total)
+        continue;
+    }
+    const std::set<int32_t> allowed(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep));
+    bool likeliest = false;
+    for (int d = 0; d < 300; ++d) {
+      std::vector<float> l = logits;
+      uint64_t rng = test_seed() * 7919 + static_cast<uint64_t>(trial * 1000 + d);
+      const int32_t t = Gpt2::sample(l, {}, o, rng);
+      ASSERT_TRUE(allowed.count(t)) << "trial " << trial << ": V " << V << ", temperature " << o.temperature
+                                    << ", top_k " << o.top_k << ", top_p " << o.top_p << ": drew " << t;
+      likeliest |= t == order[0];
+    }
+    EXPECT_TRUE(likeliest || p[0] / std::accumulate(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(keep), 0.0) < 0.05)
+        << "trial " << trial;
+  }
+}
+
+// Frequencies without a cut and with top_p over GPT-2's vocabulary: three tokens well above the
+// rest, and the rest as one, each within 5 standard deviations of the softmax's share.
+TEST(Gpt2Sampler, FrequenciesOverAWholeVocabulary) {
+  auto gen = test_rng();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const size_t V = 50257;
+  std::vector<float> logits(V);
+  for (float& l : logits) l = normal(gen);
+  const int32_t top[3] = {40000, 7, 50256};
+  logits[40000] = 11.0f;
+  logits[7] = 10.5f;
+  logits[50256] = 10.0f;
+  for (const float top_p : {1.0f, 0.4f}) {
+    GenerationOptions o;
+    o.temperature = 1.0f;
+    o.top_p = top_p;
+    std::vector<double> p(V);
+    for (size_t i = 0; i < V; ++i) p[i] = std::exp(double(logits[i]) - 11.0);
+    double total = std::accumulate(p.begin(), p.end(), 0.0);
+    if (top_p < 1.0f) total = p[40000] + p[7];  // 0.4 of the mass: the first two (~0.30 and ~0.18)
+    ASSERT_TRUE(top_p == 1.0f || (p[40000] < 0.4 * std::accumulate(p.begin(), p.end(), 0.0) &&
+                                  p[40000] + p[7] > 0.4 * std::accumulate(p.begin(), p.end(), 0.0)));
+    const int draws = 20000;
+    std::map<int32_t, int> count;
+    uint64_t state = test_seed();
+    for (int d = 0; d < draws; ++d) {
+      std::vector<float> l = logits;
+      ++count[Gpt2::sample(l, {}, o, state)];
+    }
+    int rest = draws;
+    for (const int32_t t : top) {
+      const double share = top_p < 1.0f && t == 50256 ? 0.0 : p[static_cast<size_t>(t)] / total;
+      EXPECT_NEAR(count[t], draws * share, 5 * std::sqrt(draws * share * (1 - share)) + 1e-9) << "token " << t << ", top_p " << top_p;
+      rest -= count[t];
+    }
+    const double share = top_p < 1.0f ? 0.0 : 1.0 - (p[40000] + p[7] + p[50256]) / total;
+    EXPECT_NEAR(rest, draws * share, 5 * std::sqrt(draws * share * (1 - share)) + 1e-9) << "the rest, top_p " << top_p;
+  }
+}
+
+// Logits past the ordinary: NaN never drawn, +inf logits share all, nothing but NaN and −inf gives
+// greedy's answer, a temperature whose inverse overflows gives the largest, and the sampler's
+// result does not depend on what it drew before (its scratch is kept per thread).
+TEST(Gpt2Sampler, InfinitiesNaNsAndExtremes) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN(), kInf = std::numeric_limits<float>::infinity();
+  GenerationOptions o;
+  o.temperature = 1.0f;
+  std::map<int32_t, int> count;
+  for (uint64_t s = 0; s < 400; ++s) {
+    std::vector<float> l = {kNaN, 1.0f, kInf, kNaN, 3.0f, kInf, -kInf};
+    uint64_t rng = s;
+    ++count[Gpt2::sample(l, {}, o, rng)];
+  }
+  EXPECT_EQ(count.size(), 2u);
+  EXPECT_GT(count[2], 100);
+  EXPECT_GT(count[5], 100);
+  for (uint64_t s = 0; s < 200; ++s) {
+    std::vector<float> l = {kNaN, 0.5f, kNaN, 0.25f};
+    uint64_t rng = s;
+    const int32_t t = Gpt2::sample(l, {}, o, rng);
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+  std::vector<float> none = {-kInf, kNaN, -kInf};
+  uint64_t rng = 1;
+  std::vector<float> copy = none;
+  EXPECT_EQ(Gpt2::sample(none, {}, o, rng), Gpt2::sample(copy, {}, GenerationOptions{}, rng));
+  GenerationOptions cold = o;
+  cold.temperature = 1e-45f;  // 1/t is +inf in float
+  for (uint64_t s = 0; s < 50; ++s) {
+    std::vector<float> l = {0.5f, 2.0f, 1.0f, 2.0f - 1e-6f};
+    rng = s;
+    EXPECT_EQ(Gpt2::sample(l, {}, cold, rng), 1);
+  }
+  GenerationOptions narrow = o;
+  narrow.top_p = 1e-30f;  // less than any token's share: the likeliest alone
+  for (uint64_t s = 0; s < 50; ++s) {
+    std::vector<float> l = {0.5f, 2.0f, 1.0f, 2.0f};
+    rng = s;
+    EXPECT_EQ(Gpt2::sample(l, {}, narrow, rng), 1);  // (ties: the lower id)
+  }
+  // Long, then short: the short vocabulary's draws are those of a fresh thread's.
+  std::vector<int32_t> first, again;
+  for (int round = 0; round < 2; ++round) {
+    for (uint64_t s = 0; s < 20; ++s) {
+      if (round == 1) {
+        std::vector<float> big(50257, 0.0f);
+        uint64_t r = s;
+        (void)Gpt2::sample(big, {}, o, r);
+      }
+      std::vector<float> l = {0.1f, 0.7f, 0.3f, 0.2f, 0.9f};
+      rng = s;
+      (round == 0 ? first : again).push_back(Gpt2::sample(l, {}, o, rng));
+    }
+  }
+  EXPECT_EQ(first, again);
 }
 
 TEST(Gpt2Train, GradientsAreBitwiseIdenticalForAnyThreadCount) {
