@@ -448,10 +448,13 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
     error = error_text(e);
   }
   const int64_t V = model_.config().vocab_size;
+  // Bookkeeping first; then the tokens of those that sample, drawn side by side by the model's
+  // threads (a draw with a temperature reads all 50,257 of GPT-2's logits: eight of them one after
+  // another were serial work that the other model threads waited for); then each goes on.
+  std::vector<char> samples(running.size(), 0);
   for (size_t i = 0; i < running.size(); ++i) {
     Sequence& s = *running[i];
-    const int64_t n = static_cast<int64_t>(steps[i].ids.size()), before = s.generated;
-    bool go_on = false;
+    const int64_t n = static_cast<int64_t>(steps[i].ids.size());
     try {
       if (!error.empty()) throw Error(error);
       if (options_.prefix_sharing) pool_.index_full_blocks(s.paged, s.history);
@@ -465,7 +468,28 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
             0, std::min<int64_t>(s.paged.length, static_cast<int64_t>(s.job->request().prompt.size())) - fresh);
       }
       s.computed = std::max(s.computed, s.paged.length);
-      go_on = s.prefilling() || advance(s, {logits.data() + static_cast<int64_t>(i) * V, static_cast<size_t>(V)});
+      samples[i] = !s.prefilling();  // (one still prefilling goes on)
+    } catch (const std::exception& e) {
+      s.job->finish(Finish::error, error_text(e));
+      ++counts.finished;
+      s.done = true;
+    }
+  }
+  std::vector<int64_t> sampling;
+  for (size_t i = 0; i < running.size(); ++i)
+    if (samples[i]) sampling.push_back(static_cast<int64_t>(i));
+  std::vector<Drawn> drawn(running.size());
+#pragma omp parallel for schedule(dynamic, 1) if (sampling.size() > 1)
+  for (size_t k = 0; k < sampling.size(); ++k) {
+    const int64_t i = sampling[k];
+    drawn[static_cast<size_t>(i)] = draw(*running[static_cast<size_t>(i)], {logits.data() + i * V, static_cast<size_t>(V)});
+  }
+  for (const int64_t i : sampling) {
+    Sequence& s = *running[static_cast<size_t>(i)];
+    const int64_t before = s.generated;
+    bool go_on = false;
+    try {
+      go_on = advance(s, std::move(drawn[static_cast<size_t>(i)]));
     } catch (const std::exception& e) {
       s.job->finish(Finish::error, error_text(e));
     }
@@ -475,18 +499,30 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
   }
 }
 
-bool Scheduler::advance(Sequence& s, std::span<float> logits) {
+Scheduler::Drawn Scheduler::draw(Sequence& s, std::span<float> logits) {
+  Drawn d;
+  try {
+    const Request& r = s.job->request();
+    if (r.top_logprobs >= 0) {  // from the logits as the model gave them (sample may change them)
+      const std::vector<float> raw(logits.begin(), logits.end());
+      d.token = Model::sample(logits, s.history, r.options, s.rng, r.prompt.size());
+      d.logprob = token_logprob(raw, d.token, r.top_logprobs);
+    } else {
+      d.token = Model::sample(logits, s.history, r.options, s.rng, r.prompt.size());
+    }
+  } catch (const std::exception& e) {
+    d.error = error_text(e);
+  }
+  return d;
+}
+
+bool Scheduler::advance(Sequence& s, Drawn drawn) {
+  if (!drawn.error.empty()) throw Error(drawn.error);
   const Request& r = s.job->request();
   const GenerationOptions& o = r.options;
-  int32_t t = 0;
-  if (r.top_logprobs >= 0) {  // from the logits as the model gave them (sample may change them)
-    const std::vector<float> raw(logits.begin(), logits.end());
-    t = Model::sample(logits, s.history, o, s.rng, r.prompt.size());
-    if (std::find(r.end_ids.begin(), r.end_ids.end(), t) == r.end_ids.end())
-      s.held.emplace_back(s.text.text().size(), token_logprob(raw, t, r.top_logprobs));
-  } else {
-    t = Model::sample(logits, s.history, o, s.rng, r.prompt.size());
-  }
+  const int32_t t = drawn.token;
+  if (drawn.logprob && std::find(r.end_ids.begin(), r.end_ids.end(), t) == r.end_ids.end())
+    s.held.emplace_back(s.text.text().size(), std::move(*drawn.logprob));
   if (std::find(r.end_ids.begin(), r.end_ids.end(), t) != r.end_ids.end()) {
     s.text.add(s.decoder.finish());
     s.emit(true);

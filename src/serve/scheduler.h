@@ -27,6 +27,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -186,8 +187,17 @@ class Scheduler {
   StepCounts step_all(std::vector<std::unique_ptr<Sequence>>& active);
   // The forward of the sequences chosen (steps[i] is running[i]'s) and what follows from it.
   void run_step(std::span<Sequence* const> running, std::span<const SequenceStep> steps, StepCounts& counts);
-  // Samples s's next token from its logits and streams it; false when the sequence is done.
-  bool advance(Sequence& s, std::span<float> logits);
+  // A token sampled from a sequence's logits, with its log-probability when the request asks.
+  struct Drawn {
+    int32_t token = -1;
+    std::optional<TokenLogprob> logprob;
+    std::string error;  // what went wrong (nothing sampled)
+  };
+  // Samples s's next token (touching only s's generator and logits: draws of different sequences
+  // run side by side).
+  static Drawn draw(Sequence& s, std::span<float> logits);
+  // Takes s's drawn token and streams it; false when the sequence is done.
+  bool advance(Sequence& s, Drawn drawn);
 
   const Model& model_;
   const Tokenizer& tokenizer_;
