@@ -64,15 +64,19 @@ template <class T>
 void pack_block(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb, PackedKV& kv) {
   float* kt = kv.kt.data() + kb * p.D * kBc;
   float* vp = kv.v.data() + kb * kBc * kv.dv_pad;
-  for (int64_t jj = 0; jj < kBc; ++jj) {
+  const int64_t real = std::clamp<int64_t>(p.Tk - kb * kBc, 0, kBc);  // keys of the block before Tk
+  for (int64_t jj = 0; jj < real; ++jj) {
     const int64_t j = kb * kBc + jj;
-    const bool real = j < p.Tk;
-    const T* k = real ? key_row<T>(p, b, hk, j) : nullptr;
-    const T* v = real && kv.dv_pad > 0 ? value_row<T>(p, b, hk, j) : nullptr;
-    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = real ? widen_kv(k[d * p.k_stride[3]]) : 0.0f;
-    for (int64_t d = 0; d < kv.dv_pad; ++d)  // dv_pad is 0 when there are no values
-      vp[jj * kv.dv_pad + d] = real && d < p.Dv ? widen_kv(v[d * p.v_stride[3]]) : 0.0f;
+    const T* k = key_row<T>(p, b, hk, j);
+    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = widen_kv(k[d * p.k_stride[3]]);
+    if (kv.dv_pad == 0) continue;  // no values
+    const T* v = value_row<T>(p, b, hk, j);
+    for (int64_t d = 0; d < kv.dv_pad; ++d) vp[jj * kv.dv_pad + d] = d < p.Dv ? widen_kv(v[d * p.v_stride[3]]) : 0.0f;
   }
+  // The padding: a run of each key row (a short prompt's block is mostly padding, written a
+  // float 1 KiB apart when it went key by key).
+  for (int64_t d = 0; d < p.D; ++d) std::fill(kt + d * kBc + real, kt + (d + 1) * kBc, 0.0f);
+  std::fill(vp + real * kv.dv_pad, vp + kBc * kv.dv_pad, 0.0f);
 }
 
 // Per-thread working set for one query block.

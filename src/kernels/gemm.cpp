@@ -836,13 +836,6 @@ void gemm_blocked_rows(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
   constexpr int64_t kGroups = kFreshMaxM / kRowTile;
   static_assert(kFreshMaxM % kRowTile == 0, "tiles of kRowTile rows cover kFreshMaxM");
   const int64_t groups = (M + kRowTile - 1) / kRowTile, panels = N / kBlockedB;
-  thread_local Scratch a_scratch;
-  float* a_packed = a_scratch.reserve(kGroups * K * kRowTile);  // [group][K][kRowTile]
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t r = 0; r < std::min<int64_t>(kRowTile, M - g * kRowTile); ++r) {
-      const float* src = A + (g * kRowTile + r) * lda;
-      for (int64_t k = 0; k < K; ++k) a_packed[(g * K + k) * kRowTile + r] = src[k];
-    }
   const int64_t blocks = K / kBlockedB, parts = std::min(kFreshParts, blocks);
   thread_local Scratch part_scratch;
   float* part_sums = parts > 1 ? part_scratch.reserve((parts - 1) * M * N) : nullptr;  // [part - 1][M][N]
@@ -857,6 +850,15 @@ void gemm_blocked_rows(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
       const int64_t k_begin = blocks * part / parts * kBlockedB, k_end = blocks * (part + 1) / parts * kBlockedB;
       float* out = part == 0 ? C : part_sums + (part - 1) * M * N;
       const int64_t ldo = part == 0 ? ldc : N;
+      // A's columns [k_begin, k_end) packed by the thread that reads them (its own buffer): the
+      // pack is no longer serial work that the other threads wait for at the region's start.
+      thread_local Scratch a_scratch;
+      float* a_packed = a_scratch.reserve(kGroups * K * kRowTile);  // [group][K][kRowTile], [k_begin, k_end) set
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t r = 0; r < std::min<int64_t>(kRowTile, M - g * kRowTile); ++r) {
+          const float* src = A + (g * kRowTile + r) * lda;
+          for (int64_t k = k_begin; k < k_end; ++k) a_packed[(g * K + k) * kRowTile + r] = src[k];
+        }
       for (int64_t k0 = k_begin; k0 < k_end; k0 += kBlockedB)
         for (int64_t p = p_begin; p < p_end; ++p) {
           const int64_t j = p * kBlockedB;
