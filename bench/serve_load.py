@@ -7,7 +7,10 @@ its first token), time to first token p50/p99, and the ratio of the N-client agg
 single stream's. Every request must return exactly its tokens (usage) and nothing else fails.
 
   serve_load.py [--model DIR] [--clients 8] [--tokens 128] [--rounds 3] [-t THREADS] [--parallel N] [--peer]
-                [--dtype f32|f16|bf16|q8_0] [--system N] [--serve-args "..."]
+                [--dtype f32|f16|bf16|q8_0] [--system N] [--serve-args "..."] [--temperature T] [--top-p P]
+
+--temperature and --top-p sample (greedy by default; the API's default is temperature 1), in
+every request to either server.
 
 --system N puts one "system prompt" of N words before every prompt (the KV blocks of a shared
 prefix: compare with --serve-args=--no-prefix-sharing); --serve-args passes more options to serve.
@@ -186,7 +189,10 @@ def main():
     ap.add_argument("--dtype", choices=("f32", "f16", "bf16", "q8_0"), default="f32",
                     help="mhsa serve --dtype (and with --peer, the GGUF's type for both servers)")
     ap.add_argument("--serve-args", default="", help="more options for mhsa serve (split at spaces)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="every request's temperature (0: greedy)")
+    ap.add_argument("--top-p", type=float, help="every request's top_p (default: the server's, 1)")
     a = ap.parse_args()
+    sampling = {"temperature": a.temperature, **({"top_p": a.top_p} if a.top_p is not None else {})}
     words = "You are a helpful assistant who answers every question about the world briefly and well".split()
     system = " ".join(words[i % len(words)] for i in range(a.system)) + "\n" if a.system else ""
     model = a.model or ensure_model(ROOT / "build" / "serve-load-gpt2")
@@ -195,7 +201,7 @@ def main():
     try:
         if a.peer:
             proc, host, port, peer = start_peer(model, a.threads, parallel, a.dtype)
-            engines.append(("llama-server", proc, host, port, {"cache_prompt": False}))
+            engines.append(("llama-server", proc, host, port, {"cache_prompt": False, **sampling}))
             print(f"peer: {peer['llama_cpp_version']}, llama-server -np {parallel} -t {a.threads} on {peer['gguf']}; "
                   f"mhsa serves the same file", flush=True)
             served = Path(peer["gguf"])
@@ -203,7 +209,7 @@ def main():
             served = model
         dtype = ["--dtype", a.dtype] if a.dtype != "f32" else []
         proc, host, port = start_server(a.cli, served, a.threads, parallel, dtype + a.serve_args.split())
-        engines.insert(0, ("mhsa", proc, host, port, None))
+        engines.insert(0, ("mhsa", proc, host, port, sampling))
         stats = {name: {"single": [], "multi": [], "ttft1": [], "ttftn": []} for name, *_ in engines}
         for _, _, host, port, extra in engines:
             run_round(host, port, 1, 8, extra)  # warm-up: weights paged in, buffers allocated
@@ -236,7 +242,8 @@ def main():
             st["ttft1"].sort()
             st["ttftn"].sort()
             ratios = [m / s for m, s in zip(st["multi"], st["single"])]
-            print(f"summary {name} ({a.rounds} rounds, -t {a.threads}, {a.dtype}, GPT-2 shape {model.name}): "
+            print(f"summary {name} ({a.rounds} rounds, -t {a.threads}, {a.dtype}, temperature {a.temperature}"
+                  f"{'' if a.top_p is None else f', top_p {a.top_p}'}, GPT-2 shape {model.name}): "
                   f"1 client median {statistics.median(st['single']):.1f} tok/s; {a.clients} clients median "
                   f"{statistics.median(st['multi']):.1f} tok/s aggregate; ratio median {statistics.median(ratios):.2f} "
                   f"(min {min(ratios):.2f}, max {max(ratios):.2f}); TTFT 1 client p50 "
