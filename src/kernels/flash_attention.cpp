@@ -145,13 +145,14 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, kLocality);
 }
 
-// Keys and values [j0, j1) of kv head hk in batch b, asked for into L2 (prefetcht1).
-template <class T>
+// Keys and values [j0, j1) of kv head hk in batch b, asked for into L2 (prefetcht1), or with
+// kLocality 3 into L1 (prefetcht0).
+template <class T, int kLocality = 2>
 void prefetch_keys_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
   const bool values = p.v || p.v_pages;
   for (int64_t f = j0; f < j1; ++f) {
-    prefetch_bytes<2>(key_row<T>(p, b, hk, f), p.D * static_cast<int64_t>(sizeof(T)));
-    if (values) prefetch_bytes<2>(value_row<T>(p, b, hk, f), p.Dv * static_cast<int64_t>(sizeof(T)));
+    prefetch_bytes<kLocality>(key_row<T>(p, b, hk, f), p.D * static_cast<int64_t>(sizeof(T)));
+    if (values) prefetch_bytes<kLocality>(value_row<T>(p, b, hk, f), p.Dv * static_cast<int64_t>(sizeof(T)));
   }
 }
 
@@ -303,13 +304,15 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
                                        [&](int64_t value, const Item& it) { return value < it.*first; });
     return static_cast<int64_t>(next - items.begin()) - 1;
   };
-  // The first chunk of task t's keys and values asked for into L2: a thread asks for those of the
-  // task it will likely take next (tasks of equal length go round the threads in turn) before it
-  // computes its own, so that at a serving step's short contexts (a task is one chunk of 64 keys)
-  // their misses overlap its work rather than start after it. A wrong guess costs the bandwidth of
-  // one chunk. The attention phase of an 8-sequence GPT-2 step (mhsa bench --batch 8 --paged 16
-  // --profile, 4 alternating pairs on a Zen 5) 1.95-2.07 -> 1.74-1.95 ms with this and
-  // decode_slice's first-chunk keys (2026-12-01, docs/performance.md).
+  // Tasks are handed out in runs of consecutive ones (`run`: at a serving step's short contexts,
+  // about one sequence's kv heads), so that a thread reads the heads of one sequence in turn, page
+  // by page of its blocks, rather than every other one of all the sequences'. Before each task, the
+  // thread asks for the first chunk (64 keys) of the next one in its run into L1 (prefetcht0), and
+  // at a run's start for its first task's: at short contexts a task is one chunk, and its misses
+  // then overlap the previous task's work rather than start after it. An 8-sequence GPT-2 step's
+  // attention (8 x 12 heads over ~80 paged keys, pass-by-pass alternation, Zen 5): 129-130 -> 113
+  // us a layer from memory, against dynamic(1) hand-out with the next guess's chunk into L2
+  // (docs/performance.md, 2026-12-01).
   // Task t: its call, its number within the call (((b · Hkv) + hk) · splits + sp) and its keys [j0, j1).
   struct Task {
     int64_t call, local, b, hk, j0, j1;
@@ -331,11 +334,12 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
     KeyRange keys[kDecodeRows];
     for (int64_t r = 0; r < it.rows; ++r) keys[r] = key_range(p, k.b, it.queries[r]);
     const SeenKeys seen = seen_keys(keys, it.rows, k.j0, k.j1);
-    prefetch_keys_values<T>(p, k.b, k.hk, seen.first, std::min(seen.end, seen.first + kDecodeChunk));
+    prefetch_keys_values<T, 3>(p, k.b, k.hk, seen.first, std::min(seen.end, seen.first + kDecodeChunk));
   };
 #pragma omp parallel  // one region: the slices, then (after the loop's barrier) their merge
   {
-#pragma omp for schedule(dynamic, 1)
+    const int64_t run = std::max<int64_t>(1, tasks / (4 * omp_get_num_threads()));
+#pragma omp for schedule(dynamic, run)
     for (int64_t t = 0; t < tasks; ++t) {
       const auto [i, local, b, hk, j0, j1] = task_at(t);
       const AttentionParams& p = ps[i];
@@ -346,7 +350,8 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
       std::fill(m, m + it.rows, kNegInf);
       int64_t abs_heads[kDecodeRows];
       for (int64_t r = 0; r < it.rows; ++r) abs_heads[r] = hk * it.group + it.heads[r];
-      prefetch_task(t + omp_get_num_threads());
+      if (t % run == 0) prefetch_task(t);  // (a run starts at a multiple of `run`)
+      if ((t + 1) % run != 0) prefetch_task(t + 1);
       decode_slice<T>(p, b, hk, j0, j1, it.rows, abs_heads, it.queries, part, m, l);
     }
     // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
