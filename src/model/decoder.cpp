@@ -239,8 +239,7 @@ namespace {
 // unless it is the first logit, where torch.argmax would take any) at ~3× its speed: 16
 // independent running maxima (side-by-side maxss chains: `m < x ? x : m` keeps m when x is NaN, as
 // max_element's `<` does), then the first logit equal to the largest. A server samples 8 × 50,257
-// logits a step on the thread that the other model threads wait for; max_element's single compare
-// chain took 0.2 ms of it.
+// logits a step while the model waits; max_element's single compare chain took 0.2 ms of it.
 int32_t argmax(std::span<const float> logits) {
   const size_t V = logits.size();
   const float* x = logits.data();
@@ -455,7 +454,7 @@ int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t
     const uint32_t nan = (bits & 0x7FFFFFFFu) > 0x7F800000u ? ~0u : 0u;
     key[i] = std::bit_cast<float>((bits & ~nan) | (std::bit_cast<uint32_t>(-kInf) & nan));
   }
-  size_t full = V / kMaxima * kMaxima;
+  const size_t full = V / kMaxima * kMaxima;
   for (size_t i = 0; i < full; i += kMaxima)
     for (size_t j = 0; j < kMaxima; ++j) m[j] = m[j] < key[i + j] ? key[i + j] : m[j];
   for (size_t i = full; i < V; ++i) m[0] = m[0] < key[i] ? key[i] : m[0];

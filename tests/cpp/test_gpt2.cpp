@@ -601,6 +601,21 @@ TEST(Gpt2Sampler, InfinitiesNaNsAndExtremes) {
     rng = s;
     EXPECT_EQ(Gpt2::sample(l, {}, cold, rng), 1);
   }
+  // Options the public sampler does not check (generate does): no crash, the likeliest.
+  GenerationOptions odd = o;
+  odd.temperature = kNaN;
+  std::vector<float> l3 = {0.5f, 2.0f, 1.0f};
+  rng = 1;
+  EXPECT_EQ(Gpt2::sample(l3, {}, odd, rng), 1);
+  odd = o;
+  odd.top_p = 0.0f;
+  l3 = {0.5f, 2.0f, 1.0f};
+  EXPECT_EQ(Gpt2::sample(l3, {}, odd, rng), 1);
+  odd.top_p = kNaN;  // (no cut)
+  odd.top_k = -3;
+  l3 = {0.5f, 2.0f, 1.0f};
+  const int32_t any = Gpt2::sample(l3, {}, odd, rng);
+  EXPECT_TRUE(any >= 0 && any < 3) << any;
   GenerationOptions narrow = o;
   narrow.top_p = 1e-30f;  // less than any token's share: the likeliest alone
   for (uint64_t s = 0; s < 50; ++s) {
