@@ -313,7 +313,7 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
   // attention (8 x 12 heads over ~80 paged keys, pass-by-pass alternation, Zen 5): 129-130 -> 113
   // us a layer from memory, against dynamic(1) hand-out with the next guess's chunk into L2
   // (docs/performance.md, 2026-12-01). With runs of one task (a single sequence's few heads), a
-  // thread asks for task t + threads, the one it will likely take next.
+  // thread asks for the first chunk of task t + threads, the one it will likely take next.
   // Task t: its call, its number within the call (((b · Hkv) + hk) · splits + sp) and its keys [j0, j1).
   struct Task {
     int64_t call, local, b, hk, j0, j1;
@@ -351,7 +351,7 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
       std::fill(m, m + it.rows, kNegInf);
       int64_t abs_heads[kDecodeRows];
       for (int64_t r = 0; r < it.rows; ++r) abs_heads[r] = hk * it.group + it.heads[r];
-      if (run == 1) {  // (few tasks: they go round the threads in turn, the guess of the last version)
+      if (run == 1) {  // (few tasks, which go round the threads in turn: the one it will likely take next)
         prefetch_task(t + omp_get_num_threads());
       } else {
         if (t % run == 0) prefetch_task(t);  // (a run starts at a multiple of `run`)
