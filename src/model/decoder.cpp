@@ -467,7 +467,7 @@ int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t
   // (A temperature so small that 1/t overflows: the largest alone, as 0 · FLT_MAX is 0.)
   const float inv_t = 1.0f / o.temperature <= std::numeric_limits<float>::max() ? 1.0f / o.temperature
                                                                                  : std::numeric_limits<float>::max();
-  std::vector<int32_t>& ids = w.ids;  // the candidates, unless every token of a bucket is (`all`)
+  std::vector<int32_t>& ids = w.ids;  // the candidates; while `all`, every token with a weight (ids unused)
   std::vector<int32_t>& kept = w.kept;
   bool all = true;
   ids.clear();
