@@ -287,15 +287,13 @@ void weigh_all(const float* key, size_t V, float top, float inv_t, float* weight
 }
 
 // Of ids (ascending), the smallest set of the largest keys (between equal keys, the lower id
-// first) whose measure (weight[id], or 1 each when weight is null) reaches `need`, added to
-// `out`: the ids of the buckets wholly inside it (ascending), then those of the bucket where the
-// running measure reaches `need`, cut the same way (its keys spread again over kBuckets), or,
-// once few or all equal, sorted; all of ids when they fall short (rounding). With `bucket`, the
+// first) whose weight reaches `need`, added to `out`: the ids of the buckets wholly inside it
+// (ascending), then those of the bucket where the running weight reaches `need`, cut the same
+// way (its keys spread again over kBuckets), or, once few or all equal, sorted; all of ids when they fall short (rounding). With `bucket`, the
 // ids are every token of a bucket other than kNoBucket, and it gives their buckets. O(ids) a
 // level; a level narrows the keys' range kBuckets-fold.
 void select_largest(std::span<const int32_t> ids, const uint16_t* bucket, size_t V, const float* key,
                     const float* weight, double need, std::vector<int32_t>& out) {
-  const auto measure = [&](int32_t id) { return weight ? static_cast<double>(weight[id]) : 1.0; };
   float lo = 0, hi = 0;
   double scale = 0;
   if (!bucket) {
@@ -318,7 +316,7 @@ void select_largest(std::span<const int32_t> ids, const uint16_t* bucket, size_t
       for (const int32_t id : order) {
         if (have >= need && have > 0) break;  // (need <= 0: the largest alone)
         out.push_back(id);
-        have += measure(id);
+        have += weight[id];
       }
       return;
     }
@@ -333,12 +331,12 @@ void select_largest(std::span<const int32_t> ids, const uint16_t* bucket, size_t
     std::vector<double> part(4 * (kBuckets + 1), 0.0);
     size_t i = 0;
     for (; i + 4 <= V; i += 4)
-      for (size_t j = 0; j < 4; ++j) part[j * (kBuckets + 1) + bucket[i + j]] += weight ? weight[i + j] : 1.0;
-    for (; i < V; ++i) part[bucket[i]] += weight ? weight[i] : 1.0;
+      for (size_t j = 0; j < 4; ++j) part[j * (kBuckets + 1) + bucket[i + j]] += weight[i + j];
+    for (; i < V; ++i) part[bucket[i]] += weight[i];
     for (size_t b = 0; b < kBuckets; ++b)  // ([kNoBucket]: unused)
       mass[b] = (part[b] + part[kBuckets + 1 + b]) + (part[2 * (kBuckets + 1) + b] + part[3 * (kBuckets + 1) + b]);
   } else {
-    for (const int32_t id : ids) mass[bucket_of(id)] += measure(id);
+    for (const int32_t id : ids) mass[bucket_of(id)] += weight[id];
   }
   size_t cut = 0;
   double have = 0;
