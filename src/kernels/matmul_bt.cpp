@@ -2,8 +2,8 @@
 // the weight streams of decoding, where every projection is a pass over an [out, in] matrix (an
 // nn.Linear weight, or the LM head's logits = h · wteᵀ with wte stored [V, C]). Several matrices
 // that multiply the same A (q | k | v, gate | up) are one call: their rows form one row space
-// that the threads claim in groups of kGroup rows, contiguous ranges from the front
-// (isa/bt_parts.h). A range is read as ascending streams: one row at a time, or rows far apart
+// that the threads share in groups of kGroup rows, contiguous ranges (isa/bt_parts.h: one even
+// range a thread for one row of A, claimed from the front for more). A range is read as ascending streams: one row at a time, or rows far apart
 // side by side (its halves; for a 16-bit B its quarters, or with several rows of A its thirds), which read faster
 // than adjacent rows interleaved. Each row of B is read once, from memory, and dotted with up to
 // 8 rows of A held in L1 (a 16-bit B with several rows of A: in register blocks of 3 rows of B,
@@ -339,7 +339,7 @@ void range_product(const QuantizedA& a, int64_t M, const BlockQ8_0* B, int64_t l
 
 template <class Part>
 void float_parts_product(int64_t M, int64_t K, const float* A, int64_t lda, const Part* parts, int count) {
-  parts_product(K, parts, count, [&](const Part& part, int64_t n0, int64_t n) {
+  parts_product(K, parts, count, /*even=*/M == 1, [&](const Part& part, int64_t n0, int64_t n) {
     range_product(M, K, A, lda, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
   });
 }
@@ -360,7 +360,7 @@ void matmul_bt_parts_f16(int64_t M, int64_t K, const float* A, int64_t lda, cons
 
 void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts, int count) {
   const QuantizedA a = quantize_a(M, K, A, lda);
-  parts_product(K, parts, count, [&](const BtPartQ8& part, int64_t n0, int64_t n) {
+  parts_product(K, parts, count, /*even=*/M == 1, [&](const BtPartQ8& part, int64_t n0, int64_t n) {
     range_product(a, M, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
   });
 }

@@ -2,8 +2,9 @@
 // blocks (kernels/q4_k.h: 144 bytes per 256 weights, a ninth of float32's bytes), compiled once
 // per ISA: the weight streams of decoding a 4-bit model. The same plan as matmul_bt.cpp's
 // streams: several matrices that multiply one A are one call, their rows one row space that the
-// threads claim in groups of kGroup rows, contiguous ranges read in order (isa/bt_parts.h);
-// with one row of A, row i of each quarter of a claimed range side by side, each row its own
+// threads share in groups of kGroup rows, contiguous ranges read in order (isa/bt_parts.h: one
+// even range a thread for one row of A, claimed ones for more); with one row of A, row i of each
+// quarter of a range side by side, each row its own
 // ascending stream (as the 16-bit and Q8_0 one-row streams). B's quants are in the
 // kernels' order (kernels/q4_k.h), and so are A's quants here (activations_in_kernel_order), so
 // that a block's eight byte-product vectors add up vertically: 1.37× ggml's order's horizontal
@@ -207,7 +208,7 @@ void matmul_bt_parts_q4_k(int64_t M, int64_t K, const float* A, int64_t lda, con
   if (static_cast<int64_t>(ordered.size()) < M * K) ordered.resize(static_cast<size_t>(M * K));
   for (int64_t i = 0; i < M; ++i) activations_in_kernel_order(a.q + i * K, K, ordered.data() + i * K);
   const Activations x{{ordered.data(), a.d, a.K, a.nb}, sums.data()};
-  parts_product(K, parts, count, [&](const BtPartQ4K& part, int64_t n0, int64_t n) {
+  parts_product(K, parts, count, /*even=*/M == 1, [&](const BtPartQ4K& part, int64_t n0, int64_t n) {
     range_product(x, M, part.B + n0 * part.ldb, part.ldb, n, part.C + n0, part.ldc);
   });
 }

@@ -17,15 +17,20 @@ inline constexpr int64_t kParallel = int64_t{1} << 15;  // below this many multi
 inline constexpr int64_t kMinClaim = 4;                  // groups: the smallest range a thread claims
 
 // Every part's rows in groups of kGroup (a part's last group may be short) form one row space of
-// groups, which the threads claim in contiguous ranges from the front, each claim a fraction of
-// what is left (1/(2·threads) of it, at least kMinClaim groups): a thread's first range is a long
-// sequential stream, and the short ones at the end let a thread that streamed faster take more.
-// (An even static split left each thread of a 2-thread decode waiting ~5% of the time at the
-// closing barrier for the other: memory streams of equal length do not finish together.) Which
-// thread computes a row does not change its bits. range(part, n0, n) computes rows [n0, n0 + n)
-// of a part.
+// groups, which the threads share in one of two ways:
+// - even (one row of A: a decode step of one sequence): thread t takes the t-th of `threads`
+//   equal contiguous ranges. range() reads a range as four streams side by side, and every range
+//   more is four streams more to start from memory: SmolLM2's Q8_0 projections (0.1–1.9 MB)
+//   read 1.2–1.3× faster split evenly than claimed (docs/performance.md, 2026-12-01, thirtieth
+//   session).
+// - claimed (several rows of A, where a group is read again from L1 for each pass over A's rows):
+//   the threads claim contiguous ranges from the front, each claim a fraction of what is left
+//   (1/(2·threads) of it, at least kMinClaim groups): a thread's first range is a long sequential
+//   stream, and the short ones at the end let a thread that streamed faster take more.
+// Which thread computes a row does not change its bits. range(part, n0, n) computes rows
+// [n0, n0 + n) of a part.
 template <class Part, class Range>
-inline void parts_product(int64_t K, const Part* parts, int count, Range range) {
+inline void parts_product(int64_t K, const Part* parts, int count, bool even, Range range) {
   int64_t groups = 0, total_rows = 0;
   for (int p = 0; p < count; ++p) {
     groups += (parts[p].N + kGroup - 1) / kGroup;
@@ -47,6 +52,15 @@ inline void parts_product(int64_t K, const Part* parts, int count, Range range) 
   };
   if (total_rows * K < kParallel || omp_get_max_threads() == 1 || omp_in_parallel()) {
     run(0, groups);
+    return;
+  }
+  if (even) {
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t share = (groups + threads - 1) / threads;
+      run(std::min(groups, t * share), std::min(groups, (t + 1) * share));
+    }
     return;
   }
   std::atomic<int64_t> next{0};
