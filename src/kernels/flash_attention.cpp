@@ -337,10 +337,45 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
     const SeenKeys seen = seen_keys(keys, it.rows, k.j0, k.j1);
     prefetch_keys_values<T, 3>(p, k.b, k.hk, seen.first, std::min(seen.end, seen.first + kDecodeChunk));
   };
-#pragma omp parallel  // one region: the slices, then (after the loop's barrier) their merge
+  // Merges the slices of (b, hk) = local of call i, row by row in slice order:
+  // out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
+  const auto merge = [&](int64_t i, int64_t local) {
+    const AttentionParams& p = ps[i];
+    const Item& it = items[static_cast<size_t>(i)];
+    const int64_t hk = local % p.Hkv, b = local / p.Hkv;
+    const int64_t rows = it.rows, Dv = it.Dv, splits = it.splits, stride = it.stride;
+    const float* first = partials.data() + it.partials + static_cast<size_t>(local * splits * stride);
+    for (int64_t r = 0; r < rows; ++r) {
+      float big_m = kNegInf;
+      for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, first[sp * stride + rows * Dv + r]);
+      const int64_t h = hk * it.group + it.heads[r], q = it.queries[r];
+      float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + q * p.out_stride[2] : nullptr;
+      float sum = 0.0f;
+      for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const float* part = first + sp * stride;
+        const float ms = part[rows * Dv + r], ls = part[rows * Dv + rows + r];
+        if (ls == 0.0f) continue;  // every key of the slice masked (a NaN slice has l NaN)
+        const float w = std::exp(ms - big_m);  // NaN when the row's scores so far are all NaN
+        sum += w * ls;
+        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
+      }
+      const bool masked = sum == 0.0f;  // no visible key
+      const float inv = 1.0f / sum;
+      for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : out[d * p.out_stride[3]] * inv;
+      if (p.lse)
+        p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2]] =
+            masked ? kNegInf : big_m + std::log(sum);
+    }
+  };
+  // A (b, hk) of a single slice is merged by the thread that computed it, straight after, while
+  // its partial is in that thread's cache; the others once every slice is done.
+  const bool any_split =
+      std::any_of(items.begin(), items.end(), [](const Item& it) { return it.splits > 1; });
+#pragma omp parallel  // one region: the slices, then (after a barrier) the merges of split ones
   {
     const int64_t run = std::max<int64_t>(1, tasks / (4 * omp_get_num_threads()));
-#pragma omp for schedule(dynamic, run)
+#pragma omp for schedule(dynamic, run) nowait
     for (int64_t t = 0; t < tasks; ++t) {
       const auto [i, local, b, hk, j0, j1] = task_at(t);
       const AttentionParams& p = ps[i];
@@ -358,38 +393,14 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
         if ((t + 1) % run != 0) prefetch_task(t + 1);
       }
       decode_slice<T>(p, b, hk, j0, j1, it.rows, abs_heads, it.queries, part, m, l);
+      if (it.splits == 1) merge(i, local);  // (local = b · Hkv + hk)
     }
-    // Merge the slices of every row in slice order: out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
+    if (any_split) {
+#pragma omp barrier
 #pragma omp for schedule(static)
-    for (int64_t g = 0; g < merges; ++g) {
-      const int64_t i = owner(g, &Item::first_merge);
-      const AttentionParams& p = ps[i];
-      const Item& it = items[static_cast<size_t>(i)];
-      const int64_t local = g - it.first_merge;  // b · Hkv + hk
-      const int64_t hk = local % p.Hkv, b = local / p.Hkv;
-      const int64_t rows = it.rows, Dv = it.Dv, splits = it.splits, stride = it.stride;
-      const float* first = partials.data() + it.partials + static_cast<size_t>(local * splits * stride);
-      for (int64_t r = 0; r < rows; ++r) {
-        float big_m = kNegInf;
-        for (int64_t sp = 0; sp < splits; ++sp) big_m = std::max(big_m, first[sp * stride + rows * Dv + r]);
-        const int64_t h = hk * it.group + it.heads[r], q = it.queries[r];
-        float* out = p.out ? p.out + b * p.out_stride[0] + h * p.out_stride[1] + q * p.out_stride[2] : nullptr;
-        float sum = 0.0f;
-        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = 0.0f;
-        for (int64_t sp = 0; sp < splits; ++sp) {
-          const float* part = first + sp * stride;
-          const float ms = part[rows * Dv + r], ls = part[rows * Dv + rows + r];
-          if (ls == 0.0f) continue;  // every key of the slice masked (a NaN slice has l NaN)
-          const float w = std::exp(ms - big_m);  // NaN when the row's scores so far are all NaN
-          sum += w * ls;
-          for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] += w * part[r * Dv + d];
-        }
-        const bool masked = sum == 0.0f;  // no visible key
-        const float inv = 1.0f / sum;
-        for (int64_t d = 0; d < Dv; ++d) out[d * p.out_stride[3]] = masked ? 0.0f : out[d * p.out_stride[3]] * inv;
-        if (p.lse)
-          p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + q * p.lse_stride[2]] =
-              masked ? kNegInf : big_m + std::log(sum);
+      for (int64_t g = 0; g < merges; ++g) {
+        const int64_t i = owner(g, &Item::first_merge);
+        if (items[static_cast<size_t>(i)].splits > 1) merge(i, g - items[static_cast<size_t>(i)].first_merge);
       }
     }
   }
