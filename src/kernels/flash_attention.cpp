@@ -145,14 +145,13 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, kLocality);
 }
 
-// Keys and values [j0, j1) of kv head hk in batch b, asked for into L2 (prefetcht1), or with
-// kLocality 3 into L1 (prefetcht0).
-template <class T, int kLocality = 2>
+// Keys and values [j0, j1) of kv head hk in batch b, asked for into L2 (prefetcht1).
+template <class T>
 void prefetch_keys_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
   const bool values = p.v || p.v_pages;
   for (int64_t f = j0; f < j1; ++f) {
-    prefetch_bytes<kLocality>(key_row<T>(p, b, hk, f), p.D * static_cast<int64_t>(sizeof(T)));
-    if (values) prefetch_bytes<kLocality>(value_row<T>(p, b, hk, f), p.Dv * static_cast<int64_t>(sizeof(T)));
+    prefetch_bytes<2>(key_row<T>(p, b, hk, f), p.D * static_cast<int64_t>(sizeof(T)));
+    if (values) prefetch_bytes<2>(value_row<T>(p, b, hk, f), p.Dv * static_cast<int64_t>(sizeof(T)));
   }
 }
 
@@ -306,14 +305,16 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
   };
   // Tasks are handed out in runs of consecutive ones (`run`: at a serving step's short contexts,
   // about one sequence's kv heads), so that a thread reads the heads of one sequence in turn, page
-  // by page of its blocks, rather than every other one of all the sequences'. Before each task, the
-  // thread asks for the first chunk (64 keys) of the next one in its run into L1 (prefetcht0), and
-  // at a run's start for its first task's: at short contexts a task is one chunk, and its misses
-  // then overlap the previous task's work rather than start after it. An 8-sequence GPT-2 step's
-  // attention (8 x 12 heads over ~80 paged keys, pass-by-pass alternation, Zen 5): 129-130 -> 113
-  // us a layer from memory, against dynamic(1) hand-out with the next guess's chunk into L2
-  // (docs/performance.md, 2026-12-01). With runs of one task (a single sequence's few heads), a
-  // thread asks for the first chunk of task t + threads, the one it will likely take next.
+  // by page of its blocks, rather than every other one of all the sequences'. At short contexts a
+  // task is one chunk (64 keys), whose misses would start only when it does; so the thread asks
+  // for the first chunk of the tasks ahead of it in its run, in three steps: two tasks ahead its
+  // keys into L2 (prefetcht1); one task ahead its keys into L1 (prefetcht0) and its values into
+  // L2; as a task starts, its values into L1 (its scores come first). An 8-sequence GPT-2 step's
+  // attention (8 x 12 heads over ~80 paged keys, pass-by-pass alternation, Zen 5): 123-129 -> 91
+  // us a layer from memory against keys and values both into L1 one task ahead, 26-29% less; 17%
+  // less over ~200 keys, 10% over ~1000 (docs/performance.md, 2026-12-01, thirtieth session).
+  // With runs of one task (a single sequence's few heads), the task one ahead is t + threads, the
+  // one the thread will likely take next.
   // Task t: its call, its number within the call (((b · Hkv) + hk) · splits + sp) and its keys [j0, j1).
   struct Task {
     int64_t call, local, b, hk, j0, j1;
@@ -327,7 +328,8 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
     return Task{i, local, local / it.splits / p.Hkv, local / it.splits % p.Hkv, sp * kSplitKeys,
                 std::min(p.Tk, (sp + 1) * kSplitKeys)};
   };
-  const auto prefetch_task = [&](int64_t t) {
+  enum class Ahead { two, one, now };  // how far task t is ahead of the thread's current one
+  const auto prefetch_task = [&](int64_t t, Ahead ahead) {
     if (t >= tasks) return;
     const Task k = task_at(t);
     const AttentionParams& p = ps[k.call];
@@ -335,7 +337,14 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
     KeyRange keys[kDecodeRows];
     for (int64_t r = 0; r < it.rows; ++r) keys[r] = key_range(p, k.b, it.queries[r]);
     const SeenKeys seen = seen_keys(keys, it.rows, k.j0, k.j1);
-    prefetch_keys_values<T, 3>(p, k.b, k.hk, seen.first, std::min(seen.end, seen.first + kDecodeChunk));
+    const int64_t key_bytes = p.D * static_cast<int64_t>(sizeof(T)), value_bytes = p.Dv * static_cast<int64_t>(sizeof(T));
+    const bool values = p.v || p.v_pages;
+    for (int64_t f = seen.first, end = std::min(seen.end, seen.first + kDecodeChunk); f < end; ++f) {
+      if (ahead == Ahead::two) prefetch_bytes<2>(key_row<T>(p, k.b, k.hk, f), key_bytes);
+      if (ahead == Ahead::one) prefetch_bytes<3>(key_row<T>(p, k.b, k.hk, f), key_bytes);
+      if (ahead == Ahead::one && values) prefetch_bytes<2>(value_row<T>(p, k.b, k.hk, f), value_bytes);
+      if (ahead == Ahead::now && values) prefetch_bytes<3>(value_row<T>(p, k.b, k.hk, f), value_bytes);
+    }
   };
   // Merges the slices of (b, hk) = local of call i, row by row in slice order:
   // out = Σ e^(m_s − M) O_s / Σ e^(m_s − M) l_s.
@@ -387,11 +396,13 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
       int64_t abs_heads[kDecodeRows];
       for (int64_t r = 0; r < it.rows; ++r) abs_heads[r] = hk * it.group + it.heads[r];
       if (run == 1) {  // (few tasks, which go round the threads in turn: the one it will likely take next)
-        prefetch_task(t + omp_get_num_threads());
-      } else {
-        if (t % run == 0) prefetch_task(t);  // (a run starts at a multiple of `run`)
-        if ((t + 1) % run != 0) prefetch_task(t + 1);
+        prefetch_task(t + omp_get_num_threads(), Ahead::one);
+      } else {  // (a run starts at a multiple of `run`)
+        if (t % run == 0) prefetch_task(t, Ahead::one);
+        if ((t + 1) % run != 0) prefetch_task(t + 1, Ahead::one);
+        if ((t + 1) % run != 0 && (t + 2) % run != 0) prefetch_task(t + 2, Ahead::two);
       }
+      prefetch_task(t, Ahead::now);
       decode_slice<T>(p, b, hk, j0, j1, it.rows, abs_heads, it.queries, part, m, l);
       if (it.splits == 1) merge(i, local);  // (local = b · Hkv + hk)
     }
