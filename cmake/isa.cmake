@@ -25,3 +25,15 @@ function(mhsa_add_isa_sources target)
     target_compile_definitions(${target} PRIVATE MHSA_HAVE_X86_KERNELS=1)
   endif()
 endfunction()
+
+# mhsa_add_isa_variant(target src name flags): one more build of a kernel source, in namespace
+# mhsa::kernels::<name> with these flags (an ISA extension that only some of an ISA's CPUs have;
+# the dispatcher picks it where the CPU has it).
+function(mhsa_add_isa_variant target src name flags)
+  get_filename_component(abs "${src}" ABSOLUTE)
+  get_filename_component(base "${src}" NAME_WE)
+  set(wrapper "${CMAKE_BINARY_DIR}/isa/${base}_${name}.cpp")
+  file(CONFIGURE OUTPUT "${wrapper}" CONTENT "#define MHSA_ISA ${name}\n#include \"${abs}\"\n")
+  target_sources(${target} PRIVATE "${wrapper}")
+  set_source_files_properties("${wrapper}" PROPERTIES COMPILE_OPTIONS "${flags}")
+endfunction()

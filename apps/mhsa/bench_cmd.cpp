@@ -539,7 +539,8 @@ void run(const BenchArgs& a) {
       decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
       gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};
   const int threads = omp_get_max_threads();
-  std::printf("mhsa bench: %d thread(s), kernels: %s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str());
+  std::printf("mhsa bench: %d thread(s), kernels: %s%s%s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str(),
+              cpu::bf16_dot() ? " +avx512bf16" : "", cpu::vnni() ? " +avx512vnni" : "");
   const double peak = bench::measure_fma_peak_gflops(threads);
   double bandwidth = bench::measure_read_bandwidth_gbs(threads);
   // bfloat16 weights' many-row GEMMs and bfloat16 attention run on AVX512_BF16's dot product where

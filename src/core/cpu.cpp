@@ -65,6 +65,19 @@ bool bf16_dot() {
   return yes;
 }
 
+bool vnni() {
+  static const bool yes = [] {
+#if defined(__x86_64__) && defined(MHSA_HAVE_X86_KERNELS)
+    const char* env = std::getenv("MHSA_VNNI");
+    if (env && std::string(env) == "0") return false;
+    return best_isa() == Isa::avx512 && __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
 int max_threads() { return std::min(1024, 16 * std::max(1, omp_get_num_procs())); }
 
 std::string limit_threads() {

@@ -35,14 +35,21 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       &avx512::matmul_bt_q4_k, &avx512::matmul_bt_parts_q4_k, &avx512::gemm_bt_q4_k,
       &avx512::gemm_bf16,
       &avx512::matmul_bt_f16, &avx512::matmul_bt_parts_f16, &avx512::gemm_bt_f16};
-  static const KernelTable avx512_bf16_table = [] {
+  // the AVX-512 table with the extensions this CPU has (cpu::bf16_dot, cpu::vnni)
+  static const KernelTable avx512_extended_table = [] {
     KernelTable t = avx512_table;
-    t.gemm_bt_bf16_dot = &avx512bf16::gemm_bt_bf16_dot;
-    t.attention_forward_bf16_dot = &avx512bf16::attention_forward_bf16_dot;
-    t.attention_backward_bf16_dot = &avx512bf16::attention_backward_bf16_dot;
+    if (cpu::bf16_dot()) {
+      t.gemm_bt_bf16_dot = &avx512bf16::gemm_bt_bf16_dot;
+      t.attention_forward_bf16_dot = &avx512bf16::attention_forward_bf16_dot;
+      t.attention_backward_bf16_dot = &avx512bf16::attention_backward_bf16_dot;
+    }
+    if (cpu::vnni()) {
+      t.matmul_bt_q8_0 = &avx512vnni::matmul_bt_q8_0;
+      t.matmul_bt_parts_q8_0 = &avx512vnni::matmul_bt_parts_q8_0;
+    }
     return t;
   }();
-  if (isa == cpu::Isa::avx512) return cpu::bf16_dot() ? avx512_bf16_table : avx512_table;
+  if (isa == cpu::Isa::avx512) return avx512_extended_table;
   if (isa == cpu::Isa::avx2) return avx2_table;
 #endif
   (void)isa;

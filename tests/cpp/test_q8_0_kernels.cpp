@@ -233,6 +233,40 @@ TEST(Q8_0Kernels, GroupingDoesNotChangeBits) {
   }
 }
 
+// The avx512vnni streams (vpdpbusd on B's quants biased by 128, where the CPU has AVX512_VNNI)
+// against the avx512 ones (the sign trick) bit for bit: quants over the whole int8 range, −128
+// included (a foreign file's; mhsa's quantiser never writes it), A rows of every size the streams
+// take, large and tiny scales, a non-finite A row; and the dispatched table uses them.
+TEST(Q8_0Kernels, VnniStreamsAreTheAvx512StreamsBitForBit) {
+#if defined(__x86_64__)
+  if (!cpu::vnni()) GTEST_SKIP() << "no AVX512_VNNI on this CPU (or MHSA_VNNI=0): nothing to compare";
+  EXPECT_EQ(kernels::kernels().matmul_bt_parts_q8_0, &kernels::avx512vnni::matmul_bt_parts_q8_0);
+  auto gen = test_rng();
+  std::uniform_int_distribution<int> byte(-128, 127), scale(0x0400, 0x6bff);  // f16 2^-14 .. ~3800
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (int64_t M : {1, 2, 3, 4, 5, 8})
+    for (int64_t K : {32, 96, 576, 3072})
+      for (int64_t N : {1, 7, 61, 300}) {
+        const int64_t nb = K / kQ8Block, ldb = nb + 1, lda = K + 5, ldc = N + 3;
+        std::vector<BlockQ8_0> b(static_cast<size_t>(N * ldb));
+        for (BlockQ8_0& blk : b) {
+          blk.d = static_cast<uint16_t>(scale(gen));
+          for (int8_t& q : blk.qs) q = static_cast<int8_t>(gen() % 8 == 0 ? (gen() % 2 ? -128 : 127) : byte(gen));
+        }
+        std::vector<float> a(static_cast<size_t>(M * lda));
+        for (float& x : a) x = d(gen) * (gen() % 4 == 0 ? 1e4f : 1.0f);
+        if (M > 2) a[2 * lda + K / 2] = std::numeric_limits<float>::infinity();
+        std::vector<float> plain(static_cast<size_t>(M * ldc), -1.0f), vnni(plain);
+        const kernels::BtPartQ8 p{b.data(), ldb, N, plain.data(), ldc}, v{b.data(), ldb, N, vnni.data(), ldc};
+        kernels::avx512::matmul_bt_parts_q8_0(M, K, a.data(), lda, &p, 1);
+        kernels::avx512vnni::matmul_bt_parts_q8_0(M, K, a.data(), lda, &v, 1);
+        EXPECT_TRUE(same_bits(plain, vnni)) << "M=" << M << " K=" << K << " N=" << N;
+      }
+#else
+  GTEST_SKIP() << "not an x86 build";
+#endif
+}
+
 // w [rows, cols] replaced by its Q8_0 round trip along its rows, or along its columns (transposed:
 // GPT-2's Conv1D [in, out], quantised as [out, in]).
 void round_trip(Tensor& w, bool transposed) {
