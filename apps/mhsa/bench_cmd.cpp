@@ -540,7 +540,10 @@ void run(const BenchArgs& a) {
       gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};
   const int threads = omp_get_max_threads();
   std::printf("mhsa bench: %d thread(s), kernels: %s%s%s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str(),
-              cpu::bf16_dot() ? " +avx512bf16" : "", cpu::vnni() ? " +avx512vnni" : "");
+              cpu::bf16_dot() ? " +avx512bf16" : "",
+              !cpu::vnni(cpu::best_isa())          ? ""
+              : cpu::best_isa() == cpu::Isa::avx512 ? " +avx512vnni"
+                                                    : " +avxvnni");
   const double peak = bench::measure_fma_peak_gflops(threads);
   double bandwidth = bench::measure_read_bandwidth_gbs(threads);
   // bfloat16 weights' many-row GEMMs and bfloat16 attention run on AVX512_BF16's dot product where

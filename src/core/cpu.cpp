@@ -65,17 +65,19 @@ bool bf16_dot() {
   return yes;
 }
 
-bool vnni() {
-  static const bool yes = [] {
+bool vnni(Isa isa) {
 #if defined(__x86_64__) && defined(MHSA_HAVE_X86_KERNELS)
+  static const bool off = [] {
     const char* env = std::getenv("MHSA_VNNI");
-    if (env && std::string(env) == "0") return false;
-    return best_isa() == Isa::avx512 && __builtin_cpu_supports("avx512vnni");
-#else
-    return false;
-#endif
+    return env && std::string(env) == "0";
   }();
-  return yes;
+  if (off || isa > best_isa()) return false;
+  __builtin_cpu_init();
+  if (isa == Isa::avx512) return __builtin_cpu_supports("avx512vnni");
+  if (isa == Isa::avx2) return __builtin_cpu_supports("avxvnni");
+#endif
+  (void)isa;
+  return false;
 }
 
 int max_threads() { return std::min(1024, 16 * std::max(1, omp_get_num_procs())); }

@@ -28,10 +28,11 @@ std::string_view isa_name(Isa isa);
 // table carries the kernels as extra entries.
 bool bf16_dot();
 
-// Whether the AVX-512 table's Q8_0 streams are the ones built with AVX512_VNNI's vpdpbusd
-// (kernels/matmul_q8_0.cpp, namespace avx512vnni; the same bits, fewer instructions): the CPU has
-// it, this is an x86 build, the kernels are AVX-512's, and MHSA_VNNI=0 is not set.
-bool vnni();
+// Whether an ISA's kernel table takes the Q8_0 streams built with its VNNI extension's vpdpbusd
+// (kernels/matmul_q8_0.cpp: namespace avx512vnni with AVX512_VNNI, avx2vnni with AVX-VNNI; the
+// same bits, fewer instructions): this is an x86 build, the ISA is usable (isa <= best_isa()), the
+// CPU has the extension, and MHSA_VNNI=0 is not set.
+bool vnni(Isa isa);
 
 // The most threads mhsa lets OpenMP run: 16 × the processors this process may use, at most 1024.
 int max_threads();

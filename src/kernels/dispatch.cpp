@@ -43,14 +43,22 @@ const KernelTable& kernels_for(cpu::Isa isa) {
       t.attention_forward_bf16_dot = &avx512bf16::attention_forward_bf16_dot;
       t.attention_backward_bf16_dot = &avx512bf16::attention_backward_bf16_dot;
     }
-    if (cpu::vnni()) {
+    if (cpu::vnni(cpu::Isa::avx512)) {
       t.matmul_bt_q8_0 = &avx512vnni::matmul_bt_q8_0;
       t.matmul_bt_parts_q8_0 = &avx512vnni::matmul_bt_parts_q8_0;
     }
     return t;
   }();
+  static const KernelTable avx2_extended_table = [] {
+    KernelTable t = avx2_table;
+    if (cpu::vnni(cpu::Isa::avx2)) {
+      t.matmul_bt_q8_0 = &avx2vnni::matmul_bt_q8_0;
+      t.matmul_bt_parts_q8_0 = &avx2vnni::matmul_bt_parts_q8_0;
+    }
+    return t;
+  }();
   if (isa == cpu::Isa::avx512) return avx512_extended_table;
-  if (isa == cpu::Isa::avx2) return avx2_table;
+  if (isa == cpu::Isa::avx2) return avx2_extended_table;
 #endif
   (void)isa;
   return portable_table;

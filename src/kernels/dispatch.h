@@ -135,13 +135,17 @@ bool attention_forward_bf16_dot(const AttentionParams& p);
 bool attention_backward_bf16_dot(const AttentionParams& p);
 }
 
-// The Q8_0 streams built with AVX512_VNNI (kernels/matmul_q8_0.cpp), on x86 builds only; the AVX-512
-// table's entries where cpu::vnni().
-namespace avx512vnni {
-void matmul_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B, int64_t ldb,
-                    float* C, int64_t ldc);
-void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts, int count);
-}
+// The Q8_0 streams built with AVX512_VNNI and with AVX-VNNI (kernels/matmul_q8_0.cpp), on x86
+// builds only; the AVX-512 and AVX2 tables' entries where cpu::vnni(isa).
+#define MHSA_DECLARE_VNNI_STREAMS(ns)                                                                           \
+  namespace ns {                                                                                                \
+  void matmul_bt_q8_0(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const BlockQ8_0* B,          \
+                      int64_t ldb, float* C, int64_t ldc);                                                      \
+  void matmul_bt_parts_q8_0(int64_t M, int64_t K, const float* A, int64_t lda, const BtPartQ8* parts, int count); \
+  }
+MHSA_DECLARE_VNNI_STREAMS(avx512vnni)
+MHSA_DECLARE_VNNI_STREAMS(avx2vnni)
+#undef MHSA_DECLARE_VNNI_STREAMS
 
 struct KernelTable {
   // C[M, N] = A[M, K] · B[K, N] + bias[N] (bias may be null); row-major with leading dimensions.

@@ -1,7 +1,8 @@
 // kernels/matmul_q8_0.cpp — C[M, N] = A[M, K] · B[N, K]ᵀ for a few rows M with B stored as Q8_0
 // blocks (kernels/q8_0.h: 34 bytes per 32 weights instead of 128), compiled once per ISA, and once
-// more as avx512vnni (the AVX-512 build with AVX512_VNNI's vpdpbusd; run where cpu::vnni()): the
-// weight streams of decoding an 8-bit model. The same plan as matmul_bt.cpp's streams: several
+// more for each x86 ISA with its VNNI extension's vpdpbusd (avx512vnni: AVX512_VNNI; avx2vnni:
+// AVX-VNNI, as Alder Lake and Zen 5 have it; run where cpu::vnni(isa)): the weight streams of
+// decoding an 8-bit model. The same plan as matmul_bt.cpp's streams: several
 // matrices that multiply one A are one call, their rows one row space that the threads share in
 // groups of kGroup rows (isa/bt_parts.h: one even range a thread for one row of A, claimed ones
 // for more); with one row of A, row i of each quarter of a range side by side, each row its own
@@ -62,7 +63,7 @@ inline Quants load_quants(const int8_t* p) { return {p}; }
 inline Lanes block_scale(uint16_t d, float da) { return splat8(f16_scalar(d) * da); }
 #endif
 
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 // The lane sums by vpdpbusd, which multiplies unsigned by signed bytes and adds four products
 // into int32: B's quants as qb + 128 (qb ^ 0x80, unsigned: 0..255, so a −128 a foreign file
 // may hold is fine) against A's, the accumulator starting at the lane's −128 · Σ qa (`corr`,
@@ -75,7 +76,11 @@ inline Quants weight_quants(const int8_t* p) { return _mm256_xor_si256(load_quan
 
 inline Lanes block_lanes(Quants qa, Quants qb_biased, const int32_t* corr) {
   const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr));
+#if defined(__AVX512VNNI__)
   return (Lanes)_mm256_cvtepi32_ps(_mm256_dpbusd_epi32(start, qb_biased, qa));
+#else
+  return (Lanes)_mm256_cvtepi32_ps(_mm256_dpbusd_avx_epi32(start, qb_biased, qa));
+#endif
 }
 #elif defined(__AVX2__)
 constexpr bool kCorrections = false;

@@ -233,14 +233,14 @@ TEST(Q8_0Kernels, GroupingDoesNotChangeBits) {
   }
 }
 
-// The avx512vnni streams (vpdpbusd on B's quants biased by 128, where the CPU has AVX512_VNNI)
-// against the avx512 ones (the sign trick) bit for bit: quants over the whole int8 range, −128
-// included (a foreign file's; mhsa's quantiser never writes it), A rows of every size the streams
-// take, large and tiny scales, a non-finite A row; and the dispatched table uses them.
-TEST(Q8_0Kernels, VnniStreamsAreTheAvx512StreamsBitForBit) {
-#if defined(__x86_64__)
-  if (!cpu::vnni()) GTEST_SKIP() << "no AVX512_VNNI on this CPU (or MHSA_VNNI=0): nothing to compare";
-  EXPECT_EQ(kernels::kernels().matmul_bt_parts_q8_0, &kernels::avx512vnni::matmul_bt_parts_q8_0);
+// The VNNI streams (vpdpbusd on B's quants biased by 128: avx512vnni where the CPU has AVX512_VNNI,
+// avx2vnni where it has AVX-VNNI) against their ISA's plain ones (the sign trick) bit for bit:
+// quants over the whole int8 range, −128 included (a foreign file's; mhsa's quantiser never
+// writes it), A rows of every size the streams take, large and tiny scales, a non-finite A row;
+// and the ISA's table uses them.
+void check_vnni_streams(cpu::Isa isa, decltype(&kernels::avx2::matmul_bt_parts_q8_0) plain_product,
+                        decltype(&kernels::avx2::matmul_bt_parts_q8_0) vnni_product) {
+  EXPECT_EQ(kernels::kernels_for(isa).matmul_bt_parts_q8_0, vnni_product) << cpu::isa_name(isa);
   auto gen = test_rng();
   std::uniform_int_distribution<int> byte(-128, 127), scale(0x0400, 0x6bff);  // f16 2^-14 .. ~3800
   std::normal_distribution<float> d(0.0f, 1.0f);
@@ -258,10 +258,25 @@ TEST(Q8_0Kernels, VnniStreamsAreTheAvx512StreamsBitForBit) {
         if (M > 2) a[2 * lda + K / 2] = std::numeric_limits<float>::infinity();
         std::vector<float> plain(static_cast<size_t>(M * ldc), -1.0f), vnni(plain);
         const kernels::BtPartQ8 p{b.data(), ldb, N, plain.data(), ldc}, v{b.data(), ldb, N, vnni.data(), ldc};
-        kernels::avx512::matmul_bt_parts_q8_0(M, K, a.data(), lda, &p, 1);
-        kernels::avx512vnni::matmul_bt_parts_q8_0(M, K, a.data(), lda, &v, 1);
-        EXPECT_TRUE(same_bits(plain, vnni)) << "M=" << M << " K=" << K << " N=" << N;
+        plain_product(M, K, a.data(), lda, &p, 1);
+        vnni_product(M, K, a.data(), lda, &v, 1);
+        EXPECT_TRUE(same_bits(plain, vnni)) << cpu::isa_name(isa) << " M=" << M << " K=" << K << " N=" << N;
       }
+}
+
+TEST(Q8_0Kernels, VnniStreamsAreThePlainStreamsBitForBit) {
+#if defined(__x86_64__)
+  int checked = 0;
+  if (cpu::vnni(cpu::Isa::avx512)) {
+    check_vnni_streams(cpu::Isa::avx512, &kernels::avx512::matmul_bt_parts_q8_0,
+                       &kernels::avx512vnni::matmul_bt_parts_q8_0);
+    ++checked;
+  }
+  if (cpu::vnni(cpu::Isa::avx2)) {
+    check_vnni_streams(cpu::Isa::avx2, &kernels::avx2::matmul_bt_parts_q8_0, &kernels::avx2vnni::matmul_bt_parts_q8_0);
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no AVX512_VNNI or AVX-VNNI on this CPU (or MHSA_VNNI=0): nothing to compare";
 #else
   GTEST_SKIP() << "not an x86 build";
 #endif
