@@ -74,7 +74,9 @@ bool vnni(Isa isa) {
   if (off || isa > best_isa()) return false;
   __builtin_cpu_init();
   if (isa == Isa::avx512) return __builtin_cpu_supports("avx512vnni");
+#if defined(MHSA_HAVE_AVX2VNNI)  // (the compiler built the AVX-VNNI variant)
   if (isa == Isa::avx2) return __builtin_cpu_supports("avxvnni");
+#endif
 #endif
   (void)isa;
   return false;

@@ -30,8 +30,8 @@ bool bf16_dot();
 
 // Whether an ISA's kernel table takes the Q8_0 streams built with its VNNI extension's vpdpbusd
 // (kernels/matmul_q8_0.cpp: namespace avx512vnni with AVX512_VNNI, avx2vnni with AVX-VNNI; the
-// same bits, fewer instructions): this is an x86 build, the ISA is usable (isa <= best_isa()), the
-// CPU has the extension, and MHSA_VNNI=0 is not set.
+// same bits, fewer instructions): this is an x86 build (for AVX-VNNI, by a compiler that has it),
+// the ISA is usable (isa <= best_isa()), the CPU has the extension, and MHSA_VNNI=0 is not set.
 bool vnni(Isa isa);
 
 // The most threads mhsa lets OpenMP run: 16 × the processors this process may use, at most 1024.

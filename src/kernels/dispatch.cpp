@@ -51,10 +51,12 @@ const KernelTable& kernels_for(cpu::Isa isa) {
   }();
   static const KernelTable avx2_extended_table = [] {
     KernelTable t = avx2_table;
+#if defined(MHSA_HAVE_AVX2VNNI)
     if (cpu::vnni(cpu::Isa::avx2)) {
       t.matmul_bt_q8_0 = &avx2vnni::matmul_bt_q8_0;
       t.matmul_bt_parts_q8_0 = &avx2vnni::matmul_bt_parts_q8_0;
     }
+#endif
     return t;
   }();
   if (isa == cpu::Isa::avx512) return avx512_extended_table;
