@@ -539,8 +539,8 @@ void run(const BenchArgs& a) {
       decode_case(12, 16384, 64),          gpt2_prefill_case(512),              gpt2_decode_case(128),
       gpt2_train_case(1, 256),             gpt2_train_case(4, 256)};
   const int threads = omp_get_max_threads();
-  std::printf("mhsa bench: %d thread(s), kernels: %s%s%s\n", threads, std::string(cpu::isa_name(cpu::best_isa())).c_str(),
-              cpu::bf16_dot() ? " +avx512bf16" : "",
+  const std::string isa(cpu::isa_name(cpu::best_isa()));
+  std::printf("mhsa bench: %d thread(s), kernels: %s%s%s\n", threads, isa.c_str(), cpu::bf16_dot() ? " +avx512bf16" : "",
               !cpu::vnni(cpu::best_isa())          ? ""
               : cpu::best_isa() == cpu::Isa::avx512 ? " +avx512vnni"
                                                     : " +avxvnni");

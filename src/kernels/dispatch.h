@@ -172,7 +172,7 @@ struct KernelTable {
   // over B; deterministic like gemm.
   decltype(&portable::matmul_bt) matmul_bt;
   // matmul_bt of one A against several B matrices (q | k | v, gate | up) in one pass, their rows
-  // claimed by the threads in contiguous ranges; each C element's bits are matmul_bt's.
+  // shared by the threads in contiguous ranges (isa/bt_parts.h); each C element's bits are matmul_bt's.
   decltype(&portable::matmul_bt_parts) matmul_bt_parts;
   // Training: the softmax cross-entropy head and AdamW (float64 twins in kernels/elementwise.h).
   decltype(&portable::softmax_cross_entropy) softmax_cross_entropy;

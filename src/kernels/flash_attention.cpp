@@ -337,7 +337,8 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
     KeyRange keys[kDecodeRows];
     for (int64_t r = 0; r < it.rows; ++r) keys[r] = key_range(p, k.b, it.queries[r]);
     const SeenKeys seen = seen_keys(keys, it.rows, k.j0, k.j1);
-    const int64_t key_bytes = p.D * static_cast<int64_t>(sizeof(T)), value_bytes = p.Dv * static_cast<int64_t>(sizeof(T));
+    const int64_t key_bytes = p.D * static_cast<int64_t>(sizeof(T));
+    const int64_t value_bytes = p.Dv * static_cast<int64_t>(sizeof(T));
     const bool values = p.v || p.v_pages;
     for (int64_t f = seen.first, end = std::min(seen.end, seen.first + kDecodeChunk); f < end; ++f) {
       if (ahead == Ahead::two) prefetch_bytes<2>(key_row<T>(p, k.b, k.hk, f), key_bytes);
