@@ -165,32 +165,16 @@ void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, i
     for (int j = 0; j < J; ++j) out[r * ldc + j * apart] = sum8(acc[r][j]);
 }
 
-// C[M, rows] = A · B[rows, K/256 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// four rows of B at a time, a quarter of the range apart, or each group of kGroup rows in turn against
-// kRows rows of A at a time.
+// C[M, rows] = A · B[rows, K/256 blocks]ᵀ (ldb in blocks) with A quantised, in stream_rows' order
+// (isa/bt_parts.h): one row of A against four rows of B at a time, a quarter of the range apart,
+// or each group of kGroup rows in turn against kRows rows of A at a time. Four rows: GPT-2 124M's
+// Q4_K weights from memory, 2 threads, pass-by-pass alternation on a Zen 5: 1.13-1.15x two rows,
+// three 1.08x, six 1.09x, eight 1.07x (docs/performance.md, 2026-12-01).
 void range_product(const Activations& x, int64_t M, const BlockQ4_K* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
-  if (M == 1) {  // row i of each quarter of the range side by side, each its own stream
-    // Four rows: GPT-2 124M's Q4_K weights from memory, 2 threads, pass-by-pass alternation on a
-    // Zen 5: 1.13-1.15x two rows, three 1.08x, six 1.09x, eight 1.07x (docs/performance.md, 2026-12-01).
-    constexpr int kStreams = 4;
-    const int64_t part = rows / kStreams;
-    for (int64_t n = 0; n < part; ++n) dot_q4k<1, kStreams>(x, 0, B + n * ldb, ldb, part, C + n, ldc);
-    for (int64_t n = kStreams * part; n < rows; ++n) dot_q4k<1, 1>(x, 0, B + n * ldb, ldb, 0, C + n, ldc);
-    return;
-  }
-  for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
-    for (int64_t m = 0; m < M; m += kRows)
-      for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
-        const BlockQ4_K* b = B + n * ldb;
-        float* out = C + m * ldc + n;
-        switch (std::min<int64_t>(kRows, M - m)) {
-          case 4: dot_q4k<4, 1>(x, m, b, ldb, 0, out, ldc); break;
-          case 3: dot_q4k<3, 1>(x, m, b, ldb, 0, out, ldc); break;
-          case 2: dot_q4k<2, 1>(x, m, b, ldb, 0, out, ldc); break;
-          default: dot_q4k<1, 1>(x, m, b, ldb, 0, out, ldc); break;
-        }
-      }
+  stream_rows<4>(M, rows, [&](auto R, auto J, int64_t m, int64_t n, int64_t apart) {
+    dot_q4k<decltype(R)::value, decltype(J)::value>(x, m, B + n * ldb, ldb, apart, C + m * ldc + n, ldc);
+  });
 }
 
 }  // namespace

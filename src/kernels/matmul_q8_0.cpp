@@ -165,30 +165,14 @@ void dot_q8(const Activations& x, int64_t m, const BlockQ8_0* B, int64_t ldb, in
 // two, three 1.02-1.03x; docs/performance.md, 2026-12-01).
 constexpr int kQ8ColStreams = 4;
 
-// C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised: one row of A against
-// kQ8ColStreams rows of B at a time, a part of the range apart, or each group of kGroup rows in
-// turn against kRows rows of A at a time (the group stays in L1 while the passes over A's rows
-// read it again).
+// C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised, in stream_rows' order
+// (isa/bt_parts.h): one row of A against kQ8ColStreams rows of B at a time, a part of the range
+// apart, or each group of kGroup rows in turn against kRows rows of A at a time.
 void range_product(const Activations& x, int64_t M, const BlockQ8_0* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
-  if (M == 1) {
-    const int64_t part = rows / kQ8ColStreams;
-    for (int64_t n = 0; n < part; ++n) dot_q8<1, kQ8ColStreams>(x, 0, B + n * ldb, ldb, part, C + n, ldc);
-    for (int64_t n = kQ8ColStreams * part; n < rows; ++n) dot_q8<1, 1>(x, 0, B + n * ldb, ldb, 0, C + n, ldc);
-    return;
-  }
-  for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
-    for (int64_t m = 0; m < M; m += kRows)
-      for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) {
-        const BlockQ8_0* b = B + n * ldb;
-        float* out = C + m * ldc + n;
-        switch (std::min<int64_t>(kRows, M - m)) {
-          case 4: dot_q8<4, 1>(x, m, b, ldb, 0, out, ldc); break;
-          case 3: dot_q8<3, 1>(x, m, b, ldb, 0, out, ldc); break;
-          case 2: dot_q8<2, 1>(x, m, b, ldb, 0, out, ldc); break;
-          default: dot_q8<1, 1>(x, m, b, ldb, 0, out, ldc); break;
-        }
-      }
+  stream_rows<kQ8ColStreams>(M, rows, [&](auto R, auto J, int64_t m, int64_t n, int64_t apart) {
+    dot_q8<decltype(R)::value, decltype(J)::value>(x, m, B + n * ldb, ldb, apart, C + m * ldc + n, ldc);
+  });
 }
 
 }  // namespace

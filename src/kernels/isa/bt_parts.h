@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 namespace mhsa::kernels::MHSA_ISA {
 
@@ -76,6 +77,32 @@ inline void parts_product(int64_t K, const Part* parts, int count, bool even, Ra
       }
     }
   }
+}
+
+// The rows [0, rows) of a range of B against M rows of A, for the integer-dot streams (Q8_0,
+// Q4_K): with one row of A, kStreams rows of B at a time, row i of each kStreams-th part of the
+// range side by side (each its own ascending stream), the rows past the parts one at a time; with
+// more, each group of kGroup rows in turn against kRows rows of A at a time (the group stays in L1
+// while the passes over A's rows read it again). dot(R, J, m, n, apart) computes rows m to
+// m + R − 1 of A against rows n, n + apart, ..., of B (J of them); R and J are
+// std::integral_constant<int, ...>.
+template <int kStreams, class Dot>
+inline void stream_rows(int64_t M, int64_t rows, Dot dot) {
+  using One = std::integral_constant<int, 1>;
+  if (M == 1) {
+    const int64_t part = rows / kStreams;
+    for (int64_t n = 0; n < part; ++n) dot(One{}, std::integral_constant<int, kStreams>{}, 0, n, part);
+    for (int64_t n = kStreams * part; n < rows; ++n) dot(One{}, One{}, 0, n, 0);
+    return;
+  }
+  for (int64_t n0 = 0; n0 < rows; n0 += kGroup)
+    for (int64_t m = 0; m < M; m += kRows)
+      for (int64_t n = n0; n < std::min<int64_t>(rows, n0 + kGroup); ++n) switch (std::min<int64_t>(kRows, M - m)) {
+          case 4: dot(std::integral_constant<int, 4>{}, One{}, m, n, 0); break;
+          case 3: dot(std::integral_constant<int, 3>{}, One{}, m, n, 0); break;
+          case 2: dot(std::integral_constant<int, 2>{}, One{}, m, n, 0); break;
+          default: dot(One{}, One{}, m, n, 0); break;
+        }
 }
 
 }  // namespace mhsa::kernels::MHSA_ISA
