@@ -289,9 +289,10 @@ void weigh_all(const float* key, size_t V, float top, float inv_t, float* weight
 // Of ids (ascending), the smallest set of the largest keys (between equal keys, the lower id
 // first) whose weight reaches `need`, added to `out`: the ids of the buckets wholly inside it
 // (ascending), then those of the bucket where the running weight reaches `need`, cut the same
-// way (its keys spread again over kBuckets), or, once few or all equal, sorted; all of ids when they fall short (rounding). With `bucket`, the
-// ids are every token of a bucket other than kNoBucket, and it gives their buckets. O(ids) a
-// level; a level narrows the keys' range kBuckets-fold.
+// way (its keys spread again over kBuckets), or, once few or all equal, sorted; all of ids when
+// they fall short (rounding). With `bucket`, the ids are every token of a bucket other than
+// kNoBucket, and it gives their buckets. O(ids) a level; a level narrows the keys' range
+// kBuckets-fold.
 void select_largest(std::span<const int32_t> ids, const uint16_t* bucket, size_t V, const float* key,
                     const float* weight, double need, std::vector<int32_t>& out) {
   float lo = 0, hi = 0;
