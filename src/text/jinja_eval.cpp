@@ -316,8 +316,27 @@ Value Evaluator::eval_binary(const Node& n) {
   return r;
 }
 
+namespace {
+// One eval or exec call in progress. The parser bounds each expression's height, but macro bodies
+// evaluate inside the calls that reach them, so the stack is bounded here as a whole.
+struct Nested {
+  Nested(Evaluator& ev, const Node& at) : ev(ev) {
+    if (++ev.depth > kMaxEvalDepth) {
+      --ev.depth;
+      fail_at(at, detail::message("expected expressions and statements evaluated at most ", kMaxEvalDepth,
+                                  " levels inside one another, got deeper (macro calls included)"));
+    }
+  }
+  ~Nested() { --ev.depth; }
+  Nested(const Nested&) = delete;
+  Nested& operator=(const Nested&) = delete;
+  Evaluator& ev;
+};
+}  // namespace
+
 Value Evaluator::eval(const Node& n) {
   charge(n, 1);
+  const Nested nested(*this, n);
   switch (n.kind) {
     case N::Literal: return n.value;
     case N::Name: {
@@ -598,6 +617,7 @@ void Evaluator::exec_set(const Node& n) {
 
 Evaluator::Flow Evaluator::exec(const Node& n) {
   charge(n, 1);
+  const Nested nested(*this, n);
   switch (n.kind) {
     case N::Text: emit(n, n.str); return Flow::Normal;
     case N::Output: {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mhsa/error.h"
+#include "text/jinja.h"
 
 namespace mhsa::jinja {
 namespace {
@@ -291,6 +292,10 @@ void source_error(const std::string& s, size_t pos, const std::string& expected,
 }
 
 Lexed lex(std::string_view source) {
+  // The tree takes ~120 bytes per byte of source at worst: a bound on the text bounds the memory.
+  if (source.size() > kMaxSourceBytes)
+    throw Error(detail::message("ChatTemplate: source: expected a template of at most ", kMaxSourceBytes,
+                                " bytes, got ", source.size(), " bytes"));
   if (!valid_utf8(source)) throw Error("ChatTemplate: source: expected UTF-8 text, got invalid UTF-8");
   Lexed out;
   out.source = normalize_newlines(source);

@@ -10,6 +10,7 @@
 // positional); Unary [x]; Binary [a, b]; Cond [then, cond, else?].
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mhsa/error.h"
@@ -21,7 +22,7 @@ namespace {
 
 class Parser {
  public:
-  explicit Parser(Lexed lexed) : src_(std::move(lexed.source)), t_(std::move(lexed.tokens)) {}
+  explicit Parser(Lexed lexed) : src_(std::move(lexed.source)), t_(std::move(lexed.tokens)) { index_lines(); }
 
   NodePtr parse_template() {
     std::string end;
@@ -66,19 +67,44 @@ class Parser {
     locate(*n, at.pos);
     return n;
   }
+  // Line and column of every kMarkBytes-th byte of the source, so that locating a node costs at
+  // most kMarkBytes - 1 steps wherever its token is. Nodes are not made in source order (`a + b`'s
+  // node comes after b's), and recounting from the start for each such node made compiling
+  // quadratic: a 1.5 MB template took 57 s.
+  static constexpr size_t kMarkBytes = 64;
+  void index_lines() {
+    marks_.reserve(src_.size() / kMarkBytes + 1);
+    int line = 1, col = 1;
+    for (size_t p = 0;; ++p) {
+      if (p % kMarkBytes == 0) marks_.emplace_back(line, col);
+      if (p == src_.size()) break;
+      step(src_[p], line, col);
+    }
+  }
+  static void step(char c, int& line, int& col) {
+    if (c == '\n') ++line, col = 1;
+    else if ((static_cast<unsigned char>(c) >> 6) != 2) ++col;  // columns count characters
+  }
   void locate(Node& n, size_t pos) {
-    // line/column from the byte position, computed incrementally
-    while (line_pos_ < pos) {
-      if (src_[line_pos_] == '\n') ++line_, col_ = 1;
-      else if ((static_cast<unsigned char>(src_[line_pos_]) >> 6) != 2) ++col_;
-      ++line_pos_;
+    auto [line, col] = marks_[pos / kMarkBytes];
+    for (size_t p = pos / kMarkBytes * kMarkBytes; p < pos; ++p) step(src_[p], line, col);
+    n.line = line, n.col = col;
+  }
+  // Adds an operand to an expression node. Chains (a + b + …, x|f|g, a.b.c, a[i][j], f()()) are
+  // parsed by loops, so Deeper does not see them, but everything that walks the tree they build
+  // (scopes, rendering, destruction) recurses: an 8,000-term sum crashed on the stack. Their
+  // height is bounded here, as each node is built, so no tree deeper than the bound ever exists.
+  void adopt(Node& n, NodePtr kid) {
+    if (kid && kid->height >= n.height) {
+      n.height = kid->height + 1;
+      if (n.height > kMaxTreeDepth)
+        source_error(src_, cur().pos,
+                     detail::message("an expression at most ", kMaxTreeDepth,
+                                     " levels deep (each operator, filter, test, attribute, subscript or call of a "
+                                     "chain is a level)"),
+                     "a deeper one");
     }
-    if (pos < line_pos_) {  // tokens come in order; a rewind recounts from the start
-      line_ = 1, col_ = 1, line_pos_ = 0;
-      locate(n, pos);
-      return;
-    }
-    n.line = line_, n.col = col_;
+    n.kids.push_back(std::move(kid));
   }
   struct Deeper {
     explicit Deeper(Parser& p) : p(p) {
@@ -278,11 +304,11 @@ class Parser {
     NodePtr first = no_condexpr ? parse_or() : parse_expression();
     if (!is_op(",")) return first;
     NodePtr t = node(N::TupleLit, at);
-    t->kids.push_back(std::move(first));
+    adopt(*t, std::move(first));
     while (is_op(",")) {
       ++i_;
       if (cur().type == T::VarEnd || cur().type == T::BlockEnd || is_op(")") || is_name("if")) break;
-      t->kids.push_back(no_condexpr ? parse_or() : parse_expression());
+      adopt(*t, no_condexpr ? parse_or() : parse_expression());
     }
     return t;
   }
@@ -294,14 +320,14 @@ class Parser {
     while (is_name("if")) {
       ++i_;
       NodePtr c = node(N::Cond, at);
-      c->kids.push_back(std::move(x));
-      c->kids.push_back(parse_or());
+      adopt(*c, std::move(x));
+      adopt(*c, parse_or());
       NodePtr otherwise;
       if (is_name("else")) {
         ++i_;
         otherwise = parse_expression();
       }
-      c->kids.push_back(std::move(otherwise));
+      adopt(*c, std::move(otherwise));
       x = std::move(c);
     }
     return x;
@@ -310,8 +336,8 @@ class Parser {
   NodePtr binary(const Token& at, std::string op, NodePtr a, NodePtr b) {
     NodePtr n = node(N::Binary, at);
     n->str = std::move(op);
-    n->kids.push_back(std::move(a));
-    n->kids.push_back(std::move(b));
+    adopt(*n, std::move(a));
+    adopt(*n, std::move(b));
     return n;
   }
 
@@ -336,7 +362,7 @@ class Parser {
       Deeper d(*this);
       NodePtr n = node(N::Unary, t_[i_++]);
       n->str = "not";
-      n->kids.push_back(parse_not());
+      adopt(*n, parse_not());
       return n;
     }
     return parse_compare();
@@ -400,7 +426,7 @@ class Parser {
     if (is_op("-") || is_op("+")) {
       x = node(N::Unary, cur());
       x->str = t_[i_++].text;
-      x->kids.push_back(parse_unary(false));
+      adopt(*x, parse_unary(false));
     } else {
       x = parse_postfix(parse_primary());
     }
@@ -454,11 +480,11 @@ class Parser {
           NodePtr x = parse_expression();
           if (is_op(",")) {
             NodePtr t = node(N::TupleLit, at);
-            t->kids.push_back(std::move(x));
+            adopt(*t, std::move(x));
             while (is_op(",")) {
               ++i_;
               if (is_op(")")) break;
-              t->kids.push_back(parse_expression());
+              adopt(*t, parse_expression());
             }
             x = std::move(t);
           }
@@ -471,7 +497,7 @@ class Parser {
           while (!is_op("]")) {
             if (!n->kids.empty()) expect_op(",");
             if (is_op("]")) break;
-            n->kids.push_back(parse_expression());
+            adopt(*n, parse_expression());
           }
           ++i_;
           return n;
@@ -482,9 +508,9 @@ class Parser {
           while (!is_op("}")) {
             if (!n->kids.empty()) expect_op(",");
             if (is_op("}")) break;
-            n->kids.push_back(parse_expression());
+            adopt(*n, parse_expression());
             expect_op(":");
-            n->kids.push_back(parse_expression());
+            adopt(*n, parse_expression());
           }
           ++i_;
           return n;
@@ -508,14 +534,14 @@ class Parser {
           n->kind = N::Item;
           NodePtr idx = node(N::Literal, cur());
           idx->value = Value::integer(std::strtoll(t_[i_++].text.c_str(), nullptr, 10));
-          n->kids.push_back(std::move(x));
-          n->kids.push_back(std::move(idx));
+          adopt(*n, std::move(x));
+          adopt(*n, std::move(idx));
           x = std::move(n);
           continue;
         } else {
           error("an attribute name");
         }
-        n->kids.push_back(std::move(x));
+        adopt(*n, std::move(x));
         x = std::move(n);
       } else if (is_op("[")) {
         ++i_;
@@ -546,13 +572,13 @@ class Parser {
     if (colons == 0) {
       if (!parts[0]) error("an index");
       NodePtr n = node(N::Item, at);
-      n->kids.push_back(std::move(obj));
-      n->kids.push_back(std::move(parts[0]));
+      adopt(*n, std::move(obj));
+      adopt(*n, std::move(parts[0]));
       return n;
     }
     NodePtr n = node(N::Slice, at);
-    n->kids.push_back(std::move(obj));
-    for (auto& p : parts) n->kids.push_back(std::move(p));
+    adopt(*n, std::move(obj));
+    for (auto& p : parts) adopt(*n, std::move(p));
     return n;
   }
 
@@ -572,7 +598,7 @@ class Parser {
         if (kw_seen) error("a keyword argument (positional arguments come first)");
         n.names.emplace_back();
       }
-      n.kids.push_back(parse_expression());
+      adopt(n, parse_expression());
     }
     ++i_;
   }
@@ -581,7 +607,7 @@ class Parser {
     Deeper d(*this);
     NodePtr n = node(N::Call, cur());
     n->line = callee->line, n->col = callee->col;
-    n->kids.push_back(std::move(callee));
+    adopt(*n, std::move(callee));
     parse_args(*n);
     return n;
   }
@@ -594,7 +620,7 @@ class Parser {
         Deeper d(*this);
         NodePtr n = node(N::Filter, at);
         n->str = expect_name("a filter name");
-        n->kids.push_back(std::move(x));
+        adopt(*n, std::move(x));
         if (is_op("(")) parse_args(*n);
         x = std::move(n);
       } else if (is_name("is")) {
@@ -603,7 +629,7 @@ class Parser {
         NodePtr n = node(N::Test, at);
         if (is_name("not")) ++i_, n->flag = true;
         n->str = expect_name("a test name");
-        n->kids.push_back(std::move(x));
+        adopt(*n, std::move(x));
         if (is_op("(")) {
           parse_args(*n);
         } else if ((cur().type == T::Name && !is_name("else") && !is_name("or") && !is_name("and") &&
@@ -611,7 +637,7 @@ class Parser {
                    cur().type == T::String || cur().type == T::Int || cur().type == T::Float ||
                    is_op("(") || is_op("[") || is_op("{")) {
           n->names.emplace_back();
-          n->kids.push_back(parse_postfix(parse_primary()));
+          adopt(*n, parse_postfix(parse_primary()));
         }
         x = std::move(n);
       } else if (is_op("(")) {
@@ -625,8 +651,7 @@ class Parser {
   std::string src_;
   std::vector<Token> t_;
   size_t i_ = 0;
-  size_t line_pos_ = 0;
-  int line_ = 1, col_ = 1;
+  std::vector<std::pair<int, int>> marks_;  // (line, column) at every kMarkBytes-th byte
   int depth_ = 0;
   int loops_ = 0;
 };

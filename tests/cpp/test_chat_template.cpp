@@ -3,6 +3,7 @@
 // macro recursion, output size, work, range size, value nesting), inputs are validated, one
 // template renders the same from many threads, and whitespace control on random layouts.
 // Agreement with jinja2 / transformers is tests/python/test_chat_template.py's job.
+#include <chrono>
 #include <random>
 #include <string>
 #include <thread>
@@ -13,6 +14,8 @@
 
 namespace mhsa::test {
 namespace {
+
+constexpr size_t kMaxTemplateBytesForTest = 1 << 20;  // text/jinja.h's kMaxSourceBytes
 
 std::string render(std::string_view source, std::string_view messages = "[]", std::string_view vars = "{}") {
   return ChatTemplate(source).render(messages, false, vars);
@@ -104,6 +107,64 @@ TEST(ChatTemplate, HostileTemplatesHitBounds) {
   EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.a = [1, {'b': [2, 'c']}] %}{{ ns.a | tojson }}"
                    "{% set other = namespace(n=ns) %}{{ other.n.a[1].b[1] }}"),
             "[1, {\"b\": [2, \"c\"]}]c");
+}
+
+// Chains are parsed by loops, but rendering, scoping and freeing the tree recurse once per level:
+// an 8,000-term sum (a 16 KB template), 16,000 filters, long attribute, subscript and call chains
+// crashed on the stack. The tree's height is bounded as it is built.
+TEST(ChatTemplate, LongChainsHitTheTreeBound) {
+  const auto chain = [](const std::string& head, const std::string& link, int n, const std::string& tail = "") {
+    std::string s = "{{ " + head;
+    for (int i = 0; i < n; ++i) s += link;
+    return s + tail + " }}";
+  };
+  const std::string want = "expected an expression at most 256 levels deep";
+  for (const std::string& source :
+       {chain("1", "+1", 8000), chain("1", "*1", 8000), chain("'a'", "~'a'", 8000), chain("1", " and 1", 8000),
+        chain("1", "==1", 8000), chain("x", "|abs", 16000), chain("x", " is defined", 8000),
+        chain("messages", ".x", 8000), chain("messages", "[0]", 8000), chain("messages", "[0:1]", 8000),
+        chain("messages", ".0 ", 8000), chain("f", "()", 8000), chain("1", " if 1", 8000, " else 2")}) {
+    const std::string e = error_of([&] { ChatTemplate t(source); });
+    EXPECT_NE(e.find(want), std::string::npos) << source.substr(0, 40) << ": " << e;
+    EXPECT_EQ(e.rfind("ChatTemplate: source: line 1, column ", 0), 0u) << e;
+  }
+  // Up to the bound, chains render: 255 links of each kind.
+  EXPECT_EQ(render(chain("0", "+1", 255)), "255");
+  EXPECT_EQ(render(chain("-3", "|abs", 254)), "3");  // (-3)|abs…: 2 + 254 levels
+}
+
+// The parser bounds each expression, but a macro's body is evaluated inside the call that reaches
+// it: evaluation counts its own depth, so recursion through deep expressions stops with an error.
+TEST(ChatTemplate, EvaluationDepthIsBoundedAcrossMacroCalls) {
+  std::string filters;
+  for (int i = 0; i < 40; ++i) filters += "|string";
+  const std::string e =
+      error_of([&] { render("{% macro f(n) %}{{ (f(n + 1) if n < 45 else '')" + filters + " }}{% endmacro %}{{ f(0) }}"); });
+  EXPECT_NE(e.find("expected expressions and statements evaluated at most 1000 levels inside one another"),
+            std::string::npos) << e;
+  EXPECT_EQ(e.rfind("ChatTemplate::render: template line 1, column ", 0), 0u) << e;
+  // Recursion within the bound still renders.
+  EXPECT_EQ(render("{% macro f(n) %}{{ (f(n + 1) if n < 10 else 'x')|string|string }}{% endmacro %}{{ f(0) }}"), "x");
+}
+
+// Locating a node recounted lines from the start whenever the node came before the previous one
+// (a + b's node after b's): a 1.5 MB template took 57 s to compile. Now linear, and the text bounded.
+TEST(ChatTemplate, CompilingIsLinearAndTheSourceBounded) {
+  std::string big;
+  while (big.size() + 11 <= kMaxTemplateBytesForTest) big += "{{ 1 + 2 }}";
+  const auto start = std::chrono::steady_clock::now();
+  ChatTemplate t(big);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 10.0) << "1 MiB took " << seconds << " s to compile (quadratic took minutes)";
+  EXPECT_EQ(t.render("[]", false).substr(0, 6), "333333");
+  big.resize(kMaxTemplateBytesForTest + 1, ' ');
+  EXPECT_EQ(error_of([&] { ChatTemplate u(big); }),
+            "ChatTemplate: source: expected a template of at most 1048576 bytes, got 1048577 bytes");
+  // Locations stay exact for nodes made after their operands, on long lines and past many lines.
+  std::string source = std::string(500, '\n') + std::string(300, 'x') + "{{ 1 + 2 + 3 + 'a' }}";
+  EXPECT_EQ(error_of([&] { render(source); }),
+            "ChatTemplate::render: template line 501, column 314: expected operands that support '+', got an int 6 "
+            "and a str 'a'");
 }
 
 TEST(ChatTemplate, WhitespaceControlOnRandomLayouts) {

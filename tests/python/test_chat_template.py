@@ -137,6 +137,14 @@ def test_parse_errors_name_line_and_column(source, where):
     assert where in str(e.value)
 
 
+@pytest.mark.parametrize("link, count", [("+1", 8000), ("|abs", 16000), (".x", 8000), ("[0]", 8000)])
+def test_long_chains_are_an_error_not_a_crash(link, count):
+    # Each link of a chain is a level of the tree that rendering recursed through: SIGSEGV before.
+    with pytest.raises(mhsa.Error, match=r"^ChatTemplate: source: line 1, column \d+: expected an expression at "
+                                         r"most 256 levels deep"):
+        mhsa.ChatTemplate("{{ messages" + link * count + " }}")
+
+
 # ---- random differential test against jinja2 -------------------------------------------------
 
 VALUES = ["1", "0", "-3", "2.5", "0.1", "1e20", "'abc'", "' a B '", "''", "'\u00a0x\\n'", "none", "true", "False", "[1, 2, 3]",
