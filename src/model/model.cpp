@@ -224,6 +224,16 @@ Model Model::load(const fs::path& dir, WeightType dtype) {
     return ShardedSafeTensors::open_dir(dir);
   }();
   const ModelConfig& c = m.config_;
+  // Sizes against the file before anything is allocated for them: the config's memory bound is an
+  // estimate against physical memory, and 300,000 layers over a 100 KB file built ~600 MB of
+  // per-layer names and indices before the first missing tensor was found. Every family's layer
+  // has at least 6 tensors (GPT-2's ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj).
+  constexpr int64_t kMinTensorsPerLayer = 6;
+  if (const int64_t tensors = static_cast<int64_t>(st.names().size()); c.num_layers > tensors / kMinTensorsPerLayer)
+    fail(fn, message(dir.string(), ": config.num_layers"),
+         message("at most the ", tensors, " tensors' worth of layers in the weights (", kMinTensorsPerLayer,
+                 " or more a layer)"),
+         std::to_string(c.num_layers));
   // GPT-2 files may prefix "transformer."; the others' names are saved whole.
   const std::string prefix =
       c.family == Family::gpt2 && st.find("transformer.wte.weight") != nullptr ? "transformer." : "";
