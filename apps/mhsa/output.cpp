@@ -9,6 +9,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "io/file.h"
 #include "mhsa/error.h"
 
 namespace mhsa::cli {
@@ -37,7 +38,7 @@ void flush_stdout() {
 OutputFile::OutputFile(fs::path path, std::string option) : path_(std::move(path)), option_(std::move(option)) {
   std::error_code ec;
   const fs::file_status status = fs::status(path_, ec);  // of what a link points to
-  if (fs::exists(status) && !fs::is_regular_file(status)) {
+  if (detail::irreplaceable(path_)) {  // /dev/stdout, a FIFO: written into, never replaced
     file_ = std::fopen(path_.c_str(), "wb");
     if (!file_) fail("opening");
     return;
@@ -91,6 +92,11 @@ void OutputFile::commit() {
   file_ = nullptr;
   if (closed != 0) fail("writing");
   if (temp_.empty()) return;
+  // The path was a regular file or nothing when the report was opened (else it is written in
+  // place); a device or FIFO put there since would be replaced by the rename: refused instead.
+  if (const char* what = detail::irreplaceable(target_))
+    throw OutputError(message(option_, ": replacing '", path_.string(), "': expected a regular file or a path that does "
+                              "not exist, got ", what));
   if (std::rename(temp_.c_str(), target_.c_str()) != 0) fail("replacing");
   temp_.clear();
 }

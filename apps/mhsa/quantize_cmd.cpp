@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "core/check.h"
+#include "io/file.h"
 #include "io/gguf.h"
 #include "mhsa/error.h"
 #include "mhsa/model.h"
@@ -33,6 +34,7 @@ void run(const QuantizeArgs& a) {
     throw Error("mhsa quantize: --model: expected a model directory (config.json, model.safetensors), got '" + a.model + "'");
   if (!a.force && fs::exists(fs::symlink_status(a.out, ec)))
     throw Error("mhsa quantize: --out: expected a file that does not exist yet (or --force), got '" + a.out + "' (exists)");
+  detail::check_replaceable(a.out, "mhsa quantize", "--out");  // before loading: the writer refuses a device too
   const Model model = Model::load(a.model);
   detail::save_gguf(model, a.out, type, a.force, a.model);
   std::fprintf(stderr, "mhsa quantize: wrote %s (%s, %s)\n", a.out.c_str(), family_name(model.family()),

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "io/file.h"
 
 namespace mhsa::detail {
 namespace {
@@ -91,6 +92,7 @@ void remove_temporaries(const fs::path& dir, const std::vector<std::string>& nam
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::string file = e.path().filename().string();
+    if (!e.is_regular_file(ec) || e.is_symlink(ec)) continue;  // ours are regular files: never remove a node
     for (const std::string& tmp : prefixes)
       if (file == tmp || file.rfind(tmp + ".", 0) == 0) {
         fs::remove(e.path(), ec);
@@ -109,6 +111,16 @@ void swap_in(const fs::path& dir, const std::vector<std::string>& obsolete,
                              std::strerror(err), ")"),
                      err);
   };
+  // Every name checked before anything changes, so that a refused checkpoint leaves the last one
+  // whole: a rename or unlink would replace or delete a device or FIFO put in its place.
+  try {
+    for (const std::string& name : obsolete) check_replaceable(dir / name, fn, "out");
+    for (const auto& [from, name] : staged) check_replaceable(dir / name, fn, "out");
+  } catch (const Error&) {
+    std::error_code ec;
+    for (const auto& [from, name] : staged) fs::remove(from, ec);
+    throw;
+  }
   for (const std::string& name : obsolete)
     if (::unlink((dir / name).c_str()) != 0 && errno != ENOENT) failed(dir / name, errno);
   for (const auto& [from, name] : staged)

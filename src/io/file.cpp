@@ -73,7 +73,22 @@ std::string read_file(const std::filesystem::path& path, std::string_view fn, st
   return InputFile(path, fn, arg).read_all();
 }
 
+const char* irreplaceable(const std::filesystem::path& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return nullptr;  // nothing there (or a dangling link): a new file
+  if (S_ISREG(st.st_mode)) return nullptr;
+  // A link to a device is replaced as a link, but what the path names is not a file to overwrite.
+  return kind(st.st_mode);
+}
+
+void check_replaceable(const std::filesystem::path& path, std::string_view fn, std::string_view arg) {
+  if (const char* what = irreplaceable(path))
+    fail(fn, arg, "a regular file or a path that does not exist (a new file is renamed into place)",
+         message(what, " '", path.string(), "'"));
+}
+
 OutputFile::OutputFile(std::string dest, std::string fn) : dest_(std::move(dest)), fn_(std::move(fn)) {
+  check_replaceable(dest_, fn_, "path");
   static std::atomic<uint64_t> writers{0};
   tmp_ = message(dest_, ".tmp.", ::getpid(), ".", writers.fetch_add(1));
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -110,6 +125,7 @@ void OutputFile::commit(bool replace) {
   }
   if (::close(fd) != 0) failed("a complete write", errno);
   if (replace) {
+    check_replaceable(dest_, fn_, "path");  // again: the node may have changed while the file was written
     if (std::rename(tmp_.c_str(), dest_.c_str()) != 0) failed("a location the file can be renamed into", errno);
   } else {
     if (::link(tmp_.c_str(), dest_.c_str()) != 0) failed("a file that does not exist yet (or overwrite)", errno);

@@ -37,11 +37,25 @@ class InputFile {
 // The bytes of a regular file (see InputFile).
 std::string read_file(const std::filesystem::path& path, std::string_view fn, std::string_view arg);
 
+// The one check every writer that renames a finished file into place makes (OutputFile below,
+// a checkpoint's swap, the CLI's reports): rename(2) replaces whatever node is at the
+// destination, so writing over a device, a FIFO or a socket would replace the node itself with a
+// regular file (as root, `--out /dev/full` would delete the machine's /dev/full) and over an empty
+// directory would remove it. Returns nullptr when `path` names nothing or a regular file
+// (directly or through symbolic links: renaming onto a link replaces the link, never what it
+// points to), else what is there: "a character device", "a directory", ...
+const char* irreplaceable(const std::filesystem::path& path);
+// Throws mhsa::Error "<fn>: <arg>: expected a regular file or a path that does not exist (a new
+// file is renamed into place), got a character device '<path>'" where irreplaceable(path) says so.
+void check_replaceable(const std::filesystem::path& path, std::string_view fn, std::string_view arg);
+
 // A file written beside its destination and moved onto it only when complete, so that a reader,
 // a crash or a full disk never sees half a file where a whole one was: created O_EXCL as
 // "<dest>.tmp.<pid>.<n>" (n counts this process's writers, so two threads writing the same
 // destination never share a temporary file), every write checked, fsync'd before it is moved,
-// removed unless committed. Errors: "<fn>: path: expected ..., got '<dest>': <strerror>".
+// removed unless committed. Errors: "<fn>: path: expected ..., got '<dest>': <strerror>". A
+// destination that is neither a regular file nor absent is refused (check_replaceable) when the
+// writer is made, before any work, and again just before the rename.
 class OutputFile {
  public:
   OutputFile(std::string dest, std::string fn);

@@ -216,6 +216,7 @@ TrainLog::TrainLog(const fs::path& out, bool resume, int64_t start, std::string_
       }
     }
   }
+  check_replaceable(path_, fn_, "out");  // the rename below would replace a device or FIFO
   const fs::path staged = staged_name(out, "train_log.jsonl");
   try {
     write_file(staged, kept);

@@ -23,6 +23,7 @@
 
 #include "core/check.h"
 #include "io/checkpoint_dir.h"
+#include "io/file.h"
 #include "train/checkpoint.h"
 #include "train/distributed.h"
 #include "train/gradient_tree.h"
@@ -128,6 +129,9 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     std::vector<std::string> temporaries = detail::checkpoint_files();
     temporaries.push_back("train_log.jsonl");
     detail::remove_temporaries(out, temporaries);  // a killed run's: we hold the directory
+    // A checkpoint renames its files into place: a device or FIFO under one of their names is
+    // refused now, not after the steps before the first checkpoint (swap_in checks again).
+    for (const std::string& name : temporaries) detail::check_replaceable(out / name, fn, "out");
   }
 
   // The run's start: a new model, or the checkpoint's model, optimiser state and history.

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -15,6 +16,9 @@
 #include <fstream>
 #include <future>
 
+#include "io/checkpoint_dir.h"
+#include "io/file.h"
+#include "io/gguf.h"
 #include "test_util.h"
 
 namespace mhsa::test {
@@ -212,6 +216,79 @@ TEST(InputFiles, DirectoriesAndSocketsAreNamed) {
                      "expected a regular file, got a character device");
   expect_short_error(error_of([&] { SafeTensors::open((s.dir / "absent").string()); }), "absent",
                      "path: expected a readable file");
+}
+
+// Writers rename a finished temporary file onto the destination, and rename(2) replaces whatever
+// node is there: `quantize --out X --force` replaced a character device X with a regular file
+// (as root, --out /dev/full would delete the machine's /dev/full). Only a regular file or nothing
+// may be replaced; the node is left as it was, and no temporary file.
+TEST(OutputFiles, WritersNeverReplaceANodeThatIsNotARegularFile) {
+  Scratch s("replace");
+  std::vector<std::pair<fs::path, std::string>> nodes = {{s.fifo("fifo"), "a FIFO"}};
+  fs::create_directories(s.dir / "dir");
+  nodes.emplace_back(s.dir / "dir", "a directory");
+  if (::mknod((s.dir / "full").c_str(), S_IFCHR | 0600, ::makedev(1, 7)) == 0)  // a copy of /dev/full (root only)
+    nodes.emplace_back(s.dir / "full", "a character device");
+  fs::create_symlink(s.dir / "fifo", s.dir / "link");  // what a link names counts, not the link
+  nodes.emplace_back(s.dir / "link", "a FIFO");
+  const Tensor t({2, 3});
+  const std::string want = "path: expected a regular file or a path that does not exist (a new file is renamed into place), got ";
+  for (const auto& [path, what] : nodes) {
+    const std::vector<std::pair<std::string, ConstTensorView>> tensors = {{"w", t.view()}};
+    expect_short_error(error_of([&] { save_safetensors(path.string(), tensors); }), path.string(), want + what);
+    detail::GgufWriter gguf;
+    gguf.add_u32("general.alignment", 32);
+    expect_short_error(error_of([&] { gguf.write(path, /*overwrite=*/true); }), path.string(), want + what);
+    struct stat st{};
+    ASSERT_EQ(0, ::lstat(path.c_str(), &st));
+    EXPECT_FALSE(S_ISREG(st.st_mode)) << path << " was replaced by a regular file";
+  }
+  // The node is checked again just before the rename: one put there while the file was written.
+  {
+    detail::OutputFile out((s.dir / "late").string(), "late_writer");
+    out.write("abc", 3);
+    s.fifo("late");
+    EXPECT_EQ(error_of([&] { out.commit(); }),
+              "late_writer: " + want + "a FIFO '" + (s.dir / "late").string() + "'");
+  }
+  // A checkpoint's swap checks every name before it changes any: the staged files go, the old stay.
+  s.write("config.json", "old");
+  s.fifo("model.safetensors");
+  const fs::path staged_config = s.write("config.json.tmp.1", "new"), staged_model = s.write("model.safetensors.tmp.1", "new");
+  expect_short_error(error_of([&] {
+                       detail::swap_in(s.dir, {"config.json", "model.safetensors"},
+                                       {{staged_config, "config.json"}, {staged_model, "model.safetensors"}}, "train");
+                     }),
+                     (s.dir / "model.safetensors").string(), "train: out: expected a regular file or a path that does not exist");
+  EXPECT_EQ(detail::read_file(s.dir / "config.json", "t", "t"), "old");
+  EXPECT_TRUE(fs::is_fifo(s.dir / "model.safetensors"));
+  // Regular files, links to them and new paths are still written; no temporary file is left.
+  s.write("old.safetensors", "old");
+  fs::create_symlink(s.dir / "old.safetensors", s.dir / "old_link");
+  for (const char* name : {"old.safetensors", "old_link", "new.safetensors"})
+    save_safetensors((s.dir / name).string(), {{"w", t.view()}});
+  EXPECT_EQ(SafeTensors::open((s.dir / "new.safetensors").string()).tensors().size(), 1u);
+  for (const auto& e : fs::directory_iterator(s.dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+// A config.json claiming 300,000 layers beside a weights file of a few tensors was refused only
+// after ~600 MB of per-layer names and indices had been built (the memory bound is an estimate
+// against physical memory). Sizes are checked against the file first.
+TEST(InputFiles, LayerCountIsCheckedAgainstTheWeightsFirst) {
+  Scratch s("layers");
+  s.write("config.json", R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 16,
+    "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 300000, "num_attention_heads": 2,
+    "num_key_value_heads": 2, "max_position_embeddings": 32, "tie_word_embeddings": true})");
+  const Tensor embed({16, 8}), norm({8});
+  save_safetensors((s.dir / "model.safetensors").string(),
+                   {{"model.embed_tokens.weight", embed.view()}, {"model.norm.weight", norm.view()}});
+  const auto start = std::chrono::steady_clock::now();
+  const std::string e = error_of([&] { Model::load(s.dir); });
+  EXPECT_EQ(e, "Model::load: " + s.dir.string() +
+                   ": config.num_layers: expected at most the 2 tensors' worth of layers in the weights (6 or more a "
+                   "layer), got 300000");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
 }
 
 }  // namespace

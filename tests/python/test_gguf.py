@@ -12,9 +12,11 @@ saved with save_pretrained."""
 
 import json
 import math
+import os
 import re
 import resource
 import signal
+import stat
 import struct
 import subprocess
 import urllib.request
@@ -453,6 +455,29 @@ def test_quantize_refuses_bad_options(rng, tmp_path):
     r = run_cli("quantize", "--model", tmp_path / "qwen", "--to", "f16", "--out", tmp_path / "x.gguf")
     assert r.returncode == 2 and "a llama or gpt2 model" in r.stderr and not (tmp_path / "x.gguf").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf", "qwen"]  # no temporary left
+
+
+@pytest.mark.parametrize("kind", ["character device", "FIFO", "directory"])
+def test_quantize_never_replaces_a_node_that_is_not_a_file(kind, tmp_path):
+    """--force replaced a character device (a copy of /dev/full) with a regular file, exit 0: the
+    file is written beside it and renamed over it. Only a regular file or nothing is replaced."""
+    save(LLAMA, tmp_path / "hf")
+    out = tmp_path / "node"
+    if kind == "character device":
+        try:
+            os.mknod(out, 0o600 | stat.S_IFCHR, os.makedev(1, 7))
+        except PermissionError:
+            pytest.skip("mknod needs root")
+    elif kind == "FIFO":
+        os.mkfifo(out)
+    else:
+        out.mkdir()
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "q8_0", "--out", out, "--force")
+    assert r.returncode == 2, r.stderr
+    assert (f"mhsa quantize: --out: expected a regular file or a path that does not exist (a new file is renamed "
+            f"into place), got a {kind} '{out}'") in r.stderr, r.stderr
+    assert not stat.S_ISREG(os.lstat(out).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "node"]
 
 
 def test_quantize_to_a_full_disk_keeps_the_previous_file(tmp_path):

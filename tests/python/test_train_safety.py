@@ -198,6 +198,20 @@ def test_an_unwritable_out_is_refused_before_the_first_step(text, tmp_path):
         assert r.returncode == 2 and "out: expected a writable directory" in r.stderr and "step 1/" not in r.stderr
 
 
+@pytest.mark.parametrize("name", ["loss_curve.svg", "train_log.jsonl"])
+def test_a_node_in_place_of_a_checkpoint_file_is_refused_before_the_first_step(text, tmp_path, name):
+    """A checkpoint renames its files into place, which would replace a FIFO or device under one of
+    their names with a regular file: refused before any step, the node left as it was."""
+    out = tmp_path / "m"
+    out.mkdir()
+    os.mkfifo(out / name)
+    r = train("--data", text, "--out", out, *TINY, "--steps", 3, "--checkpoint-every", 1)
+    assert r.returncode == 2 and "step 1/" not in r.stderr, (r.returncode, r.stderr)
+    assert (f"train: out: expected a regular file or a path that does not exist (a new file is renamed into "
+            f"place), got a FIFO '{out / name}'") in r.stderr, r.stderr
+    assert (out / name).is_fifo() and sorted(p.name for p in out.iterdir()) == sorted([name, "train.lock"])
+
+
 def test_a_killed_runs_temporaries_are_removed(text, tmp_path):
     out = tmp_path / "m"
     assert train("--data", text, "--out", out, *TINY, "--steps", 4, "--stop-after", 1).returncode == 0
