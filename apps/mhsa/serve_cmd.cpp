@@ -47,6 +47,12 @@ using detail::message;
 using serve::Finish;
 
 constexpr size_t kMaxBodyBytes = size_t{1} << 20;
+// cpp-httplib gives each connection a thread of its pool until its request is read, so that
+// clients silent after their headers held every thread for the read timeout (5 s each: 64 of them
+// delayed a request by ~19 s). Idle threads cost address space, not memory: enough of them that a
+// few hundred silent connections do not queue the others, and a shorter wait for their bytes.
+constexpr size_t kMinHttpThreads = 256;
+constexpr time_t kReadTimeoutSeconds = 2;  // between two reads of one request (and a kept-alive connection's next)
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
 
 struct ServeArgs {
@@ -180,14 +186,37 @@ class Server {
  public:
   Server(const ServeArgs& a, ServedModel served, serve::Scheduler& scheduler)
       : args_(a), m_(std::move(served)), scheduler_(scheduler) {
-    const size_t threads = static_cast<size_t>(a.parallel) + static_cast<size_t>(a.queue) + 4;
+    const size_t threads = std::max(kMinHttpThreads, static_cast<size_t>(a.parallel) + static_cast<size_t>(a.queue) + 4);
     http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http_.set_payload_max_length(kMaxBodyBytes);
+    http_.set_read_timeout(kReadTimeoutSeconds, 0);
+    http_.set_keep_alive_timeout(kReadTimeoutSeconds);
     http_.set_socket_options([](socket_t sock) {  // not httplib's SO_REUSEPORT: a port in use is an error
       const int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
     http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      // Before the body is read (httplib reads it after this handler): a Content-Length past the
+      // limit was answered only once the body had been read and dropped (5 s for a client that
+      // sent none), and "-5" was read as 2^64 − 5 ("larger than 1048576 bytes").
+      if (req.has_header("Content-Length")) {
+        const std::string length = req.get_header_value("Content-Length");
+        const bool digits = !length.empty() && length.size() <= 19 &&
+                            std::all_of(length.begin(), length.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (!digits) {
+          send_error(res, {400, message("Content-Length: expected a decimal byte count, got ",
+                                        dump(json(length.substr(0, 40)))),
+                           "invalid_request_error", "", ""});
+        } else if (std::stoull(length) > kMaxBodyBytes) {
+          send_error(res, {413, message("The request body is larger than ", kMaxBodyBytes, " bytes (Content-Length: ",
+                                        length, ")"),
+                           "invalid_request_error", "", ""});
+        }
+        if (res.status == 400 || res.status == 413) {
+          res.set_header("Connection", "close");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+      }
       if (args_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
       if (same_secret(req.get_header_value("Authorization"), "Bearer " + args_.api_key))
         return httplib::Server::HandlerResponse::Unhandled;
@@ -273,7 +302,8 @@ class Server {
       } while (u.finish == Finish::running);
       metrics_.finished(*job);
       if (u.finish == Finish::cancelled) return send_error(res, {503, "The server is shutting down", "server_error", "", "shutting_down"});
-      if (u.finish == Finish::error) return send_error(res, {503, "The request could not be run: " + u.error, "server_error", "", ""});
+      // The server is at fault (non-finite logits, a failed step), not busy: 500, and it goes on serving.
+      if (u.finish == Finish::error) return send_error(res, {500, "The request could not be run: " + u.error, "server_error", "", ""});
       res.set_content(dump(completion_json(ids, m_, chat, text, u.finish, prompt_tokens, u.completion_tokens,
                                            logprobs ? &lps : nullptr)),
                       "application/json");
@@ -303,7 +333,7 @@ class Server {
             return false;
           }
           if (u.finish == Finish::cancelled || u.finish == Finish::error) {
-            send(sse(error_json({503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
+            send(sse(error_json({u.finish == Finish::error ? 500 : 503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
                                  "server_error", "", ""})));
           } else if (send(sse(chunk_json(ids, m_, chat, u.text, u.finish, *first, lps))) &&
                      (!usage || send(sse(usage_chunk_json(ids, m_, chat, prompt_tokens, u.completion_tokens))))) {

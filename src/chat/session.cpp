@@ -230,6 +230,8 @@ ChatTurn ChatSession::answer(const TextCallback& on_text, const std::atomic<bool
           turn.finish = FinishReason::stopped;
           break;
         }
+        detail::check_logits({logits.data(), static_cast<size_t>(V)}, "ChatSession",
+                             turn.generated_tokens + 1);
         const int32_t t = Model::sample({logits.data(), static_cast<size_t>(V)}, history, o, rng_, ids.size());
         if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), t)) {
           turn.finish = FinishReason::end_of_turn;

@@ -500,6 +500,18 @@ int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t
 
 }  // namespace
 
+void check_logits(std::span<const float> logits, std::string_view fn, int64_t token, int64_t seq) {
+  // One pass that vectorises (exponent bits all ones: NaN or ±inf), ~3 µs for 50,257 logits; the
+  // culprit is looked for only once one is known to be there.
+  uint32_t bad = 0;
+  for (const float x : logits) bad |= (std::bit_cast<uint32_t>(x) & 0x7F800000u) == 0x7F800000u;
+  if (!bad) return;
+  const auto at = std::find_if(logits.begin(), logits.end(), [](float x) { return !std::isfinite(x); });
+  fail(fn, message("logits for new token ", token, seq >= 0 ? message(" of sequence ", seq) : std::string()),
+       "finite values (a weight or activation of the model is not finite)",
+       message(*at, " at token id ", at - logits.begin()));
+}
+
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
                uint64_t& rng_state, size_t prompt_tokens) {
   const int64_t V = static_cast<int64_t>(logits.size());
@@ -577,6 +589,7 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
         tokens[i] = pad;
         continue;
       }
+      check_logits({logits.data() + b * V, static_cast<size_t>(V)}, fn, step + 1, B > 1 ? b : -1);
       tokens[i] = sample({logits.data() + b * V, static_cast<size_t>(V)}, history[i], o, rng[i], static_cast<size_t>(T));
       history[i].push_back(tokens[i]);
       out[i].push_back(tokens[i]);

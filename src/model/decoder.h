@@ -39,6 +39,13 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
 void check_sampling(std::string_view fn, const GenerationOptions& o, int64_t vocab);
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
                uint64_t& rng_state, size_t prompt_tokens = 0);
+// The model's logits for generated token `token` (1 = the first) of sequence `seq` (-1: one
+// sequence), checked before anything is sampled from them: a NaN or an infinity means a weight or
+// activation that is not finite, and the sampler would turn it into token 0 (a NaN first logit is
+// argmax's pick) or a meaningless draw. Throws mhsa::Error "<fn>: logits for new token 3: expected
+// finite values (...), got nan at token id 0". Every generation loop calls it: generate, the chat
+// session, the server's scheduler.
+void check_logits(std::span<const float> logits, std::string_view fn, int64_t token, int64_t seq = -1);
 // grads null: the loss only. on_final: as nn::stack_loss's.
 double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
                           int64_t T, std::vector<Tensor>* grads,

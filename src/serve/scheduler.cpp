@@ -19,6 +19,7 @@
 
 #include "mhsa/chat.h"
 #include "mhsa/error.h"
+#include "model/decoder.h"
 #include "text/text_stream.h"
 
 namespace mhsa::serve {
@@ -502,6 +503,8 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
 Scheduler::Drawn Scheduler::draw(Sequence& s, std::span<float> logits) {
   Drawn d;
   try {
+    // A NaN or infinity fails this request (the HTTP layer answers 500) and not the server.
+    detail::check_logits(logits, "serve", s.generated + 1);
     const Request& r = s.job->request();
     if (r.top_logprobs >= 0) {  // from the logits as the model gave them (sample may change them)
       const std::vector<float> raw(logits.begin(), logits.end());
