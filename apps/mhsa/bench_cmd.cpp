@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "default_model.h"
 #include "core/cpu.h"
 #include "model/access.h"
 #include "nn/profile.h"
@@ -373,7 +374,7 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 // named "..._tg128_b<N>": tokens/s counts all N sequences' tokens, the bytes the weights once per
 // step plus every sequence's cache; with --paged B, the N caches are one pool of B-token blocks
 // (a KVBlockPool, as mhsa serve keeps them), named "..._tg128_b<N>_paged<B>".
-std::vector<Case> model_cases(const std::string& dir, const std::string& dtype, const std::string& kv_dtype,
+std::vector<Case> model_cases(const std::filesystem::path& dir, const std::string& dtype, const std::string& kv_dtype,
                               int64_t depth, int64_t batch, int64_t paged) {
   const WeightType wt = parse_weight_type(dtype, "--dtype");
   const KVType kv_type = parse_kv_type(kv_dtype, "--kv-dtype");
@@ -528,7 +529,8 @@ void run(const BenchArgs& a) {
     throw Error(detail::message("mhsa bench: --paged: expected a power of two (tokens per block), got ", a.paged));
   if (a.paged != 0 && a.batch < 2)
     throw Error("mhsa bench: --paged: expected with --batch 2 or more (the batched step's caches), got --batch 1");
-  const std::vector<Case> cases = !a.model.empty() ? model_cases(a.model, a.dtype, a.kv_dtype, a.depth, a.batch, a.paged) : std::vector<Case>{
+  const ResolvedModel named = a.model.empty() ? ResolvedModel{} : resolve_model(a.model);
+  const std::vector<Case> cases = !a.model.empty() ? model_cases(named.path, effective_dtype(named, a.dtype), a.kv_dtype, a.depth, a.batch, a.paged) : std::vector<Case>{
       attention_case(12, 4096, 64, false), attention_case(12, 4096, 64, true),
       attention_case(8, 4096, 128, false), attention_case(8, 4096, 128, true),
       attention_case(12, 4096, 64, true, {512}), attention_case(12, 4096, 64, true, {0, 50.0f}),

@@ -5,8 +5,8 @@
 // Interactive: a prompt, the answer streamed as it is made; Ctrl-C during an answer stops it (the
 // part shown stays in the conversation), Ctrl-C at the prompt discards the line; /reset starts
 // over (keeping --system), /exit or Ctrl-D quits. No line editing beyond the terminal's own.
-// For scripts: --messages FILE.json (or - for stdin) answers that conversation once and exits,
-// with --json as one object. --verbose writes a line per turn to stderr: prompt tokens evaluated
+// For scripts: --prompt TEXT asks one question, --messages FILE.json (or - for stdin) answers a
+// whole conversation; either answers once and exits, with --json as one object. --verbose writes a line per turn to stderr: prompt tokens evaluated
 // and reused from the cache, tokens per second.
 #include <signal.h>
 #include <unistd.h>
@@ -38,7 +38,7 @@ constexpr uint64_t kMaxFileBytes = uint64_t{16} << 20;  // --messages and --chat
 constexpr size_t kMaxLineBytes = size_t{4} << 20;       // one line typed or piped in
 
 struct ChatArgs {
-  std::string model, system, chat_template, messages, dtype, kv_dtype;
+  std::string model, system, chat_template, messages, prompt, dtype, kv_dtype;
   ChatOptions options;
   bool json = false, verbose = false;
   int threads = 0;
@@ -126,9 +126,12 @@ const TextCallback kPrint = [](std::string_view piece) {
   return true;
 };
 
-// --messages: one answer, printed as it is made, or one JSON object with --json.
-void answer_file(ChatSession& session, const ChatArgs& a, int64_t context) {
-  std::vector<ChatMessage> messages = ChatSession::parse_messages(read_bounded(a.messages, "--messages"));
+// --messages or --prompt: one answer, printed as it is made, or one JSON object with --json.
+void answer_once(ChatSession& session, const ChatArgs& a, int64_t context) {
+  const char* option = a.messages.empty() ? "--prompt" : "--messages";
+  std::vector<ChatMessage> messages = a.messages.empty()
+                                          ? std::vector<ChatMessage>{{"user", a.prompt}}
+                                          : ChatSession::parse_messages(read_bounded(a.messages, "--messages"));
   if (!a.system.empty()) {
     if (messages[0].role == "system")
       throw Error("mhsa chat: --system: expected no system message in --messages, got one there too");
@@ -138,7 +141,7 @@ void answer_file(ChatSession& session, const ChatArgs& a, int64_t context) {
   catch_sigint(true);
   const ChatTurn t = session.reply(a.json ? TextCallback() : kPrint, &g_interrupted);
   if (t.finish == FinishReason::context_full && t.generated_tokens == 0)
-    throw Error(detail::message("mhsa chat: --messages: expected a conversation of fewer than ", context,
+    throw Error(detail::message("mhsa chat: ", option, ": expected a conversation of fewer than ", context,
                                 " tokens (the model's context, with room for an answer), got ", t.prompt_tokens,
                                 " tokens"));
   if (a.json) {
@@ -216,8 +219,9 @@ void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
 
 void run(ChatArgs& a) {
   use_threads(a.threads);
-  const std::filesystem::path dir = model_dir(a.model);
-  const LoadedModel loaded = load_model(dir, a.dtype, a.kv_dtype);
+  const ResolvedModel resolved = model_dir(a.model);
+  const std::filesystem::path& dir = resolved.path;
+  const LoadedModel loaded = load_model(resolved, a.dtype, a.kv_dtype);
   if (!a.chat_template.empty()) {
     a.options.chat_template = read_bounded(a.chat_template, "--chat-template");
     if (a.options.chat_template.empty())
@@ -234,8 +238,8 @@ void run(ChatArgs& a) {
   a.options.system = a.system;
   ChatSession session(loaded.model, loaded.tokenizer, a.options);
   const int64_t context = loaded.model.config().max_positions;
-  if (!a.messages.empty())
-    answer_file(session, a, context);
+  if (!a.messages.empty() || !a.prompt.empty())
+    answer_once(session, a, context);
   else
     converse(session, a, context);
 }
@@ -246,8 +250,8 @@ void add_chat_command(CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
   CLI::App* cmd = app.add_subcommand("chat", "Chat with an instruction-tuned model through its chat template");
   cmd->add_option("--model", a->model,
-                  "model directory: config.json, model.safetensors, tokenizer.json and tokenizer_config.json "
-                  "(with its chat_template)");
+                  "a model directory (config.json, model.safetensors, tokenizer.json and tokenizer_config.json "
+                  "with its chat_template), a GGUF file, or a name: smollm2 (the default)");
   add_dtype_option(cmd, a->dtype);
   add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_option("--system", a->system, "a system message at the start of the conversation");
@@ -255,8 +259,9 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--messages", a->messages,
                   "answer this conversation and exit: a JSON file ('-': stdin) holding an array of "
                   "{\"role\", \"content\"} objects or {\"messages\": [...]}");
+  cmd->add_option("-p,--prompt", a->prompt, "ask this one question, print the answer and exit");
   cmd->add_flag("--json", a->json,
-                "with --messages: print one JSON object (role, content, finish_reason, prompt_tokens, "
+                "with --prompt or --messages: print one JSON object (role, content, finish_reason, prompt_tokens, "
                 "completion_tokens, cached_tokens)");
   cmd->add_flag("-v,--verbose", a->verbose,
                 "a line per turn on stderr: prompt tokens evaluated and reused from the cache, tokens/s");
@@ -279,7 +284,10 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--seed", g.seed, "the sampler's seed")->default_val(0)->check(seed_value());
   add_threads_option(cmd, a->threads);
   cmd->callback([a] {
-    if (a->json && a->messages.empty()) throw Error("mhsa chat: --json: expected --messages FILE with it, got none");
+    if (a->json && a->messages.empty() && a->prompt.empty())
+      throw Error("mhsa chat: --json: expected --prompt TEXT or --messages FILE with it, got neither");
+    if (!a->messages.empty() && !a->prompt.empty())
+      throw Error("mhsa chat: --prompt: expected either --prompt or --messages, got both");
     run(*a);
   });
 }

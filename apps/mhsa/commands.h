@@ -11,6 +11,8 @@ void add_attention_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 // `mhsa chat`: a conversation with a model through its chat template, or one answer to a JSON file.
 void add_chat_command(CLI::App& app);
+// `mhsa perplexity`: a model's perplexity on a text file, as llama.cpp's llama-perplexity computes it.
+void add_perplexity_command(CLI::App& app);
 // `mhsa quantize`: a model directory written as a GGUF file (f32, f16, bf16 or q8_0) for llama.cpp.
 void add_quantize_command(CLI::App& app);
 // `mhsa serve`: an OpenAI-compatible HTTP server (completions, chat completions, streaming).

@@ -1,20 +1,23 @@
-// apps/mhsa/default_model.h — which model `mhsa generate` and `mhsa explain` run without --model,
-// and the model and tokenizer they load, checked to belong together.
+// apps/mhsa/default_model.h — which model a command runs (--model: a path or a name of
+// mhsa/models.h; without it the default model, SmolLM2-135M-Instruct), and the model and
+// tokenizer they load, checked to belong together.
 #pragma once
 
 #include <filesystem>
 #include <string>
 
 #include "mhsa/model.h"
+#include "mhsa/models.h"
 #include "mhsa/tokenizer.h"
 
 namespace mhsa::cli {
 
-// --model when given; else $MHSA_MODEL; else the embedded default model (models/default, a
-// byte-level GPT trained by `mhsa train`, see docs/default-model.md): installed beside the
-// executable (<prefix>/share/mhsa/models/default) or, for a build tree, in the sources.
-// Throws mhsa::Error listing the places tried when none holds a model.
-std::filesystem::path model_dir(const std::string& given);
+// resolve_model(given, "--model"): a path as given; a name ("smollm2", "kjv"); without one
+// $MHSA_MODEL, else the default model. Throws mhsa::Error naming scripts/setup.sh and the places
+// tried when a named model is not installed, or when its file's checksum differs.
+ResolvedModel model_dir(const std::string& given);
+// The --dtype to load with: the one given, else the named model's own, else "f32".
+std::string effective_dtype(const ResolvedModel& m, const std::string& dtype);
 
 // A model directory's model (any family, mhsa::Model) and its tokenizer (vocab.json + merges.txt, or bytes for a model of
 // 256 tokens). Throws mhsa::Error when their vocabularies differ in size: a token the model emits
@@ -24,9 +27,9 @@ struct LoadedModel {
   Model model;
   Tokenizer tokenizer;
 };
-// dtype: the --dtype option's value ("f32", "bf16", "f16", "q8_0" or "q4_k"); kv_dtype: --kv-dtype's
-// ("f32", "bf16" or "f16"), the model's kv_type(); both checked before anything is read.
-LoadedModel load_model(const std::filesystem::path& dir, const std::string& dtype = "f32",
-                       const std::string& kv_dtype = "f32");
+// dtype: the --dtype option's value ("f32", "bf16", "f16", "q8_0" or "q4_k"; "": effective_dtype's
+// choice); kv_dtype: --kv-dtype's ("f32", "bf16" or "f16"), the model's kv_type(); both checked
+// before anything is read.
+LoadedModel load_model(const ResolvedModel& m, const std::string& dtype = "", const std::string& kv_dtype = "f32");
 
 }  // namespace mhsa::cli

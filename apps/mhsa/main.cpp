@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   mhsa::cli::add_chat_command(app);
   mhsa::cli::add_explain_command(app);
   mhsa::cli::add_generate_command(app);
+  mhsa::cli::add_perplexity_command(app);
   mhsa::cli::add_quantize_command(app);
   mhsa::cli::add_serve_command(app);
   mhsa::cli::add_tokenize_command(app);

@@ -129,8 +129,8 @@ CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype) {
                    "weights in memory: f32, bf16 or f16 (16-bit weight matrices: about half the bytes per "
                    "decoded token; f16 keeps an F16 checkpoint exactly, bf16 float32's range), q8_0 (8-bit Q8_0 "
                    "blocks: about a quarter) or q4_k (4-bit Q4_K blocks, the output matrix Q8_0: about an "
-                   "eighth); all but f32 are for inference only")
-      ->default_val("f32");
+                   "eighth); all but f32 are for inference only. Default: the named model's own type "
+                   "(the default model's: see docs/default-model.md), else f32");
 }
 
 CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype) {

@@ -82,7 +82,7 @@ Tokenizer model_tokenizer(const std::filesystem::path& dir) {
 }
 
 void run(const TokenizeArgs& a) {
-  const Tokenizer tok = model_tokenizer(model_dir(a.model));
+  const Tokenizer tok = model_tokenizer(model_dir(a.model).path);
   const std::string text = a.text == "-" ? read_stdin() : a.text;
   if (a.decode) {
     const std::string bytes = tok.decode(parse_ids(text));

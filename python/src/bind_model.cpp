@@ -19,7 +19,9 @@
 #include "core/check.h"
 #include "locks.h"
 #include "mhsa/gpt2.h"
+#include "mhsa/evaluate.h"
 #include "mhsa/model.h"
+#include "mhsa/models.h"
 #include "nn/profile.h"
 
 namespace py = pybind11;
@@ -231,6 +233,25 @@ void bind_profile(py::module_& m) {
 
 void bind_model(py::module_& m) {
   bind_profile(m);
+  m.def(
+      "named_models",
+      [] {
+        py::list out;
+        for (const NamedModel& n : named_models())
+          out.append(py::dict("name"_a = n.name, "description"_a = n.description, "path"_a = n.path,
+                              "sha256"_a = n.sha256, "dtype"_a = n.dtype));
+        return out;
+      },
+      "The models mhsa knows by name (mhsa/models.h), the default first: name, description, path (in a models "
+      "directory), sha256, dtype.");
+  m.def(
+      "resolve_model",
+      [](const std::string& name) {
+        const ResolvedModel r = resolve_model(name, "resolve_model: name");
+        return r.path;
+      },
+      "name"_a = "",
+      "Where a model name (or \"\": the default) is: its checked file or directory; any other string is returned as a path.");
   const auto read_cache = [](int64_t (Gpt2Cache::*get)() const) {
     return [get](Cache& c) { return locked([&] { return (c.cache.*get)(); }, reading(c.lock)); };
   };
@@ -271,20 +292,27 @@ GPT2.load(dir) reads a Hugging Face directory: config.json and model.safetensors
   py::class_<Model> model(m, "Model", R"(A decoder-only language model of any family mhsa knows (float32, or bfloat16, Q8_0 or Q4_K weights): GPT-2, Llama, Mistral,
 Qwen2, Qwen3, Gemma 2.
 
-Model.load(dir) reads a Hugging Face directory: config.json and model.safetensors (or its shards).)");
+Model.load(dir) reads a Hugging Face directory: config.json and model.safetensors (or its shards), or a
+GGUF file; Model.load() the default model (SmolLM2-135M-Instruct, fetched by scripts/setup.sh), and
+Model.load("kjv") the byte-level model mhsa trained itself (mhsa.named_models()).)");
   model
       .def_static(
           "load",
-          [](const std::filesystem::path& dir, const std::string& dtype, const std::string& kv_dtype) {
-            const WeightType wt = parse_weight_type(dtype, "Model.load: dtype");
+          [](const std::optional<std::filesystem::path>& path, const std::optional<std::string>& dtype,
+             const std::string& kv_dtype) {
+            const ResolvedModel r = resolve_model(path ? path->string() : "", "Model.load: path");
+            const std::string type = dtype ? *dtype : r.dtype.empty() ? "f32" : r.dtype;
+            const WeightType wt = parse_weight_type(type, "Model.load: dtype");
             const KVType kv = parse_kv_type(kv_dtype, "Model.load: kv_dtype");
             GilReleased unlocked;
-            Model model = Model::load(dir, wt);
+            Model model = Model::load(r.path, wt);
             model.set_kv_type(kv);
             return model;
           },
-          "path"_a, "dtype"_a = "f32", "kv_dtype"_a = "f32",
-          "Loads config.json + the safetensors weights from a directory. dtype \"bf16\" keeps the weight matrices "
+          "path"_a = py::none(), "dtype"_a = py::none(), "kv_dtype"_a = "f32",
+          "Loads a model directory (config.json + the safetensors weights), a GGUF file, or a named model "
+          "(\"smollm2\", the default when path is None; \"kjv\"). dtype None: the named model's own type "
+          "(smollm2: see mhsa.named_models()), else \"f32\". dtype \"bf16\" keeps the weight matrices "
           "(linear layers, embedding, output) as bfloat16, rounded to nearest-even: about half the bytes per "
           "decoded token; dtype \"f16\" keeps them as IEEE float16 (an F16 checkpoint exactly as stored; a weight "
           "beyond float16's range of 65504 is refused): the same bytes; dtype \"q8_0\" quantises them to GGUF's Q8_0 blocks (32 int8 weights and an f16 scale; "
@@ -308,6 +336,47 @@ Model.load(dir) reads a Hugging Face directory: config.json and model.safetensor
           R"(Random weights (normal, std 0.02; norm weights 1, biases 0) for a Hugging Face config.json given as a dict,
 e.g. {"model_type": "llama", "hidden_size": 576, ...}: the keys and defaults of that family's
 config class, checked as Model.load checks config.json. For benchmarks and tests.)")
+      .def(
+          "perplexity",
+          [](const Model& g, const py::object& ids_obj, int64_t context, int64_t chunks, int32_t bos) {
+            const Ids ids = token_ids(ids_obj, "Model.perplexity");
+            PerplexityOptions o;
+            o.context = context;
+            o.max_chunks = chunks;
+            o.bos = bos;
+            PerplexityResult r;
+            {
+              GilReleased unlocked;
+              r = perplexity(g, ids.data, o);
+            }
+            return py::dict("ppl"_a = r.ppl, "ppl_error"_a = r.ppl_error, "nll_mean"_a = r.nll_mean,
+                            "chunks"_a = r.chunks, "context"_a = r.context, "scored_tokens"_a = r.scored_tokens,
+                            "running"_a = r.running);
+          },
+          "ids"_a, "context"_a = 512, "chunks"_a = 0, "bos"_a = -1,
+          "Perplexity of a tokenized text as llama.cpp's llama-perplexity computes it: ids cut into chunks of "
+          "`context` tokens (at most `chunks`; 0: all), each run alone, the tokens of each chunk's second half "
+          "scored (token j+1 from the logits at j, context/2 <= j < context-1), exp of the mean negative "
+          "log-likelihood. bos >= 0 replaces each chunk's first token (as llama-perplexity does for a model "
+          "that adds BOS; then put BOS before the text's ids too). Returns a dict: ppl, ppl_error (its standard "
+          "error), nll_mean, chunks, context, scored_tokens, running (the estimate after each chunk).")
+      .def(
+          "token_logprobs",
+          [](const Model& g, const py::object& ids_obj) {
+            const Ids ids = token_ids(ids_obj, "Model.token_logprobs");
+            if (!ids.one_sequence) throw Error("Model.token_logprobs: ids: expected one sequence [T], got a batch");
+            std::vector<TokenScore> scores;
+            {
+              GilReleased unlocked;
+              scores = score_tokens(g, ids.data);
+            }
+            py::array_t<double> out(static_cast<py::ssize_t>(scores.size()));
+            for (size_t i = 0; i < scores.size(); ++i) out.mutable_at(static_cast<py::ssize_t>(i)) = scores[i].logprob;
+            return out;
+          },
+          "ids"_a,
+          "float64 [T]: log p(ids[t] | ids[:t]) for each token (NaN for the first, which nothing precedes), from "
+          "the logits of one pass over the sequence.")
       .def_property_readonly("config", [](const Model& g) { return full_config_dict(g.config()); },
                              "Every ModelConfig field, by its C++ name (as mhsa.read_model_config gives them).")
       .def_property_readonly("family", [](const Model& g) { return std::string(family_name(g.family())); })

@@ -14,6 +14,7 @@
 
 #include "arrays.h"
 #include "mhsa/error.h"
+#include "mhsa/models.h"
 #include "mhsa/tokenizer.h"
 
 namespace py = pybind11;
@@ -83,13 +84,19 @@ whose ids equal tiktoken's "gpt2" encoding for every text. Tokenizer.load("FILE.
 tokenizer in a GGUF file's metadata (SentencePiece or byte-level BPE), encoding as llama.cpp does.)")
       .def_static(
           "load",
-          [](const std::filesystem::path& dir) {
+          [](const std::optional<std::filesystem::path>& path) {
+            const ResolvedModel r = resolve_model(path ? path->string() : "", "Tokenizer.load: path");
             GilReleased unlocked;
-            return Tokenizer::load_dir(dir);
+            namespace fs = std::filesystem;
+            std::error_code ec;
+            const bool byte_level = !r.name.empty() && fs::is_directory(r.path, ec) &&
+                                    !fs::exists(r.path / "tokenizer.json", ec) && !fs::exists(r.path / "vocab.json", ec);
+            return byte_level ? Tokenizer::bytes() : Tokenizer::load_dir(r.path);
           },
-          "path"_a,
+          "path"_a = py::none(),
           "The tokenizer in a directory (str or os.PathLike): tokenizer.json, else vocab.json + merges.txt or "
-          "encoder.json + vocab.bpe; or the tokenizer of a GGUF file's metadata.")
+          "encoder.json + vocab.bpe; or the tokenizer of a GGUF file's metadata; or a named model's (None: the "
+          "default model's; \"kjv\": bytes).")
       .def(
           "encode",
           [](const Tokenizer& t, py::handle text, bool add_special_tokens, std::optional<bool> allow_special) {

@@ -21,6 +21,11 @@ import torch
 if os.environ.get("MHSA_PYTHONPATH"):
     sys.path.insert(0, os.environ["MHSA_PYTHONPATH"])
 
+# Tests that run the CLI without --model exercise its mechanics (streaming, options, errors): they
+# run the small byte-level model mhsa trained itself ("kjv", models/default), which answers in
+# milliseconds. test_smollm2.py runs the real default model, with MHSA_MODEL removed.
+os.environ.setdefault("MHSA_MODEL", "kjv")
+
 SEED_KEY = "MHSA_TEST_SEED"
 
 

@@ -32,7 +32,7 @@ CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 TOKENIZER = ROOT / "tests" / "data" / "gpt2-tokenizer"
 DEFAULT_MODEL = ROOT / "models" / "default"  # byte-level: 256 tokens, a context of 512
 MAX_THREADS = min(1024, 16 * len(os.sched_getaffinity(0)))
-COMMANDS = "attention, bench, chat, explain, generate, quantize, serve, tokenize or train"
+COMMANDS = "attention, bench, chat, explain, generate, perplexity, quantize, serve, tokenize or train"
 
 
 def run(*args, env=None, **kwargs):

@@ -292,7 +292,7 @@ def test_usage_errors(chat_dir, tmp_path):
     err = fails("--model", bare, "--messages", "-", stdin=b'[{"role": "user", "content": "x"}]')
     assert "expected a chat template (chat_template in '" in err and "tokenizer_config.json" in err
     assert "give one with --chat-template FILE" in err
-    assert "--json: expected --messages FILE with it" in fails("--model", chat_dir, "--json")
+    assert "--json: expected --prompt TEXT or --messages FILE with it" in fails("--model", chat_dir, "--json")
     assert "--system: expected no system message in --messages" in fails(
         "--model", chat_dir, "--system", "s", "--messages", "-", stdin=b'[{"role": "system", "content": "x"}]')
     assert "--chat-template: expected a readable file" in fails("--model", chat_dir, "--chat-template",
