@@ -52,6 +52,7 @@ constexpr size_t kMaxBodyBytes = size_t{1} << 20;
 // delayed a request by ~19 s). Idle threads cost address space, not memory: enough of them that a
 // few hundred silent connections do not queue the others, and a shorter wait for their bytes.
 constexpr size_t kMinHttpThreads = 256;
+constexpr size_t kDrainBytes = size_t{64} << 20;  // larger declared bodies: 413 at once, unread
 constexpr time_t kReadTimeoutSeconds = 2;  // between two reads of one request (and a kept-alive connection's next)
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
 
@@ -198,7 +199,9 @@ class Server {
     http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       // Before the body is read (httplib reads it after this handler): a Content-Length past the
       // limit was answered only once the body had been read and dropped (5 s for a client that
-      // sent none), and "-5" was read as 2^64 − 5 ("larger than 1048576 bytes").
+      // sent none), and "-5" was read as 2^64 − 5 ("larger than 1048576 bytes"). A body of up to
+      // kDrainBytes is still read and dropped before the 413, so that a client that sends it
+      // whole can read the answer (answered at once, it met a closed connection).
       if (req.has_header("Content-Length")) {
         const std::string length = req.get_header_value("Content-Length");
         const bool digits = !length.empty() && length.size() <= 19 &&
@@ -207,7 +210,7 @@ class Server {
           send_error(res, {400, message("Content-Length: expected a decimal byte count, got ",
                                         dump(json(length.substr(0, 40)))),
                            "invalid_request_error", "", ""});
-        } else if (std::stoull(length) > kMaxBodyBytes) {
+        } else if (std::stoull(length) > kDrainBytes) {
           send_error(res, {413, message("The request body is larger than ", kMaxBodyBytes, " bytes (Content-Length: ",
                                         length, ")"),
                            "invalid_request_error", "", ""});
