@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "core/check.h"
 #include "io/json.h"
 #include "mhsa/error.h"
+#include "mhsa/evaluate.h"
 #include "text/hf_tokenizer.h"
 
 namespace mhsa::cli {
@@ -122,7 +124,7 @@ void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest&
                    "invalid_request_error", "model", "model_not_found"};
   if (integer(b, "n", 1, 1, 128) != 1) unsupported("n", "more than one choice");
   if (!chat && integer(b, "best_of", 1, 1, 20) != 1) unsupported("best_of", "more than one candidate");
-  if (!chat && boolean(b, "echo", false)) unsupported("echo", "echoing the prompt");
+  p.echo = !chat && boolean(b, "echo", false);
   if (const json* v = field(b, "suffix"); !chat && v && string_field(*v, "suffix") != "") unsupported("suffix", "a suffix");
   int& top = p.request.top_logprobs;
   if (chat) {
@@ -268,11 +270,16 @@ ojson completion_logprobs(const ServedModel& m, const std::vector<serve::TokenLo
   ojson tokens = ojson::array(), values = ojson::array(), tops = ojson::array(), offsets = ojson::array();
   for (const serve::TokenLogprob& lp : lps) {
     tokens.push_back(token_text(token_bytes(m, lp.token)));
+    offsets.push_back(lp.text_offset);
+    if (std::isnan(lp.logprob)) {  // an echoed prompt's first token: nothing precedes it
+      values.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
     values.push_back(logprob_value(lp.logprob));
     ojson top = ojson::object();
     for (const auto& [id, v] : lp.top) top.emplace(token_text(token_bytes(m, id)), logprob_value(v));  // first of equal texts
     tops.push_back(std::move(top));
-    offsets.push_back(lp.text_offset);
   }
   return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -325,6 +332,12 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
   } else {
     r.prompt = completion_prompt(b, m);
     r.end_ids = m.model->config().eos_token_ids;  // as mhsa generate
+    if (p.echo) {
+      const json& given = *field(b, "prompt");
+      const json& one = given.is_array() && given.size() == 1 ? given[0] : given;
+      p.echo_text = one.is_string() ? one.get<std::string>() : m.tokenizer->decode(r.prompt);
+      r.logprob_end_token = true;
+    }
   }
   const int64_t prompt = static_cast<int64_t>(r.prompt.size()), room = m.context - prompt;
   if (room < 1)
@@ -345,6 +358,26 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
   r.options.max_new_tokens = max_tokens;
   r.options.stop_at_eos = true;
   return p;
+}
+
+int64_t code_points(std::string_view text) {
+  int64_t n = 0;
+  for (const char c : text) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+std::vector<serve::TokenLogprob> prompt_logprobs(const ServedModel& m, const std::vector<int32_t>& prompt, int top) {
+  const std::vector<TokenScore> scores = score_tokens(*m.model, prompt, std::max(top, 0));
+  std::vector<serve::TokenLogprob> out(prompt.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    out[i].token = prompt[i];
+    out[i].logprob = scores[i].logprob;
+    out[i].top = scores[i].top;
+    out[i].text_offset = offset;
+    offset += code_points(token_bytes(m, prompt[i]));
+  }
+  return out;
 }
 
 ojson completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,

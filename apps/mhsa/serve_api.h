@@ -48,10 +48,19 @@ struct ParsedRequest {
   serve::Request request;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;           // completions' echo: the prompt's text (and log-probabilities) first
+  std::string echo_text;       // the prompt as given, or its ids decoded
 };
 
 // Parses the body of POST /v1/completions (chat = false) or /v1/chat/completions. Throws ApiError.
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat);
+
+// The prompt's log-probabilities for `echo` (mhsa::score_tokens): one entry per token, the first
+// with a NaN log-probability (null in JSON: nothing precedes it), text offsets in code points.
+// Throws mhsa::Error from the model.
+std::vector<serve::TokenLogprob> prompt_logprobs(const ServedModel& m, const std::vector<int32_t>& prompt, int top);
+// Code points in UTF-8 text (continuation bytes not counted).
+int64_t code_points(std::string_view text);
 
 // The response of a finished request; the stream's chunks (text, the last with the finish reason;
 // the usage chunk of stream_options.include_usage). logprobs: the tokens' log-probabilities (those

@@ -57,7 +57,7 @@ constexpr time_t kReadTimeoutSeconds = 2;  // between two reads of one request (
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
 
 struct ServeArgs {
-  std::string model, host = "127.0.0.1", api_key, dtype = "f32", kv_dtype = "f32", kv_alloc = "auto";
+  std::string model, host = "127.0.0.1", api_key, dtype, kv_dtype = "f32", kv_alloc = "auto";
   int port = 8080, parallel = 4, queue = 16, threads = 0;
   int64_t ctx_size = 0, kv_blocks = 0;
   bool no_prefix_sharing = false;
@@ -285,6 +285,38 @@ class Server {
     const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", ++next_id_), unix_time()};
     const int64_t prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
     const bool logprobs = p.request.top_logprobs >= 0;
+    // echo: the prompt's text first, with its tokens' log-probabilities (one forward over the
+    // prompt on this thread, one such request at a time: what lm-evaluation-harness's
+    // loglikelihood tasks ask for, with max_tokens 0 or 1).
+    auto echo = std::make_shared<std::vector<serve::TokenLogprob>>();
+    if (p.echo && logprobs) {
+      try {
+        std::lock_guard lock(echo_mutex_);
+        *echo = prompt_logprobs(m_, p.request.prompt, p.request.top_logprobs);
+      } catch (const std::exception& e) {
+        return send_error(res, {500, message("The prompt's log-probabilities could not be computed: ", e.what()),
+                                "server_error", "", ""});
+      }
+    }
+    const std::string echo_text = p.echo_text;
+    const int64_t echo_points = code_points(echo_text);
+    // The generated tokens' offsets after the prompt's text.
+    const auto after_echo = [echo_points](std::vector<serve::TokenLogprob>& lps) {
+      for (serve::TokenLogprob& lp : lps) lp.text_offset += echo_points;
+    };
+    if (p.echo && p.request.options.max_new_tokens == 0) {  // nothing to generate
+      if (!p.stream) {
+        res.set_content(dump(completion_json(ids, m_, false, echo_text, Finish::length, prompt_tokens, 0,
+                                             logprobs ? echo.get() : nullptr)),
+                        "application/json");
+      } else {
+        std::string body = sse(chunk_json(ids, m_, false, echo_text, Finish::length, true, logprobs ? echo.get() : nullptr));
+        if (p.include_usage) body += sse(usage_chunk_json(ids, m_, false, prompt_tokens, 0));
+        res.set_header("Cache-Control", "no-cache");
+        res.set_content(body + "data: [DONE]\n\n", "text/event-stream");
+      }
+      return;
+    }
     auto job = std::make_shared<serve::Job>(std::move(p.request));
     if (!scheduler_.fits(job->request()))
       return send_error(res, {503, message("The request's prompt + max_tokens (", job->request().prompt.size(), " + ",
@@ -304,6 +336,11 @@ class Server {
         lps.insert(lps.end(), std::make_move_iterator(u.logprobs.begin()), std::make_move_iterator(u.logprobs.end()));
       } while (u.finish == Finish::running);
       metrics_.finished(*job);
+      if (p.echo) {
+        text = echo_text + text;
+        after_echo(lps);
+        lps.insert(lps.begin(), echo->begin(), echo->end());
+      }
       if (u.finish == Finish::cancelled) return send_error(res, {503, "The server is shutting down", "server_error", "", "shutting_down"});
       // The server is at fault (non-finite logits, a failed step), not busy: 500, and it goes on serving.
       if (u.finish == Finish::error) return send_error(res, {500, "The request could not be run: " + u.error, "server_error", "", ""});
@@ -317,14 +354,23 @@ class Server {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, job, ids, chat, usage, prompt_tokens, first, logprobs](size_t, httplib::DataSink& sink) {
-          const serve::Job::Update u = job->wait(kPoll);
-          const std::vector<serve::TokenLogprob>* lps = logprobs ? &u.logprobs : nullptr;
+        [this, job, ids, chat, usage, prompt_tokens, first, logprobs, echo, echo_text, after_echo,
+         echoed = std::make_shared<bool>(!p.echo)](size_t, httplib::DataSink& sink) {
           const auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             job->cancel();  // the client is gone
             return false;
           };
+          if (!*echoed) {  // the prompt's chunk first
+            *echoed = true;
+            if (!send(sse(chunk_json(ids, m_, chat, echo_text, Finish::running, true, logprobs ? echo.get() : nullptr))))
+              return false;
+            *first = false;
+            return true;
+          }
+          serve::Job::Update u = job->wait(kPoll);
+          after_echo(u.logprobs);
+          const std::vector<serve::TokenLogprob>* lps = logprobs ? &u.logprobs : nullptr;
           if ((*first || !u.text.empty() || !u.logprobs.empty()) && u.finish == Finish::running) {
             if (!send(sse(chunk_json(ids, m_, chat, u.text, Finish::running, *first, lps)))) return false;
             *first = false;
@@ -357,6 +403,7 @@ class Server {
   httplib::Server http_;
   Metrics metrics_;
   std::atomic<int64_t> next_id_{0};
+  std::mutex echo_mutex_;  // one echoed prompt scored at a time
   const int64_t started_ = unix_time();
 };
 

@@ -524,7 +524,7 @@ bool Scheduler::advance(Sequence& s, Drawn drawn) {
   const Request& r = s.job->request();
   const GenerationOptions& o = r.options;
   const int32_t t = drawn.token;
-  if (drawn.logprob && std::find(r.end_ids.begin(), r.end_ids.end(), t) == r.end_ids.end())
+  if (drawn.logprob && (r.logprob_end_token || std::find(r.end_ids.begin(), r.end_ids.end(), t) == r.end_ids.end()))
     s.held.emplace_back(s.text.text().size(), std::move(*drawn.logprob));
   if (std::find(r.end_ids.begin(), r.end_ids.end(), t) != r.end_ids.end()) {
     s.text.add(s.decoder.finish());

@@ -50,6 +50,9 @@ struct Request {
   // 0..kMaxTopLogprobs: each generated token comes with its log-probability and those of the
   // top_logprobs most likely tokens (TokenLogprob); -1: none (nothing computed).
   int top_logprobs = -1;
+  // With top_logprobs ≥ 0: the token that ended the text (EOS, end of turn) gets its entry too, so
+  // that there is one per generated token (echo requests: lm-evaluation-harness drops the last).
+  bool logprob_end_token = false;
 };
 
 // A generated token's log-probability: log-softmax of the model's raw logits (float32, summed in

@@ -470,7 +470,7 @@ def test_client_mistakes_are_400_not_500(gpt2):
                          ("max_tokens", 1.5), ("max_tokens", "10"), ("stream", "yes"), ("seed", "x"),
                          ("stop", 7), ("stop", ["a", "b", "c", "d", "e"]), ("prompt", 5), ("prompt", [1, -2]),
                          ("prompt", [10**12]), ("n", 2), ("logprobs", 6), ("logprobs", -1), ("logprobs", True),
-                         ("logprobs", "2"), ("logprobs", 1.5), ("top_logprobs", 2), ("echo", True),
+                         ("logprobs", "2"), ("logprobs", 1.5), ("top_logprobs", 2), ("echo", "yes"),
                          ("presence_penalty", 3)]:
         assert_error(post(u, {"prompt": "Hello", field: value}), 400, param=field)
     assert_error(post(u, {"prompt": "Hello", "max_tokens": 10**30}), 400, param="max_tokens")
@@ -534,6 +534,51 @@ def test_hostile_http(gpt2):
     raw(gpt2.port, b"\x00\x01\x02 garbage \r\n\r\n")
     assert raw(gpt2.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                shutdown=False).startswith("HTTP/1.1 200")
+    healthy(gpt2)
+
+
+# ---- echo: the prompt's log-probabilities (lm-evaluation-harness's loglikelihood requests) ----------
+
+
+def test_echo_gives_the_prompts_logprobs_in_openais_shape(gpt2, gpt2_dir, oracle):
+    model, tok, _ = oracle[gpt2_dir]
+    prompt = "The quick brown fox jumps over"
+    ids = tok.encode(prompt)
+    want = model.token_logprobs(np.array(ids))
+    logits = model.forward(np.array(ids)).astype(np.float64)
+    client = gpt2.client()
+    r = client.completions.create(model=gpt2.id, prompt=prompt, echo=True, logprobs=2, max_tokens=0)
+    c = r.choices[0]
+    assert c.text == prompt and r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 0
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing precedes the first token
+    assert "".join(lp.tokens) == prompt and lp.text_offset[0] == 0
+    assert lp.text_offset == [len(tok.decode(ids[:i])) for i in range(len(ids))]
+    np.testing.assert_allclose(lp.token_logprobs[1:], want[1:], rtol=0, atol=1e-5)  # the CLI blocks GPT-2's head
+    for i in range(1, len(ids)):  # the log-softmax of the logits before it, in float64
+        row = logits[i - 1] - logits[i - 1].max()
+        assert abs(lp.token_logprobs[i] - (row[ids[i]] - np.log(np.exp(row).sum()))) < 1e-4
+        top = list(lp.top_logprobs[i].values())
+        assert len(top) == 2 and top[0] >= top[1] and abs(top[0] - (row.max() - np.log(np.exp(row).sum()))) < 1e-4
+    # max_tokens 1, as lm-eval asks: the prompt's entries, then one for the generated token, end or not.
+    for max_tokens in (1, 3):
+        r = client.completions.create(model=gpt2.id, prompt=ids, echo=True, logprobs=1, max_tokens=max_tokens,
+                                      temperature=0)
+        c = r.choices[0]
+        n = r.usage.completion_tokens
+        assert 1 <= n <= max_tokens and c.text.startswith(prompt)
+        assert len(c.logprobs.token_logprobs) == len(ids) + n
+        np.testing.assert_allclose(c.logprobs.token_logprobs[1:len(ids)], want[1:], rtol=0, atol=1e-5)
+        assert c.logprobs.text_offset[len(ids)] == len(prompt)
+    # streamed: the prompt's chunk first, then the generated text
+    chunks = list(client.completions.create(model=gpt2.id, prompt=prompt, echo=True, logprobs=0, max_tokens=2,
+                                            temperature=0, stream=True))
+    assert chunks[0].choices[0].text == prompt and chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    assert len(chunks[0].choices[0].logprobs.tokens) == len(ids)
+    # without logprobs: the text only
+    r = client.completions.create(model=gpt2.id, prompt=prompt, echo=True, max_tokens=0)
+    assert r.choices[0].text == prompt and r.choices[0].logprobs is None
     healthy(gpt2)
 
 
