@@ -31,6 +31,8 @@
 #include "commands.h"
 #include "default_model.h"
 #include "explain_report_html.h"
+#include "io/file.h"
+#include "mhsa/chat.h"
 #include "mhsa/error.h"
 #include "mhsa/explain.h"
 #include "mhsa/model.h"
@@ -51,7 +53,7 @@ constexpr int64_t kTextColumns = 96;            // the terminal heatmap pools lo
 
 struct ExplainArgs {
   std::string model, dtype;
-  std::string prompt;
+  std::string prompt, messages;
   int64_t layer = 0;
   int64_t head = 0;
   std::string out;
@@ -174,8 +176,11 @@ void append_float(std::string& s, float v) {
 
 // {"tokens": [...], "ids": [...], "attention": [layer][1][H][T][T]}, streamed: the full
 // precision nested lists of a long prompt run to gigabytes, too many for a json object in memory.
-void write_json(OutputFile& f, const std::vector<std::string>& tokens, const Explanation& e) {
-  f.write("{\"tokens\": " + nlohmann::json(tokens).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+void write_json(OutputFile& f, const std::vector<std::string>& tokens, const std::vector<std::string>& roles,
+                const Explanation& e) {
+  if (!roles.empty()) f.write("{\"roles\": " + nlohmann::json(roles).dump() + ", ");
+  f.write((roles.empty() ? "{" : "") + std::string("\"tokens\": ") +
+          nlohmann::json(tokens).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
           ", \"ids\": " + nlohmann::json(e.ids).dump() + ", \"attention\": [");
   std::string row;
   for (size_t l = 0; l < e.attention.size(); ++l) {
@@ -252,7 +257,8 @@ std::string script_block(const std::string& id, const std::string& type, const s
 }
 
 std::string report_html(const fs::path& model, const ModelConfig& c, const std::vector<std::string>& texts,
-                        const std::vector<std::string>& labels, const Explanation& e) {
+                        const std::vector<std::string>& labels, const std::vector<std::string>& roles,
+                        const Explanation& e) {
   const auto T = static_cast<int64_t>(e.ids.size());
   const int64_t L = c.num_layers, H = c.num_heads, layer = e.trace.layer, head = e.trace.head;
   const int64_t thumb = std::min(T, kThumbSize), detail = detail_size(T, L * H);
@@ -261,6 +267,7 @@ std::string report_html(const fs::path& model, const ModelConfig& c, const std::
   meta["model"] = model.string();
   meta["tokens"] = texts;
   meta["labels"] = labels;
+  if (!roles.empty()) meta["roles"] = roles;
   meta["ids"] = e.ids;
   meta["layers"] = L;
   meta["heads"] = H;
@@ -347,6 +354,41 @@ void print_text(const std::vector<std::string>& labels, const Explanation& e, in
 
 // ---- the command -----------------------------------------------------------------------------
 
+// --messages: the conversation through the model's chat template (as transformers'
+// apply_chat_template, no generation prompt), its ids, and each token's role: the role of the
+// message whose text it begins in. A message's text ends where the conversation rendered up to it
+// stops agreeing with the whole one (templates render each message after the ones before it).
+std::vector<int32_t> conversation_ids(const Tokenizer& tok, const std::string& path, std::vector<std::string>& roles) {
+  std::string text;
+  if (path == "-")
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  else
+    text = detail::read_file(path, "mhsa explain", "--messages");
+  const std::vector<ChatMessage> messages = ChatSession::parse_messages(text);
+  if (tok.chat_template().empty())
+    throw Error("mhsa explain: --messages: expected a model with a chat template, got one without (use --prompt)");
+  nlohmann::json list = nlohmann::json::array();
+  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  const std::string whole = tok.apply_chat_template(list.dump());
+  std::vector<size_t> ends(messages.size());
+  for (size_t k = 0; k + 1 < messages.size(); ++k) {  // the common prefix with the whole conversation
+    nlohmann::json prefix(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k + 1));
+    const std::string part = tok.apply_chat_template(prefix.dump());
+    size_t n = 0;
+    while (n < part.size() && n < whole.size() && part[n] == whole[n]) ++n;
+    ends[k] = n;
+  }
+  ends.back() = whole.size();
+  const std::vector<int32_t> ids = tok.encode(whole, EncodeOptions{false, true});
+  size_t at = 0, k = 0;
+  for (int32_t id : ids) {
+    while (k + 1 < ends.size() && at >= ends[k]) ++k;
+    roles.push_back(messages[k].role);
+    at += tok.token_bytes(id).size();
+  }
+  return ids;
+}
+
 void run(ExplainArgs a) {
   use_threads(a.threads);
   if (a.format == "html" && a.out.empty() && a.json.empty())
@@ -356,11 +398,15 @@ void run(ExplainArgs a) {
   const Tokenizer& tok = loaded.tokenizer;
   const ModelConfig& c = model.config();
   if (a.prompt == "-") a.prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  std::vector<std::string> roles;  // with --messages: each token's message role
   // As `mhsa generate`: tokenizer.json as transformers' tokenizer(prompt) (BOS added).
-  const std::vector<int32_t> ids = tok.encode(a.prompt, EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()});
-  if (ids.empty()) throw Error("mhsa explain: --prompt: expected some text, got an empty prompt");
+  const std::vector<int32_t> ids =
+      a.messages.empty() ? tok.encode(a.prompt, EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()})
+                         : conversation_ids(tok, a.messages, roles);
+  const char* input = a.messages.empty() ? "--prompt" : "--messages";
+  if (ids.empty()) throw Error(message("mhsa explain: ", input, ": expected some text, got an empty prompt"));
   if (static_cast<int64_t>(ids.size()) > c.max_positions)
-    throw Error(message("mhsa explain: --prompt: expected at most ", c.max_positions,
+    throw Error(message("mhsa explain: ", input, ": expected at most ", c.max_positions,
                         " tokens (the model's context), got ", ids.size(), " tokens"));
   if (a.layer < 0 || a.layer >= c.num_layers)
     throw Error(message("mhsa explain: --layer: expected a layer in [0, ", c.num_layers, "), got ", a.layer));
@@ -377,10 +423,10 @@ void run(ExplainArgs a) {
     labels.push_back(token_label(texts.back()));
     token_strings.push_back(tok.token_string(id));
   }
-  if (json) write_json(*json, token_strings, e);
+  if (json) write_json(*json, token_strings, roles, e);
   if (a.format == "text") print_text(labels, e, a.layer, a.head);
   if (out) {
-    const std::string page = report_html(loaded.dir, c, texts, labels, e);
+    const std::string page = report_html(loaded.dir, c, texts, labels, roles, e);
     out->write(page);
     out->commit();
     std::fprintf(stderr, "mhsa explain: wrote %s (%zu tokens, %lld layers x %lld heads, %.1f MB)\n", a.out.c_str(),
@@ -394,8 +440,11 @@ void run(ExplainArgs a) {
 void add_explain_command(CLI::App& app) {
   auto a = std::make_shared<ExplainArgs>();
   CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a model (GPT-2, Llama, Qwen, Mistral, Gemma 2) attends to on a prompt");
-  cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)")->required();
-  cmd->add_option("--model", a->model, "model directory (default: the embedded byte-level model)");
+  cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)");
+  cmd->add_option("--messages", a->messages,
+                  "or a conversation: a JSON file ('-': stdin) of {\"role\", \"content\"} objects, through the "
+                  "model's chat template; the report shows each token's role");
+  cmd->add_option("--model", a->model, "a model directory, a GGUF file, or a name: smollm2 (the default), kjv");
   add_dtype_option(cmd, a->dtype);
   cmd->add_option("--layer", a->layer, "the layer to walk through step by step (and --format text's)")
       ->default_val(0)
@@ -408,7 +457,12 @@ void add_explain_command(CLI::App& app) {
       ->default_val("html")
       ->check(one_of({"html", "text"}));
   add_threads_option(cmd, a->threads);
-  cmd->callback([a] { run(*a); });
+  cmd->callback([a] {
+    if (a->prompt.empty() == a->messages.empty())
+      throw Error(a->prompt.empty() ? "mhsa explain: --prompt: expected --prompt TEXT or --messages FILE, got neither"
+                                    : "mhsa explain: --messages: expected --prompt or --messages, got both");
+    run(*a);
+  });
 }
 
 }  // namespace mhsa::cli

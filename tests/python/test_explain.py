@@ -7,7 +7,9 @@ GPT-2's real tokenizer files), the CLI run as a user runs it, and
 - the report in a real browser: Debian's Chromium (/usr/bin/chromium), headless, --no-sandbox, a
   fresh profile, driven by Playwright: no console errors, one heatmap per layer × head, a click
   enlarges a head, and a screenshot that is not blank;
-- a 1000-token prompt: the report's size and the time until the page says it is ready.
+- a 1000-token prompt: the report's size and the time until the page says it is ready;
+- a conversation (--messages) through a chat template: each token's role in the JSON and the
+  report, a label where each message begins, the text through transformers' apply_chat_template.
 
 Run with PYTHONPATH (or MHSA_PYTHONPATH) naming the build's python directory and MHSA_CLI its mhsa.
 """
@@ -212,6 +214,51 @@ def test_bad_requests_are_clear_errors(model_dir, tmp_path):
     assert not (tmp_path / "x.html").exists()
 
 
+# ---- conversations ------------------------------------------------------------------------------
+
+CONVERSATION = [{"role": "system", "content": "The quick brown fox"}, {"role": "user", "content": "Hello world!"},
+                {"role": "assistant", "content": " The lazy dog."}, {"role": "user", "content": "42 \u00e9"}]
+
+
+@pytest.fixture(scope="module")
+def chat_dir(tmp_path_factory):
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from tiny_chat_model import write_chat_dir
+    d = tmp_path_factory.mktemp("chat-explain")
+    write_chat_dir(d, tokens=300, padding=0, max_positions=512, seed=5, edit=lambda m, t: None)
+    return d
+
+
+def test_messages_label_each_token_with_its_role(chat_dir, tmp_path):
+    from tiny_chat_model import hf_tokenizer
+    (tmp_path / "m.json").write_text(json.dumps(CONVERSATION))
+    run("explain", "--model", chat_dir, "--messages", tmp_path / "m.json", "--json", tmp_path / "r.json",
+        "--out", tmp_path / "r.html")
+    out = json.loads((tmp_path / "r.json").read_text())
+    hf = hf_tokenizer(chat_dir)
+    text = hf.apply_chat_template(CONVERSATION, tokenize=False)
+    assert out["ids"] == hf.encode(text, add_special_tokens=False)
+    roles = out["roles"]
+    assert len(roles) == len(out["ids"])
+    runs = [r for i, r in enumerate(roles) if i == 0 or roles[i - 1] != r]
+    assert runs == [m["role"] for m in CONVERSATION]
+    for k, m in enumerate(CONVERSATION):  # each message's tokens hold its content, in its template markup
+        start = [i for i, r in enumerate(roles) if i == 0 or roles[i - 1] != r][k]
+        end = ([i for i, r in enumerate(roles) if i > 0 and roles[i - 1] != r] + [len(roles)])[k]
+        part = hf.decode(out["ids"][start:end])
+        assert part.startswith("<|im_start|>" + m["role"]) and m["content"] in part, (k, part)
+    meta, _, _ = read_report(tmp_path / "r.html")
+    assert meta["roles"] == roles
+    r = run("explain", "--model", chat_dir, "--messages", tmp_path / "m.json", "--prompt", "x", check=False)
+    assert r.returncode == 2 and "expected --prompt or --messages, got both" in r.stderr
+    r = run("explain", "--model", chat_dir, "--out", tmp_path / "x.html", check=False)
+    assert r.returncode == 2 and "expected --prompt TEXT or --messages FILE, got neither" in r.stderr
+    (tmp_path / "bad.json").write_text('[{"role": "user"}]')
+    r = run("explain", "--model", chat_dir, "--messages", tmp_path / "bad.json", "--out", tmp_path / "x.html", check=False)
+    assert r.returncode == 2 and "content" in r.stderr and r.stdout == "", r.stderr
+
+
 # ---- the browser ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -310,6 +357,20 @@ def test_report_shows_spaces_newlines_and_tabs(model_dir, browser, tmp_path):
         assert chip.inner_text() == label
         drawn = "".join(c for c, t in zip(label, meta["tokens"][i]) if c != t)
         assert "".join(chip.locator(".ws").all_inner_texts()) == drawn
+    assert problems == []
+    page.close()
+
+
+def test_report_shows_each_messages_role(chat_dir, browser, tmp_path):
+    (tmp_path / "m.json").write_text(json.dumps(CONVERSATION))
+    run("explain", "--model", chat_dir, "--messages", tmp_path / "m.json", "--out", tmp_path / "r.html")
+    page, problems, _ = open_report(browser, tmp_path / "r.html")
+    labels = page.locator("#prompt .role")
+    assert labels.all_inner_texts() == [m["role"].upper() for m in CONVERSATION]  # CSS upper-cases them
+    meta, _, _ = read_report(tmp_path / "r.html")
+    assert page.locator("#prompt .tok").count() == len(meta["roles"])
+    assert "(assistant)" in page.locator("#prompt .tok").nth(meta["roles"].index("assistant")).get_attribute("title")
+    page.screenshot(path=str(tmp_path / "roles.png"))
     assert problems == []
     page.close()
 
