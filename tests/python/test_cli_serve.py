@@ -528,7 +528,7 @@ def test_hostile_http(gpt2):
     assert reply.startswith("HTTP/1.1 413"), reply[:200]
     assert '"error"' in reply
     # Cut short after its headers: no answer, the server goes on.
-    raw(gpt2.port, head + b"{" * 1000)  # (the server waits for the rest until its read timeout, 5 s)
+    raw(gpt2.port, head + b"{" * 1000)  # (the server waits for the rest until its read timeout, 2 s)
     # A request cut off half-way, then closed; garbage; an absurd header.
     raw(gpt2.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
     raw(gpt2.port, b"\x00\x01\x02 garbage \r\n\r\n")
