@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/bf16.h"
@@ -122,6 +123,16 @@ inline KeyRange key_range(const AttentionParams& p, int64_t b, int64_t i) {
   const int64_t begin = p.window_left >= 0 ? std::clamp<int64_t>(pos - p.window_left, 0, p.Tk) : 0;
   return {begin, std::max(begin, end)};
 }
+
+// The fast backwards recompute P = exp(s − lse) from the saved float32 lse, so lse's rounding
+// (up to half an ulp, the same for a whole row) is a relative error of the row's every P, and of
+// its dq, dk and dv. Below 16 that is at most 2^-21 (4 float32 epsilons: gradients measured at
+// 1.1-1.3x PyTorch fp32's error); from 16 (ulp 2^-19) it grows with |lse| (1.4-1.6x at 16-1000) to
+// 3% at 5.9e5 (ulp 0.0625), where PyTorch's P, normalised by its own sum, is exact. Rows with such an
+// lse get their max m and sum l recomputed over their keys, as the forward made them, and
+// P = exp(s − m)·(1/l): exact at any magnitude, at the cost of one more pass of S for the query
+// blocks that hold such a row. Ordinary rows (|lse| < 16, ±∞, NaN) keep P = exp(s − lse).
+inline bool lse_too_coarse(float lse) { return std::fabs(lse) >= 16.0f && std::isfinite(lse); }
 
 // Dropout's factors for query row i of head h in batch b against keys [j0, j0 + n):
 // z[jj] = 1/(1 − dropout) where the key is kept, 0 where dropped. The decision is a counter-based

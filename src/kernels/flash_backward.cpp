@@ -5,6 +5,8 @@
 // not depend on the thread count. Inside a task, for each key block (Bc keys) with its dK, dV
 // accumulators, for each query block (Br rows of any head of the group) that can see it:
 //   S = Q Ktᵀ → P = exp(cap(σS) + mask − lse) (0 outside each row's key_range)  scores microkernel
+//     (for a row whose |lse| is too large for its float rounding, lse_too_coarse, P = exp(s − m)/l
+//     with the row's max m and sum l recomputed by a first pass over its keys: exact_rows)
 //   dP = dO Vtᵀ                                                          scores microkernel
 //   dS = σ P ∘ (dP − D) ∘ cap',  D = rowsum(dO ∘ O) precomputed once (cap' = 1 − tanh², or 1)
 //   dV += Pᵀ dO,  dK += dSᵀ Q,  dQ += dS K                                accumulate microkernel
@@ -32,6 +34,7 @@ struct Task {
   int64_t d_pad, dv_pad, rows, key_blocks;
   AlignedFloats q, dout, dq;   // [rows, d_pad], [rows, dv_pad], [rows, d_pad]
   std::vector<float> lse, di, di_tiles;  // [rows]
+  std::vector<float> m, inv_l;           // [rows] P = exp(s − m)·inv_l: lse and 1, or exact_rows'
   std::vector<int64_t> begin, end;  // [rows] key_range, empty for a fully masked row
   AlignedFloats kt, vt;        // [key_blocks, D, kBc], [key_blocks, Dv, kBc]: transposed blocks
   AlignedFloats kn;            // [key_blocks·kBc, d_pad]: keys as rows
@@ -45,7 +48,7 @@ struct Task {
         key_blocks((p.Tk + kBc - 1) / kBc),
         q(static_cast<size_t>(rows * d_pad)), dout(static_cast<size_t>(rows * dv_pad)),
         dq(static_cast<size_t>(rows * d_pad)), lse(static_cast<size_t>(rows)), di(static_cast<size_t>(rows)),
-        di_tiles(static_cast<size_t>(rows)),
+        di_tiles(static_cast<size_t>(rows)), m(static_cast<size_t>(rows)), inv_l(static_cast<size_t>(rows)),
         begin(static_cast<size_t>(rows)), end(static_cast<size_t>(rows)), kt(static_cast<size_t>(key_blocks * p.D * kBc)),
         vt(static_cast<size_t>(key_blocks * p.Dv * kBc)), kn(static_cast<size_t>(key_blocks * kBc * d_pad)),
         s(kBr * kBc), dp(kBr * kBc), pt(kBc * kBr), dst(kBc * kBr), dcap(p.softcap > 0.0f ? kBr * kBc : 0),
@@ -76,6 +79,8 @@ void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     t.di[r] = static_cast<float>(sum);
     t.begin[r] = keys.begin;
     t.end[r] = keys.end;
+    t.m[r] = t.lse[r];
+    t.inv_l[r] = 1.0f;
   }
   std::fill(t.dq.begin(), t.dq.end(), 0.0f);
   const float* k = static_cast<const float*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
@@ -111,10 +116,80 @@ void scores(int64_t rows, const float* a, int64_t lda, const float* bt, int64_t 
                                                                      s + r * kBc + c, kBc);
 }
 
+// Rows r0 .. r0 + n's scores against key block kb into t.s, as the forward computed them.
+void block_scores(const AttentionParams& p, Task& t, bool decode, int64_t r0, int64_t n, int64_t kb) {
+  const int64_t j0 = kb * kBc;
+  if (decode)
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t jj = 0; jj < kBc; ++jj)
+        t.s[r * kBc + jj] = decode_dot(t.q.data() + (r0 + r) * t.d_pad, t.kn.data() + (j0 + jj) * t.d_pad, p.D);
+  else
+    scores(n, t.q.data() + r0 * t.d_pad, t.d_pad, t.kt.data() + kb * p.D * kBc, p.D, t.s.data());
+}
+
+// The rows whose float lse is too coarse for exp(s − lse) (lse_too_coarse: |lse| ≥ 16): their max
+// m and 1/l recomputed from their scores (finished as the main pass finishes them), the online
+// softmax's running max with l summed in double across blocks. Only the query blocks that hold
+// such a row compute S an extra time; every other row keeps m = lse, 1/l = 1, whose P is
+// exp(s − lse)·1, today's bits.
+void exact_rows(const AttentionParams& p, int64_t b, int64_t hk, Task& t, bool decode) {
+  const int64_t group = p.Hq / p.Hkv;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (int64_t r0 = 0; r0 < t.rows; r0 += kBr) {
+    const int64_t n = std::min(kBr, t.rows - r0);
+    bool coarse[kBr] = {}, any = false;
+    float m[kBr];
+    double l[kBr];
+    for (int64_t r = 0; r < n; ++r) {
+      coarse[r] = t.begin[r0 + r] < t.end[r0 + r] && lse_too_coarse(t.lse[r0 + r]);
+      any |= coarse[r];
+      m[r] = -kInf;
+      l[r] = 0.0;
+    }
+    if (!any) continue;
+    for (int64_t kb = 0; kb < t.key_blocks; ++kb) {
+      const int64_t j0 = kb * kBc;
+      if (!rows_see_keys(t.begin.data() + r0, t.end.data() + r0, n, j0, j0 + kBc)) continue;
+      block_scores(p, t, decode, r0, n, kb);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t row = r0 + r, h = hk * group + row / p.Tq, i = row % p.Tq;
+        const int64_t lo = std::clamp<int64_t>(t.begin[row] - j0, 0, kBc);
+        const int64_t hi = std::clamp<int64_t>(t.end[row] - j0, lo, kBc);
+        if (!coarse[r] || hi == lo) continue;
+        float* s = t.s.data() + r * kBc;
+        const float* mrow = p.mask ? p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] +
+                                         j0 * p.mask_stride[3]
+                                   : nullptr;
+        const float pending = finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], nullptr);
+        if (pending != 1.0f)
+          for (int64_t jj = 0; jj < kBc; jj += kLanes) store(s + jj, load(s + jj) * splat(pending));
+        Vec vmax = splat(-kInf);
+        for (int64_t jj = 0; jj < kBc; jj += kLanes) vmax = max(vmax, load(s + jj));
+        const float block_max = reduce_max(vmax);
+        if (block_max == -kInf) continue;  // every key of the block masked
+        if (block_max > m[r]) {
+          l[r] = m[r] == -kInf ? 0.0 : l[r] * std::exp(double(m[r]) - double(block_max));
+          m[r] = block_max;
+        }
+        const Vec mv = splat(m[r]);
+        Vec sum = splat(0.0f);
+        for (int64_t jj = 0; jj < kBc; jj += kLanes) sum += exp(load(s + jj) - mv);
+        l[r] += reduce_sum(sum);
+      }
+    }
+    for (int64_t r = 0; r < n; ++r)
+      if (coarse[r] && m[r] > -kInf) {
+        t.m[r0 + r] = m[r];
+        t.inv_l[r0 + r] = static_cast<float>(1.0 / l[r]);
+      }
+  }
+}
+
 void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
   pack(p, b, hk, t);
   const int64_t group = p.Hq / p.Hkv;
   const bool decode = takes_decode_path(p);  // the forward's q·k came from decode_dot
+  exact_rows(p, b, hk, t, decode);
   for (int64_t kb = 0; kb < t.key_blocks; ++kb) {
     const int64_t j0 = kb * kBc;
     std::fill(t.dk.begin(), t.dk.end(), 0.0f);
@@ -122,12 +197,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     for (int64_t r0 = 0; r0 < t.rows; r0 += kBr) {
       const int64_t n = std::min(kBr, t.rows - r0);
       if (!rows_see_keys(t.begin.data() + r0, t.end.data() + r0, n, j0, j0 + kBc)) continue;
-      if (decode)
-        for (int64_t r = 0; r < n; ++r)
-          for (int64_t jj = 0; jj < kBc; ++jj)
-            t.s[r * kBc + jj] = decode_dot(t.q.data() + (r0 + r) * t.d_pad, t.kn.data() + (j0 + jj) * t.d_pad, p.D);
-      else
-        scores(n, t.q.data() + r0 * t.d_pad, t.d_pad, t.kt.data() + kb * p.D * kBc, p.D, t.s.data());
+      block_scores(p, t, decode, r0, n, kb);
       scores(n, t.dout.data() + r0 * t.dv_pad, t.dv_pad, t.vt.data() + kb * p.Dv * kBc, p.Dv, t.dp.data());
       for (int64_t r = 0; r < n; ++r) {
         const int64_t row = r0 + r, h = hk * group + row / p.Tq, i = row % p.Tq;
@@ -144,7 +214,9 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
         const float pending = finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], dcap);
         if (pending != 1.0f)
           for (int64_t jj = 0; jj < kBc; jj += kLanes) store(s + jj, load(s + jj) * splat(pending));
-        const Vec lse = splat(t.lse[row]), di = splat(t.di[row]), di_tiles = splat(t.di_tiles[row]);
+        // P = exp(s − m)·(1/l): m = lse and 1/l = 1 (exactly exp(s − lse)) unless exact_rows set them.
+        const Vec m = splat(t.m[row]), inv_l = splat(t.inv_l[row]);
+        const Vec di = splat(t.di[row]), di_tiles = splat(t.di_tiles[row]);
         const Vec one = splat(1.0f), ds_scale = splat(p.scale);
         const float* z = nullptr;
         if (p.dropout > 0.0f) {
@@ -152,7 +224,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
           z = t.z.data();
         }
         for (int64_t jj = 0; jj < kBc; jj += kLanes) {  // P (dropped) into the dP buffer's place, dS into s
-          Vec prob = hi > lo ? exp(load(s + jj) - lse) : Vec{}, dpz = load(dp + jj);
+          Vec prob = hi > lo ? exp(load(s + jj) - m) * inv_l : Vec{}, dpz = load(dp + jj);
           if (z) dpz *= load(z + jj);
           Vec ds = prob * (dpz - (prob == one ? di_tiles : di));
           if (dcap) ds *= load(dcap + jj);

@@ -6,6 +6,8 @@
 //   S   = Q Kᵀ      over pairs of D   (the forward's own products: S is the bfloat16 forward's, bit for bit)
 //   dP  = dO Vᵀ     over pairs of Dv
 //   P   = exp(S·scale − lse), dS = scale · P ∘ (dP − D) (∘ cap') in float32, as flash_backward.cpp;
+//         P = exp(S·scale − m)/l for a row whose |lse| is too large for its float rounding
+//         (lse_too_coarse), with its max m and sum l recomputed by a first pass (exact_rows)
 //         then P and dS rounded to bfloat16 (nearest even), as PyTorch's CPU flash kernel and
 //         FlashAttention round them for bfloat16
 //   dVᵀ += dOᵀ P    over pairs of query rows: dV transposed, so that P and dS are read as rows
@@ -49,6 +51,7 @@ struct Task {
   int64_t rows, rows2, d2, dv2, d_pad, dv_pad, blocks;
   Words q, qt, dout, doutt, kt, vt, kp;
   std::vector<float> lse, di, di_dot;
+  std::vector<float> m, inv_l;  // [rows] P = exp(s − m)·inv_l: lse and 1, or exact_rows'
   std::vector<int64_t> begin, end;
   AlignedFloats s, dp, dcap;  // [kBr][kBc]: S then P; dP then dS; soft-capping's 1 − tanh² (or empty)
   AlignedFloats z;            // [kBc] one row's dropout factors (or empty)
@@ -64,6 +67,7 @@ struct Task {
         doutt(static_cast<size_t>(p.Dv * rows2)), kt(static_cast<size_t>(blocks * d2 * kBc)),
         vt(static_cast<size_t>(blocks * dv2 * kBc)), kp(static_cast<size_t>(blocks * kBc2 * d_pad)),
         lse(static_cast<size_t>(rows)), di(static_cast<size_t>(rows)), di_dot(static_cast<size_t>(rows)),
+        m(static_cast<size_t>(rows)), inv_l(static_cast<size_t>(rows)),
         begin(static_cast<size_t>(rows)), end(static_cast<size_t>(rows)), s(kBr * kBc), dp(kBr * kBc),
         dcap(p.softcap > 0.0f ? kBr * kBc : 0), z(p.dropout > 0.0f ? kBc : 0), p_rows(kBr / 2 * kBc),
         ds_rows(kBr / 2 * kBc), ds_keys(kBr * kBc2),
@@ -118,6 +122,8 @@ void pack(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
     t.di_dot[r] = chain_dot(t.dout.data() + r * t.dv2, o_pairs.data(), t.dv2);
     t.begin[r] = keys.begin;
     t.end[r] = keys.end;
+    t.m[r] = t.lse[r];
+    t.inv_l[r] = 1.0f;
   }
   std::fill(t.dq.begin(), t.dq.end(), 0.0f);
   std::fill(t.kt.begin(), t.kt.end(), 0u);
@@ -153,8 +159,69 @@ void pair_rows(const float* x, int64_t n2, uint32_t* w) {
     }
 }
 
+// The rows whose float lse is too coarse for exp(s − lse) (lse_too_coarse: |lse| ≥ 16): their max
+// m and 1/l recomputed from their scores (the main pass's S, finished and scaled as it does), the
+// online softmax's running max with l summed in double across blocks. Only the query blocks that
+// hold such a row compute S an extra time; every other row keeps m = lse, 1/l = 1, whose P is
+// exp(s − lse)·1, today's bits.
+void exact_rows(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
+  const int64_t group = p.Hq / p.Hkv;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (int64_t r0 = 0; r0 < t.rows; r0 += kBr) {
+    const int64_t n = std::min(kBr, t.rows - r0);
+    bool coarse[kBr] = {}, any = false;
+    float m[kBr];
+    double l[kBr];
+    for (int64_t r = 0; r < n; ++r) {
+      coarse[r] = t.begin[r0 + r] < t.end[r0 + r] && lse_too_coarse(t.lse[r0 + r]);
+      any |= coarse[r];
+      m[r] = -kInf;
+      l[r] = 0.0;
+    }
+    if (!any) continue;
+    for (int64_t kb = 0; kb < t.blocks; ++kb) {
+      const int64_t j0 = kb * kBc;
+      if (!rows_see_keys(t.begin.data() + r0, t.end.data() + r0, n, j0, j0 + kBc)) continue;
+      dot_product<false>(n, kBc, t.q.data() + r0 * t.d2, t.d2, t.kt.data() + kb * t.d2 * kBc, kBc, t.d2, t.s.data(),
+                         kBc);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t row = r0 + r, h = hk * group + row / p.Tq, i = row % p.Tq;
+        const int64_t lo = std::clamp<int64_t>(t.begin[row] - j0, 0, kBc);
+        const int64_t hi = std::clamp<int64_t>(t.end[row] - j0, lo, kBc);
+        if (!coarse[r] || hi == lo) continue;
+        float* s = t.s.data() + r * kBc;
+        const float* mrow = p.mask ? p.mask + b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] +
+                                         j0 * p.mask_stride[3]
+                                   : nullptr;
+        const Vec pending = splat(finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], nullptr));
+        for (int64_t jj = 0; jj < kBc; jj += 16)
+          store(s + jj, _mm512_maskz_mul_round_ps(0xFFFF, load(s + jj), pending,
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        Vec vmax = splat(-kInf);
+        for (int64_t jj = 0; jj < kBc; jj += 16) vmax = max(vmax, load(s + jj));
+        const float block_max = reduce_max(vmax);
+        if (block_max == -kInf) continue;  // every key of the block masked
+        if (block_max > m[r]) {
+          l[r] = m[r] == -kInf ? 0.0 : l[r] * std::exp(double(m[r]) - double(block_max));
+          m[r] = block_max;
+        }
+        const Vec mv = splat(m[r]);
+        Vec sum = splat(0.0f);
+        for (int64_t jj = 0; jj < kBc; jj += 16) sum += exp_scalef(load(s + jj) - mv);
+        l[r] += reduce_sum(sum);
+      }
+    }
+    for (int64_t r = 0; r < n; ++r)
+      if (coarse[r] && m[r] > -kInf) {
+        t.m[r0 + r] = m[r];
+        t.inv_l[r0 + r] = static_cast<float>(1.0 / l[r]);
+      }
+  }
+}
+
 void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
   pack(p, b, hk, t);
+  exact_rows(p, b, hk, t);
   const int64_t group = p.Hq / p.Hkv;
   for (int64_t kb = 0; kb < t.blocks; ++kb) {
     const int64_t j0 = kb * kBc;
@@ -187,7 +254,9 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
         // an explicitly rounded multiply, which the compiler cannot fuse with the subtraction of
         // lse (P = 1 exactly where a row sees one key).
         const Vec pending = splat(finish_scores(s, kBc, lo, hi, p.scale, p.softcap, mrow, p.mask_stride[3], dcap));
-        const Vec lse = splat(t.lse[row]), di = splat(t.di[row]), di_dot = splat(t.di_dot[row]);
+        // P = exp(s − m)·(1/l): m = lse and 1/l = 1 (exactly exp(s − lse)) unless exact_rows set them.
+        const Vec m = splat(t.m[row]), inv_l = splat(t.inv_l[row]);
+        const Vec di = splat(t.di[row]), di_dot = splat(t.di_dot[row]);
         const Vec one = splat(1.0f), ds_scale = splat(p.scale);
         const float* z = nullptr;
         if (p.dropout > 0.0f) {
@@ -196,7 +265,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
         }
         for (int64_t jj = 0; jj < kBc; jj += 16) {  // P (dropped) into s, dS into dp
           const Vec scaled = _mm512_maskz_mul_round_ps(0xFFFF, load(s + jj), pending, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          Vec prob = exp_scalef(scaled - lse), dpz = load(dp + jj);
+          Vec prob = exp_scalef(scaled - m) * inv_l, dpz = load(dp + jj);
           if (z) dpz *= load(z + jj);
           Vec ds = prob * (dpz - (prob == one ? di_dot : di));
           if (dcap) ds *= load(dcap + jj);

@@ -1,6 +1,7 @@
 // tests/cpp/test_backward.cpp — scaled_dot_product_attention_backward on every kernel against a
 // float64 oracle that materialises P and dS whole, over odd sizes, masks, key lengths, grouped
-// heads and strides; fully masked rows; determinism across thread counts.
+// heads and strides; fully masked rows; determinism across thread counts; rows whose float32 lse is
+// too coarse for exp(s − lse) (every score equal at 5.9e5; lse near 28 under every option).
 #include <omp.h>
 
 #include <cstring>
@@ -205,6 +206,110 @@ TEST(Backward, OneVisibleKeyGivesExactlyZeroAndNanGivesNan) {
       EXPECT_TRUE(std::isnan(g.dk.data()[Tk * D])) << "key 0 of head 1";
       EXPECT_TRUE(std::isnan(g.dv.data()[Tk * D])) << "key 0 of head 1";
       EXPECT_FALSE(std::isnan(g.dq.data()[(Tq + 3) * D])) << "another row";
+    }
+  }
+}
+
+// A PyTorch edge case: every score equal, at 5.9e5 (B1 H32 T23 D80). The float32 lse's ulp there is
+// 0.0625, and P recomputed as exp(s − lse) was off by up to 3% (dq, dk, dv 1e-2 from the oracle);
+// the fast backwards recompute such a row's max and sum (lse_too_coarse), the reference divides by
+// its own sum. q·k comes from dim 0 (q large, k 1); dims 40-59 vary in q only, 60-79 in k only, so
+// every score is exactly equal and no gradient is zero. Each kernel's own forward gives out and lse.
+TEST(Backward, AllScoresEqualAtLargeMagnitude) {
+  auto gen = test_rng();
+  const int64_t B = 1, H = 32, T = 23, D = 80;
+  const double scale = 1.0 / std::sqrt(double(D));
+  Tensor q({B, H, T, D}), k({B, H, T, D});
+  const Tensor qr = random_tensor(gen, {B, H, T, D}), kr = random_tensor(gen, {B, H, T, D});
+  for (int64_t r = 0; r < B * H * T; ++r)
+    for (int64_t d = 0; d < D; ++d) {
+      q.data()[r * D + d] = d == 0 ? static_cast<float>(5.9e5 / scale) : d >= 40 && d < 60 ? qr.data()[r * D + d] : 0.0f;
+      k.data()[r * D + d] = d == 0 ? 1.0f : d >= 60 ? kr.data()[r * D + d] : 0.0f;
+    }
+  const Tensor v = random_tensor(gen, {B, H, T, D}), dout = random_tensor(gen, {B, H, T, D});
+  const AttentionOptions opt;
+  const Oracle o = naive_attention(q.view(), k.view(), v.view(), false, scale, {}, {});
+  const Grads want = naive_backward(q.view(), k.view(), v.view(), dout.view(), o, scale);
+  std::vector<std::optional<cpu::Isa>> kernels = {std::nullopt};
+  for (cpu::Isa isa : cpu::usable_isas()) kernels.emplace_back(isa);
+  for (const auto& isa : kernels) {
+    SCOPED_TRACE(isa ? std::string(cpu::isa_name(*isa)) : std::string("reference"));
+    AttentionResult f{Tensor({B, H, T, D}), Tensor({B, H, T})};
+    detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), f.out.view(), opt, f.lse.view());
+    ASSERT_NEAR(f.lse.data()[0], 5.9e5 + std::log(23.0), 0.1);
+    AttentionGrads g{Tensor({B, H, T, D}), Tensor({B, H, T, D}), Tensor({B, H, T, D})};
+    detail::scaled_dot_product_attention_backward_on(isa, dout.view(), q.view(), k.view(), v.view(), f.out.view(),
+                                                     f.lse.view(), g.dq.view(), g.dk.view(), g.dv.view(), opt);
+    const double tol = isa ? 1e-6 : 1e-7;  // measured 1.7e-7 (fast) against PyTorch fp32's 1.9e-7
+    EXPECT_LE(rel_l2(g.dq.data(), want.dq), tol) << "dq";
+    EXPECT_LE(rel_l2(g.dk.data(), want.dk), tol) << "dk";
+    EXPECT_LE(rel_l2(g.dv.data(), want.dv), tol) << "dv";
+  }
+}
+
+// Rows whose lse is past 16 take the recomputed max and sum (lse_too_coarse) under every option: a
+// float mask of N(24, 1) (every 7th key −∞) puts each lse near 28, on the blocked and the decode
+// shapes, with causal, window, top-left, soft-capping and key-length limits; against the oracle as
+// in the grid. A mask keeping one key at +24 still gives dq = dk = 0 exactly (P = 1).
+TEST(Backward, LargeLseRowsMatchTheOracleUnderEveryOption) {
+  auto gen = test_rng();
+  struct LargeCase {
+    int64_t Tq, Tk;
+    bool causal, lengths;
+    Variant var;
+  };
+  const int64_t B = 2, Hq = 4, Hkv = 2, D = 40;
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (const LargeCase& c : {LargeCase{97, 97, true, false, {}}, LargeCase{3, 300, true, true, {100, -1, false, 5.0f}},
+                             LargeCase{70, 33, true, true, {-1, -1, true}}, LargeCase{40, 200, false, false, {20, 7}},
+                             LargeCase{300, 300, false, true, {-1, -1, false, 3.0f}}}) {
+    const Tensor q = random_tensor(gen, {B, Hq, c.Tq, D}), k = random_tensor(gen, {B, Hkv, c.Tk, D});
+    const Tensor v = random_tensor(gen, {B, Hkv, c.Tk, D}), dout = random_tensor(gen, {B, Hq, c.Tq, D});
+    Tensor mask = random_tensor(gen, {1, Hq, c.Tq, c.Tk});
+    for (int64_t i = 0; i < mask.numel(); ++i) mask.data()[i] = i % 7 == 3 ? -INFINITY : mask.data()[i] + 24.0f;
+    std::vector<int64_t> lengths;
+    for (int64_t b = 0; c.lengths && b < B; ++b) lengths.push_back(c.Tk - 5 * b);
+    AttentionOptions opt;
+    opt.causal = c.causal;
+    opt.attn_mask = mask.view();
+    opt.kv_lengths = lengths;
+    c.var.apply(opt);
+    const Oracle o = naive_attention(q.view(), k.view(), v.view(), c.causal, scale, opt.attn_mask, lengths, c.var);
+    const Grads want = naive_backward(q.view(), k.view(), v.view(), dout.view(), o, scale);
+    std::vector<std::optional<cpu::Isa>> kernels = {std::nullopt};
+    for (cpu::Isa isa : cpu::usable_isas()) kernels.emplace_back(isa);
+    for (const auto& isa : kernels) {
+      SCOPED_TRACE((isa ? std::string(cpu::isa_name(*isa)) : std::string("reference")) + " Tq=" + std::to_string(c.Tq) +
+                   " Tk=" + std::to_string(c.Tk) + c.var.name());
+      AttentionResult f{Tensor({B, Hq, c.Tq, D}), Tensor({B, Hq, c.Tq})};
+      detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), f.out.view(), opt, f.lse.view());
+      ASSERT_GT(f.lse.data()[0], 16.0f);
+      AttentionGrads g{Tensor({B, Hq, c.Tq, D}), Tensor({B, Hkv, c.Tk, D}), Tensor({B, Hkv, c.Tk, D})};
+      detail::scaled_dot_product_attention_backward_on(isa, dout.view(), q.view(), k.view(), v.view(), f.out.view(),
+                                                       f.lse.view(), g.dq.view(), g.dk.view(), g.dv.view(), opt);
+      const double tol = isa ? 1e-5 : 1e-6;
+      EXPECT_LE(rel_l2(g.dq.data(), want.dq), tol) << "dq";
+      EXPECT_LE(rel_l2(g.dk.data(), want.dk), tol) << "dk";
+      EXPECT_LE(rel_l2(g.dv.data(), want.dv), tol) << "dv";
+    }
+    // One key kept, at +24: P = 1 and dS = 0 exactly on the recomputed path too.
+    for (int64_t r = 0; r < Hq * c.Tq; ++r) {
+      const int64_t keep = std::uniform_int_distribution<int64_t>(0, c.Tk - 1)(gen);
+      for (int64_t j = 0; j < c.Tk; ++j) mask.data()[r * c.Tk + j] = j == keep ? 24.0f : -INFINITY;
+    }
+    AttentionOptions one;
+    one.attn_mask = mask.view();
+    if (c.var.softcap > 0.0f) one.softcap = c.var.softcap;
+    for (const auto& isa : kernels) {
+      SCOPED_TRACE((isa ? std::string(cpu::isa_name(*isa)) : std::string("reference")) + " one key, Tq=" +
+                   std::to_string(c.Tq));
+      AttentionResult f{Tensor({B, Hq, c.Tq, D}), Tensor({B, Hq, c.Tq})};
+      detail::scaled_dot_product_attention_on(isa, q.view(), k.view(), v.view(), f.out.view(), one, f.lse.view());
+      AttentionGrads g{Tensor({B, Hq, c.Tq, D}), Tensor({B, Hkv, c.Tk, D}), Tensor({B, Hkv, c.Tk, D})};
+      detail::scaled_dot_product_attention_backward_on(isa, dout.view(), q.view(), k.view(), v.view(), f.out.view(),
+                                                       f.lse.view(), g.dq.view(), g.dk.view(), g.dv.view(), one);
+      for (int64_t i = 0; i < g.dq.numel(); ++i) ASSERT_EQ(g.dq.data()[i], 0.0f) << "dq " << i;
+      for (int64_t i = 0; i < g.dk.numel(); ++i) ASSERT_EQ(g.dk.data()[i], 0.0f) << "dk " << i;
     }
   }
 }

@@ -6,9 +6,13 @@ sets the error baseline (conftest.check_against_torch: within 1e-5 relative L2 a
 custom scale, strided inputs; sliding windows, top-left alignment and soft-capping against autograd
 through Gemma 2's formula. Central finite differences of the float64 function check the
 gradient's meaning independently of autograd; fully masked rows must get zero gradients.
+Every score equal at 5.9e5 (a PyTorch edge case), on every ISA, against PyTorch's softmax.
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -305,3 +309,53 @@ def test_variant_gradients_match_autograd(rng, case):
     # against torch's 1.8e-7 for MHSA_TEST_SEED=229997365.
     for o, t, r in zip(ours, fp32, ref):
         check_against_torch(o, t, r, floor=5e-7)
+
+
+# Run by test_all_scores_equal_at_5_9e5 in a process of its own for each MHSA_ISA cap (the ISA is
+# chosen once per process): the forward and the backward of the arrays in argv[1], into argv[2].
+EQUAL_SCORES_CHILD = """
+import sys
+import numpy as np
+import mhsa
+a = np.load(sys.argv[1])
+q, k, v, dout = a["q"], a["k"], a["v"], a["dout"]
+out, lse = mhsa.scaled_dot_product_attention(q, k, v, return_lse=True)
+dq, dk, dv = mhsa.scaled_dot_product_attention_backward(dout, q, k, v, out, lse)
+np.savez(sys.argv[2], dq=dq, dk=dk, dv=dv, lse=lse)
+"""
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
+def test_all_scores_equal_at_5_9e5(rng, tmp_path, isa):
+    """A PyTorch edge case: every score of every row equal, at 5.9e5 (B1 H32 T23 D80). The float32
+    lse's ulp there is 0.0625, so P recomputed as exp(s - lse) was off by up to 3%: dv 1.05e-2
+    against PyTorch fp32's 8.8e-8 (dk, dq alike). The backward recomputes such rows' max and sum
+    (lse_too_coarse in kernels/attention_params.h). q and k split D in three: dim 0 constant
+    (q·k there gives the score), dims 40-59 where only q varies and 60-79 where only k does, so
+    every score is exactly equal yet dq and dk are not zero. Each MHSA_ISA cap runs in its own
+    process ("avx512" is no cap: the best the machine has)."""
+    B, H, T, D = 1, 32, 23, 80
+    scale = 1 / math.sqrt(D)
+    q, k = np.zeros((B, H, T, D), np.float32), np.zeros((B, H, T, D), np.float32)
+    q[..., 0], k[..., 0] = 5.9e5 / scale, 1.0  # k small there: dq's first dim (exactly 0) stays well conditioned
+    q[..., 40:60] = randn(rng, B, H, T, 20)
+    k[..., 60:] = randn(rng, B, H, T, 20)
+    v, dout = randn(rng, B, H, T, D), randn(rng, B, H, T, D)
+    inputs, results = tmp_path / "inputs.npz", tmp_path / "results.npz"
+    np.savez(inputs, q=q, k=k, v=v, dout=dout)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), MHSA_ISA=isa)
+    proc = subprocess.run([sys.executable, "-c", EQUAL_SCORES_CHILD, str(inputs), str(results)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = np.load(results)
+    assert abs(float(got["lse"].min()) - 5.9e5) < 10  # the case is the one meant: lse ≈ 5.9e5 + log 23
+
+    def grads(dtype):  # PyTorch's attention: P from softmax, never from a saved lse
+        ts = [torch.tensor(a, dtype=dtype, requires_grad=True) for a in (q, k, v)]
+        out = torch.softmax(ts[0] @ ts[1].transpose(-1, -2) * scale, dim=-1) @ ts[2]
+        out.backward(torch.tensor(dout, dtype=dtype))
+        return [t.grad.numpy() for t in ts]
+
+    ref, fp32 = grads(torch.float64), grads(torch.float32)
+    for name, t, r in zip(("dq", "dk", "dv"), fp32, ref):
+        check_against_torch(got[name], t, r)
