@@ -440,8 +440,8 @@ void run(ExplainArgs a) {
 void add_explain_command(CLI::App& app) {
   auto a = std::make_shared<ExplainArgs>();
   CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a model (GPT-2, Llama, Qwen, Mistral, Gemma 2) attends to on a prompt");
-  cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)");
-  cmd->add_option("--messages", a->messages,
+  CLI::Option* prompt = cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)");
+  CLI::Option* messages = cmd->add_option("--messages", a->messages,
                   "or a conversation: a JSON file ('-': stdin) of {\"role\", \"content\"} objects, through the "
                   "model's chat template; the report shows each token's role");
   cmd->add_option("--model", a->model, "a model directory, a GGUF file, or a name: smollm2 (the default), kjv");
@@ -457,10 +457,12 @@ void add_explain_command(CLI::App& app) {
       ->default_val("html")
       ->check(one_of({"html", "text"}));
   add_threads_option(cmd, a->threads);
-  cmd->callback([a] {
-    if (a->prompt.empty() == a->messages.empty())
-      throw Error(a->prompt.empty() ? "mhsa explain: --prompt: expected --prompt TEXT or --messages FILE, got neither"
-                                    : "mhsa explain: --messages: expected --prompt or --messages, got both");
+  cmd->callback([a, prompt, messages] {
+    if ((prompt->count() > 0) == (messages->count() > 0))
+      throw Error(prompt->count() == 0 ? "mhsa explain: --prompt: expected --prompt TEXT or --messages FILE, got neither"
+                                       : "mhsa explain: --messages: expected --prompt or --messages, got both");
+    if (messages->count() > 0 && a->messages.empty())
+      throw Error("mhsa explain: --messages: expected a JSON file ('-': standard input), got ''");
     run(*a);
   });
 }
