@@ -16,13 +16,16 @@ the other's mean, says more about the moment than about the engines. This script
 - prints every round's ratio, and summarises with the median of the paired ratios and their
   range (min–max).
 
-Usage: python3 bench/compare_llama_cpp.py [--rounds 6] [--threads 2] [--arch gpt2|smollm2 | --model-dir DIR]
-                                         [--dtype f32|bf16|f16|q8_0 [--peer-outtype f32|f16|bf16|q8_0]] [--only pp|tg]
+Usage: python3 bench/compare_llama_cpp.py [--rounds 6] [--threads 2] [--arch gpt2|smollm2 | --model-dir DIR |
+                                          --gguf FILE [--peer-gguf FILE]]
+                                         [--dtype f32|bf16|f16|q8_0|q4_k [--peer-outtype f32|f16|bf16|q8_0]] [--only pp|tg]
 With a model directory, mhsa runs `mhsa bench --model DIR --filter pp512,tg128` and reads the cases
 whose names end in _pp512 and _tg128. --dtype compares another precision: mhsa loads DIR with
 `--dtype`, llama.cpp runs the GGUF its converter writes with `--outtype` the same (or
 --peer-outtype: f16 where llama.cpp's 16-bit path is faster than its bf16 one); it needs a model
-directory. --only runs one of the two tests.
+directory. --gguf FILE: a GGUF file for both engines, as it is (no conversion): mhsa loads it with
+--dtype, llama.cpp runs it (or --peer-gguf FILE: e.g. a Q8_0 copy against mhsa's q8_0 of a Q4_1 file).
+--only runs one of the two tests.
 The first run builds llama.cpp from PyPI's llama-cpp-python sdist (several minutes); later runs
 reuse it (see bench/llama_cpp_peer.sh).
 """
@@ -61,10 +64,12 @@ def mhsa_run(cli, threads, model_dir, dtype="f32"):
     return data, rates
 
 
-def peer_run(threads, reps, model_dir, outtype="f32"):
+def peer_run(threads, reps, model_dir, outtype="f32", gguf=None):
     """tokens/s of each test: the median of llama-bench's per-repetition samples."""
     env = dict(os.environ, MHSA_PEER_THREADS=str(threads), MHSA_PEER_REPS=str(reps), MHSA_PEER_OUTTYPE=outtype)
-    if model_dir:
+    if gguf:
+        env["MHSA_PEER_GGUF"] = str(gguf)
+    elif model_dir:
         env["MHSA_PEER_HF_DIR"] = str(model_dir)
     out = subprocess.run(["bash", str(ROOT / "bench" / "llama_cpp_peer.sh")], check=True, env=env,
                          capture_output=True, text=True)
@@ -85,22 +90,31 @@ def main():
     ap.add_argument("--arch", choices=("gpt2", "smollm2"), default="gpt2",
                     help="the random model (default gpt2: mhsa's built-in GPT-2 124M)")
     ap.add_argument("--model-dir", type=Path, help="a Hugging Face model directory for both engines")
+    ap.add_argument("--gguf", type=Path, help="a GGUF file for both engines (as it is: no conversion)")
+    ap.add_argument("--peer-gguf", type=Path, help="with --gguf: the GGUF file llama.cpp runs instead")
     ap.add_argument("--only-peer", action="store_true", help="run llama.cpp alone (no ratios)")
-    ap.add_argument("--dtype", choices=("f32", "bf16", "f16", "q8_0"), default="f32",
-                    help="mhsa's weights (and llama.cpp's, unless --peer-outtype); needs --model-dir or --arch smollm2")
+    ap.add_argument("--dtype", choices=("f32", "bf16", "f16", "q8_0", "q4_k"), default="f32",
+                    help="mhsa's weights (and llama.cpp's, unless --peer-outtype); needs --model-dir, --gguf or --arch smollm2")
     ap.add_argument("--peer-outtype", choices=("f32", "f16", "bf16", "q8_0"),
                     help="the GGUF type llama.cpp runs (default: --dtype's)")
     ap.add_argument("--only", choices=("pp", "tg"), help="run only prompt processing (pp512) or decoding (tg128)")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error(f"--rounds: expected >= 1, got {args.rounds}")
-    if args.dtype != "f32" and args.model_dir is None and args.arch == "gpt2":
+    if args.peer_gguf and not args.gguf:
+        ap.error("--peer-gguf: expected with --gguf")
+    if args.gguf and args.model_dir:
+        ap.error("--gguf and --model-dir: expected one of them")
+    if args.dtype != "f32" and args.model_dir is None and args.gguf is None and args.arch == "gpt2":
         ap.error("--dtype: mhsa's built-in GPT-2 is f32; give --model-dir DIR (bench/random_hf_model.py writes one)")
     outtype = args.peer_outtype or args.dtype
     global TESTS
     if args.only:
         TESTS = tuple(t for t in TESTS if t[0] == args.only)
-    model_dir = args.model_dir
+    model_dir = args.model_dir or args.gguf  # what mhsa loads
+    peer_gguf = args.peer_gguf or args.gguf  # what llama.cpp runs as it is (None: it converts model_dir)
+    if peer_gguf:
+        outtype = peer_gguf.name
     if model_dir is None and args.arch != "gpt2":
         model_dir = Path(os.environ.get("MHSA_PEER_DIR", ROOT / "build" / "peer")) / f"{args.arch}-random-hf"
         if not (model_dir / "config.json").exists():
@@ -109,7 +123,7 @@ def main():
     name = model_dir.name if model_dir else "GPT-2 124M"
     if args.only_peer:
         for r in range(args.rounds):
-            j, rates = peer_run(args.threads, args.reps, model_dir, outtype)
+            j, rates = peer_run(args.threads, args.reps, model_dir, outtype, peer_gguf)
             print(f"round {r + 1}: llama.cpp " + "  ".join(f"{label} {rates[key]:.1f} tokens/s" for key, _, label in TESTS)
                   + f" ({j.get('model', '?')}; {j.get('llama_cpp_version', '?')}; cpu busy before "
                     f"{j.get('cpu_busy_pct_before', '?')}%)")
@@ -123,13 +137,13 @@ def main():
             if engine == "mhsa":
                 info["mhsa"], rates["mhsa"] = mhsa_run(args.cli, args.threads, model_dir, args.dtype)
             else:
-                info["llama.cpp"], rates["llama.cpp"] = peer_run(args.threads, args.reps, model_dir, outtype)
+                info["llama.cpp"], rates["llama.cpp"] = peer_run(args.threads, args.reps, model_dir, outtype, peer_gguf)
         rounds.append(rates)
         print("  " + "  ".join(f"{label} {rates['mhsa'][key]:.1f} vs {rates['llama.cpp'][key]:.1f} tokens/s "
                                f"({rates['mhsa'][key] / rates['llama.cpp'][key]:.2f}x)" for key, _, label in TESTS),
               file=sys.stderr, flush=True)
     peak, bw = info["mhsa"]["fma_peak_gflops"], info["mhsa"]["read_bandwidth_gbs"]
-    print(f"{name} mhsa {args.dtype} against llama.cpp {outtype.upper()}, {args.threads} threads, {args.rounds} paired rounds (alternating order), "
+    print(f"{name} mhsa {args.dtype} against llama.cpp {outtype if peer_gguf else outtype.upper()}, {args.threads} threads, {args.rounds} paired rounds (alternating order), "
           f"median of each engine's repetitions per round; llama.cpp {info['llama.cpp'].get('llama_cpp_version', '?')}; "
           f"last measured peak {peak:.1f} GFLOP/s, read bandwidth {bw:.1f} GB/s")
     print(f"{'round':>5} " + " ".join(f"{label + ' mhsa':>11} {'llama.cpp':>10} {'ratio':>6}" for _, _, label in TESTS))

@@ -44,6 +44,8 @@
 #   MHSA_PEER_TARGETS  llama.cpp targets to build (default "llama-bench"; e.g.
 #                      "llama-server", or "llama" for the library alone)
 #   MHSA_PEER_OUTTYPE  the converter's --outtype: f32 (default), f16, bf16, q8_0
+#   MHSA_PEER_GGUF     a GGUF file to run as it is (no model directory, no
+#                      conversion: e.g. a downloaded Q4_1 file); hf_dir is ""
 #   MHSA_PEER_NO_BENCH 1: build and convert only, then print one JSON line
 #                      {"llama_cpp_version", "src_dir", "build_dir", "bin_dir",
 #                      "hf_dir", "gguf"}
@@ -79,6 +81,10 @@ BENCH_BIN="$BUILD_DIR/bin/llama-bench"
 ARCH="${MHSA_PEER_ARCH:-gpt2}"
 HF_DIR="$(realpath -m "${MHSA_PEER_HF_DIR:-$PEER_DIR/$ARCH-random-hf}")"
 GGUF="$PEER_DIR/$(basename "$HF_DIR")-$OUTTYPE.gguf"
+if [[ -n "${MHSA_PEER_GGUF:-}" ]]; then
+    GGUF="$(realpath -m "$MHSA_PEER_GGUF")"
+    HF_DIR=""
+fi
 
 log() { printf '[llama_cpp_peer] %s\n' "$*" >&2; }
 
@@ -135,6 +141,7 @@ for target in $TARGETS; do
     if [[ ! -x "$BUILD_DIR/bin/$target" && ! -f "$BUILD_DIR/src/lib$target.a" ]]; then
         log "building $TARGETS with -j$JOBS (several minutes on 2 cores)"
         t0=$(date +%s)
+        break
     fi
 done
 # Always invoke the build: a no-op when up to date, and it repairs a partial one.
@@ -147,13 +154,18 @@ if [[ -n "${t0:-}" ]]; then
 fi
 
 # ---- 3. the model directory and its F32 GGUF --------------------------------
-if [[ ! -f "$HF_DIR/config.json" ]]; then
+if [[ -n "${MHSA_PEER_GGUF:-}" ]]; then
+    [[ -f "$GGUF" ]] || { log "MHSA_PEER_GGUF=$GGUF: no such file"; exit 1; }
+    log "model given: $GGUF"
+elif [[ ! -f "$HF_DIR/config.json" ]]; then
     [[ -z "${MHSA_PEER_HF_DIR:-}" ]] || { log "MHSA_PEER_HF_DIR=$HF_DIR has no config.json"; exit 1; }
     log "writing a random $ARCH model (seed 0) to $HF_DIR"
     python3 "$SCRIPT_DIR/random_hf_model.py" --arch "$ARCH" "$HF_DIR.tmp" >&2
     mv "$HF_DIR.tmp" "$HF_DIR"
 fi
-if [[ ! -f "$GGUF" || "$GGUF" -ot "$HF_DIR/config.json" ]]; then
+if [[ -n "${MHSA_PEER_GGUF:-}" ]]; then
+    :
+elif [[ ! -f "$GGUF" || "$GGUF" -ot "$HF_DIR/config.json" ]]; then
     log "converting $HF_DIR to $OUTTYPE GGUF with the vendored convert_hf_to_gguf.py"
     PYTHONPATH="$SRC_DIR/gguf-py${PYTHONPATH:+:$PYTHONPATH}" \
         python3 "$SRC_DIR/convert_hf_to_gguf.py" "$HF_DIR" \
@@ -192,9 +204,10 @@ RESULT_JSON="$PEER_DIR/llama-bench-result.json"
     -o json -oe md >"$RESULT_JSON"
 
 python3 - "$RESULT_JSON" "$LCP_VERSION" "$LLAMA_COMMIT" "$THREADS" "$BUSY" "$HF_DIR" "$GGUF" <<'PY'
-import json, sys
+import json, os, sys
 path, lcp, commit, threads = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 busy, hf_dir, gguf = int(sys.argv[5]), sys.argv[6], sys.argv[7]
+weights = "random weights" if hf_dir and not os.environ.get("MHSA_PEER_HF_DIR") else os.path.basename(gguf)
 rows = json.load(open(path))
 def pick(n_prompt, n_gen):
     for r in rows:
@@ -213,7 +226,7 @@ print(json.dumps({
     "tg128_stddev": r2(tg["stddev_ts"]),
     "pp512_samples": [r2(x) for x in pp.get("samples_ts", [])],
     "tg128_samples": [r2(x) for x in tg.get("samples_ts", [])],
-    "model": f"{pp.get('model_type', '?')} random weights, {pp.get('model_size', 0)/2**20:.0f} MiB",
+    "model": f"{pp.get('model_type', '?')} {weights}, {pp.get('model_size', 0)/2**20:.0f} MiB",
     "cpu": pp.get("cpu_info", ""),
     "cpu_busy_pct_before": busy,
     "hf_dir": hf_dir,
