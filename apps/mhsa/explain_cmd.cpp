@@ -358,18 +358,36 @@ void print_text(const std::vector<std::string>& labels, const Explanation& e, in
 // apply_chat_template, no generation prompt), its ids, and each token's role: the role of the
 // message whose text it begins in. A message's text ends where the conversation rendered up to it
 // stops agreeing with the whole one (templates render each message after the ones before it).
-std::vector<int32_t> conversation_ids(const Tokenizer& tok, const std::string& path, std::vector<std::string>& roles) {
+// The conversation must fit the model's context (max_positions) before the prefixes are rendered:
+// rendering every prefix is quadratic in the number of messages.
+std::vector<int32_t> conversation_ids(const Tokenizer& tok, const std::string& path, int64_t max_positions,
+                                      std::vector<std::string>& roles) {
+  constexpr size_t kMaxBytes = size_t{16} << 20;  // as mhsa chat's --messages
   std::string text;
-  if (path == "-")
-    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  else
-    text = detail::read_file(path, "mhsa explain", "--messages");
+  if (path == "-") {
+    char buf[65536];
+    while (std::cin.read(buf, sizeof buf) || std::cin.gcount() > 0) {
+      text.append(buf, static_cast<size_t>(std::cin.gcount()));
+      if (text.size() > kMaxBytes)
+        throw Error(message("mhsa explain: --messages: expected at most ", kMaxBytes >> 20, " MiB on standard input, got more"));
+    }
+  } else {
+    detail::InputFile f(path, "mhsa explain", "--messages");
+    if (f.size() > kMaxBytes)
+      throw Error(message("mhsa explain: --messages: expected a file of at most ", kMaxBytes >> 20, " MiB, got ",
+                          f.size(), " bytes"));
+    text = f.read_all();
+  }
   const std::vector<ChatMessage> messages = ChatSession::parse_messages(text);
   if (tok.chat_template().empty())
     throw Error("mhsa explain: --messages: expected a model with a chat template, got one without (use --prompt)");
   nlohmann::json list = nlohmann::json::array();
   for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
   const std::string whole = tok.apply_chat_template(list.dump());
+  const std::vector<int32_t> ids = tok.encode(whole, EncodeOptions{false, true});
+  if (static_cast<int64_t>(ids.size()) > max_positions)
+    throw Error(message("mhsa explain: --messages: expected at most ", max_positions,
+                        " tokens (the model's context), got ", ids.size(), " tokens"));
   std::vector<size_t> ends(messages.size());
   for (size_t k = 0; k + 1 < messages.size(); ++k) {  // the common prefix with the whole conversation
     nlohmann::json prefix(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k + 1));
@@ -379,7 +397,6 @@ std::vector<int32_t> conversation_ids(const Tokenizer& tok, const std::string& p
     ends[k] = n;
   }
   ends.back() = whole.size();
-  const std::vector<int32_t> ids = tok.encode(whole, EncodeOptions{false, true});
   size_t at = 0, k = 0;
   for (int32_t id : ids) {
     while (k + 1 < ends.size() && at >= ends[k]) ++k;
@@ -402,7 +419,7 @@ void run(ExplainArgs a) {
   // As `mhsa generate`: tokenizer.json as transformers' tokenizer(prompt) (BOS added).
   const std::vector<int32_t> ids =
       a.messages.empty() ? tok.encode(a.prompt, EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()})
-                         : conversation_ids(tok, a.messages, roles);
+                         : conversation_ids(tok, a.messages, c.max_positions, roles);
   const char* input = a.messages.empty() ? "--prompt" : "--messages";
   if (ids.empty()) throw Error(message("mhsa explain: ", input, ": expected some text, got an empty prompt"));
   if (static_cast<int64_t>(ids.size()) > c.max_positions)

@@ -254,6 +254,10 @@ def test_messages_label_each_token_with_its_role(chat_dir, tmp_path):
     assert r.returncode == 2 and "expected --prompt or --messages, got both" in r.stderr
     r = run("explain", "--model", chat_dir, "--out", tmp_path / "x.html", check=False)
     assert r.returncode == 2 and "expected --prompt TEXT or --messages FILE, got neither" in r.stderr
+    long = [{"role": "user", "content": "Hello world!"}] * 2000  # past the 512-token context: refused before
+    (tmp_path / "long.json").write_text(json.dumps(long))        # its 2000 prefixes are rendered
+    r = run("explain", "--model", chat_dir, "--messages", tmp_path / "long.json", "--out", tmp_path / "x.html", check=False)
+    assert r.returncode == 2 and "--messages: expected at most 512 tokens (the model's context), got" in r.stderr
     (tmp_path / "bad.json").write_text('[{"role": "user"}]')
     r = run("explain", "--model", chat_dir, "--messages", tmp_path / "bad.json", "--out", tmp_path / "x.html", check=False)
     assert r.returncode == 2 and "content" in r.stderr and r.stdout == "", r.stderr
