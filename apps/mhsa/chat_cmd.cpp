@@ -30,6 +30,7 @@
 #include "mhsa/error.h"
 #include "options.h"
 #include "output.h"
+#include "speculation_options.h"
 
 namespace mhsa::cli {
 namespace {
@@ -41,6 +42,7 @@ struct ChatArgs {
   std::string model, system, chat_template, messages, prompt, dtype, kv_dtype;
   ChatOptions options;
   bool json = false, verbose = false;
+  SpeculationArgs speculation;
   int threads = 0;
 };
 
@@ -118,6 +120,12 @@ void print_stats(const ChatTurn& t) {
                static_cast<long long>(t.prompt_tokens), static_cast<long long>(t.evaluated_tokens), prefill,
                static_cast<long long>(t.reused_tokens), static_cast<long long>(t.generated_tokens), rate,
                finish_reason_name(t.finish));
+  const SpeculationStats& sp = t.speculation;
+  if (sp.drafted > 0)
+    std::fprintf(stderr, "mhsa chat: speculation: %lld of %lld guesses kept (%.0f%%), %.2f tokens per forward\n",
+                 static_cast<long long>(sp.accepted), static_cast<long long>(sp.drafted),
+                 100.0 * static_cast<double>(sp.accepted) / static_cast<double>(sp.drafted),
+                 sp.forwards ? static_cast<double>(t.generated_tokens - 1) / static_cast<double>(sp.forwards) : 0.0);
 }
 
 const TextCallback kPrint = [](std::string_view piece) {
@@ -148,7 +156,11 @@ void answer_once(ChatSession& session, const ChatArgs& a, int64_t context) {
     const nlohmann::json j = {{"role", "assistant"},         {"content", t.text},
                               {"finish_reason", finish_reason_name(t.finish)},
                               {"prompt_tokens", t.prompt_tokens}, {"completion_tokens", t.generated_tokens},
-                              {"cached_tokens", t.reused_tokens}};
+                              {"cached_tokens", t.reused_tokens},
+                              {"speculation",
+                               {{"forwards", t.speculation.forwards},
+                                {"drafted", t.speculation.drafted},
+                                {"accepted", t.speculation.accepted}}}};
     write_stdout(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   } else {
     write_stdout("\n");
@@ -236,6 +248,12 @@ void run(ChatArgs& a) {
                                 "), got none; give one with --chat-template FILE"));
   }
   a.options.system = a.system;
+  std::unique_ptr<LoadedModel> draft;
+  apply_speculation(a.speculation, effective_dtype(resolved, a.dtype), a.options.generation, draft);
+  if (draft && draft->tokenizer.vocab_size() != loaded.tokenizer.vocab_size())
+    throw Error(detail::message("mhsa chat: --model-draft: expected a model with --model's tokenizer (",
+                                loaded.tokenizer.vocab_size(), " tokens), got one of ", draft->tokenizer.vocab_size(),
+                                " tokens"));
   ChatSession session(loaded.model, loaded.tokenizer, a.options);
   const int64_t context = loaded.model.config().max_positions;
   if (!a.messages.empty() || !a.prompt.empty())
@@ -282,6 +300,7 @@ void add_chat_command(CLI::App& app) {
       ->default_val(1.0f)
       ->check(number_above(0));
   cmd->add_option("--seed", g.seed, "the sampler's seed")->default_val(0)->check(seed_value());
+  add_speculation_options(cmd, a->speculation);
   add_threads_option(cmd, a->threads);
   cmd->callback([a] {
     if (a->json && a->messages.empty() && a->prompt.empty())

@@ -31,6 +31,7 @@
 #include "mhsa/tokenizer.h"
 #include "options.h"
 #include "output.h"
+#include "speculation_options.h"
 #include "text/text_stream.h"
 
 namespace mhsa::cli {
@@ -45,6 +46,8 @@ struct GenerateArgs {
   bool json = false;
   bool ignore_eos = false;
   bool echo = false, echo_given = false;  // --echo / --no-echo; default: whether stdout is a terminal
+  bool verbose = false;
+  SpeculationArgs speculation;
   int threads = 0;
 };
 
@@ -54,6 +57,8 @@ void run(const GenerateArgs& a) {
   const Model& model = loaded.model;
   GenerationOptions o = a.options;
   o.stop_at_eos = !a.ignore_eos;
+  std::unique_ptr<LoadedModel> draft;
+  apply_speculation(a.speculation, effective_dtype(model_dir(a.model), a.dtype), o, draft);
   for (const std::string& entry : a.logit_bias) {  // ID=BIAS, the id checked against the model by generate()
     const size_t eq = entry.find('=');
     int32_t id = -1;
@@ -117,6 +122,11 @@ void run(const GenerateArgs& a) {
     j["text"] = stream.text();  // invalid UTF-8 (a cut character) is written as U+FFFD
     j["prefill_tokens_per_s"] = prefill;
     j["decode_tokens_per_s"] = decode;
+    j["speculation"] = {{"draft_tokens", o.speculation.draft_tokens},
+                        {"drafter", o.speculation.draft_tokens == 0 ? "none" : draft ? "model" : "lookup"},
+                        {"forwards", stats.speculation.forwards},
+                        {"drafted", stats.speculation.drafted},
+                        {"accepted", stats.speculation.accepted}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return;
   }
@@ -124,6 +134,16 @@ void run(const GenerateArgs& a) {
   flush_stdout();  // the text first, then the summary, when both go to one terminal or file
   std::fprintf(stderr, "mhsa generate: %zu prompt tokens at %.1f tokens/s, %zu generated at %.1f tokens/s (%d threads)\n",
                ids.size(), prefill, tokens.size(), decode, omp_get_max_threads());
+  if (a.verbose && o.speculation.draft_tokens > 0) {
+    const SpeculationStats& sp = stats.speculation;
+    std::fprintf(stderr,
+                 "mhsa generate: speculation (%s, up to %lld a step): %lld of %lld guesses kept (%.0f%%), %.2f tokens "
+                 "per forward\n",
+                 draft ? "draft model" : "prompt lookup", static_cast<long long>(o.speculation.draft_tokens),
+                 static_cast<long long>(sp.accepted), static_cast<long long>(sp.drafted),
+                 sp.drafted ? 100.0 * static_cast<double>(sp.accepted) / static_cast<double>(sp.drafted) : 0.0,
+                 sp.forwards ? static_cast<double>(stats.decode_tokens) / static_cast<double>(sp.forwards) : 0.0);
+  }
 }
 
 }  // namespace
@@ -169,6 +189,8 @@ void add_generate_command(CLI::App& app) {
                                     "print the prompt before its continuation (default: when stdout is a terminal)");
   cmd->add_flag("--json", a->json,
                 "print one JSON object: prompt_tokens, prompt_ids, tokens, text, prefill/decode tokens per second");
+  add_speculation_options(cmd, a->speculation);
+  cmd->add_flag("-v,--verbose", a->verbose, "also report speculative decoding's guesses kept and tokens per forward");
   add_threads_option(cmd, a->threads);
   cmd->callback([a, echo] {
     a->echo_given = echo->count() > 0;

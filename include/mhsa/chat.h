@@ -82,6 +82,7 @@ struct ChatTurn {
   int64_t evaluated_tokens = 0;  // of those, run through the model in this turn
   int64_t generated_tokens = 0;  // the answer's tokens (an end-of-turn token not counted)
   double prefill_seconds = 0, decode_seconds = 0;
+  SpeculationStats speculation;  // with ChatOptions::generation.speculation
 };
 
 // A piece of the answer's text; returning false stops the answer.

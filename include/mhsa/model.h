@@ -47,6 +47,26 @@ class ModelCache {
   std::vector<KVCache> layers_;
 };
 
+class Model;
+
+// Speculative decoding: up to draft_tokens tokens are guessed ahead of the model and checked in
+// one forward (which costs about what one token costs while reading the weights bounds a step),
+// the first wrong guess and everything after it dropped, so a step yields 1 to draft_tokens + 1
+// tokens. Greedy output is bit for bit that of plain decoding: every row of the checking forward
+// takes the same kernels as a one-token step (so at most 7 tokens are checked at once, fewer
+// where a model's heads or layout need it). Sampled output has exactly the sampler's
+// distribution: a guess d is kept with the sampler's probability p(d), and on a rejection the
+// token is drawn from p with d left out (the standard rule for a guess made deterministically).
+// Guesses come from the text itself (prompt lookup: the longest of the last ngram_max ..
+// ngram_min tokens seen before, the tokens that followed its latest earlier occurrence) or, with
+// draft_model, from a smaller model with the same vocabulary, decoding greedily on its own cache.
+// Batch 1 only (generate refuses it for several prompts).
+struct SpeculationOptions {
+  int64_t draft_tokens = 0;            // at most this many guessed a step; 0: no speculation
+  int64_t ngram_max = 4, ngram_min = 1;  // prompt lookup's n-gram lengths (1 <= min <= max <= 64)
+  const Model* draft_model = nullptr;  // null: prompt lookup (the model must outlive generation)
+};
+
 struct GenerationOptions {
   int64_t max_new_tokens = 32;
   float temperature = 0.0f;          // 0: greedy (argmax); otherwise logits / temperature are sampled
@@ -63,12 +83,20 @@ struct GenerationOptions {
   std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;                 // the sampler's generator (one per sequence, seed + row)
   bool stop_at_eos = true;           // a sequence ends after it emits an end-of-sequence token
+  SpeculationOptions speculation;
 };
 
-// Timings of the two phases of generate().
+// What speculative decoding did: forwards run after the prompt's, tokens guessed, and of those
+// the tokens kept (acceptance = accepted / drafted; tokens per forward = decode tokens / forwards).
+struct SpeculationStats {
+  int64_t forwards = 0, drafted = 0, accepted = 0;
+};
+
+// Timings of the two phases of generate() (decode_tokens: the tokens made after the first).
 struct GenerationStats {
   int64_t prefill_tokens = 0, decode_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
+  SpeculationStats speculation;
 };
 
 // One sequence of Model::step: its own cache (batch 1) and its new tokens (a prompt chunk, or the

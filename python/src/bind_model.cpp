@@ -153,9 +153,13 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
           "generate",
           [name](const M& g, const py::object& ids_obj, int64_t max_new_tokens, float temperature, int64_t top_k,
              float top_p, uint64_t seed, float repetition_penalty, bool stop_at_eos, float presence_penalty,
-             float frequency_penalty, const std::map<int64_t, float>& logit_bias) {
+             float frequency_penalty, const std::map<int64_t, float>& logit_bias, int64_t draft_tokens,
+             const py::object& draft_model, int64_t lookup_ngram, bool return_stats) -> py::object {
             const Ids ids = token_ids(ids_obj, name + ".generate");
             GenerationOptions o;
+            o.speculation.draft_tokens = draft_tokens;
+            o.speculation.draft_model = draft_model.is_none() ? nullptr : draft_model.cast<const Model*>();
+            o.speculation.ngram_max = lookup_ngram;
             o.presence_penalty = presence_penalty;
             o.frequency_penalty = frequency_penalty;
             for (const auto& [id, bias] : logit_bias) {  // ids checked against the vocabulary by generate
@@ -171,9 +175,10 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
             o.repetition_penalty = repetition_penalty;
             o.stop_at_eos = stop_at_eos;
             std::vector<std::vector<int32_t>> out;
+            GenerationStats stats;
             {
               GilReleased unlocked;
-              out = g.generate(ids.data, ids.B, ids.T, o);
+              out = g.generate(ids.data, ids.B, ids.T, o, {}, &stats);
             }
             size_t longest = 0;
             for (const auto& row : out) longest = std::max(longest, row.size());
@@ -187,17 +192,28 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
                                : t - ids.T < static_cast<int64_t>(row.size()) ? row[static_cast<size_t>(t - ids.T)]
                                                                                : pad_token(g);
             }
-            if (ids.one_sequence) return py::array(seq.attr("reshape")(W));
-            return py::array(seq);
+            py::object result = ids.one_sequence ? py::array(seq.attr("reshape")(W)) : py::array(seq);
+            if (!return_stats) return result;
+            const py::dict d("prefill_tokens"_a = stats.prefill_tokens, "prefill_seconds"_a = stats.prefill_seconds,
+                             "decode_tokens"_a = stats.decode_tokens, "decode_seconds"_a = stats.decode_seconds,
+                             "forwards"_a = stats.speculation.forwards, "drafted"_a = stats.speculation.drafted,
+                             "accepted"_a = stats.speculation.accepted);
+            return py::make_tuple(result, d);
           },
           "ids"_a, "max_new_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0,
           "repetition_penalty"_a = 1.0f, "stop_at_eos"_a = true, "presence_penalty"_a = 0.0f,
-          "frequency_penalty"_a = 0.0f, "logit_bias"_a = std::map<int64_t, float>{},
+          "frequency_penalty"_a = 0.0f, "logit_bias"_a = std::map<int64_t, float>{}, "draft_tokens"_a = 0,
+          "draft_model"_a = py::none(), "lookup_ngram"_a = 4, "return_stats"_a = false,
           R"(Prompt + continuation, int64 [B, T + n] (like Hugging Face's generate): greedy at temperature 0,
 otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded with eos.
 presence_penalty, frequency_penalty and logit_bias ({token id: bias}) as OpenAI defines them: a
 token's logit plus its bias, minus frequency_penalty per time it was generated and presence_penalty
-once it was (the prompt not counted).)");
+once it was (the prompt not counted).
+Speculative decoding (one sequence): draft_tokens > 0 guesses up to that many tokens a step and checks
+them in one forward (greedy output unchanged bit for bit; sampled output keeps its distribution),
+from the text's own repeats (prompt lookup, n-grams up to lookup_ngram long) or from draft_model, a
+Model with the same vocabulary. return_stats: also a dict of prefill/decode tokens and seconds,
+forwards, drafted and accepted guesses.)");
 }
 
 }  // namespace

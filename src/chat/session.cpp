@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cmath>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "mhsa/chat_template.h"
 #include "model/access.h"
 #include "model/decoder.h"
+#include "model/speculative.h"
 #include "text/hf_tokenizer.h"
 #include "text/unicode_data.h"
 
@@ -92,6 +94,7 @@ ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOpt
   const GenerationOptions& o = options_.generation;
   if (o.max_new_tokens < 0) fail(fn, "max_new_tokens", "a count >= 0", std::to_string(o.max_new_tokens));
   detail::check_sampling(fn, o, model.config().vocab_size);
+  detail::check_speculation(fn, o.speculation, model.config().vocab_size);
   if (tokenizer.vocab_size() > model.config().vocab_size)  // a padded embedding may have more rows
     fail(fn, "tokenizer", message("a tokenizer of at most the model's ", model.config().vocab_size, " tokens"),
          message(tokenizer.vocab_size(), " tokens"));
@@ -225,38 +228,39 @@ ChatTurn ChatSession::answer(const TextCallback& on_text, const std::atomic<bool
     } else if (o.max_new_tokens == 0) {
       turn.finish = FinishReason::max_tokens;
     } else {
-      for (;;) {
-        if (stopped()) {
-          turn.finish = FinishReason::stopped;
-          break;
-        }
-        detail::check_logits({logits.data(), static_cast<size_t>(V)}, "ChatSession",
-                             turn.generated_tokens + 1);
-        const int32_t t = Model::sample({logits.data(), static_cast<size_t>(V)}, history, o, rng_, ids.size());
-        if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), t)) {
-          turn.finish = FinishReason::end_of_turn;
-          break;
-        }
-        ++turn.generated_tokens;
-        history.push_back(t);
-        // An id past the tokenizer's (a padded embedding's row) has no text, as in transformers' decode.
-        const std::string piece = t < tokenizer_->vocab_size() ? decoder.push(t) : std::string();
-        if (!piece.empty() && on_text && !on_text(piece)) {
-          turn.finish = FinishReason::stopped;
-          break;
-        }
-        if (turn.generated_tokens == o.max_new_tokens) {
-          turn.finish = FinishReason::max_tokens;
-          break;
-        }
-        if (cache_.length() == context) {
-          turn.finish = FinishReason::context_full;
-          break;
-        }
-        ensure_capacity(cache_.length() + 1);
-        logits = model_->extend(cache_, std::span(&t, 1), 1, 1, true);
-        cached_.push_back(t);
-      }
+      const detail::SequenceRunner run{
+          [&](std::span<const int32_t> fed) {
+            return model_->extend(cache_, fed, 1, static_cast<int64_t>(fed.size()), false);
+          },
+          [&](int64_t n) { cache_.truncate(n); }, [&] { return cache_.length(); },
+          [&](int64_t n) { ensure_capacity(n); }};
+      const std::unique_ptr<detail::Drafter> drafter = detail::make_drafter(o.speculation, context);
+      const detail::DecodeLimits limits{o.max_new_tokens, context, detail::exact_rows(ModelAccess::stack(*model_)),
+                                        "ChatSession"};
+      turn.finish = FinishReason::max_tokens;  // unless something below ends it first
+      const detail::DecodeResult r = detail::decode_sequence(
+          run, history, ids.size(), {logits.data(), static_cast<size_t>(V)}, o, rng_, drafter.get(), limits,
+          [&](int32_t t) {
+            if (stopped()) {
+              turn.finish = FinishReason::stopped;
+              return detail::Take::drop;
+            }
+            if (std::binary_search(stop_ids_.begin(), stop_ids_.end(), t)) {
+              turn.finish = FinishReason::end_of_turn;
+              return detail::Take::drop;
+            }
+            ++turn.generated_tokens;
+            // An id past the tokenizer's (a padded embedding's row) has no text, as in transformers' decode.
+            const std::string piece = t < tokenizer_->vocab_size() ? decoder.push(t) : std::string();
+            if (!piece.empty() && on_text && !on_text(piece)) {
+              turn.finish = FinishReason::stopped;
+              return detail::Take::last;
+            }
+            return detail::Take::more;
+          });
+      if (r.context_full) turn.finish = FinishReason::context_full;
+      turn.speculation = r.stats;
+      cached_.assign(history.begin(), history.begin() + cache_.length());
     }
     turn.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   } catch (...) {

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 
 #include "core/check.h"
+#include "model/speculative.h"
 
 namespace mhsa::detail {
 
@@ -428,7 +430,12 @@ size_t draw_index(size_t n, Weight weight, uint64_t& rng_state, std::vector<doub
 // its block of 256 tokens by their sums: GPT-2's 50,257 logits took 4.2-4.5 ms a draw when they
 // were all sorted, paid by a server per sequence per step on the thread the model waits for
 // (docs/performance.md, 2026-12-01). The same logits and generator state give the same token.
-int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t& rng_state) {
+//
+// With a draft token (speculative decoding; `accepted` then says what became of it): the draft is
+// returned with its probability under this rule, weight[draft] / Σ weight, and otherwise a token
+// drawn from the same weights with the draft's set to 0 — in all, each token with its probability.
+int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t& rng_state, int32_t draft = -1,
+             bool* accepted = nullptr) {
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const size_t V = logits.size();
   // Kept per thread: allocated afresh, GPT-2's 0.8 MB of them went back to the system after every
@@ -494,6 +501,27 @@ int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t
     ids.swap(kept);
     all = false;
   }
+  if (draft >= 0 && static_cast<size_t>(draft) < V) {
+    double total = 0, mine = 0;
+    if (all) {
+      constexpr size_t kLanes = 8;
+      double lane[kLanes] = {};
+      size_t i = 0;
+      for (; i + kLanes <= V; i += kLanes)
+        for (size_t j = 0; j < kLanes; ++j) lane[j] += weight[i + j];
+      for (; i < V; ++i) lane[0] += weight[i];
+      for (const double l : lane) total += l;
+      mine = weight[draft];
+    } else {
+      for (const int32_t id : ids) total += weight[id];
+      if (std::find(ids.begin(), ids.end(), draft) != ids.end()) mine = weight[draft];
+    }
+    const double u = static_cast<double>(splitmix(rng_state) >> 11) * 0x1.0p-53 * total;
+    *accepted = u < mine || mine >= total;  // (the second: nothing else has a weight)
+    if (*accepted) return draft;
+    if (all) weight[draft] = 0.0f;
+    else ids.erase(std::remove(ids.begin(), ids.end(), draft), ids.end());
+  }
   if (all) return static_cast<int32_t>(draw_index(V, [&](size_t i) { return weight[i]; }, rng_state, w.sums));
   return ids[draw_index(ids.size(), [&](size_t i) { return weight[ids[i]]; }, rng_state, w.sums)];
 }
@@ -512,8 +540,11 @@ void check_logits(std::span<const float> logits, std::string_view fn, int64_t to
        message(*at, " at token id ", at - logits.begin()));
 }
 
-int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
-               uint64_t& rng_state, size_t prompt_tokens) {
+namespace {
+
+// logit_bias, then the presence/frequency and repetition penalties, as sample applies them.
+void apply_penalties(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
+                     size_t prompt_tokens) {
   const int64_t V = static_cast<int64_t>(logits.size());
   for (const auto& [id, bias] : o.logit_bias)
     if (id >= 0 && id < V) logits[static_cast<size_t>(id)] += bias;
@@ -539,8 +570,27 @@ int32_t sample(std::span<float> logits, std::span<const int32_t> history, const 
       l = l > 0 ? l / o.repetition_penalty : l * o.repetition_penalty;
     }
   }
+}
+
+}  // namespace
+
+int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
+               uint64_t& rng_state, size_t prompt_tokens) {
+  apply_penalties(logits, history, o, prompt_tokens);
   if (o.temperature <= 0.0f) return argmax(logits);  // greedy
   return draw(logits, o, rng_state);
+}
+
+int32_t sample_draft(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
+                     uint64_t& rng_state, size_t prompt_tokens, int32_t draft, bool& accepted) {
+  apply_penalties(logits, history, o, prompt_tokens);
+  if (o.temperature <= 0.0f) {
+    const int32_t t = argmax(logits);
+    accepted = t == draft;
+    return t;
+  }
+  accepted = false;
+  return draw(logits, o, rng_state, draft, &accepted);
 }
 
 std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int32_t> prompts, int64_t B, int64_t T,
@@ -556,6 +606,10 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
                  " tokens and the prompt has ", T, ")"),
          std::to_string(o.max_new_tokens));
   check_sampling(fn, o, d.stack.config->vocab_size);
+  check_speculation(fn, o.speculation, d.stack.config->vocab_size);
+  if (o.speculation.draft_tokens > 0 && B != 1)
+    fail(fn, "speculation.draft_tokens", "0 with several prompts (speculative decoding runs one sequence)",
+         message(o.speculation.draft_tokens, " with ", B, " prompts"));
   if (static_cast<int64_t>(prompts.size()) / T != B || static_cast<int64_t>(prompts.size()) % T != 0)  // B·T could overflow
     fail(fn, "prompts", message(B, "·", T, " ids (B·T)"), std::to_string(prompts.size()));
 
@@ -579,6 +633,32 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
   st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   t0 = clock::now();
   const int64_t V = d.stack.config->vocab_size;
+  if (B == 1) {  // one sequence: the shared loop, with speculation when asked
+    std::vector<int32_t>& hist = history[0];
+    const SequenceRunner run{
+        [&](std::span<const int32_t> ids) { return extend(d, cache, ids, 1, static_cast<int64_t>(ids.size()), false); },
+        [&](int64_t n) {
+          for (KVCache& c : cache) c.truncate(n);
+        },
+        [&] { return cache[0].length(); }, {}};
+    const std::unique_ptr<Drafter> drafter = make_drafter(o.speculation, T + o.max_new_tokens);
+    int64_t step = 0;
+    int32_t token = 0;
+    const DecodeResult r = decode_sequence(
+        run, hist, static_cast<size_t>(T), {logits.data(), static_cast<size_t>(V)}, o, rng[0], drafter.get(),
+        DecodeLimits{o.max_new_tokens, context, exact_rows(d.stack), fn}, [&](int32_t t) {
+          out[0].push_back(t);
+          token = t;
+          const bool eos = o.stop_at_eos && std::find(d.eos.begin(), d.eos.end(), t) != d.eos.end();
+          const bool go_on = !on_token || on_token(step++, std::span(&token, 1));
+          return go_on && !eos ? Take::more : Take::last;
+        });
+    st.decode_tokens = std::max<int64_t>(0, r.tokens - 1);
+    st.speculation = r.stats;
+    st.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    if (stats) *stats = st;
+    return out;
+  }
   const int32_t pad = d.eos.empty() ? -1 : d.eos[0];
   std::vector<char> done(static_cast<size_t>(B), 0);
   std::vector<int32_t> tokens(static_cast<size_t>(B));

@@ -39,6 +39,11 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
 void check_sampling(std::string_view fn, const GenerationOptions& o, int64_t vocab);
 int32_t sample(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
                uint64_t& rng_state, size_t prompt_tokens = 0);
+// sample's rule for a row whose token was guessed (`draft`, speculative decoding): greedy, the
+// argmax (accepted: it is the draft); sampling, the draft with the rule's probability of it, else
+// a token drawn with the draft left out (accepted false) — each token with its probability.
+int32_t sample_draft(std::span<float> logits, std::span<const int32_t> history, const GenerationOptions& o,
+                     uint64_t& rng_state, size_t prompt_tokens, int32_t draft, bool& accepted);
 // The model's logits for generated token `token` (1 = the first) of sequence `seq` (-1: one
 // sequence), checked before anything is sampled from them: a NaN or an infinity means a weight or
 // activation that is not finite, and the sampler would turn it into token 0 (a NaN first logit is

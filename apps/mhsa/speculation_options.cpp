@@ -1,0 +1,35 @@
+// apps/mhsa/speculation_options.cpp — see speculation_options.h.
+#include "speculation_options.h"
+
+#include "options.h"
+
+namespace mhsa::cli {
+
+void add_speculation_options(CLI::App* cmd, SpeculationArgs& a) {
+  cmd->add_option("--draft,--draft-max", a.draft,
+                  "speculative decoding: tokens guessed ahead and checked in one forward (0: off; default " +
+                      std::to_string(kDefaultDraft) +
+                      "; at most 7 are checked at once). Greedy output is unchanged bit for bit, sampled output "
+                      "keeps its distribution")
+      ->check(integer_in(0, 64));
+  cmd->add_option("--model-draft,--draft-model", a.model_draft,
+                  "a draft model with the same vocabulary (a path or a name) to guess with, instead of prompt "
+                  "lookup (the text's own repeats)");
+  cmd->add_option("--lookup-ngram", a.ngram, "prompt lookup: the longest run of tokens looked up (1 to 64)")
+      ->default_val(4)
+      ->check(integer_in(1, 64));
+}
+
+void apply_speculation(const SpeculationArgs& a, const std::string& dtype, GenerationOptions& o,
+                       std::unique_ptr<LoadedModel>& draft) {
+  SpeculationOptions& s = o.speculation;
+  s.draft_tokens = a.draft >= 0 ? a.draft : kDefaultDraft;
+  s.ngram_min = 1;
+  s.ngram_max = a.ngram;
+  if (!a.model_draft.empty() && s.draft_tokens > 0) {
+    draft = std::make_unique<LoadedModel>(load_model(resolve_model(a.model_draft, "--model-draft"), dtype));
+    s.draft_model = &draft->model;
+  }
+}
+
+}  // namespace mhsa::cli

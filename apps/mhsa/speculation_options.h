@@ -1,0 +1,32 @@
+// apps/mhsa/speculation_options.h — the speculative-decoding options of generate, chat and serve
+// (llama.cpp's names as aliases), and the draft model they may load.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "default_model.h"
+#include "mhsa/model.h"
+
+namespace mhsa::cli {
+
+struct SpeculationArgs {
+  int64_t draft = -1;         // --draft N (-1: the default, prompt lookup's kDefaultDraft)
+  std::string model_draft;    // --model-draft M: a draft model instead of prompt lookup
+  int64_t ngram = 4;          // --lookup-ngram N: prompt lookup's longest n-gram
+};
+
+// Tokens guessed per step when --draft is not given: prompt lookup guesses only where the text
+// repeats itself, so it costs next to nothing elsewhere (docs/speculative.md).
+constexpr int64_t kDefaultDraft = 6;
+
+void add_speculation_options(CLI::App* cmd, SpeculationArgs& a);
+
+// The options into o.speculation; a draft model is loaded (with `dtype` as the target's) into
+// `draft`, which must outlive generation. Throws mhsa::Error naming the option.
+void apply_speculation(const SpeculationArgs& a, const std::string& dtype, GenerationOptions& o,
+                       std::unique_ptr<LoadedModel>& draft);
+
+}  // namespace mhsa::cli

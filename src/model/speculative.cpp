@@ -1,0 +1,164 @@
+// model/speculative.cpp — see speculative.h.
+#include "model/speculative.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+#include "model/decoder.h"
+
+namespace mhsa::detail {
+
+namespace {
+
+// Rows up to which each kernel family keeps a row's bits whatever the row count (see exact_rows).
+constexpr int64_t kStreamRows = 8;        // nn/linear.cpp: [out, in] weights streamed (matmul_bt*)
+constexpr int64_t kGemmStreamRows = 4;    // kernels/gemm.cpp's kStreamMaxM: float [in, out] weights
+constexpr int64_t kDecodeQueries = 8;     // kernels/isa/attention_tiles.h: the split-K decode path
+constexpr int64_t kDecodeGroupRows = 32;  // its query rows per kv head
+constexpr int64_t kMaxDraft = 64;         // a bound on the options, far past what one step checks
+
+int64_t linear_rows(const nn::Stack& s, const nn::LinearRef& r) {
+  if (r.w < 0) return kStreamRows;
+  if (s.p16(r.w) || s.p8(r.w) || s.p4(r.w) || r.layout == nn::Layout::out_in) return kStreamRows;
+  return kGemmStreamRows;
+}
+
+}  // namespace
+
+int64_t exact_rows(const nn::Stack& s) {
+  int64_t rows = kStreamRows;
+  for (const nn::LayerRefs& l : s.layers)
+    for (const nn::LinearRef* r : {&l.qkv, &l.q, &l.k, &l.v, &l.o, &l.fc, &l.proj, &l.gate, &l.up, &l.down})
+      rows = std::min(rows, linear_rows(s, *r));
+  if (s.output_matrix_blocked()) rows = std::min(rows, kGemmStreamRows);
+  const ModelConfig& c = *s.config;
+  const int64_t group = c.num_kv_heads > 0 ? c.num_heads / c.num_kv_heads : 1;
+  rows = std::min({rows, kDecodeQueries, kDecodeGroupRows / std::max<int64_t>(1, group)});
+  return std::max<int64_t>(1, rows);
+}
+
+void check_speculation(std::string_view fn, const SpeculationOptions& o, int64_t vocab) {
+  if (o.draft_tokens < 0 || o.draft_tokens > kMaxDraft)
+    fail(fn, "draft_tokens", message("a count in [0, ", kMaxDraft, "] (0: no speculation)"), std::to_string(o.draft_tokens));
+  if (o.ngram_min < 1 || o.ngram_min > kMaxDraft)
+    fail(fn, "ngram_min", message("a length in [1, ", kMaxDraft, "]"), std::to_string(o.ngram_min));
+  if (o.ngram_max < o.ngram_min || o.ngram_max > kMaxDraft)
+    fail(fn, "ngram_max", message("a length in [ngram_min = ", o.ngram_min, ", ", kMaxDraft, "]"),
+         std::to_string(o.ngram_max));
+  if (o.draft_model && o.draft_model->config().vocab_size != vocab)
+    fail(fn, "draft_model", message("a model with this model's vocabulary (", vocab, " tokens)"),
+         message("a vocabulary of ", o.draft_model->config().vocab_size, " tokens"));
+}
+
+std::unique_ptr<Drafter> make_drafter(const SpeculationOptions& o, int64_t max_tokens) {
+  if (o.draft_tokens == 0) return nullptr;
+  if (o.draft_model) return std::make_unique<ModelDrafter>(*o.draft_model, max_tokens);
+  return std::make_unique<LookupDrafter>(o.ngram_min, o.ngram_max);
+}
+
+void LookupDrafter::draft(std::span<const int32_t> h, int64_t k, std::vector<int32_t>& out) {
+  out.clear();
+  const int64_t L = static_cast<int64_t>(h.size());
+  for (int64_t n = std::min(max_, L - 1); n >= min_; --n) {
+    const int32_t* suffix = h.data() + (L - n);
+    // The latest earlier occurrence with at least one token after it: starts j < L − n.
+    for (int64_t j = L - n - 1; j >= 0; --j) {
+      if (h[static_cast<size_t>(j)] != suffix[0] || !std::equal(suffix, suffix + n, h.data() + j)) continue;
+      const int64_t from = j + n, to = std::min(L, from + k);
+      out.assign(h.begin() + from, h.begin() + to);
+      return;
+    }
+  }
+}
+
+ModelDrafter::ModelDrafter(const Model& draft, int64_t max_tokens)
+    : model_(&draft), cache_(draft.new_cache(1, std::min(max_tokens, draft.config().max_positions))) {}
+
+void ModelDrafter::draft(std::span<const int32_t> h, int64_t k, std::vector<int32_t>& out) {
+  out.clear();
+  const int64_t room = cache_.capacity();
+  if (h.empty() || static_cast<int64_t>(h.size()) >= room) return;  // past the draft's context: no guess
+  // Keep the longest common prefix, but run at least the last token: its logits are the first guess's.
+  size_t keep = static_cast<size_t>(std::mismatch(h.begin(), h.end(), cached_.begin(), cached_.end()).first - h.begin());
+  keep = std::min(keep, h.size() - 1);
+  cache_.truncate(static_cast<int64_t>(keep));
+  cached_.resize(keep);
+  constexpr size_t kChunk = 512;  // the prompt in chunks, as the chat session prefills
+  Tensor logits;
+  for (size_t at = keep; at < h.size();) {
+    const size_t n = std::min(kChunk, h.size() - at);
+    logits = model_->extend(cache_, h.subspan(at, n), 1, static_cast<int64_t>(n), true);
+    cached_.insert(cached_.end(), h.begin() + static_cast<std::ptrdiff_t>(at), h.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  const int64_t V = model_->config().vocab_size;
+  k = std::min(k, room - static_cast<int64_t>(h.size()));
+  for (int64_t i = 0; i < k; ++i) {
+    const float* row = logits.data();
+    const int32_t t = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    out.push_back(t);
+    if (i + 1 == k) break;
+    logits = model_->extend(cache_, std::span(&out.back(), 1), 1, 1, true);
+    cached_.push_back(t);
+  }
+}
+
+DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& history, size_t prompt_tokens,
+                             std::span<const float> first, const GenerationOptions& o, uint64_t& rng,
+                             Drafter* drafter, const DecodeLimits& limits, const std::function<Take(int32_t)>& take) {
+  DecodeResult r;
+  if (limits.max_new_tokens <= 0) return r;
+  const int64_t V = static_cast<int64_t>(first.size());
+  const int64_t max_draft = std::min(o.speculation.draft_tokens, limits.exact_rows - 1);
+  std::vector<float> row(first.begin(), first.end());  // the sampler changes its row
+  Tensor logits;      // [1, 1 + drafts, V] of the last forward (empty before the first)
+  std::vector<int32_t> drafts;
+  for (;;) {
+    // Rows 0 .. drafts.size() decide the drafts in turn, then one more token.
+    bool dropped = false, stop = false;
+    for (size_t i = 0; i <= drafts.size(); ++i) {
+      const float* src = logits.numel() ? logits.data() + static_cast<int64_t>(i) * V : first.data();
+      if (logits.numel()) row.assign(src, src + V);
+      check_logits(row, limits.fn, r.tokens + 1);
+      bool accepted = false;
+      int32_t t;
+      if (i < drafts.size()) {
+        t = sample_draft(row, history, o, rng, prompt_tokens, drafts[i], accepted);
+        ++r.stats.drafted;
+        r.stats.accepted += accepted;
+      } else {
+        t = sample(row, history, o, rng, prompt_tokens);
+      }
+      ++r.tokens;
+      const Take said = take(t);
+      if (said == Take::drop) {
+        dropped = stop = true;
+        break;
+      }
+      history.push_back(t);
+      if (said == Take::last || r.tokens == limits.max_new_tokens) stop = true;
+      if (stop || !accepted) break;
+    }
+    // The cache holds the forward's tokens; keep those that are now history (all but the last kept).
+    const int64_t held = static_cast<int64_t>(history.size()) - (dropped ? 0 : 1);
+    if (run.length() > held) run.truncate(held);
+    if (stop) return r;
+    if (run.length() + 1 > limits.context) {
+      r.context_full = true;
+      return r;
+    }
+    // Guess what follows; one forward runs the last token and the guesses.
+    const int64_t k = std::min({max_draft, limits.max_new_tokens - r.tokens - 1, limits.context - run.length() - 1});
+    if (drafter && k > 0) drafter->draft(history, k, drafts);
+    else drafts.clear();
+    std::vector<int32_t> fed;
+    fed.reserve(drafts.size() + 1);
+    fed.push_back(history.back());
+    fed.insert(fed.end(), drafts.begin(), drafts.end());
+    if (run.reserve) run.reserve(run.length() + static_cast<int64_t>(fed.size()));
+    logits = run.extend(fed);
+    ++r.stats.forwards;
+  }
+}
+
+}  // namespace mhsa::detail
