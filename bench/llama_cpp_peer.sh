@@ -42,7 +42,8 @@
 #   MHSA_PEER_ARCH     gpt2 (default) or smollm2: the random model to write
 #   MHSA_PEER_HF_DIR   a Hugging Face model directory to convert instead
 #   MHSA_PEER_TARGETS  llama.cpp targets to build (default "llama-bench"; e.g.
-#                      "llama-server", or "llama" for the library alone)
+#                      "llama-server", "llama-lookup" (bench/speculative.py), or
+#                      "llama" for the library alone)
 #   MHSA_PEER_OUTTYPE  the converter's --outtype: f32 (default), f16, bf16, q8_0
 #   MHSA_PEER_GGUF     a GGUF file to run as it is (no model directory, no
 #                      conversion: e.g. a downloaded Q4_1 file); hf_dir is ""
@@ -129,7 +130,7 @@ if ! grep -q '^LLAMA_BUILD_SERVER:BOOL=ON' "$BUILD_DIR/CMakeCache.txt" 2>/dev/nu
         -DGGML_NATIVE=ON \
         -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON \
         -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
         -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT" \

@@ -18,6 +18,9 @@ void add_speculation_options(CLI::App* cmd, SpeculationArgs& a) {
   cmd->add_option("--lookup-ngram", a.ngram, "prompt lookup: the longest run of tokens looked up (1 to 64)")
       ->default_val(4)
       ->check(integer_in(1, 64));
+  cmd->add_flag("--draft-fixed", a.fixed,
+                "check --draft guesses every step (default: only as many as pay, from the guesses kept so far and "
+                "the measured cost of checking them)");
 }
 
 void apply_speculation(const SpeculationArgs& a, const std::string& dtype, GenerationOptions& o,
@@ -26,6 +29,7 @@ void apply_speculation(const SpeculationArgs& a, const std::string& dtype, Gener
   s.draft_tokens = a.draft >= 0 ? a.draft : kDefaultDraft;
   s.ngram_min = 1;
   s.ngram_max = a.ngram;
+  s.adaptive = !a.fixed;
   if (!a.model_draft.empty() && s.draft_tokens > 0) {
     draft = std::make_unique<LoadedModel>(load_model(resolve_model(a.model_draft, "--model-draft"), dtype));
     s.draft_model = &draft->model;

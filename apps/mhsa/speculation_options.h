@@ -16,6 +16,7 @@ struct SpeculationArgs {
   int64_t draft = -1;         // --draft N (-1: the default, prompt lookup's kDefaultDraft)
   std::string model_draft;    // --model-draft M: a draft model instead of prompt lookup
   int64_t ngram = 4;          // --lookup-ngram N: prompt lookup's longest n-gram
+  bool fixed = false;         // --draft-fixed: always --draft guesses (SpeculationOptions::adaptive off)
 };
 
 // Tokens guessed per step when --draft is not given: prompt lookup guesses only where the text

@@ -65,6 +65,10 @@ struct SpeculationOptions {
   int64_t draft_tokens = 0;            // at most this many guessed a step; 0: no speculation
   int64_t ngram_max = 4, ngram_min = 1;  // prompt lookup's n-gram lengths (1 <= min <= max <= 64)
   const Model* draft_model = nullptr;  // null: prompt lookup (the model must outlive generation)
+  // Guess only as many as pay: each step's count is chosen from the sequence's guesses kept so
+  // far and the measured cost of a forward's further rows and of drafting (none where none pays,
+  // with a single guess now and then to notice a change). false: always draft_tokens.
+  bool adaptive = true;
 };
 
 struct GenerationOptions {

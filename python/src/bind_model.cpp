@@ -154,12 +154,13 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
           [name](const M& g, const py::object& ids_obj, int64_t max_new_tokens, float temperature, int64_t top_k,
              float top_p, uint64_t seed, float repetition_penalty, bool stop_at_eos, float presence_penalty,
              float frequency_penalty, const std::map<int64_t, float>& logit_bias, int64_t draft_tokens,
-             const py::object& draft_model, int64_t lookup_ngram, bool return_stats) -> py::object {
+             const py::object& draft_model, int64_t lookup_ngram, bool adaptive, bool return_stats) -> py::object {
             const Ids ids = token_ids(ids_obj, name + ".generate");
             GenerationOptions o;
             o.speculation.draft_tokens = draft_tokens;
             o.speculation.draft_model = draft_model.is_none() ? nullptr : draft_model.cast<const Model*>();
             o.speculation.ngram_max = lookup_ngram;
+            o.speculation.adaptive = adaptive;
             o.presence_penalty = presence_penalty;
             o.frequency_penalty = frequency_penalty;
             for (const auto& [id, bias] : logit_bias) {  // ids checked against the vocabulary by generate
@@ -203,7 +204,7 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
           "ids"_a, "max_new_tokens"_a, "temperature"_a = 0.0f, "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0,
           "repetition_penalty"_a = 1.0f, "stop_at_eos"_a = true, "presence_penalty"_a = 0.0f,
           "frequency_penalty"_a = 0.0f, "logit_bias"_a = std::map<int64_t, float>{}, "draft_tokens"_a = 0,
-          "draft_model"_a = py::none(), "lookup_ngram"_a = 4, "return_stats"_a = false,
+          "draft_model"_a = py::none(), "lookup_ngram"_a = 4, "adaptive"_a = true, "return_stats"_a = false,
           R"(Prompt + continuation, int64 [B, T + n] (like Hugging Face's generate): greedy at temperature 0,
 otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded with eos.
 presence_penalty, frequency_penalty and logit_bias ({token id: bias}) as OpenAI defines them: a
@@ -212,7 +213,8 @@ once it was (the prompt not counted).
 Speculative decoding (one sequence): draft_tokens > 0 guesses up to that many tokens a step and checks
 them in one forward (greedy output unchanged bit for bit; sampled output keeps its distribution),
 from the text's own repeats (prompt lookup, n-grams up to lookup_ngram long) or from draft_model, a
-Model with the same vocabulary. return_stats: also a dict of prefill/decode tokens and seconds,
+Model with the same vocabulary; adaptive: each step checks only as many guesses as pay, from the guesses
+kept so far and the measured cost of a forward's rows (False: always draft_tokens). return_stats: also a dict of prefill/decode tokens and seconds,
 forwards, drafted and accepted guesses.)");
 }
 

@@ -2,6 +2,7 @@
 #include "model/speculative.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/check.h"
 #include "model/decoder.h"
@@ -103,6 +104,62 @@ void ModelDrafter::draft(std::span<const int32_t> h, int64_t k, std::vector<int3
   }
 }
 
+namespace {
+
+// How many guesses a step should check, from this sequence's own record: the guesses kept (a
+// guess is kept with probability a, so a step of k guesses yields (1 − a^(k+1)) / (1 − a) tokens)
+// against what a forward of 1 + k rows and the drafting cost (measured here: on a 2-core machine
+// each further row of a small model's forward costs 40–50% of a one-row forward, so guesses that
+// are seldom right make decoding slower, not faster). Checks no guesses where none pays, and
+// then one guess every kProbe forwards, so that a text that turns to copying is noticed.
+class Tuner {
+ public:
+  int64_t choose(int64_t most) {
+    if (most <= 0) return 0;
+    const double a = kept_ / (kept_ + missed_);
+    const double beta = one_ > 0 && extra_ >= 0 ? std::clamp(extra_ / one_, 0.02, 4.0) : 0.5;
+    const double guess = one_ > 0 ? draft_ / one_ : 0.0;
+    int64_t best = 0;
+    double best_gain = 1.02;  // (a gain within timing noise is none)
+    double yield = 1, power = 1;
+    for (int64_t k = 1; k <= most; ++k) {
+      power *= a;
+      yield += power;
+      const double gain = yield / (1.0 + static_cast<double>(k) * (beta + guess));
+      if (gain > best_gain) {
+        best = k;
+        best_gain = gain;
+      }
+    }
+    if (best == 0 && ++idle_ >= kProbe) best = 1;
+    if (best > 0) idle_ = 0;
+    return best;
+  }
+  void forward(int64_t rows, double seconds) {
+    if (rows == 1) {
+      one_ = one_ > 0 ? 0.8 * one_ + 0.2 * seconds : seconds;
+    } else if (one_ > 0) {
+      const double per = std::max(0.0, (seconds - one_) / static_cast<double>(rows - 1));
+      extra_ = extra_ >= 0 ? 0.8 * extra_ + 0.2 * per : per;
+    }
+  }
+  void drafted(int64_t guesses, double seconds) {
+    if (guesses > 0) draft_ = 0.8 * draft_ + 0.2 * seconds / static_cast<double>(guesses);
+  }
+  void outcome(int64_t kept, bool missed) {
+    kept_ = 0.9 * kept_ + static_cast<double>(kept);
+    missed_ = 0.9 * missed_ + (missed ? 1.0 : 0.0);
+  }
+
+ private:
+  static constexpr int64_t kProbe = 32;
+  double kept_ = 1.2, missed_ = 0.8;  // a prior of a = 0.6, worth two forwards
+  double one_ = 0, extra_ = -1, draft_ = 0;
+  int64_t idle_ = 0;
+};
+
+}  // namespace
+
 DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& history, size_t prompt_tokens,
                              std::span<const float> first, const GenerationOptions& o, uint64_t& rng,
                              Drafter* drafter, const DecodeLimits& limits, const std::function<Take(int32_t)>& take) {
@@ -113,9 +170,13 @@ DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& hi
   std::vector<float> row(first.begin(), first.end());  // the sampler changes its row
   Tensor logits;      // [1, 1 + drafts, V] of the last forward (empty before the first)
   std::vector<int32_t> drafts;
+  Tuner tuner;
+  using clock = std::chrono::steady_clock;
+  const auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   for (;;) {
     // Rows 0 .. drafts.size() decide the drafts in turn, then one more token.
     bool dropped = false, stop = false;
+    int64_t kept = 0;
     for (size_t i = 0; i <= drafts.size(); ++i) {
       const float* src = logits.numel() ? logits.data() + static_cast<int64_t>(i) * V : first.data();
       if (logits.numel()) row.assign(src, src + V);
@@ -126,6 +187,7 @@ DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& hi
         t = sample_draft(row, history, o, rng, prompt_tokens, drafts[i], accepted);
         ++r.stats.drafted;
         r.stats.accepted += accepted;
+        kept += accepted;
       } else {
         t = sample(row, history, o, rng, prompt_tokens);
       }
@@ -139,6 +201,7 @@ DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& hi
       if (said == Take::last || r.tokens == limits.max_new_tokens) stop = true;
       if (stop || !accepted) break;
     }
+    if (!drafts.empty()) tuner.outcome(kept, kept < static_cast<int64_t>(drafts.size()));
     // The cache holds the forward's tokens; keep those that are now history (all but the last kept).
     const int64_t held = static_cast<int64_t>(history.size()) - (dropped ? 0 : 1);
     if (run.length() > held) run.truncate(held);
@@ -148,15 +211,22 @@ DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& hi
       return r;
     }
     // Guess what follows; one forward runs the last token and the guesses.
-    const int64_t k = std::min({max_draft, limits.max_new_tokens - r.tokens - 1, limits.context - run.length() - 1});
-    if (drafter && k > 0) drafter->draft(history, k, drafts);
-    else drafts.clear();
+    int64_t k = std::min({max_draft, limits.max_new_tokens - r.tokens - 1, limits.context - run.length() - 1});
+    if (o.speculation.adaptive) k = tuner.choose(k);
+    drafts.clear();
+    if (drafter && k > 0) {
+      const auto t0 = clock::now();
+      drafter->draft(history, k, drafts);
+      tuner.drafted(static_cast<int64_t>(drafts.size()), seconds(clock::now() - t0));
+    }
     std::vector<int32_t> fed;
     fed.reserve(drafts.size() + 1);
     fed.push_back(history.back());
     fed.insert(fed.end(), drafts.begin(), drafts.end());
     if (run.reserve) run.reserve(run.length() + static_cast<int64_t>(fed.size()));
+    const auto t0 = clock::now();
     logits = run.extend(fed);
+    tuner.forward(static_cast<int64_t>(fed.size()), seconds(clock::now() - t0));
     ++r.stats.forwards;
   }
 }

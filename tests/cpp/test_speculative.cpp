@@ -108,6 +108,7 @@ TEST(Speculative, GreedyOutputIsPlainDecodingsTokenForToken) {
       for (const bool with_model : {false, true}) {
         GenerationOptions s = o;
         s.speculation.draft_tokens = 7;
+        s.speculation.adaptive = false;  // every step guesses (the adaptive count is checked below)
         if (with_model) s.speculation.draft_model = &draft;
         GenerationStats st;
         const auto fast = model.generate(prompt, 1, static_cast<int64_t>(prompt.size()), s, {}, &st);
@@ -117,9 +118,13 @@ TEST(Speculative, GreedyOutputIsPlainDecodingsTokenForToken) {
         EXPECT_EQ(st.decode_tokens, static_cast<int64_t>(fast[0].size()) - 1);
         if (!with_model) EXPECT_LT(st.speculation.forwards, st.decode_tokens) << name << ": no guess was kept";
       }
+      GenerationOptions adaptive = o;  // however many guesses a step takes, the tokens are the same
+      adaptive.speculation.draft_tokens = 7;
+      EXPECT_EQ(model.generate(prompt, 1, static_cast<int64_t>(prompt.size()), adaptive), plain) << name;
       // The model as its own draft: every guess is its own greedy choice, so every one is kept.
       GenerationOptions self = o;
       self.speculation.draft_tokens = 5;
+      self.speculation.adaptive = false;
       self.speculation.draft_model = &model;
       GenerationStats st;
       EXPECT_EQ(model.generate(prompt, 1, static_cast<int64_t>(prompt.size()), self, {}, &st), plain) << name;
@@ -143,6 +148,7 @@ TEST(Speculative, StopsAndLimitsHoldInsideAStep) {
   const auto plain = model.generate(prompt, 1, T, o)[0];
   GenerationOptions s = o;
   s.speculation.draft_tokens = 7;
+  s.speculation.adaptive = false;
   for (int64_t n : {1, 2, 3, 9, 17}) {  // max_new_tokens falling inside a step's guesses
     s.max_new_tokens = n;
     const auto got = model.generate(prompt, 1, T, s)[0];
@@ -166,6 +172,7 @@ TEST(Speculative, StopsAndLimitsHoldInsideAStep) {
   full.max_new_tokens = 13;
   GenerationOptions fs = full;
   fs.speculation.draft_tokens = 7;
+  fs.speculation.adaptive = false;
   EXPECT_EQ(tight.generate(prompt, 1, T, fs), tight.generate(prompt, 1, T, full));
 }
 
@@ -247,6 +254,7 @@ TEST(Speculative, SampledTokensFollowTheSamplersDistribution) {
     o.temperature = kTemperature;
     o.stop_at_eos = false;
     o.speculation.draft_tokens = 2;
+    o.speculation.adaptive = false;
     if (with_model) o.speculation.draft_model = &draft;
     int64_t drafted = 0, accepted = 0;
     for (int i = 0; i < kDraws; ++i) {
