@@ -58,17 +58,19 @@ def test_greedy_equals_transformers_with_and_without_its_prompt_lookup(tiny, rng
             lookup = hf_model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0,
                                        prompt_lookup_num_tokens=6)[0].tolist()
         assert lookup == plain
-        got, stats = model.generate(np.array(ids), n, stop_at_eos=False, draft_tokens=6, return_stats=True)
+        got, stats = model.generate(np.array(ids), n, stop_at_eos=False, draft_tokens=6, adaptive=False,
+                                    return_stats=True)
         assert got.tolist() == plain[:len(got)] and len(got) == len(plain)
         assert stats["drafted"] > 0 and stats["forwards"] < stats["decode_tokens"]
         assert model.generate(np.array(ids), n, stop_at_eos=False).tolist() == got.tolist()
+        assert model.generate(np.array(ids), n, stop_at_eos=False, draft_tokens=6).tolist() == got.tolist()
 
 
 def test_chat_session_answers_are_unchanged(tiny, rng):
     d, _, _ = tiny
     model, tok = mhsa.Model.load(d), mhsa.Tokenizer.load(d)
     plain = mhsa.ChatSession(model, tok, max_new_tokens=40)
-    fast = mhsa.ChatSession(model, tok, max_new_tokens=40, draft_tokens=5)
+    fast = mhsa.ChatSession(model, tok, max_new_tokens=40, draft_tokens=5, adaptive=False)
     drafted = 0
     for _ in range(3):
         user = "".join(rng.choice(WORDS) for _ in range(8)) * 2
@@ -91,12 +93,12 @@ def test_default_model_greedy_tokens_are_unchanged_in_every_weight_type():
     for dtype in ["f32", "bf16", "f16", "q8_0", "q4_k"]:
         model = small if dtype == "q4_k" else mhsa.Model.load("smollm2", dtype=dtype)
         plain = model.generate(ids, 48, stop_at_eos=False)
-        fast, stats = model.generate(ids, 48, stop_at_eos=False, draft_tokens=7, return_stats=True)
+        fast, stats = model.generate(ids, 48, stop_at_eos=False, draft_tokens=7, adaptive=False, return_stats=True)
         assert fast.tolist() == plain.tolist(), dtype
         assert stats["accepted"] > stats["drafted"] / 3, (dtype, stats)
         if dtype == "q8_0":  # a draft model: the same model in 4 bits
             drafted, st = model.generate(ids, 48, stop_at_eos=False, draft_tokens=4, draft_model=small,
-                                         return_stats=True)
+                                         adaptive=False, return_stats=True)
             assert drafted.tolist() == plain.tolist()
             assert st["accepted"] > st["drafted"] / 2, st
 
