@@ -19,6 +19,7 @@
 // and Python keep the contiguous ModelCache.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -100,6 +101,10 @@ class KVBlockPool {
   // type() (float, bfloat16 or float16).
   void* keys(int64_t layer, int32_t b);
   void* values(int64_t layer, int32_t b);
+  // Block b's bytes, block_bytes() of them: every layer's keys and values (and whatever else the
+  // block holds), so that a block can be copied out and back whole (the server's prompt cache)
+  // without knowing its layout. b: a block whose slab is allocated (one taken by grow).
+  std::span<std::byte> block_data(int32_t b);
   // Throws unless b is a block held by a sequence.
   void check_held(int32_t b, const char* what) const;
   int32_t holders(int32_t b) const { return refs_[static_cast<size_t>(b)]; }  // b: a valid block

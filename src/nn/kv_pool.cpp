@@ -231,6 +231,10 @@ void* KVBlockPool::keys(int64_t layer, int32_t b) {
   return base + layer * kv_heads_ * block_tokens_ * (head_dim_ + v_head_dim_) * kv_type_bytes(type_);
 }
 
+std::span<std::byte> KVBlockPool::block_data(int32_t b) {
+  return {static_cast<std::byte*>(keys(0, b)), static_cast<size_t>(block_bytes())};
+}
+
 void* KVBlockPool::values(int64_t layer, int32_t b) {
   return static_cast<std::byte*>(keys(layer, b)) + kv_heads_ * block_tokens_ * head_dim_ * kv_type_bytes(type_);
 }
