@@ -16,7 +16,7 @@ std::string effective_dtype(const ResolvedModel& m, const std::string& dtype) {
 LoadedModel load_model(const ResolvedModel& m, const std::string& dtype, const std::string& kv_dtype) {
   const std::filesystem::path& dir = m.path;
   const WeightType weights = parse_weight_type(effective_dtype(m, dtype), "--dtype");
-  const KVType kv = parse_kv_type(kv_dtype, "--kv-dtype");
+  const KVTypes kv = parse_kv_types(kv_dtype, "--kv-dtype");
   Model model = Model::load(dir, weights);
   ModelAccess::block_weights(model);  // GPT-2's projections as decode steps read them fastest (same results)
   model.set_kv_type(kv);
