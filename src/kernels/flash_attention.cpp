@@ -179,7 +179,19 @@ void accumulate_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t 
   for (int64_t jj = lo; jj < hi; ++jj) {
     const T* vj = value_row<T>(p, b, hk, jb + jj);
     const Vec pj = splat(sr[jj]);
-    for (int v = 0; v < NV; ++v) acc[v] = fma(pj, load_kv_at(vj, d0 + v * kLanes), acc[v]);
+    if constexpr (std::is_same_v<T, BlockQ8_0>) {
+      // d0 is a multiple of 8 vectors, so of 32: each block's scale widened once, not once a vector
+      // (the same products, so the same bits).
+      constexpr int kPerBlock = 32 / kLanes;
+      const BlockQ8_0* blocks = vj + (d0 >> 5);
+      Vec scale = splat(0.0f);
+      for (int v = 0; v < NV; ++v) {
+        if (v % kPerBlock == 0) scale = splat(f16_scalar(blocks[v / kPerBlock].d));
+        acc[v] = fma(pj, scale * load_i8(blocks[v / kPerBlock].qs + (v % kPerBlock) * kLanes), acc[v]);
+      }
+    } else {
+      for (int v = 0; v < NV; ++v) acc[v] = fma(pj, load_kv_at(vj, d0 + v * kLanes), acc[v]);
+    }
   }
   for (int v = 0; v < NV; ++v) store(orow + d0 + v * kLanes, acc[v]);
 }

@@ -199,3 +199,11 @@ def test_serve_with_q8_0_pool(gpt2_dir):
             proc.terminate()
             proc.wait(timeout=30)
     assert bytes_per_block["q8_0"] * 64 == bytes_per_block["f32"] * 17
+
+
+def test_cli_q8_0_refuses_a_head_size_not_a_multiple_of_32(tmp_path):
+    d = write_gpt2_dir(tmp_path, seed=3)  # head size 16
+    r = run("generate", "--model", d, "--kv-dtype-k", "q8_0", "--prompt", "x")
+    assert r.returncode == 2
+    assert "mhsa: error: --kv-dtype: q8_0 expects a head size that is a multiple of 32" in r.stderr, r.stderr
+    assert "head_dim 16" in r.stderr
