@@ -5,7 +5,7 @@
 # UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it builds the
 # libFuzzer targets (tests/fuzz/CMakeLists.txt, into build-fuzz/) and fuzzes the safetensors reader
 # for 30 seconds, the tokenizer for 20, config.json, chat templates, the tokenizer's files and
-# tokenizer.json files and GGUF files for 15 each, cross-builds the library for 64-bit ARM (portable kernels
+# tokenizer.json files, GGUF files and the prompt cache's block files for 15 each, cross-builds the library for 64-bit ARM (portable kernels
 # only) and runs tests/arm/check.cpp under qemu-aarch64.
 # Run scripts/setup.sh --test first.
 set -euo pipefail
@@ -67,6 +67,8 @@ step "fuzzing the tokenizer's vocab.json + merges.txt loading: Tokenizer::parse 
 fuzz tokenizer_files 15
 step "fuzzing tokenizer.json loading and encoding: Tokenizer::parse_json (15 s)"
 fuzz tokenizer_json 15
+step "fuzzing the prompt cache's block files: check_image (15 s)"
+fuzz block_image 15
 
 step "ARM (aarch64, portable kernels) under qemu"
 cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \

@@ -37,7 +37,7 @@ namespace {
 struct BenchArgs {
   std::string model;   // a model directory: time its pp/tg cases instead of the standard ones
   std::string dtype;   // its weights: f32, bf16, f16, q8_0 or q4_k
-  std::string kv_dtype;  // its KV cache: f32, bf16 or f16
+  std::string kv_dtype;  // its KV cache: f32, bf16, f16, q8_0 or KEY/VALUE
   int64_t depth = 0;     // tokens in the cache before the timed decoding
   int64_t batch = 1;     // sequences decoded together (Model::step, as mhsa serve batches them)
   int64_t paged = 0;     // with batch: the caches in one pool of blocks of this many tokens (as mhsa serve's)
@@ -365,9 +365,9 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 // blocks counted as the model keeps it).
 // No tokenizer: the ids are arbitrary. Work is counted from the config: every projection and the
 // LM head (2 FLOPs per weight per token) and the attention pairs each layer's window leaves; a
-// decoded token reads every layer's weights, the head and the cache. --kv-dtype bf16/f16: the
-// cache holds 16-bit keys and values (the cases named "<family>_kv<type>_pp512" and
-// "..._tg128", the cache counted at 2 bytes a value); --depth N: the decoding starts after a prompt of N tokens (prefilled
+// decoded token reads every layer's weights, the head and the cache. --kv-dtype bf16/f16/q8_0: the
+// cache holds 16-bit or Q8_0 keys and values (the cases named "<family>_kv<type>_pp512" and
+// "..._tg128", the cache counted at 2 or 34/32 bytes a value); --depth N: the decoding starts after a prompt of N tokens (prefilled
 // once, untimed; each run rewinds the cache to it), named "..._tg128_d<N>" (llama-bench's
 // "tg128 @ dN"); --batch N (> 1): N sequences, each with its own cache, decode together through
 // Model::step (one forward of N rows per step, as mhsa serve's continuous batching runs them),
@@ -377,7 +377,9 @@ Case gpt2_train_case(int64_t B, int64_t T) {
 std::vector<Case> model_cases(const std::filesystem::path& dir, const std::string& dtype, const std::string& kv_dtype,
                               int64_t depth, int64_t batch, int64_t paged) {
   const WeightType wt = parse_weight_type(dtype, "--dtype");
-  const KVType kv_type = parse_kv_type(kv_dtype, "--kv-dtype");
+  const KVTypes kv_type = parse_kv_types(kv_dtype, "--kv-dtype");
+  // Bytes per cached value, keys' and values' types averaged (their head sizes are equal).
+  const double kv_value_bytes = double(kv_row_bytes(kv_type.key, 32) + kv_row_bytes(kv_type.value, 32)) / 64.0;
   Model loaded = Model::load(dir, wt);
   ModelAccess::block_weights(loaded);  // as mhsa generate and serve load it (default_model.cpp)
   loaded.set_kv_type(kv_type);
@@ -406,7 +408,8 @@ std::vector<Case> model_cases(const std::filesystem::path& dir, const std::strin
   if (tg < 1)
     throw Error(detail::message("--depth: expected at most ", c.max_positions - batch,
                                 " (the model's context less --batch), got ", depth));
-  const std::string kv_part = kv_type == KVType::f32 ? "" : "_kv" + std::string(kv_type_name(kv_type));
+  std::string kv_part = kv_type == KVType::f32 ? "" : "_kv" + kv_type_name(kv_type);
+  std::replace(kv_part.begin(), kv_part.end(), '/', '_');  // (keys and values apart: "_kvq8_0_f16")
   const std::string pp_name = family + kv_part + "_pp" + std::to_string(pp);
   const std::string tg_name = family + kv_part + "_tg" + std::to_string(tg) +
                               (depth > 0 ? "_d" + std::to_string(depth) : "") +
@@ -477,7 +480,7 @@ std::vector<Case> model_cases(const std::filesystem::path& dir, const std::strin
                      min_seconds);
                  // Sequence s reads s more cached tokens than cache_values counts: (batch - 1)/2 on average.
                  const double extra = c.num_layers * 2.0 * kv * (batch - 1) / 2.0;
-                 const double bytes = weight_bytes_read + batch * (cache_values + extra) * double(kv_type_bytes(kv_type));
+                 const double bytes = weight_bytes_read + batch * (cache_values + extra) * kv_value_bytes;
                  return Result{tg_name, "GB/s", t, tg * bytes, double(tg * batch), layers};
                }};
   if (batch > 1) return {prefill, batched};
@@ -497,7 +500,7 @@ std::vector<Case> model_cases(const std::filesystem::path& dir, const std::strin
                     },
                     min_seconds);
                 return Result{tg_name, "GB/s", s,
-                              tg * (weight_bytes_read + cache_values * double(kv_type_bytes(kv_type))), double(tg),
+                              tg * (weight_bytes_read + cache_values * kv_value_bytes), double(tg),
                               layers};
               }};
   return {prefill, decode};

@@ -16,9 +16,14 @@ std::string effective_dtype(const ResolvedModel& m, const std::string& dtype) {
 LoadedModel load_model(const ResolvedModel& m, const std::string& dtype, const std::string& kv_dtype) {
   const std::filesystem::path& dir = m.path;
   const WeightType weights = parse_weight_type(effective_dtype(m, dtype), "--dtype");
-  const KVType kv = parse_kv_type(kv_dtype, "--kv-dtype");
+  const KVTypes kv = parse_kv_types(kv_dtype, "--kv-dtype");
   Model model = Model::load(dir, weights);
   ModelAccess::block_weights(model);  // GPT-2's projections as decode steps read them fastest (same results)
+  for (const KVType t : {kv.key, kv.value})  // (named here, not at the first cache the command makes)
+    if (t == KVType::q8_0 && model.config().head_dim % 32 != 0)
+      throw Error(detail::message("--kv-dtype: q8_0 expects a head size that is a multiple of 32 (blocks of 32 "
+                                  "values), got a model with head_dim ", model.config().head_dim,
+                                  "; use f32, bf16 or f16"));
   model.set_kv_type(kv);
   const int64_t n_vocab = model.config().vocab_size;
   Tokenizer tokenizer = Tokenizer::for_model(dir, n_vocab);  // BPE, or bytes

@@ -28,7 +28,7 @@ struct LoadedModel {
   Tokenizer tokenizer;
 };
 // dtype: the --dtype option's value ("f32", "bf16", "f16", "q8_0" or "q4_k"; "": effective_dtype's
-// choice); kv_dtype: --kv-dtype's ("f32", "bf16" or "f16"), the model's kv_type(); both checked
+// choice); kv_dtype: --kv-dtype's ("f32", "bf16", "f16", "q8_0" or KEY/VALUE), the model's kv_type(); both checked
 // before anything is read.
 LoadedModel load_model(const ResolvedModel& m, const std::string& dtype = "", const std::string& kv_dtype = "f32");
 

@@ -9,6 +9,7 @@
 
 #include "core/cpu.h"
 #include "mhsa/error.h"
+#include "mhsa/kv_cache.h"
 
 namespace mhsa::cli {
 namespace {
@@ -134,12 +135,27 @@ CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype) {
 }
 
 CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype) {
-  return cmd
-      ->add_option("--kv-dtype", kv_dtype,
-                   "KV cache elements: f32, bf16 or f16 (16-bit: half the cache's memory and of the bytes a "
-                   "decode step reads from it; keys and values rounded once as they are cached, attention still "
-                   "computed in float32)")
-      ->default_val("f32");
+  CLI::Option* both =
+      cmd->add_option("--kv-dtype", kv_dtype,
+                      "KV cache elements: f32, bf16, f16 (16-bit: half the cache's memory and of the bytes a decode "
+                      "step reads from it, rounded once as they are cached) or q8_0 (GGUF Q8_0 blocks of 32 along "
+                      "the head dimension: 17/64 of f32's bytes; head sizes a multiple of 32); KEY/VALUE "
+                      "(q8_0/f16) sets keys and values apart. Attention still computes in float32")
+          ->default_val("f32");
+  // Keys or values alone (llama.cpp's -ctk / -ctv), over --kv-dtype: CLI11 runs option callbacks in
+  // the order the options are added, so --kv-dtype's value is in kv_dtype when these run.
+  const auto one_side = [&kv_dtype](bool keys) {
+    return [&kv_dtype, keys](const std::string& name) {
+      KVTypes t = parse_kv_types(kv_dtype, "--kv-dtype");
+      (keys ? t.key : t.value) = parse_kv_type(name, keys ? "--kv-dtype-k" : "--kv-dtype-v");
+      kv_dtype = kv_type_name(t);
+    };
+  };
+  cmd->add_option_function<std::string>("--kv-dtype-k", one_side(true),
+                                        "the keys' KV cache elements (f32, bf16, f16 or q8_0), over --kv-dtype");
+  cmd->add_option_function<std::string>("--kv-dtype-v", one_side(false),
+                                        "the values' KV cache elements (f32, bf16, f16 or q8_0), over --kv-dtype");
+  return both;
 }
 
 void use_threads(int threads) {

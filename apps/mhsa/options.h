@@ -35,7 +35,9 @@ CLI::Validator one_of(std::vector<std::string> words);
 CLI::Option* add_threads_option(CLI::App* cmd, int& threads);
 // --dtype f32|bf16|f16|q8_0|q4_k: how the model keeps its weights (mhsa::WeightType, checked when the model loads).
 CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype);
-// --kv-dtype f32|bf16|f16: the KV cache's element type (mhsa::KVType, checked before the model loads).
+// --kv-dtype f32|bf16|f16|q8_0 (or KEY/VALUE), --kv-dtype-k and --kv-dtype-v: the KV cache's element
+// types (mhsa::KVTypes), left in kv_dtype as parse_kv_types reads it ("q8_0", "q8_0/f16"), checked
+// before the model loads.
 CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype);
 // Applies a -t value (0 leaves OpenMP's choice as it is).
 void use_threads(int threads);

@@ -26,7 +26,7 @@ namespace {
 constexpr uint64_t kMaxTextBytes = uint64_t{256} << 20;
 
 struct PerplexityArgs {
-  std::string model, dtype, file;
+  std::string model, dtype, file, kv_dtype;
   int64_t context = 512, chunks = 0;
   bool json = false;
   int threads = 0;
@@ -50,7 +50,8 @@ void run(const PerplexityArgs& a) {
   if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama-perplexity reads -f
   const ResolvedModel resolved = model_dir(a.model);
   const std::string dtype = effective_dtype(resolved, a.dtype);
-  const LoadedModel loaded = load_model(resolved, dtype);
+  const LoadedModel loaded = load_model(resolved, dtype, a.kv_dtype);
+  const std::string kv = kv_type_name(loaded.model.kv_type());
   const bool bos = adds_bos(loaded.tokenizer);
   std::vector<int32_t> ids;
   if (bos) ids.push_back(*loaded.tokenizer.bos_id());
@@ -64,10 +65,10 @@ void run(const PerplexityArgs& a) {
   o.max_chunks = a.chunks;
   o.bos = bos ? *loaded.tokenizer.bos_id() : -1;
   const auto start = std::chrono::steady_clock::now();
-  std::fprintf(stderr, "mhsa perplexity: %zu tokens, %lld chunks of %lld (%s weights%s)\n", ids.size(),
+  std::fprintf(stderr, "mhsa perplexity: %zu tokens, %lld chunks of %lld (%s weights, %s KV%s)\n", ids.size(),
                static_cast<long long>(a.chunks > 0 ? std::min<int64_t>(a.chunks, static_cast<int64_t>(ids.size()) / a.context)
                                                    : static_cast<int64_t>(ids.size()) / a.context),
-               static_cast<long long>(a.context), dtype.c_str(), bos ? ", BOS first" : "");
+               static_cast<long long>(a.context), dtype.c_str(), kv.c_str(), bos ? ", BOS first" : "");
   const PerplexityResult r = perplexity(loaded.model, ids, o, [&](int64_t done, int64_t total, double ppl) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fprintf(stderr, "[%lld/%lld] %.4f  (%.1f s, ETA %.0f s)\n", static_cast<long long>(done),
@@ -77,14 +78,14 @@ void run(const PerplexityArgs& a) {
   if (a.json) {
     const nlohmann::json j = {{"ppl", r.ppl}, {"ppl_error", r.ppl_error}, {"nll_mean", r.nll_mean},
                               {"chunks", r.chunks}, {"context", r.context}, {"scored_tokens", r.scored_tokens},
-                              {"text_tokens", ids.size()}, {"bos", bos}, {"dtype", dtype},
+                              {"text_tokens", ids.size()}, {"bos", bos}, {"dtype", dtype}, {"kv_dtype", kv},
                               {"running", r.running}, {"seconds", seconds}};
     write_stdout(j.dump() + "\n");
   } else {
     char line[256];
-    std::snprintf(line, sizeof line, "PPL = %.4f +/- %.5f (%lld chunks of %lld tokens, %lld scored, %s weights)\n", r.ppl,
-                  r.ppl_error, static_cast<long long>(r.chunks), static_cast<long long>(r.context),
-                  static_cast<long long>(r.scored_tokens), dtype.c_str());
+    std::snprintf(line, sizeof line, "PPL = %.4f +/- %.5f (%lld chunks of %lld tokens, %lld scored, %s weights, %s KV)\n",
+                  r.ppl, r.ppl_error, static_cast<long long>(r.chunks), static_cast<long long>(r.context),
+                  static_cast<long long>(r.scored_tokens), dtype.c_str(), kv.c_str());
     write_stdout(line);
   }
 }
@@ -103,6 +104,7 @@ void add_perplexity_command(CLI::App& app) {
       ->default_val(0)
       ->check(integer_at_least(0));
   add_dtype_option(cmd, a->dtype);
+  add_kv_dtype_option(cmd, a->kv_dtype);
   cmd->add_flag("--json", a->json, "print one JSON object (ppl, ppl_error, nll_mean, chunks, running, ...)");
   add_threads_option(cmd, a->threads);
   cmd->callback([a] { run(*a); });

@@ -234,9 +234,11 @@ std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vecto
   }
 }
 
-ojson usage(int64_t prompt_tokens, int64_t completion_tokens) {
-  return {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+ojson usage(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
+  ojson u = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+             {"total_tokens", prompt_tokens + completion_tokens}};
+  if (cached_tokens >= 0) u["prompt_tokens_details"] = {{"cached_tokens", cached_tokens}};
+  return u;
 }
 
 ojson finish_value(serve::Finish f) { return f == serve::Finish::running ? ojson(nullptr) : ojson(serve::finish_name(f)); }
@@ -382,7 +384,7 @@ std::vector<serve::TokenLogprob> prompt_logprobs(const ServedModel& m, const std
 
 ojson completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
                       serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens,
-                      const std::vector<serve::TokenLogprob>* logprobs) {
+                      const std::vector<serve::TokenLogprob>* logprobs, int64_t cached_tokens) {
   ojson j = envelope(ids, m, chat ? "chat.completion" : "text_completion");
   ojson choice = {{"index", 0}};
   if (chat)
@@ -392,7 +394,7 @@ ojson completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, c
   choice["logprobs"] = logprobs_value(m, chat, logprobs);
   choice["finish_reason"] = finish_value(finish);
   j["choices"] = ojson::array({choice});
-  j["usage"] = usage(prompt_tokens, completion_tokens);
+  j["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 
@@ -415,10 +417,10 @@ ojson chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const 
 }
 
 ojson usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
-                       int64_t completion_tokens) {
+                       int64_t completion_tokens, int64_t cached_tokens) {
   ojson j = envelope(ids, m, chat ? "chat.completion.chunk" : "text_completion");
   j["choices"] = ojson::array();
-  j["usage"] = usage(prompt_tokens, completion_tokens);
+  j["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
   return j;
 }
 

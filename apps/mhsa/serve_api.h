@@ -64,18 +64,20 @@ int64_t code_points(std::string_view text);
 
 // The response of a finished request; the stream's chunks (text, the last with the finish reason;
 // the usage chunk of stream_options.include_usage). logprobs: the tokens' log-probabilities (those
-// of the chunk's text in a chunk), or null when the request did not ask for them.
+// of the chunk's text in a chunk), or null when the request did not ask for them. cached_tokens:
+// the prompt tokens not prefilled (shared KV blocks, the prompt cache), as OpenAI's
+// usage.prompt_tokens_details.cached_tokens; −1 leaves it out.
 struct ResponseIds {
   std::string id;  // "cmpl-…", "chatcmpl-…"
   int64_t created = 0;
 };
 nlohmann::ordered_json completion_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
                                        serve::Finish finish, int64_t prompt_tokens, int64_t completion_tokens,
-                                       const std::vector<serve::TokenLogprob>* logprobs = nullptr);
+                                       const std::vector<serve::TokenLogprob>* logprobs = nullptr, int64_t cached_tokens = -1);
 nlohmann::ordered_json chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, const std::string& text,
                                   serve::Finish finish, bool first,
                                   const std::vector<serve::TokenLogprob>* logprobs = nullptr);
 nlohmann::ordered_json usage_chunk_json(const ResponseIds& ids, const ServedModel& m, bool chat, int64_t prompt_tokens,
-                                int64_t completion_tokens);
+                                int64_t completion_tokens, int64_t cached_tokens = -1);
 
 }  // namespace mhsa::cli

@@ -62,6 +62,8 @@ struct ServeArgs {
   int64_t ctx_size = 0, kv_blocks = 0;
   bool no_prefix_sharing = false;
   bool preempt = false;
+  int64_t prompt_cache_ram_mib = 1024, cache_dir_max_mib = 4096;
+  std::string cache_dir;
 };
 
 constexpr int64_t kBlockTokens = 16;  // tokens per KV block
@@ -143,6 +145,27 @@ class Metrics {
     out += message("mhsa_prefix_cache_blocks_total ", s.prefix_blocks, "\n");
     metric("mhsa_prefix_cache_tokens_total", "counter", "Prompt tokens not prefilled because their blocks were shared.");
     out += message("mhsa_prefix_cache_tokens_total ", s.prefix_tokens, "\n");
+    if (s.prompt_cache_on) {
+      const serve::PromptCacheStats& c = s.prompt_cache;
+      const auto put = [&](const char* name, const char* type, const char* help, int64_t v) {
+        metric(name, type, help);
+        out += message(name, " ", v, "\n");
+      };
+      put("mhsa_prompt_cache_ram_hits_total", "counter", "Requests that took KV blocks from the prompt cache's RAM.", c.ram_hits);
+      put("mhsa_prompt_cache_ram_tokens_total", "counter", "Prompt tokens copied from the prompt cache's RAM, not prefilled.", c.ram_tokens);
+      put("mhsa_prompt_cache_disk_hits_total", "counter", "Requests that took KV blocks from --cache-dir files.", c.disk_hits);
+      put("mhsa_prompt_cache_disk_tokens_total", "counter", "Prompt tokens read from --cache-dir files, not prefilled.", c.disk_tokens);
+      put("mhsa_prompt_cache_disk_read_bytes_total", "counter", "Bytes of block files read back.", c.disk_bytes_read);
+      put("mhsa_prompt_cache_disk_written_bytes_total", "counter", "Bytes of block files written.", c.disk_bytes_written);
+      put("mhsa_prompt_cache_disk_refused_total", "counter", "Block files refused (corrupt, truncated, another model or format) and recomputed.", c.disk_refused);
+      put("mhsa_prompt_cache_disk_write_failures_total", "counter", "Block files not written (a failed write, a full disk, the writer behind).", c.disk_write_failures);
+      put("mhsa_prompt_cache_disk_evicted_total", "counter", "Block files deleted to stay under --cache-dir-max.", c.disk_evicted);
+      put("mhsa_prompt_cache_ram_evicted_total", "counter", "Blocks dropped from RAM to stay under --prompt-cache-ram.", c.ram_evicted);
+      put("mhsa_prompt_cache_ram_blocks", "gauge", "KV blocks kept in the prompt cache's RAM.", c.ram_images);
+      put("mhsa_prompt_cache_ram_bytes", "gauge", "Bytes of the prompt cache's RAM (--prompt-cache-ram).", c.ram_bytes);
+      put("mhsa_prompt_cache_disk_files", "gauge", "Block files in --cache-dir, as this server knows them.", c.disk_files);
+      put("mhsa_prompt_cache_disk_bytes", "gauge", "Bytes of those files (--cache-dir-max).", c.disk_bytes);
+    }
     metric("mhsa_preemptions_total", "counter", "Running requests preempted for KV blocks (--preempt).");
     out += message("mhsa_preemptions_total ", s.preemptions, "\n");
     metric("mhsa_preempted_requests", "gauge", "Preempted requests waiting to resume.");
@@ -345,7 +368,7 @@ class Server {
       // The server is at fault (non-finite logits, a failed step), not busy: 500, and it goes on serving.
       if (u.finish == Finish::error) return send_error(res, {500, "The request could not be run: " + u.error, "server_error", "", ""});
       res.set_content(dump(completion_json(ids, m_, chat, text, u.finish, prompt_tokens, u.completion_tokens,
-                                           logprobs ? &lps : nullptr)),
+                                           logprobs ? &lps : nullptr, u.cached_tokens)),
                       "application/json");
       return;
     }
@@ -385,7 +408,7 @@ class Server {
             send(sse(error_json({u.finish == Finish::error ? 500 : 503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
                                  "server_error", "", ""})));
           } else if (send(sse(chunk_json(ids, m_, chat, u.text, u.finish, *first, lps))) &&
-                     (!usage || send(sse(usage_chunk_json(ids, m_, chat, prompt_tokens, u.completion_tokens))))) {
+                     (!usage || send(sse(usage_chunk_json(ids, m_, chat, prompt_tokens, u.completion_tokens, u.cached_tokens))))) {
             send("data: [DONE]\n\n");
           }
           sink.done();
@@ -448,11 +471,18 @@ void run(const ServeArgs& a) {
   if (id.empty()) id = loaded.dir.parent_path().filename().string();
   ServedModel served{id, &loaded.model, &loaded.tokenizer, chat.get(), &chat_mutex, a.ctx_size > 0 ? a.ctx_size : max_positions};
 
-  serve::SchedulerOptions so{a.parallel, a.queue};
+  serve::SchedulerOptions so;
+  so.parallel = a.parallel;
+  so.max_queue = a.queue;
   so.block_tokens = kBlockTokens;
   so.kv_blocks = a.kv_blocks > 0 ? a.kv_blocks : a.parallel * ((served.context + kBlockTokens - 1) / kBlockTokens);
   so.prefix_sharing = !a.no_prefix_sharing;
   so.preempt = a.preempt;
+  so.prompt_cache.ram_bytes = a.prompt_cache_ram_mib << 20;
+  so.prompt_cache.dir = a.cache_dir;
+  so.prompt_cache.dir_max_bytes = a.cache_dir_max_mib << 20;
+  if (!a.cache_dir.empty())  // blocks on disk belong to this model file as it is now, in this weight type
+    so.prompt_cache.model = serve::model_identity(loaded.dir, message("weights ", weight_type_name(loaded.model.weight_type())));
   // The pool at start (auto: when it takes at most 3/4 of the memory available now) or as it fills.
   const auto available = static_cast<int64_t>(std::min<std::size_t>(detail::available_memory_bytes(), INT64_MAX));
   const int64_t block_bytes = loaded.model.new_kv_pool(1, kBlockTokens).memory_bytes();  // one block's, aligned
@@ -530,6 +560,17 @@ void add_serve_command(CLI::App& app) {
                 "admit a request by its prompt, not its prompt + max_tokens, and take KV blocks as it grows; when "
                 "the pool runs out, the latest requests are preempted and resumed later by computing their tokens "
                 "again (more requests at once when answers end early)");
+  cmd->add_option("--prompt-cache-ram", a->prompt_cache_ram_mib,
+                  "MiB of RAM that keeps the KV blocks of finished requests' prompts beyond the pool (least recently "
+                  "used out first), copied back for a prompt that begins the same; 0: none")
+      ->default_val(1024)
+      ->check(integer_in(0, int64_t{1} << 30));
+  cmd->add_option("--cache-dir", a->cache_dir,
+                  "keep those KV blocks in files in DIR too (created, yours alone), read back after a restart; a file "
+                  "that is corrupt or from another model, weight type or KV type is refused and recomputed");
+  cmd->add_option("--cache-dir-max", a->cache_dir_max_mib, "MiB of files in --cache-dir at most (least recently used deleted)")
+      ->default_val(4096)
+      ->check(integer_in(1, int64_t{1} << 30));
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (all but /health)");
   add_threads_option(cmd, a->threads);
   cmd->callback([a] { run(*a); });

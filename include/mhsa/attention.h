@@ -84,26 +84,33 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
 // 16-bit elements (see the 16-bit entry points below).
 template <class T>
 concept Float16Element = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
-// The elements a KV cache may hold (kv_cache.h): float32, or bfloat16 / float16.
+// The elements a KV cache may hold (kv_cache.h): float32, bfloat16 / float16, or Q8_0 blocks.
 template <class T>
-concept KVElementType = std::is_same_v<T, float> || Float16Element<T>;
+concept KVElementType = std::is_same_v<T, float> || Float16Element<T> || std::is_same_v<T, BlockQ8_0>;
+// Keys K and values V of which at least one is not float32 (the all-float32 call is the one above).
+template <class K, class V>
+concept NarrowKV = KVElementType<K> && KVElementType<V> && !(std::is_same_v<K, float> && std::is_same_v<V, float>);
 
-// Keys and values of a 16-bit KV cache (kv_cache.h's KVType bf16 or f16), read as they are:
-// float32 queries and outputs, the keys and values widened exactly by the kernels as they read
-// them (no float32 copy: widened in registers, or while packed into key blocks), so out and lse
-// are, bit for bit, those of the float32 call on the widened k and v. Forward only.
-template <Float16Element T>
-void scaled_dot_product_attention(ConstTensorView q, View<const T> k, View<const T> v, TensorView out,
+// Keys and values of a 16-bit or q8_0 KV cache (kv_cache.h's KVType bf16, f16 or q8_0; keys and
+// values each their own type), read as they are: float32 queries and outputs, the keys and values
+// widened (dequantised: a block's f16 scale times its int8s, exact in float32) by the kernels as
+// they read them (no float32 copy: in registers, or while packed into key blocks), so out and lse
+// are, bit for bit, those of the float32 call on the widened k and v. A Q8_0 view counts blocks:
+// k [B, Hkv, Tk, D / 32] (D, q's head size, a multiple of 32), its last stride 1. Forward only.
+template <class K, class V>
+  requires NarrowKV<K, V>
+void scaled_dot_product_attention(ConstTensorView q, View<const K> k, View<const V> v, TensorView out,
                                   const AttentionOptions& options = {}, TensorView lse = {});
 
 // Keys and values of one sequence in fixed-size blocks (a paged KV cache, see kv_pool.h): key j of
 // kv head h is row j % block_tokens of k_blocks[j / block_tokens], a block being [Hkv,
-// block_tokens, D] contiguous (values alike, [Hkv, block_tokens, Dv]) of T elements (float32, or
-// bfloat16 / float16: a 16-bit pool, widened exactly as read). Blocks past the length may be
-// absent.
-template <KVElementType T>
+// block_tokens, D] contiguous (values alike, [Hkv, block_tokens, Dv]) of K (values: V) elements
+// (float32, or bfloat16 / float16 / Q8_0 blocks — [Hkv, block_tokens, D / 32] — read exactly as
+// above). Blocks past the length may be absent.
+template <KVElementType K, KVElementType V = K>
 struct PagedKVOf {
-  std::span<const T* const> k_blocks, v_blocks;
+  std::span<const K* const> k_blocks;
+  std::span<const V* const> v_blocks;
   int64_t block_tokens = 0, length = 0;  // tokens per block (a power of two); keys held (Tk)
   int64_t kv_heads = 0, head_dim = 0, v_head_dim = 0;
 };
@@ -111,8 +118,8 @@ using PagedKV = PagedKVOf<float>;
 // The attention of q [1, Hq, Tq, D] over paged keys and values, with the contract above: the
 // kernels read each key where it lies (no gather), so the result is, bit for bit, that of the
 // contiguous k [1, Hkv, Tk, D] and v the blocks hold.
-template <KVElementType T>
-void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<T>& kv, TensorView out,
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<K, V>& kv, TensorView out,
                                   const AttentionOptions& options = {}, TensorView lse = {});
 
 // The sequences of a continuous-batching step in one call: item i is its own attention, q_i [B_i,
@@ -122,15 +129,16 @@ void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<T>& kv, Ten
 // rows against their keys) run in one parallel region over all their heads and key slices,
 // instead of one region each; every out_i is, bit for bit, what the call for item i alone writes.
 // Forward only, no lse. Errors name the item.
-template <KVElementType T>
+template <KVElementType K, KVElementType V = K>
 struct AttentionBatchItem {
   ConstTensorView q;
-  View<const T> k, v;                  // unused when paged is set
-  const PagedKVOf<T>* paged = nullptr;
+  View<const K> k;                        // unused when paged is set
+  View<const V> v;
+  const PagedKVOf<K, V>* paged = nullptr;
   TensorView out;
 };
-template <KVElementType T>
-void scaled_dot_product_attention(std::span<const AttentionBatchItem<T>> batch, const AttentionOptions& options = {});
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention(std::span<const AttentionBatchItem<K, V>> batch, const AttentionOptions& options = {});
 
 struct AttentionResult {
   Tensor out;  // [B, Hq, Tq, Dv]

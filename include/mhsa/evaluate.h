@@ -33,7 +33,9 @@ using PerplexityProgress = std::function<void(int64_t done, int64_t total, doubl
 // llama-perplexity's method: ids (the whole text, tokenized once) cut into ⌊n / context⌋ chunks
 // (at most max_chunks), each run alone from position 0; in each, the tokens after the first half
 // are scored — token j + 1 from the logits at j, for context/2 ≤ j < context − 1 — with
-// −log softmax in double; the chunks' sums give exp(mean). Throws mhsa::Error when context is
+// −log softmax in double; the chunks' sums give exp(mean). A model whose kv_type() is not f32
+// runs each chunk over a fresh cache of that type (its keys and values stored, then attended over,
+// as generation does), otherwise through forward(). Throws mhsa::Error when context is
 // below 4 or above the model's max_positions, when ids hold fewer than 2 · context tokens (as
 // llama-perplexity requires), or an id is out of the vocabulary.
 PerplexityResult perplexity(const Model& model, std::span<const int32_t> ids, const PerplexityOptions& options = {},

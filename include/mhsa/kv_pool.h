@@ -12,13 +12,15 @@
 // Memory: blocks are allocated in slabs of consecutive ids (2 MiB and up: huge pages where the
 // system has them) when the first block of a slab is handed out, or all at once by allocate_all,
 // and kept until the pool goes.
-// Elements are float32 or 16-bit (KVType, kv_cache.h): a 16-bit block holds the same tokens in
-// half the bytes (block_bytes), so the same memory holds twice the blocks; admission counts blocks.
+// Elements are float32, 16-bit or q8_0 (KVTypes, kv_cache.h; keys and values each their own): a
+// 16-bit block holds the same tokens in half the bytes (block_bytes), a q8_0 one in 17/64 of
+// them, so the same memory holds more blocks; admission counts blocks.
 // Not thread-safe: one owner (the server's scheduler thread). Attention gathers a sequence's
 // blocks into one contiguous [Hkv, length, D] view per layer (nn/block.cpp); mhsa generate, chat
 // and Python keep the contiguous ModelCache.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -52,10 +54,10 @@ struct KVPoolStats {
 
 class KVBlockPool {
  public:
-  // Throws mhsa::Error for a count ≤ 0 (blocks, block_tokens, layers, heads, head sizes) and for
-  // block_tokens not a power of two.
+  // Throws mhsa::Error for a count ≤ 0 (blocks, block_tokens, layers, heads, head sizes), for
+  // block_tokens not a power of two and for a q8_0 head size not a multiple of 32.
   KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int64_t block_tokens,
-              int64_t blocks, KVType type = KVType::f32);
+              int64_t blocks, KVTypes type = {});
   KVBlockPool(const KVBlockPool&) = delete;
   KVBlockPool& operator=(const KVBlockPool&) = delete;
 
@@ -64,9 +66,12 @@ class KVBlockPool {
   int64_t head_dim() const { return head_dim_; }
   int64_t v_head_dim() const { return v_head_dim_; }
   int64_t block_tokens() const { return block_tokens_; }
-  KVType type() const { return type_; }
+  KVTypes type() const { return type_; }
   int64_t blocks() const { return static_cast<int64_t>(refs_.size()); }
-  int64_t block_bytes() const;  // keys and values of every layer, kv_type_bytes(type()) each
+  // Keys and values of every layer: per layer [Hkv, block_tokens] rows of kv_row_bytes(type().key,
+  // D) then of kv_row_bytes(type().value, Dv), each part rounded up to the alignment of the
+  // elements that follow it (4 bytes for float32, else 2).
+  int64_t block_bytes() const;
   // Memory of the whole pool once every slab is allocated (blocks, each block_bytes() rounded up
   // to 64 bytes), and of the slabs allocated so far.
   int64_t memory_bytes() const;
@@ -97,9 +102,13 @@ class KVBlockPool {
   void release(PagedSequence& s);
 
   // Block b of layer l: keys [Hkv, block_tokens, D], values [Hkv, block_tokens, Dv], elements of
-  // type() (float, bfloat16 or float16).
+  // type().key and type().value (float, bfloat16, float16 or BlockQ8_0: [Hkv, block_tokens, D/32]).
   void* keys(int64_t layer, int32_t b);
   void* values(int64_t layer, int32_t b);
+  // Block b's bytes, block_bytes() of them: every layer's keys and values (and whatever else the
+  // block holds), so that a block can be copied out and back whole (the server's prompt cache)
+  // without knowing its layout. b: a block whose slab is allocated (one taken by grow).
+  std::span<std::byte> block_data(int32_t b);
   // Throws unless b is a block held by a sequence.
   void check_held(int32_t b, const char* what) const;
   int32_t holders(int32_t b) const { return refs_[static_cast<size_t>(b)]; }  // b: a valid block
@@ -115,7 +124,8 @@ class KVBlockPool {
   void drop_ref(int32_t b);
 
   int64_t layers_, kv_heads_, head_dim_, v_head_dim_, block_tokens_;
-  KVType type_;
+  KVTypes type_;
+  int64_t key_bytes_ = 0, layer_bytes_ = 0;  // a layer's keys, and its keys and values, in a block
   static int64_t slab_blocks(int64_t block_stride);
   // Blocks [i·slab_blocks_, (i+1)·slab_blocks_) lie in slabs_[i], allocated when the first of them
   // is handed out: each [layers, Hkv, bs, D + Dv] elements of type_ (two 16-bit ones per float).

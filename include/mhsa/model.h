@@ -165,14 +165,16 @@ class Model {
   // Logits [B, T, V] of ids [B, T] (row-major), positions 0..T-1. With `attention`, also every
   // layer's attention probabilities [B, Hq, T, T], exact (from the kernel's log-sum-exp).
   Tensor forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention = nullptr) const;
-  // The element type of the KV caches this model makes (new_cache, new_kv_pool, generate, and so
-  // ChatSession and the server; forward() keeps float32 keys and values, as it keeps no cache):
-  // f32 (the default), or bf16 / f16 — half the cache's memory and
-  // of the bytes a decode step reads from it; keys and values rounded once (nearest even) as they
-  // are cached, attention computed in float32 on them widened exactly. Any cache works with any
-  // model whatever this says.
-  KVType kv_type() const { return kv_type_; }
-  void set_kv_type(KVType type) { kv_type_ = type; }
+  // The element types of the keys and of the values of the KV caches this model makes (new_cache,
+  // new_kv_pool, generate, and so ChatSession and the server; forward() keeps float32 keys and
+  // values, as it keeps no cache): f32 (the default), bf16 / f16 — half the cache's memory and of
+  // the bytes a decode step reads from it, rounded once (nearest even) as they are cached — or
+  // q8_0 — 17/64 of them, quantised per 32 values (the head size must be a multiple of 32, else
+  // the cache's constructor throws naming head_dim). Attention computes in float32 on them widened
+  // exactly. set_kv_type(KVType::q8_0) sets both; set_kv_type({KVType::q8_0, KVType::f16}) keys and
+  // values apart (llama.cpp's -ctk / -ctv). Any cache works with any model whatever this says.
+  KVTypes kv_type() const { return kv_type_; }
+  void set_kv_type(KVTypes type) { kv_type_ = type; }
   // An empty cache (of kv_type()) for `batch` sequences of up to `max_tokens` tokens (≤ max_positions).
   ModelCache new_cache(int64_t batch, int64_t max_tokens) const;
   // A pool of `blocks` KV blocks (of kv_type()) of `block_tokens` tokens each for this model's
@@ -235,7 +237,7 @@ class Model {
   ModelConfig config_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::unique_ptr<const Layout> layout_;
-  KVType kv_type_ = KVType::f32;
+  KVTypes kv_type_;
 };
 
 }  // namespace mhsa

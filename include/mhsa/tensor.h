@@ -36,6 +36,14 @@ struct bfloat16 {
 struct float16 {
   uint16_t bits;
 };
+// 8-bit elements in GGUF's Q8_0 blocks (ggml's block_q8_0, byte for byte): 32 values as int8 with
+// one IEEE float16 scale d, value = d · q. A View<const BlockQ8_0> of a Q8_0 KV cache is a view of
+// blocks: its last dimension counts blocks (head size / 32) and its strides are in blocks.
+struct BlockQ8_0 {
+  uint16_t d;     // scale, IEEE f16
+  int8_t qs[32];  // quants
+};
+static_assert(sizeof(BlockQ8_0) == 34, "BlockQ8_0 must match ggml's 34-byte block_q8_0");
 
 template <class T>
 struct View {

@@ -11,6 +11,7 @@
 #include "arrays16.h"
 #include "call_options.h"
 #include "core/check.h"
+#include "io/json.h"
 #include "mhsa/mhsa.h"
 
 namespace mhsa::python {
@@ -107,12 +108,46 @@ py::tuple sdpa_backward16(std::string_view fn, const py::object& dout_obj, const
   return py::make_tuple(dq.array, dk.array, dv.array);
 }
 
+// f(T{}) with T the element type of a KV cache of `type`.
+template <class F>
+void with_kv_element(KVType type, F&& f) {
+  switch (type) {
+    case KVType::bf16: return f(bfloat16{});
+    case KVType::f16: return f(float16{});
+    case KVType::q8_0: return f(BlockQ8_0{});
+    case KVType::f32: break;
+  }
+  f(0.0f);
+}
+
+// Attention over k and v stored as a KV cache of `types` stores them (rounded or quantised as
+// appended), read by the kernels as they are: what a model's attention over such a cache computes.
+void sdpa_over_cache(KVTypes types, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                     const TensorView& out, const TensorView& lse, const AttentionOptions& options) {
+  KVCache cache(k.shape[0], k.shape[1], k.shape[2], k.shape[3], v.shape[3], types);
+  cache.append(k, v);
+  with_kv_element(types.key, [&](auto key) {
+    with_kv_element(types.value, [&](auto value) {
+      using K = decltype(key);
+      using V = decltype(value);
+      if constexpr (std::is_same_v<K, float> && std::is_same_v<V, float>)
+        scaled_dot_product_attention(q, cache.keys(), cache.values(), out, options, lse);
+      else
+        scaled_dot_product_attention(q, cache.keys_as<K>(), cache.values_as<V>(), out, options, lse);
+    });
+  });
+}
+
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::object& attn_mask,
                 bool is_causal, std::optional<float> scale, const py::object& kv_lengths, bool return_lse,
                 const Window& window, std::optional<float> softcap, const std::string& causal_alignment,
-                bool enable_gqa, float dropout_p, uint64_t dropout_seed) {
+                bool enable_gqa, float dropout_p, uint64_t dropout_seed, const std::string& kv_dtype) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
+  const KVTypes kv_types = parse_kv_types(kv_dtype, "scaled_dot_product_attention: kv_dtype");
   if (const Precision p = precision_of(q_obj); p != Precision::f32) {
+    if (kv_types != KVType::f32)
+      detail::fail(fn, "kv_dtype", "\"f32\" for float16 / bfloat16 arrays (a KV cache's type is for float32 ones)",
+                   detail::quote(kv_dtype));
     CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
     add_variants(fn, c, window, softcap, causal_alignment);
     add_dropout(c, dropout_p, dropout_seed);
@@ -131,7 +166,10 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
   OutputArray lse = new_array({B, Hq, Tq}, "scaled_dot_product_attention: lse [B, Hq, Tq]");
   {
     GilReleased unlocked;
-    scaled_dot_product_attention(q.view, k.view, v.view, out.view, c.options, lse.view);
+    if (kv_types == KVType::f32)
+      scaled_dot_product_attention(q.view, k.view, v.view, out.view, c.options, lse.view);
+    else
+      sdpa_over_cache(kv_types, q.view, k.view, v.view, out.view, lse.view, c.options);
   }
   if (return_lse) return py::make_tuple(out.array, lse.array);
   return out.array;
@@ -197,7 +235,7 @@ void bind_attention(py::module_& m) {
   m.def("scaled_dot_product_attention", &sdpa, "q"_a, "k"_a, "v"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(), "return_lse"_a = false, py::kw_only(),
         "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
-        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0,
+        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0, "kv_dtype"_a = "f32",
         R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].
 
 float32 arrays with any strides; or float16 / bfloat16 (ml_dtypes) arrays, all three of one dtype:
@@ -212,7 +250,10 @@ keys p - left <= j <= p + right (-1 = unlimited); Hugging Face's sliding_window 
 is_causal=True, window=(W - 1, -1). A row with no visible key gives 0. dropout_p in [0, 1): each
 probability kept with chance 1 - dropout_p and scaled by 1/(1 - dropout_p), the mask a hash of
 dropout_seed and the position (the backward regenerates it from the same seed). With return_lse,
-returns (out, lse [B, Hq, Tq]).)");
+returns (out, lse [B, Hq, Tq]). kv_dtype (float32 arrays, forward only): "bf16", "f16" or "q8_0" (or
+"KEY/VALUE", e.g. "q8_0/f16") stores k and v as a KV cache of that type stores them — rounded to
+16 bits, or quantised to GGUF Q8_0 blocks of 32 along the head dimension (D and Dv multiples of
+32) — and attends over them as the kernels read such a cache: the float32 result on the stored values.)");
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         "attn_mask"_a = py::none(), "is_causal"_a = false, "scale"_a = py::none(), "kv_lengths"_a = py::none(),
         py::kw_only(), "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",

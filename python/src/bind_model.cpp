@@ -321,7 +321,7 @@ Model.load("kjv") the byte-level model mhsa trained itself (mhsa.named_models())
             const ResolvedModel r = resolve_model(path ? path->string() : "", "Model.load: path");
             const std::string type = dtype ? *dtype : r.dtype.empty() ? "f32" : r.dtype;
             const WeightType wt = parse_weight_type(type, "Model.load: dtype");
-            const KVType kv = parse_kv_type(kv_dtype, "Model.load: kv_dtype");
+            const KVTypes kv = parse_kv_types(kv_dtype, "Model.load: kv_dtype");
             GilReleased unlocked;
             Model model = Model::load(r.path, wt);
             model.set_kv_type(kv);
@@ -338,13 +338,15 @@ Model.load("kjv") the byte-level model mhsa trained itself (mhsa.named_models())
           "Q4_K blocks (256 4-bit weights with 6-bit scales and mins per 32; the output matrix, and rows not a "
           "multiple of 256, Q8_0): about an eighth. All inference only (loss_and_grad refuses). kv_dtype \"bf16\" "
           "or \"f16\": the KV caches the model makes (new_cache, generate, ChatSession) hold 16-bit keys and "
-          "values, rounded once to nearest-even: half the cache's memory; attention still computes in float32.")
+          "values, rounded once to nearest-even: half the cache's memory; \"q8_0\": GGUF Q8_0 blocks of 32 along "
+          "the head dimension (head size a multiple of 32): 17/64 of it; \"KEY/VALUE\" (\"q8_0/f16\") sets keys "
+          "and values apart. Attention still computes in float32.")
       .def_static(
           "random",
           [](const py::dict& config, uint64_t seed, const std::string& kv_dtype) {
             const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
             const ModelConfig c = ModelConfig::parse(text, "config");
-            const KVType kv = parse_kv_type(kv_dtype, "Model.random: kv_dtype");
+            const KVTypes kv = parse_kv_types(kv_dtype, "Model.random: kv_dtype");
             GilReleased unlocked;
             Model model = Model::random(c, seed);
             model.set_kv_type(kv);
@@ -401,7 +403,8 @@ config class, checked as Model.load checks config.json. For benchmarks and tests
       .def_property_readonly("dtype", [](const Model& g) { return std::string(weight_type_name(g.weight_type())); },
                              "How the weight matrices are kept: \"f32\", \"bf16\", \"f16\", \"q8_0\" or \"q4_k\".")
       .def_property_readonly("kv_dtype", [](const Model& g) { return std::string(kv_type_name(g.kv_type())); },
-                             "The element type of the KV caches the model makes: \"f32\", \"bf16\" or \"f16\".")
+                             "The element types of the KV caches the model makes: \"f32\", \"bf16\", \"f16\", \"q8_0\", "
+                             "or \"KEY/VALUE\" when keys and values differ (\"q8_0/f16\").")
       .def_property_readonly(
           "parameter_names",
           [](const Model& g) {

@@ -61,14 +61,37 @@ template <class T>
 constexpr kernels::KVElement kv_element_of() {
   if constexpr (std::is_same_v<T, bfloat16>) return kernels::KVElement::bf16;
   if constexpr (std::is_same_v<T, float16>) return kernels::KVElement::f16;
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return kernels::KVElement::q8_0;
   return kernels::KVElement::f32;
 }
 
-// Validates q, k, (v) and the options; fills every input field of the params. K: the keys' and
-// values' element type (float, or bfloat16 / float16 for a 16-bit KV cache).
-template <class K>
+// The head size of k or v (arg) of elements T: its last dimension, or for Q8_0 blocks 32 values a
+// block, checked to be a multiple of 32 (`size`: q's head size D for the keys, which must then be
+// whole blocks) and to lie contiguous in each row.
+template <class T>
+void check_head_dim(std::string_view fn, std::string_view arg, const View<const T>& t, int64_t size,
+                    std::string_view what) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) {
+    if (size % 32 != 0)
+      fail(fn, message(arg, " (q8_0)"), message(what, " a multiple of 32 (q8_0 blocks of 32 values)"),
+           std::to_string(size));
+    check_dim(fn, arg, t, 3, size / 32, message(what, " / 32 q8_0 blocks"));
+    if (t.shape[3] > 1 && t.stride[3] != 1)
+      fail(fn, message(arg, ".stride[3]"), "1 (a row's q8_0 blocks contiguous)", std::to_string(t.stride[3]));
+  } else {
+    check_dim(fn, arg, t, 3, size, what);
+  }
+}
+template <class T>
+constexpr int64_t values_per_element() {
+  return std::is_same_v<T, BlockQ8_0> ? 32 : 1;
+}
+
+// Validates q, k, (v) and the options; fills every input field of the params. K, V: the keys' and
+// values' element types (float, or bfloat16 / float16 / BlockQ8_0 for a 16-bit or q8_0 KV cache).
+template <class K, class V = K>
 AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const View<const K>& k,
-                            const View<const K>* v, const AttentionOptions& opt) {
+                            const View<const V>* v, const AttentionOptions& opt) {
   check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
   check_tensor(fn, "k", k, 4, "[B, Hkv, Tk, D]");
   AttentionParams p;
@@ -82,10 +105,11 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
   if (p.Hkv == 0 || p.Hq % p.Hkv != 0)
     fail(fn, "k.shape[1]", message("Hkv dividing Hq = q.shape[1] = ", p.Hq, " (grouped heads)"),
          std::to_string(p.Hkv));
-  check_dim(fn, "k", k, 3, p.D, "head size D, as q.shape[3]");
+  check_head_dim(fn, "k", k, p.D, "head size D, as q.shape[3]");
   p.q = q.data;
   p.q_stride = strides_of(q);
-  p.kv_element = kv_element_of<K>();
+  p.k_element = kv_element_of<K>();
+  p.v_element = kv_element_of<V>();
   p.k = k.data;
   p.k_stride = k.stride;
   if (v) {
@@ -93,7 +117,8 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
     check_dim(fn, "v", *v, 0, p.B, "B, as q.shape[0]");
     check_dim(fn, "v", *v, 1, p.Hkv, "Hkv, as k.shape[1]");
     check_dim(fn, "v", *v, 2, p.Tk, "Tk, as k.shape[2]");
-    p.Dv = v->shape[3];
+    p.Dv = v->shape[3] * values_per_element<V>();
+    check_head_dim(fn, "v", *v, p.Dv, "value head size Dv");
     p.v = v->data;
     p.v_stride = v->stride;
   }
@@ -288,8 +313,9 @@ void scaled_dot_product_attention(ConstTensorView q, ConstTensorView k, ConstTen
 
 namespace detail {
 
-template <Float16Element T>
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, View<const T> k, View<const T> v,
+template <class K, class V>
+  requires NarrowKV<K, V>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, View<const K> k, View<const V> v,
                                      TensorView out, const AttentionOptions& options, TensorView lse) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
   AttentionParams p = make_params(fn, q, k, &v, options);
@@ -297,8 +323,8 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorVie
 }
 
 // Validates a paged sequence's q, blocks and the options; fills every input field of the params.
-template <KVElementType T>
-AttentionParams paged_params(std::string_view fn, const ConstTensorView& q, const PagedKVOf<T>& kv,
+template <KVElementType K, KVElementType V>
+AttentionParams paged_params(std::string_view fn, const ConstTensorView& q, const PagedKVOf<K, V>& kv,
                              const AttentionOptions& options) {
   const auto positive = [&](std::string_view arg, int64_t n) {
     if (n <= 0) fail(fn, arg, "a count > 0", std::to_string(n));
@@ -310,20 +336,28 @@ AttentionParams paged_params(std::string_view fn, const ConstTensorView& q, cons
   positive("kv.v_head_dim", kv.v_head_dim);
   if (kv.length < 0) fail(fn, "kv.length", "a count >= 0", std::to_string(kv.length));
   const auto blocks = static_cast<size_t>((kv.length + kv.block_tokens - 1) / kv.block_tokens);
-  for (const auto* list : {&kv.k_blocks, &kv.v_blocks}) {
-    const char* arg = list == &kv.k_blocks ? "kv.k_blocks" : "kv.v_blocks";
-    if (list->size() < blocks) fail(fn, arg, message(blocks, " blocks at least (for ", kv.length, " keys)"), message(list->size()));
+  const auto check_list = [&](const auto& list, const char* arg) {
+    if (list.size() < blocks) fail(fn, arg, message(blocks, " blocks at least (for ", kv.length, " keys)"), message(list.size()));
     for (size_t i = 0; i < blocks; ++i)
-      if ((*list)[i] == nullptr) fail(fn, message(arg, "[", i, "]"), "a block", "a null pointer");
-  }
+      if (list[i] == nullptr) fail(fn, message(arg, "[", i, "]"), "a block", "a null pointer");
+  };
+  check_list(kv.k_blocks, "kv.k_blocks");
+  check_list(kv.v_blocks, "kv.v_blocks");
+  const auto whole_blocks = [&](std::string_view arg, int64_t dim, bool q8) {
+    if (q8 && dim % 32 != 0)
+      fail(fn, arg, "a multiple of 32 (q8_0 blocks of 32 values)", std::to_string(dim));
+    return q8 ? dim / 32 : dim;
+  };
+  const int64_t dk = whole_blocks("kv.head_dim", kv.head_dim, std::is_same_v<K, BlockQ8_0>);
+  const int64_t dv = whole_blocks("kv.v_head_dim", kv.v_head_dim, std::is_same_v<V, BlockQ8_0>);
   check_tensor(fn, "q", q, 4, "[B, Hq, Tq, D]");
   check_dim(fn, "q", q, 0, 1, "1 (one sequence)");
   // k and v described as their first block's rows; the kernels read them through the block lists.
-  const T* k0 = blocks ? kv.k_blocks[0] : reinterpret_cast<const T*>(q.data);  // any non-null pointer
-  const T* v0 = blocks ? kv.v_blocks[0] : reinterpret_cast<const T*>(q.data);
-  const View<const T> k(k0, {1, kv.kv_heads, kv.length, kv.head_dim}, {0, kv.block_tokens * kv.head_dim, kv.head_dim, 1});
-  const View<const T> v(v0, {1, kv.kv_heads, kv.length, kv.v_head_dim},
-                        {0, kv.block_tokens * kv.v_head_dim, kv.v_head_dim, 1});
+  // (in elements of K and V: a q8_0 row is its blocks)
+  const K* k0 = blocks ? kv.k_blocks[0] : reinterpret_cast<const K*>(q.data);  // any non-null pointer
+  const V* v0 = blocks ? kv.v_blocks[0] : reinterpret_cast<const V*>(q.data);
+  const View<const K> k(k0, {1, kv.kv_heads, kv.length, dk}, {0, kv.block_tokens * dk, dk, 1});
+  const View<const V> v(v0, {1, kv.kv_heads, kv.length, dv}, {0, kv.block_tokens * dv, dv, 1});
   AttentionParams p = make_params(fn, q, k, &v, options);
   p.k_pages = kv.k_blocks.data();
   p.v_pages = kv.v_blocks.data();
@@ -332,16 +366,16 @@ AttentionParams paged_params(std::string_view fn, const ConstTensorView& q, cons
   return p;
 }
 
-template <KVElementType T>
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<T>& kv,
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<K, V>& kv,
                                      TensorView out, const AttentionOptions& options, TensorView lse) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
   AttentionParams p = paged_params(fn, q, kv, options);
   forward_into(fn, p, out, lse, isa);
 }
 
-template <KVElementType T>
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<const AttentionBatchItem<T>> batch,
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<const AttentionBatchItem<K, V>> batch,
                                      const AttentionOptions& options) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
   if (options.attn_mask.defined())
@@ -352,7 +386,7 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<cons
   std::vector<AttentionParams> ps;
   ps.reserve(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
-    const AttentionBatchItem<T>& item = batch[i];
+    const AttentionBatchItem<K, V>& item = batch[i];
     const auto checked = [&](std::string_view name) {
       AttentionParams p = item.paged ? paged_params(name, item.q, *item.paged, options)
                                      : make_params(name, item.q, item.k, &item.v, options);
@@ -382,47 +416,62 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<cons
 
 }  // namespace detail
 
-template <Float16Element T>
-void scaled_dot_product_attention(ConstTensorView q, View<const T> k, View<const T> v, TensorView out,
+template <class K, class V>
+  requires NarrowKV<K, V>
+void scaled_dot_product_attention(ConstTensorView q, View<const K> k, View<const V> v, TensorView out,
                                   const AttentionOptions& options, TensorView lse) {
   detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, k, v, out, options, lse);
 }
 
-template <KVElementType T>
-void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<T>& kv, TensorView out,
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention(ConstTensorView q, const PagedKVOf<K, V>& kv, TensorView out,
                                   const AttentionOptions& options, TensorView lse) {
   detail::scaled_dot_product_attention_on(kernel_choice(options.backend), q, kv, out, options, lse);
 }
 
-template <KVElementType T>
-void scaled_dot_product_attention(std::span<const AttentionBatchItem<T>> batch, const AttentionOptions& options) {
-  detail::scaled_dot_product_attention_on<T>(kernel_choice(options.backend), batch, options);
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention(std::span<const AttentionBatchItem<K, V>> batch, const AttentionOptions& options) {
+  detail::scaled_dot_product_attention_on<K, V>(kernel_choice(options.backend), batch, options);
 }
 
-#define MHSA_ATTENTION_PAGED(T)                                                                              \
-  template void scaled_dot_product_attention<T>(std::span<const AttentionBatchItem<T>>,                    \
-                                                const AttentionOptions&);                                  \
-  template void detail::scaled_dot_product_attention_on<T>(std::optional<cpu::Isa>,                        \
-                                                           std::span<const AttentionBatchItem<T>>,         \
-                                                           const AttentionOptions&);                       \
-  template void scaled_dot_product_attention<T>(ConstTensorView, const PagedKVOf<T>&, TensorView,          \
-                                                const AttentionOptions&, TensorView);                      \
-  template void detail::scaled_dot_product_attention_on<T>(std::optional<cpu::Isa>, ConstTensorView,      \
-                                                           const PagedKVOf<T>&, TensorView,                \
-                                                           const AttentionOptions&, TensorView);
-MHSA_ATTENTION_PAGED(float)
-MHSA_ATTENTION_PAGED(bfloat16)
-MHSA_ATTENTION_PAGED(float16)
+// Every pair of key and value element types: float32, bfloat16, float16 and Q8_0 blocks.
+#define MHSA_ATTENTION_PAGED(K, V)                                                                           \
+  template void scaled_dot_product_attention<K, V>(std::span<const AttentionBatchItem<K, V>>,              \
+                                                   const AttentionOptions&);                               \
+  template void detail::scaled_dot_product_attention_on<K, V>(std::optional<cpu::Isa>,                     \
+                                                              std::span<const AttentionBatchItem<K, V>>,   \
+                                                              const AttentionOptions&);                    \
+  template void scaled_dot_product_attention<K, V>(ConstTensorView, const PagedKVOf<K, V>&, TensorView,    \
+                                                   const AttentionOptions&, TensorView);                   \
+  template void detail::scaled_dot_product_attention_on<K, V>(std::optional<cpu::Isa>, ConstTensorView,   \
+                                                              const PagedKVOf<K, V>&, TensorView,          \
+                                                              const AttentionOptions&, TensorView);
+#define MHSA_ATTENTION_NARROW(K, V)                                                                          \
+  template void scaled_dot_product_attention<K, V>(ConstTensorView, View<const K>, View<const V>, TensorView, \
+                                                   const AttentionOptions&, TensorView);                   \
+  template void detail::scaled_dot_product_attention_on<K, V>(std::optional<cpu::Isa>, ConstTensorView,   \
+                                                              View<const K>, View<const V>, TensorView,    \
+                                                              const AttentionOptions&, TensorView);
+#define MHSA_ATTENTION_KV(K, V) MHSA_ATTENTION_PAGED(K, V) MHSA_ATTENTION_NARROW(K, V)
+#define MHSA_ATTENTION_KV_ANY(K) \
+  MHSA_ATTENTION_KV(K, bfloat16) MHSA_ATTENTION_KV(K, float16) MHSA_ATTENTION_KV(K, BlockQ8_0)
+MHSA_ATTENTION_PAGED(float, float)
+MHSA_ATTENTION_NARROW(float, bfloat16)
+MHSA_ATTENTION_NARROW(float, float16)
+MHSA_ATTENTION_NARROW(float, BlockQ8_0)
+MHSA_ATTENTION_PAGED(float, bfloat16)
+MHSA_ATTENTION_PAGED(float, float16)
+MHSA_ATTENTION_PAGED(float, BlockQ8_0)
+MHSA_ATTENTION_KV_ANY(bfloat16)
+MHSA_ATTENTION_KV_ANY(float16)
+MHSA_ATTENTION_KV_ANY(BlockQ8_0)
+MHSA_ATTENTION_KV(bfloat16, float)
+MHSA_ATTENTION_KV(float16, float)
+MHSA_ATTENTION_KV(BlockQ8_0, float)
+#undef MHSA_ATTENTION_KV_ANY
+#undef MHSA_ATTENTION_KV
+#undef MHSA_ATTENTION_NARROW
 #undef MHSA_ATTENTION_PAGED
-#define MHSA_ATTENTION_KV16(T)                                                                               \
-  template void scaled_dot_product_attention<T>(ConstTensorView, View<const T>, View<const T>, TensorView, \
-                                                const AttentionOptions&, TensorView);                      \
-  template void detail::scaled_dot_product_attention_on<T>(std::optional<cpu::Isa>, ConstTensorView,      \
-                                                           View<const T>, View<const T>, TensorView,       \
-                                                           const AttentionOptions&, TensorView);
-MHSA_ATTENTION_KV16(bfloat16)
-MHSA_ATTENTION_KV16(float16)
-#undef MHSA_ATTENTION_KV16
 
 AttentionResult scaled_dot_product_attention(ConstTensorView q, ConstTensorView k,
                                              ConstTensorView v, const AttentionOptions& options) {
@@ -439,7 +488,7 @@ void attention_probabilities(ConstTensorView q, ConstTensorView k, ConstTensorVi
                              TensorView probs, const AttentionOptions& options,
                              std::span<const int64_t> heads) {
   constexpr std::string_view fn = "attention_probabilities";
-  AttentionParams p = make_params<float>(fn, q, k, nullptr, options);
+  AttentionParams p = make_params<float, float>(fn, q, k, nullptr, options);
   std::vector<int64_t> all_heads;
   if (heads.empty()) {
     for (int64_t h = 0; h < p.Hq; ++h) all_heads.push_back(h);

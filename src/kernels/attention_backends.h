@@ -24,16 +24,17 @@ void scaled_dot_product_attention_bf16_values(ConstTensorView q, View<const bflo
                                               TensorView out, const AttentionOptions& options, TensorView lse);
 
 // The 16-bit KV cache entry points (contiguous and paged), likewise.
-template <Float16Element T>
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, View<const T> k, View<const T> v,
+template <class K, class V>
+  requires NarrowKV<K, V>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, View<const K> k, View<const V> v,
                                      TensorView out, const AttentionOptions& options, TensorView lse);
-template <KVElementType T>
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<T>& kv,
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, ConstTensorView q, const PagedKVOf<K, V>& kv,
                                      TensorView out, const AttentionOptions& options, TensorView lse);
 
 // The batched call (several sequences in one region), likewise.
-template <KVElementType T>
-void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<const AttentionBatchItem<T>> batch,
+template <KVElementType K, KVElementType V>
+void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<const AttentionBatchItem<K, V>> batch,
                                      const AttentionOptions& options);
 
 // scaled_dot_product_attention_backward, likewise. bf16_values: every input holds bfloat16 values

@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/bf16.h"
 #include "kernels/half.h"
@@ -17,18 +18,20 @@ namespace mhsa::kernels {
 
 using Strides4 = std::array<int64_t, 4>;
 
-// The element type of keys and values: float32, or 16-bit (a bf16/f16 KV cache, forward only),
-// widened exactly as the kernels read them, so that the result is the float32 kernel's on the
-// widened keys and values, bit for bit.
-enum class KVElement : uint8_t { f32, bf16, f16 };
+// The element type of keys or of values: float32, 16-bit (a bf16/f16 KV cache, forward only) or
+// Q8_0 blocks (a q8_0 KV cache, forward only: a row of D values is D/32 BlockQ8_0, strides count
+// blocks), widened or dequantised exactly as the kernels read them (f16 scale × int8 is exact in
+// float32), so that the result is the float32 kernel's on the widened keys and values, bit for bit.
+enum class KVElement : uint8_t { f32, bf16, f16, q8_0 };
+inline constexpr int kKVElements = 4;
 
 struct AttentionParams {
   int64_t B = 0, Hq = 0, Hkv = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
   const float* q = nullptr;     // [B, Hq, Tq, D]
   Strides4 q_stride{};
-  // Keys and values are of kv_element (float unless a 16-bit cache: forward only); read them
-  // through key_row / value_row.
-  KVElement kv_element = KVElement::f32;
+  // Keys are of k_element, values of v_element (float unless a 16-bit or q8_0 cache: forward
+  // only); read them through key_row / value_row and kv_at.
+  KVElement k_element = KVElement::f32, v_element = KVElement::f32;
   const void* k = nullptr;      // [B, Hkv, Tk, D]
   Strides4 k_stride{};
   const void* v = nullptr;      // [B, Hkv, Tk, Dv]; null when only lse is wanted
@@ -76,7 +79,8 @@ struct AttentionParams {
 };
 
 // Key j and value j of kv head h in batch b: [D] and [Dv] at strides k_stride[3], v_stride[3].
-// T: the element type, float, bfloat16 or float16 (as p.kv_element says).
+// T: the element type, float, bfloat16, float16 or BlockQ8_0 (as p.k_element / p.v_element say;
+// a Q8_0 row is D/32 contiguous blocks, element d at kv_at(row, d)).
 template <class T = float>
 const T* key_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
   if (p.k_pages)
@@ -96,16 +100,43 @@ const T* value_row(const AttentionParams& p, int64_t b, int64_t h, int64_t j) {
 inline float kv_float(float x) { return x; }
 inline float kv_float(bfloat16 x) { return bf16_to_float(x.bits); }
 inline float kv_float(float16 x) { return f16_to_float(x.bits); }
+// Element d of a key or value row (elements `stride` apart; a Q8_0 row's blocks are contiguous)
+// as float32, exactly: a Q8_0 element is its block's f16 scale times its int8, a product exact in
+// float32.
+template <class T>
+inline float kv_at(const T* row, int64_t d, int64_t stride) {
+  return kv_float(row[d * stride]);
+}
+template <>
+inline float kv_at(const BlockQ8_0* row, int64_t d, int64_t) {
+  const BlockQ8_0& block = row[d >> 5];
+  return f16_to_float(block.d) * static_cast<float>(block.qs[d & 31]);
+}
+// Bytes of a row of n elements of type T (n values; a Q8_0 row's n / 32 blocks).
+template <class T>
+constexpr int64_t kv_bytes(int64_t n) {
+  if constexpr (std::is_same_v<T, BlockQ8_0>) return n / 32 * static_cast<int64_t>(sizeof(BlockQ8_0));
+  return n * static_cast<int64_t>(sizeof(T));
+}
 
-// f(T{}) with T the element type of p's keys and values: one instance of a kernel per type.
+// f(T{}) with T the element type `e`.
 template <class F>
-decltype(auto) with_kv_element(const AttentionParams& p, F&& f) {
-  switch (p.kv_element) {
+decltype(auto) with_element(KVElement e, F&& f) {
+  switch (e) {
     case KVElement::bf16: return f(bfloat16{});
     case KVElement::f16: return f(float16{});
+    case KVElement::q8_0: return f(BlockQ8_0{});
     case KVElement::f32: break;
   }
   return f(0.0f);
+}
+// f(K{}, V{}) with K and V the element types of p's keys and values: one instance of a kernel per
+// pair of types.
+template <class F>
+decltype(auto) with_kv_element(const AttentionParams& p, F&& f) {
+  return with_element(p.k_element, [&](auto key) {
+    return with_element(p.v_element, [&](auto value) { return f(key, value); });
+  });
 }
 
 // Keys visible to query row i of batch b form one interval [begin, end), begin <= end (empty

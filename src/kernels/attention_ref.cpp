@@ -3,7 +3,8 @@
 //   cap(x) = softcap·tanh(x / softcap), or x without soft-capping   leave: key_range)
 //   lse_i = log Σ_j exp(s_ij),  P_ij = exp(s_ij − lse_i),  out_i = Σ_j P_ij z_ij v_j
 // with z_ij dropout's factor (dropout_scales: 0 or 1/(1 − p)), 1 without dropout. Keys and values
-// of a 16-bit KV cache are widened exactly as they are read (kv_float).
+// of a 16-bit or q8_0 KV cache are widened (dequantised) exactly as they are read (kv_at): the
+// float64 attention on the dequantised keys and values.
 // Scalar, float64 accumulation, one query row at a time with an O(Tk) score buffer. They are the
 // oracle for the fast kernels and the fallback for shapes those do not take; never tuned.
 // Rows are independent, so the OpenMP split over rows cannot change any result.
@@ -20,14 +21,14 @@ namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // Scaled, masked score of query row (b, h, i) against key j of kv head hk; T: the keys' element
-// type (a 16-bit key widened exactly).
+// type (a 16-bit key widened exactly, a Q8_0 one dequantised).
 template <class T>
 double score(const AttentionParams& p, int64_t b, int64_t h, int64_t hk, int64_t i, int64_t j) {
   const float* qi = p.q + b * p.q_stride[0] + h * p.q_stride[1] + i * p.q_stride[2];
   const T* kj = key_row<T>(p, b, hk, j);
   double dot = 0.0;
   for (int64_t d = 0; d < p.D; ++d)
-    dot += static_cast<double>(qi[d * p.q_stride[3]]) * static_cast<double>(kv_float(kj[d * p.k_stride[3]]));
+    dot += static_cast<double>(qi[d * p.q_stride[3]]) * static_cast<double>(kv_at(kj, d, p.k_stride[3]));
   double s = static_cast<double>(p.scale) * dot;
   if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
   if (p.mask)
@@ -39,7 +40,7 @@ float& lse_at(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
   return p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]];
 }
 
-template <class T>
+template <class T, class TV>
 void forward_ref(const AttentionParams& p) {
   const int64_t group = p.Hq / p.Hkv;
 #pragma omp parallel
@@ -67,9 +68,9 @@ void forward_ref(const AttentionParams& p) {
               const double w = std::exp(scores[j] - row_max);
               sum += w;
               if (p.out) {
-                const T* vj = value_row<T>(p, b, hk, j);
+                const TV* vj = value_row<TV>(p, b, hk, j);
                 for (int64_t d = 0; d < p.Dv; ++d)
-                  acc[d] += w * z[j] * static_cast<double>(kv_float(vj[d * p.v_stride[3]]));
+                  acc[d] += w * z[j] * static_cast<double>(kv_at(vj, d, p.v_stride[3]));
               }
             }
           }
@@ -87,7 +88,7 @@ void forward_ref(const AttentionParams& p) {
 }  // namespace
 
 void attention_forward_ref(const AttentionParams& p) {
-  with_kv_element(p, [&](auto element) { forward_ref<decltype(element)>(p); });
+  with_kv_element(p, [&](auto key, auto value) { forward_ref<decltype(key), decltype(value)>(p); });
 }
 
 void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads, int64_t n_heads,

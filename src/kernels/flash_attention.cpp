@@ -19,7 +19,9 @@
 // the keys are cut into fixed slices of kSplitKeys, each slice's partial (m, l, O) is computed
 // by any thread straight from the unpacked cache, and the partials are merged in slice order.
 // Keys and values of a 16-bit KV cache (bfloat16, float16) are widened exactly as they are packed,
-// or in registers on the decode path: bit for bit the float32 result on the widened cache.
+// or in registers on the decode path, and those of a q8_0 cache dequantised the same way (a block's
+// f16 scale times its int8s, exact in float32; keys and values may differ in type): bit for bit the
+// float32 result on the widened cache, with no widened copy of it.
 //
 // Every output row is computed by one thread, in an order that depends only on the shapes, so
 // results are bitwise identical for any thread count. Not a backward kernel (see the gradients).
@@ -28,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention_params.h"
@@ -59,19 +62,30 @@ struct PackedKV {
   AlignedFloats v;     // [blocks·kBc, dv_pad]  zero past Tk and Dv
 };
 
-// T: the keys' and values' element type (16-bit ones are widened here, exactly).
-template <class T>
+// TK, TV: the keys' and values' element types (16-bit ones are widened here, Q8_0 ones
+// dequantised, exactly).
+template <class TK, class TV>
 void pack_block(const AttentionParams& p, int64_t b, int64_t hk, int64_t kb, PackedKV& kv) {
   float* kt = kv.kt.data() + kb * p.D * kBc;
   float* vp = kv.v.data() + kb * kBc * kv.dv_pad;
   const int64_t real = std::clamp<int64_t>(p.Tk - kb * kBc, 0, kBc);  // keys of the block before Tk
   for (int64_t jj = 0; jj < real; ++jj) {
     const int64_t j = kb * kBc + jj;
-    const T* k = key_row<T>(p, b, hk, j);
-    for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = widen_kv(k[d * p.k_stride[3]]);
+    const TK* k = key_row<TK>(p, b, hk, j);
+    if constexpr (std::is_same_v<TK, BlockQ8_0>) {
+      for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = kv_scalar_at(k, d);
+    } else {
+      for (int64_t d = 0; d < p.D; ++d) kt[d * kBc + jj] = widen_kv(k[d * p.k_stride[3]]);
+    }
     if (kv.dv_pad == 0) continue;  // no values
-    const T* v = value_row<T>(p, b, hk, j);
-    for (int64_t d = 0; d < kv.dv_pad; ++d) vp[jj * kv.dv_pad + d] = d < p.Dv ? widen_kv(v[d * p.v_stride[3]]) : 0.0f;
+    const TV* v = value_row<TV>(p, b, hk, j);
+    float* vrow = vp + jj * kv.dv_pad;
+    if constexpr (std::is_same_v<TV, BlockQ8_0>) {  // Dv a multiple of 32: whole vectors
+      for (int64_t d = 0; d < p.Dv; d += kLanes) store(vrow + d, load_kv_at(v, d));
+    } else {
+      for (int64_t d = 0; d < p.Dv; ++d) vrow[d] = widen_kv(v[d * p.v_stride[3]]);
+    }
+    std::fill(vrow + p.Dv, vrow + kv.dv_pad, 0.0f);
   }
   // The padding: a run of each key row (a short prompt's block is mostly padding, written a
   // float 1 KiB apart when it went key by key).
@@ -146,12 +160,12 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
 }
 
 // Keys and values [j0, j1) of kv head hk in batch b, asked for into L2 (prefetcht1).
-template <class T>
+template <class TK, class TV>
 void prefetch_keys_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1) {
   const bool values = p.v || p.v_pages;
   for (int64_t f = j0; f < j1; ++f) {
-    prefetch_bytes<2>(key_row<T>(p, b, hk, f), p.D * static_cast<int64_t>(sizeof(T)));
-    if (values) prefetch_bytes<2>(value_row<T>(p, b, hk, f), p.Dv * static_cast<int64_t>(sizeof(T)));
+    prefetch_bytes<2>(key_row<TK>(p, b, hk, f), kv_bytes<TK>(p.D));
+    if (values) prefetch_bytes<2>(value_row<TV>(p, b, hk, f), kv_bytes<TV>(p.Dv));
   }
 }
 
@@ -163,9 +177,21 @@ void accumulate_values(const AttentionParams& p, int64_t b, int64_t hk, int64_t 
   Vec acc[NV];
   for (int v = 0; v < NV; ++v) acc[v] = load(orow + d0 + v * kLanes);
   for (int64_t jj = lo; jj < hi; ++jj) {
-    const T* vj = value_row<T>(p, b, hk, jb + jj) + d0;
+    const T* vj = value_row<T>(p, b, hk, jb + jj);
     const Vec pj = splat(sr[jj]);
-    for (int v = 0; v < NV; ++v) acc[v] = fma(pj, load_kv(vj + v * kLanes), acc[v]);
+    if constexpr (std::is_same_v<T, BlockQ8_0>) {
+      // d0 is a multiple of 8 vectors, so of 32: each block's scale widened once, not once a vector
+      // (the same products, so the same bits).
+      constexpr int kPerBlock = 32 / kLanes;
+      const BlockQ8_0* blocks = vj + (d0 >> 5);
+      Vec scale = splat(0.0f);
+      for (int v = 0; v < NV; ++v) {
+        if (v % kPerBlock == 0) scale = splat(f16_scalar(blocks[v / kPerBlock].d));
+        acc[v] = fma(pj, scale * load_i8(blocks[v / kPerBlock].qs + (v % kPerBlock) * kLanes), acc[v]);
+      }
+    } else {
+      for (int v = 0; v < NV; ++v) acc[v] = fma(pj, load_kv_at(vj, d0 + v * kLanes), acc[v]);
+    }
   }
   for (int v = 0; v < NV; ++v) store(orow + d0 + v * kLanes, acc[v]);
 }
@@ -190,9 +216,10 @@ inline SeenKeys seen_keys(const KeyRange* keys, int64_t n_rows, int64_t j0, int6
 
 // Rows `rows` (query head, query index) of kv head hk, over keys [j0, j1), straight from the
 // strided (or paged) cache. Keys are taken kLanes·4 at a time: scores by dot products, then the same
-// online softmax and P·V as the blocked path. T: the cache's element type (16-bit keys and values
-// are widened in registers, so the result is the float32 one on the widened cache).
-template <class T>
+// online softmax and P·V as the blocked path. TK, TV: the keys' and values' element types (16-bit
+// ones are widened in registers, Q8_0 ones dequantised, so the result is the float32 one on the
+// widened cache).
+template <class TK, class TV>
 void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, int64_t j1, int64_t n_rows,
                   const int64_t* heads, const int64_t* queries, float* o, float* m, float* l) {
   constexpr int64_t kKeys = kDecodeChunk;
@@ -211,23 +238,23 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
   // a serving step's short contexts a slice is one chunk, so nothing else overlaps their misses.
   // (attention_decode has asked for them already when it guessed this task right.) Later chunks
   // are prefetched one chunk ahead, below.
-  prefetch_keys_values<T>(p, b, hk, jb0, std::min(hi_all, jb0 + kKeys));
+  prefetch_keys_values<TK, TV>(p, b, hk, jb0, std::min(hi_all, jb0 + kKeys));
   for (int64_t jb = jb0; jb < hi_all; jb += kKeys) {
     const int64_t n = std::min(kKeys, j1 - jb);
     for (int64_t r = 0; r < n_rows; ++r) std::fill(s[r] + n, s[r] + kKeys, 0.0f);  // finish_scores reads them
     int64_t jj = 0;
     for (; jj + 4 <= n; jj += 4) {  // 4 keys at a time: independent chains, each decode_dot's
-      const T *k0 = key_row<T>(p, b, hk, jb + jj), *k1 = key_row<T>(p, b, hk, jb + jj + 1),
-              *k2 = key_row<T>(p, b, hk, jb + jj + 2), *k3 = key_row<T>(p, b, hk, jb + jj + 3);
+      const TK *k0 = key_row<TK>(p, b, hk, jb + jj), *k1 = key_row<TK>(p, b, hk, jb + jj + 1),
+               *k2 = key_row<TK>(p, b, hk, jb + jj + 2), *k3 = key_row<TK>(p, b, hk, jb + jj + 3);
       // The next chunk's keys and values (those the slice reads), while this chunk computes.
       for (int64_t f = jb + kKeys + jj, end = std::min(hi_all, f + 4); f < end; ++f) {
-        prefetch_bytes(key_row<T>(p, b, hk, f), D * static_cast<int64_t>(sizeof(T)));
-        if (values) prefetch_bytes(value_row<T>(p, b, hk, f), Dv * static_cast<int64_t>(sizeof(T)));
+        prefetch_bytes(key_row<TK>(p, b, hk, f), kv_bytes<TK>(D));
+        if (values) prefetch_bytes(value_row<TV>(p, b, hk, f), kv_bytes<TV>(Dv));
       }
       for (int64_t r = 0; r < n_rows; ++r) decode_dot4(q[r], k0, k1, k2, k3, D, s[r] + jj);
     }
     for (; jj < n; ++jj) {
-      const T* kj = key_row<T>(p, b, hk, jb + jj);
+      const TK* kj = key_row<TK>(p, b, hk, jb + jj);
       for (int64_t r = 0; r < n_rows; ++r) s[r][jj] = decode_dot(q[r], kj, D);
     }
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -244,19 +271,19 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
         float* orow = o + r * Dv;
         const int64_t vectors = Dv / kLanes;
         int64_t v0 = 0;
-        for (; v0 + 8 <= vectors; v0 += 8) accumulate_values<8, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow);
+        for (; v0 + 8 <= vectors; v0 += 8) accumulate_values<8, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow);
         switch (vectors - v0) {
-          case 7: accumulate_values<7, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
-          case 6: accumulate_values<6, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
-          case 5: accumulate_values<5, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
-          case 4: accumulate_values<4, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
-          case 3: accumulate_values<3, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
-          case 2: accumulate_values<2, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
-          case 1: accumulate_values<1, T>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 7: accumulate_values<7, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 6: accumulate_values<6, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 5: accumulate_values<5, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 4: accumulate_values<4, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 3: accumulate_values<3, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 2: accumulate_values<2, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
+          case 1: accumulate_values<1, TV>(p, b, hk, jb, lo, hi, s[r], v0 * kLanes, orow); break;
           default: break;
         }
         for (int64_t d = vectors * kLanes; d < Dv; ++d)
-          for (int64_t jj = lo; jj < hi; ++jj) orow[d] += s[r][jj] * widen_kv(value_row<T>(p, b, hk, jb + jj)[d]);
+          for (int64_t jj = lo; jj < hi; ++jj) orow[d] += s[r][jj] * kv_scalar_at(value_row<TV>(p, b, hk, jb + jj), d);
       }
     }
   }
@@ -266,7 +293,7 @@ void decode_slice(const AttentionParams& p, int64_t b, int64_t hk, int64_t j0, i
 // step, each with its own keys and length): every call's (batch, kv head, key slice) is a task
 // of one parallel region, then every row's slices are merged. A call's results do not depend on
 // which other calls share the region: its tasks and merges are its own, in its own order.
-template <class T>
+template <class TK, class TV>
 void attention_decode(const AttentionParams* ps, int64_t count) {
   struct Item {
     int64_t group, rows, Dv, splits, stride;
@@ -337,14 +364,14 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
     KeyRange keys[kDecodeRows];
     for (int64_t r = 0; r < it.rows; ++r) keys[r] = key_range(p, k.b, it.queries[r]);
     const SeenKeys seen = seen_keys(keys, it.rows, k.j0, k.j1);
-    const int64_t key_bytes = p.D * static_cast<int64_t>(sizeof(T));
-    const int64_t value_bytes = p.Dv * static_cast<int64_t>(sizeof(T));
+    const int64_t key_bytes = kv_bytes<TK>(p.D);
+    const int64_t value_bytes = kv_bytes<TV>(p.Dv);
     const bool values = p.v || p.v_pages;
     for (int64_t f = seen.first, end = std::min(seen.end, seen.first + kDecodeChunk); f < end; ++f) {
-      if (ahead == Ahead::two) prefetch_bytes<2>(key_row<T>(p, k.b, k.hk, f), key_bytes);
-      if (ahead == Ahead::one) prefetch_bytes<3>(key_row<T>(p, k.b, k.hk, f), key_bytes);
-      if (ahead == Ahead::one && values) prefetch_bytes<2>(value_row<T>(p, k.b, k.hk, f), value_bytes);
-      if (ahead == Ahead::now && values) prefetch_bytes<3>(value_row<T>(p, k.b, k.hk, f), value_bytes);
+      if (ahead == Ahead::two) prefetch_bytes<2>(key_row<TK>(p, k.b, k.hk, f), key_bytes);
+      if (ahead == Ahead::one) prefetch_bytes<3>(key_row<TK>(p, k.b, k.hk, f), key_bytes);
+      if (ahead == Ahead::one && values) prefetch_bytes<2>(value_row<TV>(p, k.b, k.hk, f), value_bytes);
+      if (ahead == Ahead::now && values) prefetch_bytes<3>(value_row<TV>(p, k.b, k.hk, f), value_bytes);
     }
   };
   // Merges the slices of (b, hk) = local of call i, row by row in slice order:
@@ -404,7 +431,7 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
         if ((t + 1) % run != 0 && (t + 2) % run != 0) prefetch_task(t + 2, Ahead::two);
       }
       prefetch_task(t, Ahead::now);
-      decode_slice<T>(p, b, hk, j0, j1, it.rows, abs_heads, it.queries, part, m, l);
+      decode_slice<TK, TV>(p, b, hk, j0, j1, it.rows, abs_heads, it.queries, part, m, l);
       if (it.splits == 1) merge(i, local);  // (local = b · Hkv + hk)
     }
     if (any_split) {
@@ -418,9 +445,9 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
   }
 }
 
-template <class T>
+template <class TK, class TV>
 void forward(const AttentionParams& p) {
-  if (takes_decode_path(p)) return attention_decode<T>(&p, 1);
+  if (takes_decode_path(p)) return attention_decode<TK, TV>(&p, 1);
   const int64_t group = p.Hq / p.Hkv;
   const int64_t q_blocks = (p.Tq + kBr - 1) / kBr;
   PackedKV kv;  // shared by all threads: packed once per (batch, kv head)
@@ -437,7 +464,7 @@ void forward(const AttentionParams& p) {
     for (int64_t b = 0; b < p.B; ++b)
       for (int64_t hk = 0; hk < p.Hkv; ++hk) {
 #pragma omp for schedule(static)
-        for (int64_t kb = 0; kb < kv.blocks; ++kb) pack_block<T>(p, b, hk, kb, kv);
+        for (int64_t kb = 0; kb < kv.blocks; ++kb) pack_block<TK, TV>(p, b, hk, kb, kv);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < tasks; ++t) {
           const int64_t i0 = (q_blocks - 1 - t / group) * kBr;
@@ -449,20 +476,20 @@ void forward(const AttentionParams& p) {
 
 }  // namespace
 
-// Calls that take the decode path run together, one region for all those of an element type
-// (in a batched step they all are); the others one after another.
+// Calls that take the decode path run together, one region for all those of a pair of key and
+// value element types (in a batched step they all are); the others one after another.
 void attention_forward(const AttentionParams* ps, int64_t count) {
-  std::vector<AttentionParams> decode[3];  // by KVElement
+  std::vector<AttentionParams> decode[kKVElements * kKVElements];  // by (k_element, v_element)
   for (int64_t i = 0; i < count; ++i) {
     if (takes_decode_path(ps[i]))
-      decode[static_cast<int>(ps[i].kv_element)].push_back(ps[i]);
+      decode[static_cast<int>(ps[i].k_element) * kKVElements + static_cast<int>(ps[i].v_element)].push_back(ps[i]);
     else
-      with_kv_element(ps[i], [&](auto element) { forward<decltype(element)>(ps[i]); });
+      with_kv_element(ps[i], [&](auto key, auto value) { forward<decltype(key), decltype(value)>(ps[i]); });
   }
   for (const std::vector<AttentionParams>& list : decode)
     if (!list.empty())
-      with_kv_element(list[0], [&](auto element) {
-        attention_decode<decltype(element)>(list.data(), static_cast<int64_t>(list.size()));
+      with_kv_element(list[0], [&](auto key, auto value) {
+        attention_decode<decltype(key), decltype(value)>(list.data(), static_cast<int64_t>(list.size()));
       });
 }
 

@@ -147,7 +147,9 @@ void query_block(const AttentionParams& p, const PackedKV& kv, int64_t b, int64_
 }  // namespace
 
 bool attention_forward_bf16_dot(const AttentionParams& p) {
-  if (p.kv_element == KVElement::f16 || p.k_pages || takes_decode_path(p)) return false;
+  if (p.k_element != p.v_element || (p.k_element != KVElement::f32 && p.k_element != KVElement::bf16) || p.k_pages ||
+      takes_decode_path(p))
+    return false;
   const int64_t group = p.Hq / p.Hkv, q_blocks = (p.Tq + kBq - 1) / kBq;
   PackedKV kv;  // shared by all threads: packed once per (batch, kv head)
   kv.blocks = (p.Tk + kBk - 1) / kBk;
@@ -163,7 +165,7 @@ bool attention_forward_bf16_dot(const AttentionParams& p) {
       for (int64_t hk = 0; hk < p.Hkv; ++hk) {
 #pragma omp for schedule(static)
         for (int64_t kb = 0; kb < kv.blocks; ++kb) {
-          if (p.kv_element == KVElement::bf16)
+          if (p.k_element == KVElement::bf16)
             pack_block<bfloat16>(p, b, hk, kb, kv);
           else
             pack_block<float>(p, b, hk, kb, kv);

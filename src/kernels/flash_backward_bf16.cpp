@@ -304,7 +304,7 @@ void run_task(const AttentionParams& p, int64_t b, int64_t hk, Task& t) {
 }  // namespace
 
 bool attention_backward_bf16_dot(const AttentionParams& p) {
-  if (!p.bf16_values || p.kv_element != KVElement::f32 || p.k_pages || takes_decode_path(p))
+  if (!p.bf16_values || p.k_element != KVElement::f32 || p.v_element != KVElement::f32 || p.k_pages || takes_decode_path(p))
     return false;
   for_each_kv_head<Task>(p, run_task);
   return true;

@@ -11,15 +11,14 @@
 
 #include <cstdint>
 
+#include "mhsa/tensor.h"
+
 namespace mhsa::kernels {
 
 constexpr int64_t kQ8Block = 32;  // weights per block
 
-struct BlockQ8_0 {
-  uint16_t d;          // scale, IEEE f16
-  int8_t qs[kQ8Block];  // quants
-};
-static_assert(sizeof(BlockQ8_0) == 34, "BlockQ8_0 must match ggml's 34-byte block_q8_0");
+using ::mhsa::BlockQ8_0;  // (mhsa/tensor.h: public, the element of a Q8_0 KV cache)
+static_assert(kQ8Block == sizeof(BlockQ8_0::qs));
 
 // x [n] → out [n / 32]; n must be a multiple of 32 (the caller checks and names its argument).
 // Non-finite inputs are the caller's to reject: a NaN or inf makes the block's scale non-finite.

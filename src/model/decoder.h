@@ -22,7 +22,7 @@ struct Decoder {
   std::string_view context_key;      // the config key of the context length, for messages
   std::span<const int32_t> eos;      // end-of-sequence tokens (the first pads finished sequences)
   std::span<const std::string> names;  // the parameters' names, in stack.params order
-  KVType kv_type = KVType::f32;        // the element type of the caches new_caches makes
+  KVTypes kv_type;                     // the element types of the caches new_caches makes
 };
 
 std::vector<KVCache> new_caches(const Decoder& d, int64_t batch, int64_t max_tokens);

@@ -52,11 +52,18 @@ PerplexityResult perplexity(const Model& model, std::span<const int32_t> ids, co
   r.chunks = chunks;
   double nll = 0, nll2 = 0;
   std::vector<int32_t> chunk(static_cast<size_t>(ctx));
+  const bool narrow_kv = model.kv_type() != KVType::f32;
   std::vector<double> row_nll(static_cast<size_t>(scored));
   for (int64_t i = 0; i < chunks; ++i) {
     std::copy_n(ids.begin() + i * ctx, ctx, chunk.begin());
     if (o.bos >= 0) chunk[0] = o.bos;
-    const Tensor logits = model.forward(chunk, 1, ctx);  // [1, ctx, V]
+    // A narrower KV type is read as generation reads it: the chunk's keys and values stored in a
+    // cache of that type, then attended over (forward keeps them float32).
+    const Tensor logits = narrow_kv ? [&] {
+      ModelCache cache = model.new_cache(1, ctx);
+      return model.extend(cache, chunk, 1, ctx, false);
+    }()
+                                    : model.forward(chunk, 1, ctx);  // [1, ctx, V]
     const float* L = logits.data();
     // Each row's log-softmax over the vocabulary is independent; the sums below go in order.
 #pragma omp parallel for schedule(static)

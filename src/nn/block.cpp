@@ -5,6 +5,7 @@
 #include "nn/block.h"
 
 #include <algorithm>
+#include <cstddef>
 
 #include "core/check.h"
 #include "nn/kv_store.h"
@@ -89,83 +90,94 @@ void attend_over_cache(const Dims& d, int64_t B, int64_t T, float* qkv, float* c
   cache.append(heads_view(qkv, B, T, d.N, d.Nq, d.Hkv, d.D), heads_view(qkv, B, T, d.N, d.Nq + d.Nkv, d.Hkv, d.D));
   const ConstTensorView q = heads_view(qkv, B, T, d.N, 0, d.Hq, d.D);
   const TensorView out = heads_view(ctx, B, T, d.Nq, 0, d.Hq, d.D);
-  with_kv_type(cache.type(), [&](auto element) {
-    using E = decltype(element);
-    if constexpr (std::is_same_v<E, float>) {
-      scaled_dot_product_attention(q, cache.keys(), cache.values(), out, opt);
-    } else {  // a 16-bit cache, read as it is
-      scaled_dot_product_attention(q, cache.keys_as<E>(), cache.values_as<E>(), out, opt);
-    }
+  with_kv_type(cache.type().key, [&](auto key) {
+    with_kv_type(cache.type().value, [&](auto value) {
+      using K = decltype(key);
+      using V = decltype(value);
+      if constexpr (std::is_same_v<K, float> && std::is_same_v<V, float>) {
+        scaled_dot_product_attention(q, cache.keys(), cache.values(), out, opt);
+      } else {  // a 16-bit or q8_0 cache, read as it is
+        scaled_dot_product_attention(q, cache.keys_as<K>(), cache.values_as<V>(), out, opt);
+      }
+    });
   });
 }
 
 // Writes the k and v heads of qkv [T, N] into a paged sequence's blocks of `layer` at positions
-// seq.length onwards (rounded to the pool's type), and returns its blocks of keys and values
+// seq.length onwards (stored in the pool's types), and returns its blocks of keys and values
 // (length + T tokens) for the kernel, which walks them in place: no gather.
-template <class E>
-PagedKVOf<E> write_pages(const Dims& d, int64_t layer, int64_t T, const float* qkv, const PagedSequence& seq,
-                         std::vector<const E*>& kb, std::vector<const E*>& vb) {
+template <class K, class V>
+PagedKVOf<K, V> write_pages(const Dims& d, int64_t layer, int64_t T, const float* qkv, const PagedSequence& seq,
+                            std::vector<const K*>& kb, std::vector<const V*>& vb) {
   KVBlockPool& pool = *seq.pool;
   const int64_t bs = pool.block_tokens();
+  const KVTypes type = pool.type();
+  const int64_t k_row = kv_row_bytes(type.key, d.D), v_row = kv_row_bytes(type.value, d.D);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t pos = seq.length + t;
     const int32_t b = seq.blocks[static_cast<size_t>(pos / bs)];
     const float* row = qkv + t * d.N;
-    E* k = static_cast<E*>(pool.keys(layer, b)) + (pos % bs) * d.D;
-    E* v = static_cast<E*>(pool.values(layer, b)) + (pos % bs) * d.D;
-    for (int64_t h = 0; h < d.Hkv; ++h)
-      for (int64_t i = 0; i < d.D; ++i) {
-        narrow_kv(row[d.Nq + h * d.D + i], k[h * bs * d.D + i]);
-        narrow_kv(row[d.Nq + d.Nkv + h * d.D + i], v[h * bs * d.D + i]);
-      }
+    auto* k = static_cast<std::byte*>(pool.keys(layer, b)) + (pos % bs) * k_row;
+    auto* v = static_cast<std::byte*>(pool.values(layer, b)) + (pos % bs) * v_row;
+    for (int64_t h = 0; h < d.Hkv; ++h) {
+      store_kv(type.key, row + d.Nq + h * d.D, d.D, k + h * bs * k_row);
+      store_kv(type.value, row + d.Nq + d.Nkv + h * d.D, d.D, v + h * bs * v_row);
+    }
   }
   const int64_t length = seq.length + T;
   const size_t blocks = static_cast<size_t>(pool.blocks_for(length));
   kb.resize(blocks);
   vb.resize(blocks);
   for (size_t i = 0; i < blocks; ++i) {
-    kb[i] = static_cast<const E*>(pool.keys(layer, seq.blocks[i]));
-    vb[i] = static_cast<const E*>(pool.values(layer, seq.blocks[i]));
+    kb[i] = static_cast<const K*>(pool.keys(layer, seq.blocks[i]));
+    vb[i] = static_cast<const V*>(pool.values(layer, seq.blocks[i]));
   }
-  return PagedKVOf<E>{kb, vb, bs, length, d.Hkv, d.D, d.D};
+  return PagedKVOf<K, V>{kb, vb, bs, length, d.Hkv, d.D, d.D};
 }
 
 // A batched step's attention: every sequence's new keys and values appended to its own cache or
 // written to its pages, then all sequences' attention in one call (the decoding ones in one
 // parallel region over all their heads). qkv [rows, N] and ctx [rows, Nq] hold the sequences'
-// rows in turn. Sequences whose caches differ in element type are attended one type at a time.
+// rows in turn. Sequences whose caches differ in element types are attended one pair of types at
+// a time.
 void attend_sequences(const Dims& d, int64_t layer, float* qkv, float* ctx, std::span<const SeqRows> seqs,
                       const AttentionOptions& opt) {
   const auto type_of = [](const SeqRows& s) { return s.paged ? s.paged->pool->type() : s.cache->type(); };
   std::vector<int64_t> first(seqs.size());  // each sequence's first row
   for (size_t i = 0, r0 = 0; i < seqs.size(); r0 += static_cast<size_t>(seqs[i++].rows)) first[i] = static_cast<int64_t>(r0);
-  for (const KVType type : {KVType::f32, KVType::bf16, KVType::f16}) {
-    if (std::none_of(seqs.begin(), seqs.end(), [&](const SeqRows& s) { return type_of(s) == type; })) continue;
-    with_kv_type(type, [&](auto element) {
-      using E = decltype(element);
-      std::vector<std::vector<const E*>> blocks(2 * seqs.size());
-      std::vector<PagedKVOf<E>> paged(seqs.size());  // sized once: the items point into it
-      std::vector<AttentionBatchItem<E>> items;
-      for (size_t i = 0; i < seqs.size(); ++i) {
-        const SeqRows& seq = seqs[i];
-        if (type_of(seq) != type) continue;
-        float* q = qkv + first[i] * d.N;
-        AttentionBatchItem<E> item;
-        item.q = heads_view(q, 1, seq.rows, d.N, 0, d.Hq, d.D);
-        item.out = heads_view(ctx + first[i] * d.Nq, 1, seq.rows, d.Nq, 0, d.Hq, d.D);
-        if (seq.paged) {
-          paged[i] = write_pages<E>(d, layer, seq.rows, q, *seq.paged, blocks[2 * i], blocks[2 * i + 1]);
-          item.paged = &paged[i];
-        } else {
-          KVCache& cache = *seq.cache;
-          cache.append(heads_view(q, 1, seq.rows, d.N, d.Nq, d.Hkv, d.D),
-                       heads_view(q, 1, seq.rows, d.N, d.Nq + d.Nkv, d.Hkv, d.D));
-          item.k = cache.keys_as<E>();
-          item.v = cache.values_as<E>();
+  std::vector<KVTypes> types;  // the pairs present, in order of first appearance
+  for (const SeqRows& s : seqs)
+    if (std::find(types.begin(), types.end(), type_of(s)) == types.end()) types.push_back(type_of(s));
+  for (const KVTypes type : types) {
+    with_kv_type(type.key, [&](auto key) {
+      with_kv_type(type.value, [&](auto value) {
+        using K = decltype(key);
+        using V = decltype(value);
+        std::vector<std::vector<const K*>> k_blocks(seqs.size());
+        std::vector<std::vector<const V*>> v_blocks(seqs.size());
+        std::vector<PagedKVOf<K, V>> paged(seqs.size());  // sized once: the items point into it
+        std::vector<AttentionBatchItem<K, V>> items;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          const SeqRows& seq = seqs[i];
+          if (type_of(seq) != type) continue;
+          float* q = qkv + first[i] * d.N;
+          AttentionBatchItem<K, V> item;
+          item.q = heads_view(q, 1, seq.rows, d.N, 0, d.Hq, d.D);
+          item.out = heads_view(ctx + first[i] * d.Nq, 1, seq.rows, d.Nq, 0, d.Hq, d.D);
+          if (seq.paged) {
+            paged[i] = write_pages<K, V>(d, layer, seq.rows, q, *seq.paged, k_blocks[i], v_blocks[i]);
+            item.paged = &paged[i];
+          } else {
+            KVCache& cache = *seq.cache;
+            cache.append(heads_view(q, 1, seq.rows, d.N, d.Nq, d.Hkv, d.D),
+                         heads_view(q, 1, seq.rows, d.N, d.Nq + d.Nkv, d.Hkv, d.D));
+            item.k = cache.keys_as<K>();
+            item.v = cache.values_as<V>();
+          }
+          items.push_back(item);
         }
-        items.push_back(item);
-      }
-      scaled_dot_product_attention<E>(std::span<const AttentionBatchItem<E>>(items), opt);
+        scaled_dot_product_attention<K, V>(std::span<const AttentionBatchItem<K, V>>(items), opt);
+      });
     });
   }
 }

@@ -1,6 +1,10 @@
 // nn/kv_cache.cpp — KVCache (see kv_cache.h) and the KVType names.
 #include "mhsa/kv_cache.h"
 
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
 #include "core/check.h"
 #include "io/json.h"
 #include "nn/kv_store.h"
@@ -8,21 +12,25 @@
 namespace mhsa {
 namespace {
 
-// dst[b, h, offset + t, d] = src[b, h, t, d] rounded to T; dst: [B, H, cap, D] elements T.
-template <class T>
-void copy_tokens(const ConstTensorView& src, void* dst_data, int64_t H, int64_t cap, int64_t D, int64_t offset) {
-  T* dst = static_cast<T*>(dst_data);
+// dst[b, h, offset + t] = src[b, h, t] in `type`; dst: [B, H, cap] rows of kv_row_bytes(type, D).
+void copy_tokens(const ConstTensorView& src, KVType type, void* dst_data, int64_t H, int64_t cap, int64_t D,
+                 int64_t offset) {
+  const int64_t row_bytes = kv_row_bytes(type, D);
+  std::vector<float> row(static_cast<size_t>(D));  // one token's [D], gathered from any strides
   for (int64_t b = 0; b < src.shape[0]; ++b)
     for (int64_t h = 0; h < src.shape[1]; ++h)
       for (int64_t t = 0; t < src.shape[2]; ++t) {
-        T* row = dst + ((b * H + h) * cap + offset + t) * D;
-        for (int64_t d = 0; d < D; ++d) nn::narrow_kv(src.at(b, h, t, d), row[d]);
+        for (int64_t d = 0; d < D; ++d) row[static_cast<size_t>(d)] = src.at(b, h, t, d);
+        nn::store_kv(type, row.data(), D, static_cast<std::byte*>(dst_data) + ((b * H + h) * cap + offset + t) * row_bytes);
       }
 }
 
-// Storage for n elements of `type` (two 16-bit ones per float).
-Tensor storage(KVType type, int64_t n, std::string_view what) {
-  return Tensor({type == KVType::f32 ? n : n / 2 + n % 2}, what);
+// Storage for [B, H, cap] rows of `dim` elements of `type`, in whole floats (q8_0: dim / 32
+// blocks of 34 bytes).
+Tensor storage(KVType type, int64_t B, int64_t H, int64_t cap, int64_t dim, std::string_view what) {
+  const int64_t bytes = type == KVType::q8_0 ? 34 * detail::checked_count(what, {B, H, cap, dim / 32}, 34)
+                                             : kv_row_bytes(type, detail::checked_count(what, {B, H, cap, dim}, 4));
+  return Tensor({(bytes + 3) / 4}, what);
 }
 
 }  // namespace
@@ -31,19 +39,38 @@ KVType parse_kv_type(std::string_view name, std::string_view what) {
   if (name == "f32") return KVType::f32;
   if (name == "bf16") return KVType::bf16;
   if (name == "f16") return KVType::f16;
-  throw Error(detail::message(what, ": expected \"f32\", \"bf16\" or \"f16\", got ", detail::quote(name)));
+  if (name == "q8_0") return KVType::q8_0;
+  throw Error(detail::message(what, ": expected \"f32\", \"bf16\", \"f16\" or \"q8_0\", got ", detail::quote(name)));
 }
 
 std::string_view kv_type_name(KVType type) {
   switch (type) {
     case KVType::bf16: return "bf16";
     case KVType::f16: return "f16";
+    case KVType::q8_0: return "q8_0";
     case KVType::f32: break;
   }
   return "f32";
 }
 
-KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, int64_t v_head_dim, KVType type)
+std::string kv_type_name(KVTypes types) {
+  if (types.key == types.value) return std::string(kv_type_name(types.key));
+  return detail::message(kv_type_name(types.key), "/", kv_type_name(types.value));
+}
+
+KVTypes parse_kv_types(std::string_view name, std::string_view what) {
+  const size_t slash = name.find('/');
+  if (slash == std::string_view::npos) return parse_kv_type(name, what);
+  const std::string key_what = detail::message(what, " (keys)"), value_what = detail::message(what, " (values)");
+  return {parse_kv_type(name.substr(0, slash), key_what), parse_kv_type(name.substr(slash + 1), value_what)};
+}
+
+void check_kv_dim(KVType type, int64_t dim, std::string_view fn, std::string_view arg) {
+  if (type == KVType::q8_0 && dim % 32 != 0)
+    detail::fail(fn, arg, "a multiple of 32 (q8_0 keys and values are blocks of 32 values)", std::to_string(dim));
+}
+
+KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, int64_t v_head_dim, KVTypes type)
     : batch_(batch), kv_heads_(kv_heads), capacity_(capacity), head_dim_(head_dim), v_head_dim_(v_head_dim),
       type_(type) {
   constexpr std::string_view fn = "KVCache";
@@ -52,14 +79,13 @@ KVCache::KVCache(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head
   if (capacity < 0) detail::fail(fn, "capacity", "a count >= 0", std::to_string(capacity));
   if (head_dim <= 0) detail::fail(fn, "head_dim", "a count > 0", std::to_string(head_dim));
   if (v_head_dim <= 0) detail::fail(fn, "v_head_dim", "a count > 0", std::to_string(v_head_dim));
-  if (type != KVType::f32 && type != KVType::bf16 && type != KVType::f16)
-    detail::fail(fn, "type", "KVType f32, bf16 or f16", std::to_string(static_cast<int>(type)));
-  const int64_t nk = detail::checked_count("KVCache: keys [B, Hkv, capacity, D]", {batch, kv_heads, capacity, head_dim},
-                                           sizeof(float));
-  const int64_t nv = detail::checked_count("KVCache: values [B, Hkv, capacity, Dv]",
-                                           {batch, kv_heads, capacity, v_head_dim}, sizeof(float));
-  k_ = storage(type, nk, "KVCache: keys [B, Hkv, capacity, D]");
-  v_ = storage(type, nv, "KVCache: values [B, Hkv, capacity, Dv]");
+  for (const KVType t : {type.key, type.value})
+    if (t != KVType::f32 && t != KVType::bf16 && t != KVType::f16 && t != KVType::q8_0)
+      detail::fail(fn, "type", "KVType f32, bf16, f16 or q8_0", std::to_string(static_cast<int>(t)));
+  check_kv_dim(type.key, head_dim, fn, "head_dim");
+  check_kv_dim(type.value, v_head_dim, fn, "v_head_dim");
+  k_ = storage(type.key, batch, kv_heads, capacity, head_dim, "KVCache: keys [B, Hkv, capacity, D]");
+  v_ = storage(type.value, batch, kv_heads, capacity, v_head_dim, "KVCache: values [B, Hkv, capacity, Dv]");
 }
 
 void KVCache::check_room(int64_t tokens, const char* what) const {
@@ -70,9 +96,9 @@ void KVCache::check_room(int64_t tokens, const char* what) const {
                  detail::message(tokens, " new tokens"));
 }
 
-void KVCache::check_type(KVType want, std::string_view fn) const {
-  if (type_ != want)
-    detail::fail(fn, "T", detail::message("the cache's element type (", kv_type_name(type_), ")"),
+void KVCache::check_type(KVType have, KVType want, std::string_view fn) {
+  if (have != want)
+    detail::fail(fn, "T", detail::message("the cache's element type (", kv_type_name(have), ")"),
                  std::string(kv_type_name(want)));
 }
 
@@ -88,11 +114,8 @@ void KVCache::append(ConstTensorView k, ConstTensorView v) {
   detail::check_dim(fn, "v", v, 2, k.shape[2], "T, as k.shape[2]");
   detail::check_dim(fn, "v", v, 3, v_head_dim_, "the cache's value head size");
   check_room(k.shape[2], "k.shape[2]");
-  nn::with_kv_type(type_, [&](auto element) {
-    using T = decltype(element);
-    copy_tokens<T>(k, k_.data(), kv_heads_, capacity_, head_dim_, length_);
-    copy_tokens<T>(v, v_.data(), kv_heads_, capacity_, v_head_dim_, length_);
-  });
+  copy_tokens(k, type_.key, k_.data(), kv_heads_, capacity_, head_dim_, length_);
+  copy_tokens(v, type_.value, v_.data(), kv_heads_, capacity_, v_head_dim_, length_);
   length_ += k.shape[2];
 }
 
@@ -106,22 +129,24 @@ void KVCache::append(const KVCache& from) {
                  detail::message("batch ", from.batch_, ", ", from.kv_heads_, " kv heads, head sizes ",
                                  from.head_dim_, " and ", from.v_head_dim_));
   check_room(from.length_, "from.length()");
-  // Each element widened exactly and rounded back: unchanged when the types agree.
-  const auto copy = [&](const void* src_data, void* dst_data, int64_t D) {
-    nn::with_kv_type(from.type_, [&](auto src_element) {
-      nn::with_kv_type(type_, [&](auto dst_element) {
-        const auto* src = static_cast<const decltype(src_element)*>(src_data);
-        auto* dst = static_cast<decltype(dst_element)*>(dst_data);
-        for (int64_t bh = 0; bh < batch_ * kv_heads_; ++bh)
-          for (int64_t t = 0; t < from.length_; ++t)
-            for (int64_t d = 0; d < D; ++d)
-              nn::narrow_kv(nn::widen_kv(src[(bh * from.capacity_ + t) * D + d]),
-                            dst[(bh * capacity_ + length_ + t) * D + d]);
-      });
-    });
+  // Each row copied when the types agree, else read back exactly and stored in this cache's type.
+  const auto copy = [&](const void* src_data, KVType src_type, void* dst_data, KVType dst_type, int64_t D) {
+    const int64_t src_bytes = kv_row_bytes(src_type, D), dst_bytes = kv_row_bytes(dst_type, D);
+    std::vector<float> row(static_cast<size_t>(D));
+    for (int64_t bh = 0; bh < batch_ * kv_heads_; ++bh)
+      for (int64_t t = 0; t < from.length_; ++t) {
+        const auto* src = static_cast<const std::byte*>(src_data) + (bh * from.capacity_ + t) * src_bytes;
+        auto* dst = static_cast<std::byte*>(dst_data) + (bh * capacity_ + length_ + t) * dst_bytes;
+        if (src_type == dst_type) {
+          std::memcpy(dst, src, static_cast<size_t>(src_bytes));
+        } else {
+          nn::load_kv(src_type, src, D, row.data());
+          nn::store_kv(dst_type, row.data(), D, dst);
+        }
+      }
   };
-  copy(from.k_data(), k_.data(), head_dim_);
-  copy(from.v_data(), v_.data(), v_head_dim_);
+  copy(from.k_data(), from.type_.key, k_.data(), type_.key, head_dim_);
+  copy(from.v_data(), from.type_.value, v_.data(), type_.value, v_head_dim_);
   length_ += from.length_;
 }
 

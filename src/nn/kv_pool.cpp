@@ -23,7 +23,7 @@ void check_count(const char* what, int64_t n) {
 }  // namespace
 
 KVBlockPool::KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int64_t v_head_dim, int64_t block_tokens,
-                         int64_t blocks, KVType type)
+                         int64_t blocks, KVTypes type)
     : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), v_head_dim_(v_head_dim), block_tokens_(block_tokens),
       type_(type) {
   check_count("layers", layers);
@@ -35,10 +35,20 @@ KVBlockPool::KVBlockPool(int64_t layers, int64_t kv_heads, int64_t head_dim, int
     detail::fail("KVBlockPool", "block_tokens", "a power of two (1, 2, 4, ..., 16, ...)", std::to_string(block_tokens));
   check_count("blocks", blocks);
   if (blocks > (int64_t{1} << 30)) detail::fail("KVBlockPool", "blocks", "at most 2^30", std::to_string(blocks));
-  if (type != KVType::f32 && type != KVType::bf16 && type != KVType::f16)
-    detail::fail("KVBlockPool", "type", "KVType f32, bf16 or f16", std::to_string(static_cast<int>(type)));
+  for (const KVType t : {type.key, type.value})
+    if (t != KVType::f32 && t != KVType::bf16 && t != KVType::f16 && t != KVType::q8_0)
+      detail::fail("KVBlockPool", "type", "KVType f32, bf16, f16 or q8_0", std::to_string(static_cast<int>(t)));
+  check_kv_dim(type.key, head_dim, "KVBlockPool", "head_dim");
+  check_kv_dim(type.value, v_head_dim, "KVBlockPool", "v_head_dim");
   (void)detail::checked_count("KVBlockPool: a block [layers, Hkv, block_tokens, D + Dv]",
-                              {layers, kv_heads, block_tokens, head_dim + v_head_dim}, kv_type_bytes(type));
+                              {layers, kv_heads, block_tokens, head_dim + v_head_dim}, sizeof(float));
+  // A layer's values start aligned for their elements, and the next layer's keys for theirs.
+  const auto align = [](int64_t bytes, KVType next) {
+    const int64_t a = next == KVType::f32 ? 4 : 2;
+    return (bytes + a - 1) / a * a;
+  };
+  key_bytes_ = align(kv_heads * block_tokens * kv_row_bytes(type.key, head_dim), type.value);
+  layer_bytes_ = align(key_bytes_ + kv_heads * block_tokens * kv_row_bytes(type.value, v_head_dim), type.key);
   const auto n = static_cast<size_t>(blocks);
   block_stride_ = (block_bytes() + 63) / 64 * 64;  // every block 64-byte aligned, as a Tensor of its own was
   if (block_stride_ > std::numeric_limits<int64_t>::max() / blocks)
@@ -78,7 +88,7 @@ int64_t KVBlockPool::slab_blocks(int64_t block_stride) {
 }
 
 int64_t KVBlockPool::block_bytes() const {
-  return layers_ * kv_heads_ * block_tokens_ * (head_dim_ + v_head_dim_) * kv_type_bytes(type_);
+  return layers_ * layer_bytes_;
 }
 
 int64_t KVBlockPool::available() const { return blocks() - used_ - reserved_; }
@@ -228,11 +238,15 @@ void KVBlockPool::release(PagedSequence& s) {
 void* KVBlockPool::keys(int64_t layer, int32_t b) {
   auto* base = reinterpret_cast<std::byte*>(slabs_[static_cast<size_t>(b / slab_blocks_)].data()) +
                (b % slab_blocks_) * block_stride_;
-  return base + layer * kv_heads_ * block_tokens_ * (head_dim_ + v_head_dim_) * kv_type_bytes(type_);
+  return base + layer * layer_bytes_;
+}
+
+std::span<std::byte> KVBlockPool::block_data(int32_t b) {
+  return {static_cast<std::byte*>(keys(0, b)), static_cast<size_t>(block_bytes())};
 }
 
 void* KVBlockPool::values(int64_t layer, int32_t b) {
-  return static_cast<std::byte*>(keys(layer, b)) + kv_heads_ * block_tokens_ * head_dim_ * kv_type_bytes(type_);
+  return static_cast<std::byte*>(keys(layer, b)) + key_bytes_;
 }
 
 void KVBlockPool::check_held(int32_t b, const char* what) const {

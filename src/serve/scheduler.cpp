@@ -81,6 +81,7 @@ Job::Update Job::wait(std::chrono::milliseconds timeout) {
   u.finish = finish_;
   u.error = error_;
   u.completion_tokens = completion_tokens_;
+  u.cached_tokens = cached_tokens_;
   return u;
 }
 
@@ -115,6 +116,11 @@ double Job::first_text_seconds() const {
 double Job::total_seconds() const {
   std::lock_guard lock(mutex_);
   return seconds_between(created_, finished_);
+}
+
+void Job::set_cached_tokens(int64_t n) {
+  std::lock_guard lock(mutex_);
+  cached_tokens_ = n;
 }
 
 // ---- Scheduler -------------------------------------------------------------------------------
@@ -202,6 +208,9 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOp
       tokenizer_(tokenizer),
       options_(options),
       pool_(model.new_kv_pool(pool_blocks(model, options), options.block_tokens)) {
+  const PromptCacheOptions& pc = options_.prompt_cache;
+  if (options_.prefix_sharing && (pc.ram_bytes > 0 || !pc.dir.empty())) cache_ = std::make_unique<PromptCache>(pc, pool_);
+  stats_.prompt_cache_on = cache_ != nullptr;
   stats_.kv_block_bytes = pool_.block_bytes();
   stats_.kv_memory_bytes = pool_.memory_bytes();
   // OpenMP's thread count is per thread: the scheduler's forwards use the creator's (-t), not the default.
@@ -256,8 +265,13 @@ void Scheduler::shutdown() {
 }
 
 SchedulerStats Scheduler::stats() const {
-  std::lock_guard lock(mutex_);
-  return stats_;
+  SchedulerStats s;
+  {
+    std::lock_guard lock(mutex_);
+    s = stats_;
+  }
+  if (cache_) s.prompt_cache = cache_->stats();
+  return s;
 }
 
 int64_t Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& active) {
@@ -275,11 +289,19 @@ int64_t Scheduler::admit(std::vector<std::unique_ptr<Sequence>>& active) {
       pool_.release(s.paged);  // it waits for blocks (its shared ones go back)
       return false;
     }
-    s.prefilled = static_cast<size_t>(shared * bs);
+    // Then the blocks the prompt cache kept beyond the pool, copied into blocks of its promise.
+    int64_t restored = 0;
+    if (cache_) {
+      const Restored r = cache_->restore(pool_, s.paged, std::span(s.history).first(s.target), (n - 1) / bs);
+      restored = r.ram + r.disk;
+      if (restored > 0) pool_.index_full_blocks(s.paged, s.history);  // shared in the pool from now on
+    }
+    s.prefilled = static_cast<size_t>((shared + restored) * bs);
     if (s.preemptions == 0) {
       stats_.prefix_requests += shared > 0;
       stats_.prefix_blocks += shared;
       stats_.prefix_tokens += shared * bs;
+      s.job->set_cached_tokens((shared + restored) * bs);
     }
     return true;
   };
@@ -433,6 +455,12 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
   for (auto& s : active)
     if (s->preempted && !s->done) preempted_.push_back(std::move(s));  // active is in order of arrival: so is this
   std::sort(preempted_.begin(), preempted_.end(), [](const auto& a, const auto& b) { return a->arrival < b->arrival; });
+  if (cache_)  // the indexed blocks of those leaving, kept beyond the pool
+    for (const auto& s : active) {
+      if (!s || !s->done) continue;
+      const auto indexed = std::find(s->paged.keys.begin(), s->paged.keys.end(), uint64_t{0}) - s->paged.keys.begin();
+      cache_->keep(pool_, s->paged, s->history, indexed);
+    }
   std::erase_if(active, [](const std::unique_ptr<Sequence>& s) { return !s || s->done; });  // gives their blocks back now
   return counts;
 }

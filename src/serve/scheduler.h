@@ -15,7 +15,9 @@
 // arrived after it (recomputed when they resume). The full blocks of a prompt (and of generated text) are
 // indexed by their tokens, so a later prompt with the same beginning (a shared system prompt, a
 // chat's earlier turns) takes them instead of prefilling them again; its last prompt token is
-// always run (its logits give the first token). A request may ask for each generated token's
+// always run (its logits give the first token). With a prompt cache (serve/prompt_cache.h), the
+// full blocks of a finished request are also kept beyond the pool — in RAM, and in files that
+// outlive the server — and copied back into the pool for a later prompt that begins with them. A request may ask for each generated token's
 // log-probability (and the most likely tokens'): computed from its logits row before sampling,
 // only for the requests that ask. Internal (not installed).
 #pragma once
@@ -37,6 +39,7 @@
 #include "mhsa/kv_pool.h"
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
+#include "serve/prompt_cache.h"
 
 namespace mhsa::serve {
 
@@ -82,6 +85,7 @@ class Job {
     Finish finish = Finish::running;
     std::string error;  // with Finish::error
     int64_t completion_tokens = 0;
+    int64_t cached_tokens = 0;  // prompt tokens not prefilled: shared in the pool or copied from the prompt cache
     // With Request::top_logprobs ≥ 0: the tokens whose text has begun in the text given out so
     // far (all of them once finished, but for those wholly after a stop string: cut, as their text).
     std::vector<TokenLogprob> logprobs;
@@ -98,6 +102,7 @@ class Job {
   // The scheduler's side.
   void emit(std::string_view text, int64_t completion_tokens, std::span<const TokenLogprob> logprobs = {});
   void finish(Finish f, std::string error = {});
+  void set_cached_tokens(int64_t n);
 
  private:
   const Request request_;
@@ -110,6 +115,7 @@ class Job {
   Finish finish_ = Finish::running;
   std::string error_;
   int64_t completion_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
   clock::time_point first_text_{}, finished_{};
 };
 
@@ -134,6 +140,8 @@ struct SchedulerOptions {
   // (KVBlockPool::allocate_all): no step pays for fresh pages, and the memory is claimed before
   // the first request, not in the middle of one. false: a slab at a time as blocks are first taken.
   bool allocate_kv = false;
+  // The prompt cache beyond the pool (with prefix_sharing): on when it has a RAM budget or a directory.
+  PromptCacheOptions prompt_cache;
 };
 
 // Counters for /metrics (totals since start, and the present state).
@@ -152,6 +160,8 @@ struct SchedulerStats {
   int64_t preemptions = 0;      // running sequences preempted (SchedulerOptions::preempt)
   int64_t preempted = 0;        // sequences waiting to resume now
   int64_t recomputed_tokens = 0;  // tokens prefilled again on resuming (not counted in prompt_tokens)
+  bool prompt_cache_on = false;
+  PromptCacheStats prompt_cache;  // its hits and sizes (SchedulerOptions::prompt_cache)
 };
 
 class Scheduler {
@@ -206,6 +216,7 @@ class Scheduler {
   const Tokenizer& tokenizer_;
   const SchedulerOptions options_;
   KVBlockPool pool_;  // used by the scheduler thread only (its stats copied into stats_)
+  std::unique_ptr<PromptCache> cache_;  // null: none; the scheduler thread's (its stats thread-safe)
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;

@@ -195,12 +195,12 @@ TEST(KV16Bit, CacheTypesAndErrors) {
   EXPECT_EQ(parse_kv_type("f32", "--kv-dtype"), KVType::f32);
   EXPECT_EQ(parse_kv_type("bf16", "--kv-dtype"), KVType::bf16);
   EXPECT_EQ(parse_kv_type("f16", "--kv-dtype"), KVType::f16);
-  for (const char* bad : {"fp16", "F32", "", "q8_0"}) {
+  for (const char* bad : {"fp16", "F32", "", "q4_k"}) {
     try {
       (void)parse_kv_type(bad, "--kv-dtype");
       ADD_FAILURE() << bad;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--kv-dtype: expected \"f32\", \"bf16\" or \"f16\""), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("--kv-dtype: expected \"f32\", \"bf16\", \"f16\" or \"q8_0\""), std::string::npos)
           << e.what();
     }
   }

@@ -143,8 +143,8 @@ TEST(KVPool, SlabbedBlocksAreDisjointAndAligned) {
     ASSERT_TRUE(pool.reserve(s, sh.blocks));
     pool.grow(s, sh.blocks * sh.bs);
     ASSERT_EQ(static_cast<int64_t>(s.blocks.size()), sh.blocks);
-    const int64_t elem = kv_type_bytes(sh.type), k_bytes = sh.heads * sh.bs * sh.d * elem;
-    const int64_t layer_bytes = sh.heads * sh.bs * (sh.d + sh.dv) * elem;
+    const int64_t k_bytes = sh.heads * sh.bs * kv_row_bytes(sh.type, sh.d);
+    const int64_t layer_bytes = k_bytes + sh.heads * sh.bs * kv_row_bytes(sh.type, sh.dv);
     ASSERT_EQ(pool.block_bytes(), sh.layers * layer_bytes);
     // Fill every layer's keys and values of every block with a byte of its own, then read all back.
     const auto mark = [&](int32_t b, int64_t l, bool v) { return static_cast<unsigned char>(b * 31 + l * 7 + v * 3 + 1); };

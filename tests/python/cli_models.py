@@ -46,13 +46,13 @@ def state(out):
         return json.loads(meta["history"]), json.loads(meta["options"]), {k: f.get_tensor(k) for k in f.keys()}
 
 
-def write_gpt2_dir(d, seed):
-    """A random GPT2LMHeadModel (C 32, 2 layers, 2 heads, context 128) saved by transformers, with
+def write_gpt2_dir(d, seed, n_embd=32):
+    """A random GPT2LMHeadModel (C n_embd, 2 layers, 2 heads, context 128) saved by transformers, with
     the GPT-2 tokenizer's vocab.json and merges.txt; its embedding scaled ×20 for varied tokens."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=128)).eval()
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=n_embd, n_layer=2, n_head=2, n_positions=128)).eval()
     with torch.no_grad():  # a livelier random model: varied tokens
         model.transformer.wte.weight.mul_(20.0)
     model.save_pretrained(d, safe_serialization=True)

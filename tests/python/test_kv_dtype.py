@@ -61,7 +61,7 @@ def test_decode_over_16bit_cache_near_f32(rng, kv, u):
 
 
 def test_bad_kv_dtype_is_named():
-    with pytest.raises(mhsa.Error, match=r'Model.random: kv_dtype: expected "f32", "bf16" or "f16", got \'fp8\''):
+    with pytest.raises(mhsa.Error, match=r'Model.random: kv_dtype: expected "f32", "bf16", "f16" or "q8_0", got \'fp8\''):
         mhsa.Model.random(LLAMA, kv_dtype="fp8")
     with pytest.raises(mhsa.Error, match=r"Model.load: kv_dtype: expected"):
         mhsa.Model.load(DEFAULT_MODEL, kv_dtype="F16")
@@ -84,7 +84,7 @@ def test_cli_kv_dtype_options():
     for cmd, extra in {"generate": ["--prompt", "x"], "chat": [], "serve": ["--port", "0"]}.items():
         r = run(cmd, "--kv-dtype", "fp8", *extra, input="")
         assert r.returncode == 2, (cmd, r.stdout, r.stderr)
-        assert 'mhsa: error: --kv-dtype: expected "f32", "bf16" or "f16", got \'fp8\'' in r.stderr, (cmd, r.stderr)
+        assert 'mhsa: error: --kv-dtype: expected "f32", "bf16", "f16" or "q8_0", got \'fp8\'' in r.stderr, (cmd, r.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -125,6 +125,54 @@ inline Vec load_partial_kv(const float16* p, int n) {
 inline float widen_kv(float x) { return x; }
 inline float widen_kv(bfloat16 x) { return bf16_to_float(x.bits); }
 inline float widen_kv(float16 x) { return f16_scalar(x.bits); }
+// kLanes int8 values from p as float32 vectors (exact).
+inline Vec load_i8(const int8_t* p) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return (Vec)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  Vec v;
+  for (int i = 0; i < kLanes; ++i) v[i] = static_cast<float>(p[i]);
+  return v;
+#endif
+}
+// Elements [d, d + kLanes) of a key or value row as float32, exactly: load_kv(row + d), or for a
+// Q8_0 row (d a multiple of kLanes, so within one 32-value block) the block's f16 scale times its
+// int8 quants — a product exact in float32, so the dequantised value. The first n < kLanes and
+// zeros (load_partial_kv_at): only rows whose length is not a multiple of kLanes, never Q8_0's.
+template <class T>
+inline Vec load_kv_at(const T* row, int64_t d) {
+  return load_kv(row + d);
+}
+template <>
+inline Vec load_kv_at(const BlockQ8_0* row, int64_t d) {
+  const BlockQ8_0& block = row[d >> 5];
+  return splat(f16_scalar(block.d)) * load_i8(block.qs + (d & 31));
+}
+template <class T>
+inline Vec load_partial_kv_at(const T* row, int64_t d, int n) {
+  return load_partial_kv(row + d, n);
+}
+template <>
+inline Vec load_partial_kv_at(const BlockQ8_0* row, int64_t d, int n) {
+  Vec v = splat(0.0f);
+  for (int i = 0; i < n; ++i) {
+    const BlockQ8_0& block = row[(d + i) >> 5];
+    v[i] = f16_scalar(block.d) * static_cast<float>(block.qs[(d + i) & 31]);
+  }
+  return v;
+}
+// Element d of a key or value row as float32, exactly (see load_kv_at).
+template <class T>
+inline float kv_scalar_at(const T* row, int64_t d) {
+  return widen_kv(row[d]);
+}
+template <>
+inline float kv_scalar_at(const BlockQ8_0* row, int64_t d) {
+  const BlockQ8_0& block = row[d >> 5];
+  return f16_scalar(block.d) * static_cast<float>(block.qs[d & 31]);
+}
 inline Vec max(Vec a, Vec b) { return a > b ? a : b; }
 // Square root of every lane (the hardware instruction; the vector extensions have none).
 inline Vec sqrt(Vec x) {
