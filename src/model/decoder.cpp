@@ -422,6 +422,23 @@ size_t draw_index(size_t n, Weight weight, uint64_t& rng_state, std::vector<doub
   return last - 1;
 }
 
+// The candidates' total weight: every token's (all), else those of ids; the former as side-by-side
+// chains, as draw_index sums.
+double weight_sum(bool all, std::span<const int32_t> ids, const float* weight, size_t V) {
+  double total = 0;
+  if (all) {
+    constexpr size_t kLanes = 8;
+    double lane[kLanes] = {};
+    size_t i = 0;
+    for (; i + kLanes <= V; i += kLanes)
+      for (size_t j = 0; j < kLanes; ++j) lane[j] += weight[i + j];
+    for (; i < V; ++i) lane[0] += weight[i];
+    for (const double l : lane) total += l;
+  }
+  for (const int32_t id : ids) total += weight[id];
+  return total;
+}
+
 // A token drawn from softmax(logits / temperature) cut to the top_k largest logits, then to the
 // smallest set of the most likely of those whose probability reaches top_p (between equal
 // logits, the lower id first; a NaN logit is never drawn, nor one more than 87 temperatures below
@@ -485,37 +502,15 @@ int32_t draw(std::span<const float> logits, const GenerationOptions& o, uint64_t
     weigh_all(key, V, top, inv_t, weight, bucket);
   }
   if (o.top_p < 1.0f) {
-    double total = 0;
-    if (all) {
-      constexpr size_t kLanes = 8;  // side-by-side chains, as draw_index sums
-      double lane[kLanes] = {};
-      size_t i = 0;
-      for (; i + kLanes <= V; i += kLanes)
-        for (size_t j = 0; j < kLanes; ++j) lane[j] += weight[i + j];
-      for (; i < V; ++i) lane[0] += weight[i];
-      for (const double l : lane) total += l;
-    }
-    for (const int32_t id : ids) total += weight[id];
+    const double total = weight_sum(all, ids, weight, V);
     kept.clear();
     select_largest(ids, all ? bucket : nullptr, V, key, weight, static_cast<double>(o.top_p) * total, kept);
     ids.swap(kept);
     all = false;
   }
   if (draft >= 0 && static_cast<size_t>(draft) < V) {
-    double total = 0, mine = 0;
-    if (all) {
-      constexpr size_t kLanes = 8;
-      double lane[kLanes] = {};
-      size_t i = 0;
-      for (; i + kLanes <= V; i += kLanes)
-        for (size_t j = 0; j < kLanes; ++j) lane[j] += weight[i + j];
-      for (; i < V; ++i) lane[0] += weight[i];
-      for (const double l : lane) total += l;
-      mine = weight[draft];
-    } else {
-      for (const int32_t id : ids) total += weight[id];
-      if (std::find(ids.begin(), ids.end(), draft) != ids.end()) mine = weight[draft];
-    }
+    const double total = weight_sum(all, ids, weight, V);
+    const double mine = all || std::find(ids.begin(), ids.end(), draft) != ids.end() ? weight[draft] : 0.0;
     const double u = static_cast<double>(splitmix(rng_state) >> 11) * 0x1.0p-53 * total;
     *accepted = u < mine || mine >= total;  // (the second: nothing else has a weight)
     if (*accepted) return draft;

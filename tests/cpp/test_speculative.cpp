@@ -96,13 +96,16 @@ TEST(Speculative, GreedyOutputIsPlainDecodingsTokenForToken) {
   std::mt19937 gen(12);
   for (const auto& [name, config] : configs())
     for (const WeightType dtype : {WeightType::f32, WeightType::bf16, WeightType::q8_0, WeightType::q4_k}) {
+      // (Every layout in float32 and Q8_0, the 16- and 4-bit types on one: the rows test above
+      // covers every pair bit for bit.)
+      if ((dtype == WeightType::bf16 || dtype == WeightType::q4_k) && name != "llama group 2") continue;
       // Peaked logits (SavedModel scales the embedding): greedy choices are not near-ties.
       const test::SavedModel saved(config, gen());
       const Model model = Model::load(saved.dir, dtype);
       const Model draft = Model::random(ModelConfig::parse(config.dump()), gen(), dtype);
       const std::vector<int32_t> prompt = repetitive_prompt(model.config().vocab_size, gen);
       GenerationOptions o;
-      o.max_new_tokens = 60;
+      o.max_new_tokens = 40;
       o.stop_at_eos = false;
       const auto plain = model.generate(prompt, 1, static_cast<int64_t>(prompt.size()), o);
       for (const bool with_model : {false, true}) {
@@ -246,7 +249,7 @@ TEST(Speculative, SampledTokensFollowTheSamplersDistribution) {
       }
     }
   }
-  constexpr int kDraws = 10000;
+  constexpr int kDraws = 6000;
   for (const bool with_model : {false, true}) {
     std::vector<double> n12(V * V, 0.0), n3(V, 0.0);
     GenerationOptions o;

@@ -122,7 +122,10 @@ def messages_answer(d, messages, *args):
     r = subprocess.run([str(CLI), "chat", "-t", "1", "--model", str(d), "--messages", "-", "--json", *map(str, args)],
                        input=json.dumps(messages).encode(), capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
-    return json.loads(r.stdout)
+    j = json.loads(r.stdout)
+    spec = j.pop("speculation")  # what speculative decoding did (test_speculative.py checks it)
+    assert set(spec) == {"forwards", "drafted", "accepted"} and 0 <= spec["accepted"] <= spec["drafted"]
+    return j
 
 
 def line(rng):
