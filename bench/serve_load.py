@@ -25,8 +25,9 @@ llama.cpp's llama-server in the same run: both servers load the GGUF that llama.
 convert_hf_to_gguf.py makes of the model directory with `--outtype` the --dtype (F32 by default;
 built and converted by bench/llama_cpp_peer.sh on first use), mhsa keeping its tensors in
 --dtype, llama-server with `-np PARALLEL -t THREADS -c PARALLEL*256` and its defaults otherwise
-(F16 KV cache, flash attention auto); every request to it says cache_prompt false, since mhsa has
-no prompt cache and the rounds repeat their prompts.
+(F16 KV cache, flash attention auto); every request to it says cache_prompt false, since the rounds
+repeat their prompts (mhsa's prefix sharing and prompt cache keep whole 16-token blocks only, which
+these prompts do not fill).
 The engines alternate, round by round (mhsa first in odd rounds, llama-server in even ones); the
 summary gives each one's medians, TTFT p50/p99, and the median (min-max) of the paired ratios.
 """
