@@ -14,8 +14,10 @@ bench/llama_cpp_peer.sh makes, MHSA_PEER_ARCH=smollm2) with -t threads and --spe
 "decoded N tokens in S seconds". A round runs every engine on a prompt back to back; the table gives
 the medians over rounds and the ratios within each round (median).
 
-  python3 bench/speculative.py [--rounds 3] [--tokens 256] [--draft 6] [--threads 2]
+  python3 bench/speculative.py [--rounds 3] [--tokens 256] [--draft 6] [--threads 2] [--dtype q8_0]
       [--peer-dir build/peer] [--json out.jsonl]
+  python3 bench/speculative.py --row-costs [--dtype q8_0]   # a forward of n = 1..8 rows over a
+      400-token cache against one row (the best of 40 tries each, interleaved): what a guess costs
 
 Without llama-lookup (build it: cmake --build build/peer/build-llama-* --target llama-lookup) the
 peer column is left out. Progress goes to stderr.
@@ -86,6 +88,23 @@ def llama_lookup(binary, gguf, text, tokens, draft, threads):
             "tokens_per_s": int(m.group(1)) / float(m.group(2)), "accept": float(acc.group(1)) if acc else None}
 
 
+def row_costs(model):
+    import numpy as np
+    ids = np.arange(1, 400, dtype=np.int64)
+    cache = model.new_cache(1, 400 + 40 * 36)
+    model.extend(cache, ids.reshape(1, -1), last_only=True)
+    best = {n: float("inf") for n in range(1, 9)}
+    for _ in range(40):
+        for n in best:
+            t = time.perf_counter()
+            model.extend(cache, ids[:n].reshape(1, -1), last_only=False)
+            best[n] = min(best[n], time.perf_counter() - t)
+    print("| rows | ms | against one row |")
+    print("|---:|---:|---:|")
+    for n, t in best.items():
+        print(f"| {n} | {t * 1e3:.2f} | {t / best[1]:.2f} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -95,12 +114,15 @@ def main():
     ap.add_argument("--dtype", default="q8_0")
     ap.add_argument("--peer-dir", default=str(ROOT / "build" / "peer"))
     ap.add_argument("--json", help="append one JSON line per prompt and round")
+    ap.add_argument("--row-costs", action="store_true", help="only the cost of a forward's further rows")
     a = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = str(a.threads)
     sys.path.insert(0, str(ROOT / "build" / "python"))
     import mhsa
 
     model = mhsa.Model.load("smollm2", dtype=a.dtype)
+    if a.row_costs:
+        return row_costs(model)
     tok = mhsa.Tokenizer.load("smollm2")
     binaries = sorted(glob.glob(os.path.join(a.peer_dir, "build-llama-*", "bin", "llama-lookup")))
     gguf = os.path.join(a.peer_dir, "smollm2", "SmolLM2-135M-Instruct.Q8_0.gguf")

@@ -106,26 +106,29 @@ void ModelDrafter::draft(std::span<const int32_t> h, int64_t k, std::vector<int3
 
 namespace {
 
-// How many guesses a step should check, from this sequence's own record: the guesses kept (a
-// guess is kept with probability a, so a step of k guesses yields (1 − a^(k+1)) / (1 − a) tokens)
-// against what a forward of 1 + k rows and the drafting cost (measured here: on a 2-core machine
-// each further row of a small model's forward costs 40–50% of a one-row forward, so guesses that
-// are seldom right make decoding slower, not faster). Checks no guesses where none pays, and
-// then one guess every kProbe forwards, so that a text that turns to copying is noticed.
+// How many guesses a step should check, from this sequence's own record: a guess is kept with
+// probability a (the fraction kept so far, recent steps weighing most), so a step of k guesses
+// yields (1 − a^(k+1)) / (1 − a) tokens, against the measured time of a forward of k + 1 rows and
+// of drafting k guesses. Checking is not free on a CPU: on a 2-core AVX2 host each further row of
+// the default model's Q8_0 forward costs about a third of a one-row step, and a fifth row a whole
+// second pass over the weights (the 8-bit streams take four rows at a time), so guesses that are
+// seldom right make decoding slower. Each row count's time is kept as it is measured; one not yet
+// measured is extrapolated from the largest measured below it (optimistically, so it gets tried
+// once). Checks no guesses where none pays, and then one guess every kProbe forwards, so that a
+// text that turns to copying is noticed.
 class Tuner {
  public:
   int64_t choose(int64_t most) {
+    most = std::min<int64_t>(most, kRows - 1);
     if (most <= 0) return 0;
     const double a = kept_ / (kept_ + missed_);
-    const double beta = one_ > 0 && extra_ >= 0 ? std::clamp(extra_ / one_, 0.02, 4.0) : 0.5;
-    const double guess = one_ > 0 ? draft_ / one_ : 0.0;
     int64_t best = 0;
     double best_gain = 1.02;  // (a gain within timing noise is none)
     double yield = 1, power = 1;
     for (int64_t k = 1; k <= most; ++k) {
       power *= a;
       yield += power;
-      const double gain = yield / (1.0 + static_cast<double>(k) * (beta + guess));
+      const double gain = yield * time(1) / (time(k + 1) + static_cast<double>(k) * draft_);
       if (gain > best_gain) {
         best = k;
         best_gain = gain;
@@ -136,15 +139,12 @@ class Tuner {
     return best;
   }
   void forward(int64_t rows, double seconds) {
-    if (rows == 1) {
-      one_ = one_ > 0 ? 0.8 * one_ + 0.2 * seconds : seconds;
-    } else if (one_ > 0) {
-      const double per = std::max(0.0, (seconds - one_) / static_cast<double>(rows - 1));
-      extra_ = extra_ >= 0 ? 0.8 * extra_ + 0.2 * per : per;
-    }
+    if (rows < 1 || rows >= kRows) return;
+    double& t = time_[rows];
+    t = t > 0 ? 0.7 * t + 0.3 * seconds : seconds;
   }
   void drafted(int64_t guesses, double seconds) {
-    if (guesses > 0) draft_ = 0.8 * draft_ + 0.2 * seconds / static_cast<double>(guesses);
+    if (guesses > 0) draft_ = 0.7 * draft_ + 0.3 * seconds / static_cast<double>(guesses);
   }
   void outcome(int64_t kept, bool missed) {
     kept_ = 0.9 * kept_ + static_cast<double>(kept);
@@ -152,9 +152,22 @@ class Tuner {
   }
 
  private:
+  static constexpr int64_t kRows = 9;  // forwards of 1..8 rows
   static constexpr int64_t kProbe = 32;
+  // The time of a forward of n rows: measured, else extrapolated from the largest measured row
+  // count below n along its slope from one row (before any: 1 + (n − 1)/2 one-row steps).
+  double time(int64_t n) const {
+    const double one = time_[1] > 0 ? time_[1] : 1.0;
+    if (time_[n] > 0) return time_[n];
+    int64_t m = n - 1;
+    while (m > 1 && time_[m] <= 0) --m;
+    const double slope = m > 1 ? std::max(0.0, (time_[m] - one) / static_cast<double>(m - 1)) : 0.5 * one;
+    return (m > 1 ? time_[m] : one) + static_cast<double>(n - m) * slope;
+  }
+
   double kept_ = 1.2, missed_ = 0.8;  // a prior of a = 0.6, worth two forwards
-  double one_ = 0, extra_ = -1, draft_ = 0;
+  double time_[kRows] = {};
+  double draft_ = 0;
   int64_t idle_ = 0;
 };
 
