@@ -8,7 +8,7 @@ namespace mhsa::cli {
 void add_speculation_options(CLI::App* cmd, SpeculationArgs& a) {
   cmd->add_option("--draft,--draft-max", a.draft,
                   "speculative decoding: tokens guessed ahead and checked in one forward (0: off; default " +
-                      std::to_string(kDefaultDraft) +
+                      std::to_string(kDefaultDraft) + " when greedy, 0 with --temperature" +
                       "; at most 7 are checked at once). Greedy output is unchanged bit for bit, sampled output "
                       "keeps its distribution")
       ->check(integer_in(0, 64));
@@ -26,7 +26,10 @@ void add_speculation_options(CLI::App* cmd, SpeculationArgs& a) {
 void apply_speculation(const SpeculationArgs& a, const std::string& dtype, GenerationOptions& o,
                        std::unique_ptr<LoadedModel>& draft) {
   SpeculationOptions& s = o.speculation;
-  s.draft_tokens = a.draft >= 0 ? a.draft : kDefaultDraft;
+  // By default only greedy decoding speculates: its tokens are plain decoding's bit for bit. A
+  // sampled answer keeps its distribution but draws its random numbers differently, so the same
+  // --seed would give another text than mhsa serve or an earlier run; --draft asks for it.
+  s.draft_tokens = a.draft >= 0 ? a.draft : o.temperature <= 0.0f ? kDefaultDraft : 0;
   s.ngram_min = 1;
   s.ngram_max = a.ngram;
   s.adaptive = !a.fixed;

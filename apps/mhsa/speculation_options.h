@@ -13,14 +13,15 @@
 namespace mhsa::cli {
 
 struct SpeculationArgs {
-  int64_t draft = -1;         // --draft N (-1: the default, prompt lookup's kDefaultDraft)
+  int64_t draft = -1;         // --draft N (-1: kDefaultDraft when greedy, else 0)
   std::string model_draft;    // --model-draft M: a draft model instead of prompt lookup
   int64_t ngram = 4;          // --lookup-ngram N: prompt lookup's longest n-gram
   bool fixed = false;         // --draft-fixed: always --draft guesses (SpeculationOptions::adaptive off)
 };
 
-// Tokens guessed per step when --draft is not given: prompt lookup guesses only where the text
-// repeats itself, so it costs next to nothing elsewhere (docs/speculative.md).
+// Tokens guessed per step when --draft is not given and decoding is greedy: prompt lookup guesses
+// only where the text repeats itself, and the adaptive count keeps it from costing elsewhere
+// (docs/speculative.md).
 constexpr int64_t kDefaultDraft = 6;
 
 void add_speculation_options(CLI::App* cmd, SpeculationArgs& a);
