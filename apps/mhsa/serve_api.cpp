@@ -30,55 +30,6 @@ using detail::message;
 constexpr size_t kMaxStops = 4;  // as OpenAI
 constexpr int64_t kMaxCompletionLogprobs = 5;  // as OpenAI's completions
 
-[[noreturn]] void bad(const std::string& param, const std::string& expected, const json& got) {
-  throw ApiError{400, message(param, ": expected ", expected, ", got ", json_excerpt(got)), "invalid_request_error",
-                 param, ""};
-}
-
-[[noreturn]] void unsupported(const std::string& param, const std::string& what) {
-  throw ApiError{400, message(param, ": ", what, " is not supported by mhsa serve"), "invalid_request_error", param,
-                 "unsupported_parameter"};
-}
-
-// The field, or null when absent or null (OpenAI treats null as absent).
-const json* field(const json& body, const char* key) {
-  const auto it = body.find(key);
-  return it == body.end() || it->is_null() ? nullptr : &*it;
-}
-
-double number(const json& body, const char* key, double fallback, double lo, double hi, bool lo_open = false) {
-  const json* v = field(body, key);
-  if (!v) return fallback;
-  const std::string range = message("a number in ", lo_open ? "(" : "[", lo, ", ", hi, "]");
-  if (!v->is_number()) bad(key, range, *v);
-  const double x = v->get<double>();
-  if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) bad(key, range, *v);
-  return x;
-}
-
-int64_t integer(const json& body, const char* key, int64_t fallback, int64_t lo, int64_t hi) {
-  const json* v = field(body, key);
-  if (!v) return fallback;
-  const std::string range = message("an integer in [", lo, ", ", hi, "]");
-  if (!v->is_number_integer()) bad(key, range, *v);
-  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) bad(key, range, *v);
-  const int64_t x = v->get<int64_t>();
-  if (x < lo || x > hi) bad(key, range, *v);
-  return x;
-}
-
-bool boolean(const json& body, const char* key, bool fallback) {
-  const json* v = field(body, key);
-  if (!v) return fallback;
-  if (!v->is_boolean()) bad(key, "true or false", *v);
-  return v->get<bool>();
-}
-
-std::string string_field(const json& v, const std::string& param) {
-  if (!v.is_string()) bad(param, "a string", v);
-  return v.get<std::string>();
-}
-
 std::vector<std::string> stop_strings(const json& body) {
   const json* v = field(body, "stop");
   std::vector<std::string> out;
@@ -88,7 +39,7 @@ std::vector<std::string> stop_strings(const json& body) {
   } else if (v->is_array() && v->size() <= kMaxStops) {
     for (size_t i = 0; i < v->size(); ++i) out.push_back(string_field((*v)[i], message("stop[", i, "]")));
   } else {
-    bad("stop", message("a string or an array of at most ", kMaxStops, " strings"), *v);
+    bad_field("stop", message("a string or an array of at most ", kMaxStops, " strings"), *v);
   }
   std::erase(out, std::string());  // an empty stop string never matches
   return out;
@@ -100,7 +51,7 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& b, int64_t vocab) 
   const json* v = field(b, "logit_bias");
   if (!v) return out;
   const std::string what = "an object of token ids (strings of digits) to biases in [-100, 100]";
-  if (!v->is_object()) bad("logit_bias", what, *v);
+  if (!v->is_object()) bad_field("logit_bias", what, *v);
   for (const auto& [key, value] : v->items()) {
     const std::string param = message("logit_bias[", json(key).dump(), "]");
     int64_t id = -1;
@@ -122,14 +73,14 @@ void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest&
   if (const json* v = field(b, "model"); v && string_field(*v, "model") != m.id)
     throw ApiError{404, message("The model ", detail::printable(v->get<std::string>()), " does not exist: this server serves ", m.id),
                    "invalid_request_error", "model", "model_not_found"};
-  if (integer(b, "n", 1, 1, 128) != 1) unsupported("n", "more than one choice");
-  if (!chat && integer(b, "best_of", 1, 1, 20) != 1) unsupported("best_of", "more than one candidate");
-  p.echo = !chat && boolean(b, "echo", false);
-  if (const json* v = field(b, "suffix"); !chat && v && string_field(*v, "suffix") != "") unsupported("suffix", "a suffix");
+  if (integer_field(b, "n", 1, 1, 128) != 1) unsupported_field("n", "more than one choice");
+  if (!chat && integer_field(b, "best_of", 1, 1, 20) != 1) unsupported_field("best_of", "more than one candidate");
+  p.echo = !chat && boolean_field(b, "echo", false);
+  if (const json* v = field(b, "suffix"); !chat && v && string_field(*v, "suffix") != "") unsupported_field("suffix", "a suffix");
   int& top = p.request.top_logprobs;
   if (chat) {
-    const int n = static_cast<int>(integer(b, "top_logprobs", 0, 0, serve::kMaxTopLogprobs));
-    if (boolean(b, "logprobs", false))
+    const int n = static_cast<int>(integer_field(b, "top_logprobs", 0, 0, serve::kMaxTopLogprobs));
+    if (boolean_field(b, "logprobs", false))
       top = n;
     else if (field(b, "top_logprobs"))
       throw ApiError{400, "top_logprobs: expected \"logprobs\": true with it, got no \"logprobs\": true",
@@ -138,25 +89,25 @@ void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest&
     if (field(b, "top_logprobs"))
       throw ApiError{400, "top_logprobs: expected no top_logprobs in /v1/completions (\"logprobs\": N asks for the N most likely tokens), got one",
                      "invalid_request_error", "top_logprobs", ""};
-    top = static_cast<int>(integer(b, "logprobs", -1, 0, kMaxCompletionLogprobs));
+    top = static_cast<int>(integer_field(b, "logprobs", -1, 0, kMaxCompletionLogprobs));
   }
   GenerationOptions& o = p.request.options;
-  o.presence_penalty = static_cast<float>(number(b, "presence_penalty", 0.0, -2.0, 2.0));
-  o.frequency_penalty = static_cast<float>(number(b, "frequency_penalty", 0.0, -2.0, 2.0));
+  o.presence_penalty = static_cast<float>(number_field(b, "presence_penalty", 0.0, -2.0, 2.0));
+  o.frequency_penalty = static_cast<float>(number_field(b, "frequency_penalty", 0.0, -2.0, 2.0));
   o.logit_bias = logit_bias(b, m.model->config().vocab_size);
-  o.temperature = static_cast<float>(number(b, "temperature", 1.0, 0.0, 2.0));
-  o.top_p = static_cast<float>(number(b, "top_p", 1.0, 0.0, 1.0, true));
+  o.temperature = static_cast<float>(number_field(b, "temperature", 1.0, 0.0, 2.0));
+  o.top_p = static_cast<float>(number_field(b, "top_p", 1.0, 0.0, 1.0, true));
   if (const json* v = field(b, "seed")) {
-    if (!v->is_number_integer()) bad("seed", "an integer", *v);
+    if (!v->is_number_integer()) bad_field("seed", "an integer", *v);
     o.seed = v->is_number_unsigned() ? v->get<uint64_t>() : static_cast<uint64_t>(v->get<int64_t>());
   } else {
     o.seed = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   }
   p.request.stop = stop_strings(b);
-  p.stream = boolean(b, "stream", false);
+  p.stream = boolean_field(b, "stream", false);
   if (const json* v = field(b, "stream_options")) {
-    if (!v->is_object()) bad("stream_options", "an object", *v);
-    p.include_usage = boolean(*v, "include_usage", false);
+    if (!v->is_object()) bad_field("stream_options", "an object", *v);
+    p.include_usage = boolean_field(*v, "include_usage", false);
   }
 }
 
@@ -167,7 +118,7 @@ std::vector<int32_t> completion_prompt(const json& b, const ServedModel& m) {
   if (!v) throw ApiError{400, "prompt: expected a string or an array of token ids, got none", "invalid_request_error", "prompt", ""};
   const auto one = [&](const json& p) -> const json& {  // ["text"] or [[ids]]: one prompt
     if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) return p[0];
-    if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) unsupported("prompt", "more than one prompt");
+    if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) unsupported_field("prompt", "more than one prompt");
     return p;
   };
   const json& prompt = one(*v);
@@ -179,16 +130,16 @@ std::vector<int32_t> completion_prompt(const json& b, const ServedModel& m) {
     for (size_t i = 0; i < prompt.size(); ++i) {
       const json& t = prompt[i];
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.model->config().vocab_size)
-        bad(message("prompt[", i, "]"), message("a token id in [0, ", m.model->config().vocab_size, ")"), t);
+        bad_field(message("prompt[", i, "]"), message("a token id in [0, ", m.model->config().vocab_size, ")"), t);
       ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
   } else {
-    bad("prompt", "a string or an array of token ids", prompt);
+    bad_field("prompt", "a string or an array of token ids", prompt);
   }
   if (ids.empty()) {  // as mhsa generate: start from end-of-text (or a newline for a byte-level model)
     const std::vector<int32_t>& eos = m.model->config().eos_token_ids;
     const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
-    if (eos.empty() && !bytes) bad("prompt", "some text (this model has no end-of-text token)", prompt);
+    if (eos.empty() && !bytes) bad_field("prompt", "some text (this model has no end-of-text token)", prompt);
     ids.push_back(bytes ? int32_t{'\n'} : eos[0]);
   }
   return ids;
@@ -201,22 +152,22 @@ std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vecto
                    "invalid_request_error", "messages", "no_chat_template"};
   const json* v = field(b, "messages");
   if (!v || !v->is_array() || v->empty())
-    bad("messages", "a non-empty array of {\"role\", \"content\"} objects", v ? *v : json());
+    bad_field("messages", "a non-empty array of {\"role\", \"content\"} objects", v ? *v : json());
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i < v->size(); ++i) {
     const json& msg = (*v)[i];
     const std::string where = message("messages[", i, "]");
-    if (!msg.is_object()) bad(where, "an object with \"role\" and \"content\"", msg);
+    if (!msg.is_object()) bad_field(where, "an object with \"role\" and \"content\"", msg);
     const json* role = field(msg, "role");
-    if (!role) bad(where + ".role", "a string", json());
+    if (!role) bad_field(where + ".role", "a string", json());
     ChatMessage out{string_field(*role, where + ".role"), ""};
     if (const json* content = field(msg, "content"); content && content->is_array()) {  // parts: text only
       for (size_t k = 0; k < content->size(); ++k) {
         const json& part = (*content)[k];
         const std::string at = message(where, ".content[", k, "]");
-        if (!part.is_object() || !part.contains("type")) bad(at, "a {\"type\": \"text\", \"text\": ...} object", part);
-        if (string_field(part["type"], at + ".type") != "text") unsupported(at + ".type", "content other than text");
-        if (!part.contains("text")) bad(at + ".text", "a string", json());
+        if (!part.is_object() || !part.contains("type")) bad_field(at, "a {\"type\": \"text\", \"text\": ...} object", part);
+        if (string_field(part["type"], at + ".type") != "text") unsupported_field(at + ".type", "content other than text");
+        if (!part.contains("text")) bad_field(at + ".text", "a string", json());
         out.content += string_field(part["text"], at + ".text");
       }
     } else if (content) {
@@ -224,14 +175,7 @@ std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vecto
     }
     messages.push_back(std::move(out));
   }
-  std::lock_guard lock(*m.chat_mutex);
-  try {
-    m.chat->set_messages(std::move(messages));
-    end_ids = m.chat->end_of_turn_ids();
-    return m.chat->encode(true);
-  } catch (const Error& e) {  // the template's raise_exception, a bound on its work
-    throw ApiError{400, message("messages: ", e.what()), "invalid_request_error", "messages", ""};
-  }
+  return encode_conversation(m, std::move(messages), end_ids, "messages");
 }
 
 ojson usage(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
@@ -311,6 +255,21 @@ ojson logprobs_value(const ServedModel& m, bool chat, const std::vector<serve::T
 
 }  // namespace
 
+std::vector<int32_t> encode_conversation(const ServedModel& m, std::vector<ChatMessage> messages,
+                                         std::vector<int32_t>& end_ids, const std::string& param) {
+  if (!m.chat)
+    throw ApiError{400, "this model has no chat template (chat_template in tokenizer_config.json or chat_template.jinja): use /v1/completions",
+                   "invalid_request_error", param, "no_chat_template"};
+  std::lock_guard lock(*m.chat_mutex);
+  try {
+    m.chat->set_messages(std::move(messages));
+    end_ids = m.chat->end_of_turn_ids();
+    return m.chat->encode(true);
+  } catch (const Error& e) {  // the template's raise_exception, a bound on its work
+    throw ApiError{400, message(param, ": ", e.what()), "invalid_request_error", param, ""};
+  }
+}
+
 ojson error_json(const ApiError& e) {
   const auto or_null = [](const std::string& s) { return s.empty() ? ojson(nullptr) : ojson(s); };
   return {{"error", {{"message", e.message}, {"type", e.type}, {"param", or_null(e.param)}, {"code", or_null(e.code)}}}};
@@ -325,7 +284,7 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
   } catch (const Error& e) {
     throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
   }
-  if (!b.is_object()) bad("body", "a JSON object", b);
+  if (!b.is_object()) bad_field("body", "a JSON object", b);
   ParsedRequest p;
   parse_common(b, m, chat, p);
   serve::Request& r = p.request;
@@ -349,7 +308,7 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
                                 chat ? "messages." : "prompt."),
                    "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
   const char* key = chat && field(b, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  const int64_t max_tokens = integer(b, key, chat ? room : std::min<int64_t>(16, room), 0,
+  const int64_t max_tokens = integer_field(b, key, chat ? room : std::min<int64_t>(16, room), 0,
                                      std::numeric_limits<int64_t>::max());
   if (max_tokens > room)
     throw ApiError{400, message("This model's maximum context length is ", m.context, " tokens. However, you requested ",

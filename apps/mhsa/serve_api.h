@@ -18,16 +18,10 @@
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 #include "serve/scheduler.h"
+#include "serve_fields.h"
 
 namespace mhsa::cli {
 
-// An answer other than 200: the status and the body {"error": {message, type, param, code}}.
-struct ApiError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::string param, code;  // "" is written as null
-};
 nlohmann::ordered_json error_json(const ApiError& e);
 // JSON text, any invalid UTF-8 replaced.
 std::string dump(const nlohmann::ordered_json& j);
@@ -54,6 +48,12 @@ struct ParsedRequest {
 
 // Parses the body of POST /v1/completions (chat = false) or /v1/chat/completions. Throws ApiError.
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat);
+
+// A conversation's ids through the model's chat template, and the tokens that end an answer.
+// `param`: the request's field the messages came from, named in errors. Throws ApiError (no
+// template; the template's own errors).
+std::vector<int32_t> encode_conversation(const ServedModel& m, std::vector<ChatMessage> messages,
+                                         std::vector<int32_t>& end_ids, const std::string& param);
 
 // The prompt's log-probabilities for `echo` (mhsa::score_tokens): one entry per token, the first
 // with a NaN log-probability (null in JSON: nothing precedes it), text offsets in code points.

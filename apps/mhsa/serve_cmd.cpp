@@ -38,6 +38,7 @@
 #include "options.h"
 #include "serve/scheduler.h"
 #include "serve_api.h"
+#include "serve_exchange.h"
 
 namespace mhsa::cli {
 namespace {
@@ -244,7 +245,9 @@ class Server {
         }
       }
       if (args_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-      if (same_secret(req.get_header_value("Authorization"), "Bearer " + args_.api_key))
+      // OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
+      if (same_secret(req.get_header_value("Authorization"), "Bearer " + args_.api_key) ||
+          (req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), args_.api_key)))
         return httplib::Server::HandlerResponse::Unhandled;
       send_error(res, {401, "Incorrect or missing API key: expected the header 'Authorization: Bearer <key>' with the key given to --api-key",
                        "invalid_request_error", "", "invalid_api_key"});
@@ -255,7 +258,7 @@ class Server {
       ApiError e{res.status, message("HTTP error ", res.status), res.status >= 500 ? "server_error" : "invalid_request_error", "", ""};
       if (res.status == 404)
         e.message = message("Unknown request: ", req.method, " ", dump(json(req.path.substr(0, 200))),
-                            " (endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics)");
+                            " (endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, GET /v1/models, GET /health, GET /metrics)");
       if (res.status == 413) e.message = message("The request body is larger than ", kMaxBodyBytes, " bytes");
       send_error(res, e);
       return httplib::Server::HandlerResponse::Handled;
@@ -273,6 +276,8 @@ class Server {
     http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) { metrics_.count(req.path, res.status); });
     http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
     http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
+    http_.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) { converse(req, res, kAnthropicMessages); });
+    http_.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { converse(req, res, kOpenAiResponses); });
     http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       const json model = {{"id", m_.id}, {"object", "model"}, {"created", started_}, {"owned_by", "mhsa"},
                           {"context_length", m_.context}};
@@ -411,6 +416,83 @@ class Server {
                      (!usage || send(sse(usage_chunk_json(ids, m_, chat, prompt_tokens, u.completion_tokens, u.cached_tokens))))) {
             send("data: [DONE]\n\n");
           }
+          sink.done();
+          return true;
+        },
+        [this, job](bool) {
+          job->cancel();  // a no-op once it has finished
+          metrics_.finished(*job);
+        });
+  }
+
+  // A request of Anthropic's Messages or OpenAI's Responses API: the exchange checks it and writes
+  // its answer or events; the job runs as a chat completion's does.
+  void converse(const httplib::Request& req, httplib::Response& res, const ExchangeApi& api) {
+    const auto fail = [&](const ApiError& e) {
+      res.status = e.status;
+      res.set_content(api.error_body(e), "application/json");
+    };
+    const ResponseIds ids{std::to_string(++next_id_), unix_time()};
+    std::shared_ptr<Exchange> x;
+    try {
+      x = api.start(req.body, m_, ids);
+    } catch (const ApiError& e) {
+      return fail(e);
+    }
+    const int64_t prompt_tokens = static_cast<int64_t>(x->request.prompt.size());
+    auto job = std::make_shared<serve::Job>(std::move(x->request));
+    if (!scheduler_.fits(job->request()))
+      return fail({503, message("The request's prompt + max tokens (", prompt_tokens, " + ",
+                                job->request().options.max_new_tokens, " tokens) needs more KV cache than the server has (--kv-blocks)"),
+                   "server_error", "", "kv_cache_full"});
+    if (!scheduler_.submit(job))
+      return fail({503, message("The server is busy (", args_.queue, " requests already waiting) or shutting down; retry later"),
+                   "server_error", "", "overloaded"});
+    const auto outcome = [prompt_tokens](std::string text, const serve::Job::Update& u) {
+      return Outcome{std::move(text), u.finish, u.stop_string, prompt_tokens, u.completion_tokens, u.cached_tokens};
+    };
+    const auto failure = [](const serve::Job::Update& u) {
+      return u.finish == Finish::error ? ApiError{500, "The request could not be run: " + u.error, "server_error", "", ""}
+                                       : ApiError{503, "The server is shutting down", "server_error", "", "shutting_down"};
+    };
+    if (!x->stream) {
+      std::string text;
+      serve::Job::Update u;
+      do {
+        u = job->wait(std::chrono::seconds(1));
+        text += u.text;
+      } while (u.finish == Finish::running);
+      metrics_.finished(*job);
+      if (u.finish == Finish::cancelled || u.finish == Finish::error) return fail(failure(u));
+      res.set_content(x->answer(outcome(std::move(text), u)), "application/json");
+      return;
+    }
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [x, job, prompt_tokens, outcome, failure, begun = std::make_shared<bool>(false),
+         text = std::make_shared<std::string>()](size_t, httplib::DataSink& sink) {
+          const auto send = [&](const std::string& s) {
+            if (sink.write(s.data(), s.size())) return true;
+            job->cancel();  // the client is gone
+            return false;
+          };
+          if (!*begun) {
+            *begun = true;
+            return send(x->begin(prompt_tokens));
+          }
+          serve::Job::Update u = job->wait(kPoll);
+          *text += u.text;
+          if (!u.text.empty() && !send(x->piece(u.text))) return false;
+          if (u.finish == Finish::running) {
+            if (!u.text.empty() || sink.is_writable()) return true;
+            job->cancel();  // nothing new, and the client has gone
+            return false;
+          }
+          if (u.finish == Finish::cancelled || u.finish == Finish::error)
+            send(x->stream_error(failure(u)));
+          else
+            send(x->end(outcome(*text, u)));
           sink.done();
           return true;
         },

@@ -80,6 +80,7 @@ Job::Update Job::wait(std::chrono::milliseconds timeout) {
   pending_logprobs_.clear();
   u.finish = finish_;
   u.error = error_;
+  u.stop_string = stop_string_;
   u.completion_tokens = completion_tokens_;
   u.cached_tokens = cached_tokens_;
   return u;
@@ -97,12 +98,13 @@ void Job::emit(std::string_view text, int64_t completion_tokens, std::span<const
   changed_.notify_all();
 }
 
-void Job::finish(Finish f, std::string error) {
+void Job::finish(Finish f, std::string error, std::string stop_string) {
   {
     std::lock_guard lock(mutex_);
     if (finish_ != Finish::running) return;
     finish_ = f;
     error_ = std::move(error);
+    stop_string_ = std::move(stop_string);
     finished_ = clock::now();
   }
   changed_.notify_all();
@@ -568,7 +570,7 @@ bool Scheduler::advance(Sequence& s, Drawn drawn) {
   if (length) stopped = s.text.add(s.decoder.finish());  // the held-back rest may hold a stop string
   s.emit(stopped || length);
   if (stopped || length) {
-    s.job->finish(stopped ? Finish::stop : Finish::length);
+    s.job->finish(stopped ? Finish::stop : Finish::length, {}, s.text.matched());
     return false;
   }
   s.pending = t;

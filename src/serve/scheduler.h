@@ -84,6 +84,7 @@ class Job {
     std::string text;  // what is new since the last update: valid UTF-8, never part of a stop string
     Finish finish = Finish::running;
     std::string error;  // with Finish::error
+    std::string stop_string;  // with Finish::stop: the request's stop string that ended it ("" for an end token)
     int64_t completion_tokens = 0;
     int64_t cached_tokens = 0;  // prompt tokens not prefilled: shared in the pool or copied from the prompt cache
     // With Request::top_logprobs ≥ 0: the tokens whose text has begun in the text given out so
@@ -101,7 +102,7 @@ class Job {
 
   // The scheduler's side.
   void emit(std::string_view text, int64_t completion_tokens, std::span<const TokenLogprob> logprobs = {});
-  void finish(Finish f, std::string error = {});
+  void finish(Finish f, std::string error = {}, std::string stop_string = {});
   void set_cached_tokens(int64_t n);
 
  private:
@@ -113,7 +114,7 @@ class Job {
   std::string pending_;
   std::vector<TokenLogprob> pending_logprobs_;
   Finish finish_ = Finish::running;
-  std::string error_;
+  std::string error_, stop_string_;
   int64_t completion_tokens_ = 0;
   int64_t cached_tokens_ = 0;
   clock::time_point first_text_{}, finished_{};

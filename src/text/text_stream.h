@@ -30,6 +30,7 @@ class TextStream {
       if (at != std::string::npos) {
         text_.resize(at);
         stopped_ = true;
+        matched_ = s;  // each match cuts the text shorter: the last one found is the earliest
       }
     }
     return stopped_;
@@ -53,12 +54,15 @@ class TextStream {
   }
   const std::string& text() const { return text_; }
   bool stopped() const { return stopped_; }
+  // The stop string that ended the text ("" until one has).
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stop_;
   std::string text_;
   size_t given_ = 0;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace mhsa::text
