@@ -1,6 +1,7 @@
 // apps/mhsa/serve_cmd.cpp — `mhsa serve`: an OpenAI-compatible HTTP server over one model
 // (POST /v1/completions, POST /v1/chat/completions with server-sent-event streaming, GET
-// /v1/models, /health, /metrics), on Debian's cpp-httplib. HTTP threads parse and validate
+// /v1/models, /health, /metrics) that also answers Anthropic's Messages (POST /v1/messages) and
+// OpenAI's Responses (POST /v1/responses), on Debian's cpp-httplib. HTTP threads parse and validate
 // (serve_api.cpp) and stream; one scheduler thread owns the model (src/serve/scheduler.h).
 //
 // Binds to 127.0.0.1 unless --host says otherwise; --port 0 takes a free port. The line

@@ -64,10 +64,14 @@ class ResponsesExchange final : public Exchange {
   std::string begin(int64_t) override {
     const ojson r = response(Outcome{}, "in_progress");
     ojson item = message_item("in_progress", ojson::array());
-    return event("response.created", {{"response", r}}) + event("response.in_progress", {{"response", r}}) +
-           event("response.output_item.added", {{"output_index", 0}, {"item", item}}) +
-           event("response.content_part.added", {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0},
-                                                 {"part", text_part("")}});
+    // One statement each: the operands of + are evaluated in no fixed order, and each event takes
+    // the next sequence number.
+    std::string out = event("response.created", {{"response", r}});
+    out += event("response.in_progress", {{"response", r}});
+    out += event("response.output_item.added", {{"output_index", 0}, {"item", item}});
+    out += event("response.content_part.added",
+                 {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}, {"part", text_part("")}});
+    return out;
   }
 
   std::string piece(std::string_view text) override {
@@ -77,13 +81,15 @@ class ResponsesExchange final : public Exchange {
 
   std::string end(const Outcome& o) override {
     const char* st = status(o);
-    return event("response.output_text.done", {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0},
-                                               {"text", o.text}, {"logprobs", ojson::array()}}) +
-           event("response.content_part.done", {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0},
-                                                {"part", text_part(o.text)}}) +
-           event("response.output_item.done", {{"output_index", 0}, {"item", message_item(st, {text_part(o.text)})}}) +
-           event(std::string("response.") + (o.finish == serve::Finish::length ? "incomplete" : "completed"),
+    std::string out = event("response.output_text.done", {{"item_id", item_id_}, {"output_index", 0},
+                                                          {"content_index", 0}, {"text", o.text},
+                                                          {"logprobs", ojson::array()}});
+    out += event("response.content_part.done",
+                 {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}, {"part", text_part(o.text)}});
+    out += event("response.output_item.done", {{"output_index", 0}, {"item", message_item(st, {text_part(o.text)})}});
+    out += event(std::string("response.") + (o.finish == serve::Finish::length ? "incomplete" : "completed"),
                  {{"response", response(o, st)}});
+    return out;
   }
 
   std::string stream_error(const ApiError& e) override {
