@@ -17,6 +17,7 @@
 #include "io/json.h"
 #include "mhsa/error.h"
 #include "mhsa/evaluate.h"
+#include "serve_tools.h"
 #include "text/hf_tokenizer.h"
 
 namespace mhsa::cli {
@@ -178,6 +179,35 @@ std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vecto
   return encode_conversation(m, std::move(messages), end_ids, "messages");
 }
 
+// A chat request with tools, or with tool calls and results in its messages: the conversation's
+// ids rendered with them (and p.tools set when the answer may hold calls); {} for any other.
+std::vector<int32_t> tool_prompt(const json& b, const ServedModel& m, std::vector<int32_t>& end_ids, ParsedRequest& p) {
+  auto tools = std::make_shared<ToolRequest>(parse_tools(b));
+  const json* messages = field(b, "messages");
+  bool tool_messages = false;
+  if (messages && messages->is_array())
+    for (const json& msg : *messages)
+      tool_messages |= msg.is_object() && ((msg.contains("role") && msg["role"] == "tool") || field(msg, "tool_calls"));
+  if (tools->tools.empty() && !tool_messages) return {};
+  if (!messages || !messages->is_array() || messages->empty())
+    bad_field("messages", "a non-empty array of {\"role\", \"content\"} objects", messages ? *messages : json());
+  tools->format = tool_format(m);
+  std::vector<int32_t> ids = encode_tool_conversation(m, *messages, *tools, end_ids);
+  using Choice = ToolRequest::Choice;
+  if (tools->choice == Choice::required || tools->choice == Choice::named) {
+    if (tools->format != ToolFormat::hermes)
+      unsupported_field("tool_choice", "\"required\" or a named function with this model's call format (Llama 3.1's, Mistral's)");
+    // The answer starts as a call does (of the named function): the model writes the rest.
+    tools->forced = "<tool_call>\n{\"name\": \"";
+    if (tools->choice == Choice::named) tools->forced += tools->named + "\", \"arguments\": ";
+    const std::vector<int32_t> forced = m.tokenizer->encode(tools->forced, EncodeOptions{false, true});
+    ids.insert(ids.end(), forced.begin(), forced.end());
+    p.request.stop.push_back("</tool_call>");  // one call is what was asked for
+  }
+  if (tools->active()) p.tools = std::move(tools);
+  return ids;
+}
+
 ojson usage(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   ojson u = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
              {"total_tokens", prompt_tokens + completion_tokens}};
@@ -289,7 +319,8 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
   parse_common(b, m, chat, p);
   serve::Request& r = p.request;
   if (chat) {
-    r.prompt = chat_prompt(b, m, r.end_ids);
+    r.prompt = tool_prompt(b, m, r.end_ids, p);
+    if (r.prompt.empty()) r.prompt = chat_prompt(b, m, r.end_ids);
   } else {
     r.prompt = completion_prompt(b, m);
     r.end_ids = m.model->config().eos_token_ids;  // as mhsa generate

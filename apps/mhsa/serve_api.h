@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -37,6 +38,8 @@ struct ServedModel {
   int64_t context = 0;               // --ctx-size: prompt + completion at most
 };
 
+struct ToolRequest;  // serve_tools.h
+
 // A checked request.
 struct ParsedRequest {
   serve::Request request;
@@ -44,6 +47,9 @@ struct ParsedRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions' echo: the prompt's text (and log-probabilities) first
   std::string echo_text;       // the prompt as given, or its ids decoded
+  // Chat with tools the model may call (tool_choice not "none"): its answer is split into content
+  // and calls (ToolCallStream).
+  std::shared_ptr<const ToolRequest> tools;
 };
 
 // Parses the body of POST /v1/completions (chat = false) or /v1/chat/completions. Throws ApiError.

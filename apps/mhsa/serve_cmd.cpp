@@ -40,6 +40,7 @@
 #include "serve/scheduler.h"
 #include "serve_api.h"
 #include "serve_exchange.h"
+#include "serve_tools.h"
 
 namespace mhsa::cli {
 namespace {
@@ -373,6 +374,16 @@ class Server {
       if (u.finish == Finish::cancelled) return send_error(res, {503, "The server is shutting down", "server_error", "", "shutting_down"});
       // The server is at fault (non-finite logits, a failed step), not busy: 500, and it goes on serving.
       if (u.finish == Finish::error) return send_error(res, {500, "The request could not be run: " + u.error, "server_error", "", ""});
+      if (p.tools) {
+        ToolCallStream split(p.tools->format, p.tools->tools);
+        ToolCallStream::Out a = split.add(p.tools->forced + text), b = split.finish();
+        a.content += b.content;
+        a.calls.insert(a.calls.end(), b.calls.begin(), b.calls.end());
+        res.set_content(dump(tool_completion_json(ids, m_, a.content, a.calls, u.finish, prompt_tokens,
+                                                  u.completion_tokens, u.cached_tokens)),
+                        "application/json");
+        return;
+      }
       res.set_content(dump(completion_json(ids, m_, chat, text, u.finish, prompt_tokens, u.completion_tokens,
                                            logprobs ? &lps : nullptr, u.cached_tokens)),
                       "application/json");
@@ -380,16 +391,52 @@ class Server {
     }
     const bool usage = p.include_usage;
     auto first = std::make_shared<bool>(true);
+    std::shared_ptr<ToolCallStream> split;
+    if (p.tools) {
+      split = std::make_shared<ToolCallStream>(p.tools->format, p.tools->tools);
+      split->add(p.tools->forced);  // (held back: the start of a call)
+    }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job, ids, chat, usage, prompt_tokens, first, logprobs, echo, echo_text, after_echo,
-         echoed = std::make_shared<bool>(!p.echo)](size_t, httplib::DataSink& sink) {
+         echoed = std::make_shared<bool>(!p.echo), tools = p.tools,
+         split,
+         calls = std::make_shared<int>(0)](size_t, httplib::DataSink& sink) {
           const auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             job->cancel();  // the client is gone
             return false;
           };
+          if (tools) {  // content and calls as they are known: text that may begin a call is held back
+            serve::Job::Update u = job->wait(kPoll);
+            ToolCallStream::Out out = split->add(u.text);
+            if (u.finish == Finish::stop || u.finish == Finish::length) {
+              ToolCallStream::Out rest = split->finish();
+              out.content += rest.content;
+              out.calls.insert(out.calls.end(), rest.calls.begin(), rest.calls.end());
+            }
+            for (const json& c : tool_chunks(ids, m_, out, *first, *calls))
+              if (!send(sse(c))) return false;
+            if (u.finish == Finish::running) {
+              if (sink.is_writable()) return true;
+              job->cancel();
+              return false;
+            }
+            if (u.finish == Finish::cancelled || u.finish == Finish::error) {
+              send(sse(error_json({u.finish == Finish::error ? 500 : 503,
+                                   u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
+                                   "server_error", "", ""})));
+            } else {
+              json last = chunk_json(ids, m_, true, "", u.finish, *first);
+              if (*calls > 0) last["choices"][0]["finish_reason"] = "tool_calls";
+              if (send(sse(last)) &&
+                  (!usage || send(sse(usage_chunk_json(ids, m_, true, prompt_tokens, u.completion_tokens, u.cached_tokens)))))
+                send("data: [DONE]\n\n");
+            }
+            sink.done();
+            return true;
+          }
           if (!*echoed) {  // the prompt's chunk first
             *echoed = true;
             if (!send(sse(chunk_json(ids, m_, chat, echo_text, Finish::running, true, logprobs ? echo.get() : nullptr))))
