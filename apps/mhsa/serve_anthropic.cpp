@@ -75,14 +75,62 @@ std::string content_text(const json& content, const std::string& where) {
   return text;
 }
 
+// Anthropic's ids for calls: toolu_ where OpenAI's are call_.
+std::string tool_use_id(const std::string& id) { return "toolu_" + (id.rfind("call_", 0) == 0 ? id.substr(5) : id); }
+
+// Anthropic's tools and tool_choice as OpenAI's (parse_tools' input).
+json openai_tools(const json& b) {
+  json out = json::object();
+  if (const json* v = field(b, "tools")) {
+    if (!v->is_array()) bad_field("tools", "an array of {\"name\", \"description\", \"input_schema\"} objects", *v);
+    json list = json::array();
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& t = (*v)[i];
+      const std::string at = message("tools[", i, "]");
+      if (!t.is_object()) bad_field(at, "a {\"name\", \"description\", \"input_schema\"} object", t);
+      if (const json* type = field(t, "type"); type && *type != "custom")
+        unsupported_field(at + ".type", message("a server tool (", type->dump(), "): only client tools"));
+      only_known_fields(t, {"type", "name", "description", "input_schema", "cache_control", "strict"}, at);
+      const json* name = field(t, "name");
+      if (!name) bad_field(at + ".name", "a string", json());
+      json f = {{"name", *name}};
+      if (const json* d = field(t, "description")) f["description"] = *d;
+      const json* schema = field(t, "input_schema");
+      if (!schema || !schema->is_object()) bad_field(at + ".input_schema", "a JSON Schema object", schema ? *schema : json());
+      f["parameters"] = *schema;
+      list.push_back({{"type", "function"}, {"function", f}});
+    }
+    out["tools"] = list;
+  }
+  if (const json* c = field(b, "tool_choice")) {
+    const std::string expected = "{\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": ...}";
+    if (!c->is_object() || !c->contains("type") || !(*c)["type"].is_string()) bad_field("tool_choice", expected, *c);
+    only_known_fields(*c, {"type", "name", "disable_parallel_tool_use"}, "tool_choice");
+    const std::string type = (*c)["type"].get<std::string>();
+    if (type == "auto") out["tool_choice"] = "auto";
+    else if (type == "any") out["tool_choice"] = "required";
+    else if (type == "none") out["tool_choice"] = "none";
+    else if (type == "tool" && c->contains("name")) out["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*c)["name"]}}}};
+    else bad_field("tool_choice", expected, *c);
+    if (const json* d = field(*c, "disable_parallel_tool_use")) {
+      if (!d->is_boolean()) bad_field("tool_choice.disable_parallel_tool_use", "true or false", *d);
+      out["parallel_tool_calls"] = !d->get<bool>();
+    }
+  }
+  return out;
+}
+
 class AnthropicExchange final : public Exchange {
  public:
   AnthropicExchange(const ServedModel& m, const ResponseIds& ids) : m_(m), id_("msg_" + ids.id) {}
 
   std::string answer(const Outcome& o) override {
-    ojson j = message_object(o.finish == serve::Finish::running ? ojson::array() : ojson::array({text_block(o.text)}));
+    ojson content = ojson::array();
+    if (!o.text.empty() || o.calls.empty()) content.push_back(text_block(o.text));
+    for (const ToolCall& c : o.calls) content.push_back(tool_use_block(c, true));
+    ojson j = message_object(std::move(content));
     j["stop_reason"] = stop_reason(o);
-    j["stop_sequence"] = o.stop_string.empty() ? ojson(nullptr) : ojson(o.stop_string);
+    j["stop_sequence"] = o.stop_string.empty() || !o.calls.empty() ? ojson(nullptr) : ojson(o.stop_string);
     j["usage"] = usage(o);
     return dump(j);
   }
@@ -93,31 +141,61 @@ class AnthropicExchange final : public Exchange {
     start["stop_sequence"] = nullptr;
     start["usage"] = {{"input_tokens", prompt_tokens}, {"output_tokens", 0}};
     return sse_event("message_start", {{"type", "message_start"}, {"message", start}}) +
-           sse_event("content_block_start", {{"type", "content_block_start"}, {"index", 0}, {"content_block", text_block("")}}) +
            sse_event("ping", {{"type", "ping"}});
   }
 
+  // Blocks are opened as their content comes: text, then each call (a tool_use block whose input
+  // is one input_json_delta).
   std::string piece(std::string_view text) override {
-    return sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", 0},
-                                             {"delta", {{"type", "text_delta"}, {"text", std::string(text)}}}});
+    std::string out;
+    if (!text_open_) {
+      out += close_block();
+      out += sse_event("content_block_start",
+                       {{"type", "content_block_start"}, {"index", next_}, {"content_block", text_block("")}});
+      text_open_ = true;
+      open_ = true;
+    }
+    return out + sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", next_},
+                                                   {"delta", {{"type", "text_delta"}, {"text", std::string(text)}}}});
+  }
+
+  std::string call(const ToolCall& c) override {
+    std::string out = close_block();
+    out += sse_event("content_block_start",
+                     {{"type", "content_block_start"}, {"index", next_}, {"content_block", tool_use_block(c, false)}});
+    out += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", next_},
+                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", c.arguments}}}});
+    open_ = true;
+    return out + close_block();
   }
 
   std::string end(const Outcome& o) override {
+    std::string out = o.text.empty() && o.calls.empty() && next_ == 0 ? piece("") : "";  // at least one block
+    out += close_block();
     const ojson delta = {{"stop_reason", stop_reason(o)},
-                         {"stop_sequence", o.stop_string.empty() ? ojson(nullptr) : ojson(o.stop_string)}};
-    return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}}) +
-           sse_event("message_delta", {{"type", "message_delta"}, {"delta", delta}, {"usage", usage(o)}}) +
+                         {"stop_sequence", o.stop_string.empty() || !o.calls.empty() ? ojson(nullptr) : ojson(o.stop_string)}};
+    return out + sse_event("message_delta", {{"type", "message_delta"}, {"delta", delta}, {"usage", usage(o)}}) +
            sse_event("message_stop", {{"type", "message_stop"}});
   }
 
   std::string stream_error(const ApiError& e) override { return sse_event("error", error_object(e)); }
 
  private:
+  std::string close_block() {
+    if (!open_) return {};
+    open_ = text_open_ = false;
+    return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", next_++}});
+  }
   ojson message_object(ojson content) const {
     return {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", m_.id}, {"content", std::move(content)}};
   }
   static ojson text_block(const std::string& text) { return {{"type", "text"}, {"text", text}}; }
+  static ojson tool_use_block(const ToolCall& c, bool with_input) {
+    return {{"type", "tool_use"}, {"id", tool_use_id(c.id)}, {"name", c.name},
+            {"input", with_input ? ojson::parse(c.arguments) : ojson::object()}};
+  }
   static ojson stop_reason(const Outcome& o) {
+    if (!o.calls.empty()) return "tool_use";
     if (o.finish == serve::Finish::length) return "max_tokens";
     return o.stop_string.empty() ? "end_turn" : "stop_sequence";
   }
@@ -129,6 +207,8 @@ class AnthropicExchange final : public Exchange {
 
   const ServedModel& m_;
   const std::string id_;
+  int next_ = 0;  // the index of the open block, or of the next one
+  bool open_ = false, text_open_ = false;
 };
 
 std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, const ResponseIds& ids) {
@@ -148,8 +228,6 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
   // Any model name: the server runs one model, and clients name one they know.
   if (const json* v = field(b, "model"); !v) bad_field("model", "a string", json());
   else string_field(*v, "model");
-  if (const json* v = field(b, "tools"); v && !(v->is_array() && v->empty())) unsupported_field("tools", "tool use");
-  if (field(b, "tool_choice")) unsupported_field("tool_choice", "tool use");
   if (const json* v = field(b, "thinking"); v && !(v->is_object() && v->value("type", "") == "disabled"))
     unsupported_field("thinking", "extended thinking");
   if (const json* v = field(b, "metadata")) {
@@ -176,7 +254,10 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
                                                 v->get<std::string>() != "standard_only")
     bad_field("service_tier", "\"auto\" or \"standard_only\"", *v);
 
-  std::vector<ChatMessage> messages;
+  // The conversation in OpenAI's chat shape: tool_use blocks as an assistant's tool_calls,
+  // tool_result blocks as tool messages before the user's text.
+  json messages = json::array();
+  bool tool_blocks = false;
   if (const json* v = field(b, "system")) {
     std::string system;
     if (v->is_string()) {
@@ -186,7 +267,7 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
     } else {
       bad_field("system", "a string or an array of text blocks", *v);
     }
-    messages.push_back({"system", std::move(system)});
+    messages.push_back({{"role", "system"}, {"content", std::move(system)}});
   }
   const json* v = field(b, "messages");
   if (!v || !v->is_array() || v->empty())
@@ -199,16 +280,61 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
     const json* role = field(msg, "role");
     if (!role || !role->is_string() || (*role != "user" && *role != "assistant"))
       bad_field(where + ".role", "\"user\" or \"assistant\"", role ? *role : json());
+    const bool assistant = *role == "assistant";
     const json* content = field(msg, "content");
     if (!content) bad_field(where + ".content", "a string or an array of content blocks", json());
-    messages.push_back({role->get<std::string>(), content_text(*content, where + ".content")});
+    json text_blocks = json::array(), calls = json::array(), results = json::array();
+    if (content->is_array()) {
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& block = (*content)[k];
+        const std::string at = message(where, ".content[", k, "]");
+        const json* type = block.is_object() ? field(block, "type") : nullptr;
+        if (type && *type == "tool_use") {
+          if (!assistant) bad_field(at + ".type", "tool_use blocks only in assistant messages", *type);
+          only_known_fields(block, {"type", "id", "name", "input", "cache_control"}, at);
+          const json* input = field(block, "input");
+          if (!input || !input->is_object()) bad_field(at + ".input", "an object", input ? *input : json());
+          calls.push_back({{"id", string_field(block.value("id", json()), at + ".id")}, {"type", "function"},
+                           {"function", {{"name", string_field(block.value("name", json()), at + ".name")},
+                                         {"arguments", input->dump()}}}});
+        } else if (type && *type == "tool_result") {
+          if (assistant) bad_field(at + ".type", "tool_result blocks only in user messages", *type);
+          only_known_fields(block, {"type", "tool_use_id", "content", "is_error", "cache_control"}, at);
+          const json* c = field(block, "content");
+          std::string text = c ? content_text(*c, at + ".content") : "";
+          if (const json* e = field(block, "is_error"); e && e->is_boolean() && e->get<bool>()) text = "Error: " + text;
+          results.push_back({{"role", "tool"}, {"tool_call_id", string_field(block.value("tool_use_id", json()), at + ".tool_use_id")},
+                             {"content", text}});
+        } else {
+          text_blocks.push_back(block);
+        }
+      }
+      tool_blocks |= !calls.empty() || !results.empty();
+    }
+    const std::string text = content->is_array() ? content_text(text_blocks, where + ".content") : content_text(*content, where + ".content");
+    for (const json& r : results) messages.push_back(r);
+    if (assistant) {
+      json a = {{"role", "assistant"}, {"content", text}};
+      if (!calls.empty()) a["tool_calls"] = calls;
+      messages.push_back(std::move(a));
+    } else if (!text.empty() || results.empty()) {
+      messages.push_back({{"role", "user"}, {"content", text}});
+    }
   }
-  if (messages.back().role == "assistant")
+  if ((*v)[v->size() - 1].value("role", "") == "assistant")
     unsupported_field(message("messages[", v->size() - 1, "]"),
                       "a final assistant message (continuing it; end with a user message)");
 
   serve::Request& r = x->request;
-  r.prompt = encode_conversation(m, std::move(messages), r.end_ids, "messages");
+  auto tools = std::make_shared<ToolRequest>(parse_tools(openai_tools(b)));
+  if (!tools->tools.empty() || tool_blocks) {
+    r.prompt = prepare_tool_request(m, messages, *tools, r);
+    if (tools->active()) x->tools = tools;
+  } else {
+    std::vector<ChatMessage> plain;
+    for (const json& msg : messages) plain.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
+    r.prompt = encode_conversation(m, std::move(plain), r.end_ids, "messages");
+  }
   const json* mt = field(b, "max_tokens");
   if (!mt) bad_field("max_tokens", "an integer ≥ 1 (required)", json());
   const int64_t max_tokens = integer_field(b, "max_tokens", 0, 1, std::numeric_limits<int64_t>::max());

@@ -191,19 +191,9 @@ std::vector<int32_t> tool_prompt(const json& b, const ServedModel& m, std::vecto
   if (tools->tools.empty() && !tool_messages) return {};
   if (!messages || !messages->is_array() || messages->empty())
     bad_field("messages", "a non-empty array of {\"role\", \"content\"} objects", messages ? *messages : json());
-  tools->format = tool_format(m);
-  std::vector<int32_t> ids = encode_tool_conversation(m, *messages, *tools, end_ids);
-  using Choice = ToolRequest::Choice;
-  if (tools->choice == Choice::required || tools->choice == Choice::named) {
-    if (tools->format != ToolFormat::hermes)
-      unsupported_field("tool_choice", "\"required\" or a named function with this model's call format (Llama 3.1's, Mistral's)");
-    // The answer starts as a call does (of the named function): the model writes the rest.
-    tools->forced = "<tool_call>\n{\"name\": \"";
-    if (tools->choice == Choice::named) tools->forced += tools->named + "\", \"arguments\": ";
-    const std::vector<int32_t> forced = m.tokenizer->encode(tools->forced, EncodeOptions{false, true});
-    ids.insert(ids.end(), forced.begin(), forced.end());
-    p.request.stop.push_back("</tool_call>");  // one call is what was asked for
-  }
+  p.request.end_ids = end_ids;
+  std::vector<int32_t> ids = prepare_tool_request(m, *messages, *tools, p.request);
+  end_ids = p.request.end_ids;
   if (tools->active()) p.tools = std::move(tools);
   return ids;
 }

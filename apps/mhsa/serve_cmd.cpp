@@ -496,9 +496,15 @@ class Server {
     if (!scheduler_.submit(job))
       return fail({503, message("The server is busy (", args_.queue, " requests already waiting) or shutting down; retry later"),
                    "server_error", "", "overloaded"});
-    const auto outcome = [prompt_tokens](std::string text, const serve::Job::Update& u) {
-      return Outcome{std::move(text), u.finish, u.stop_string, prompt_tokens, u.completion_tokens, u.cached_tokens};
+    const auto outcome = [prompt_tokens](std::string text, std::vector<ToolCall> calls, const serve::Job::Update& u) {
+      return Outcome{std::move(text), std::move(calls), u.finish, u.stop_string, prompt_tokens, u.completion_tokens,
+                     u.cached_tokens};
     };
+    std::shared_ptr<ToolCallStream> split;
+    if (x->tools) {
+      split = std::make_shared<ToolCallStream>(x->tools->format, x->tools->tools);
+      split->add(x->tools->forced);  // (held back: the start of a call)
+    }
     const auto failure = [](const serve::Job::Update& u) {
       return u.finish == Finish::error ? ApiError{500, "The request could not be run: " + u.error, "server_error", "", ""}
                                        : ApiError{503, "The server is shutting down", "server_error", "", "shutting_down"};
@@ -512,14 +518,22 @@ class Server {
       } while (u.finish == Finish::running);
       metrics_.finished(*job);
       if (u.finish == Finish::cancelled || u.finish == Finish::error) return fail(failure(u));
-      res.set_content(x->answer(outcome(std::move(text), u)), "application/json");
+      std::vector<ToolCall> calls;
+      if (split) {
+        ToolCallStream::Out a = split->add(text), b = split->finish();
+        text = a.content + b.content;
+        calls = std::move(a.calls);
+        calls.insert(calls.end(), b.calls.begin(), b.calls.end());
+      }
+      res.set_content(x->answer(outcome(std::move(text), std::move(calls), u)), "application/json");
       return;
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [x, job, prompt_tokens, outcome, failure, begun = std::make_shared<bool>(false),
-         text = std::make_shared<std::string>()](size_t, httplib::DataSink& sink) {
+        [x, job, prompt_tokens, outcome, failure, split, begun = std::make_shared<bool>(false),
+         text = std::make_shared<std::string>(),
+         calls = std::make_shared<std::vector<ToolCall>>()](size_t, httplib::DataSink& sink) {
           const auto send = [&](const std::string& s) {
             if (sink.write(s.data(), s.size())) return true;
             job->cancel();  // the client is gone
@@ -530,8 +544,21 @@ class Server {
             return send(x->begin(prompt_tokens));
           }
           serve::Job::Update u = job->wait(kPoll);
-          *text += u.text;
-          if (!u.text.empty() && !send(x->piece(u.text))) return false;
+          ToolCallStream::Out out{u.text, {}};
+          if (split) {
+            out = split->add(u.text);
+            if (u.finish == Finish::stop || u.finish == Finish::length) {
+              ToolCallStream::Out rest = split->finish();
+              out.content += rest.content;
+              out.calls.insert(out.calls.end(), rest.calls.begin(), rest.calls.end());
+            }
+          }
+          *text += out.content;
+          if (!out.content.empty() && !send(x->piece(out.content))) return false;
+          for (const ToolCall& c : out.calls) {
+            calls->push_back(c);
+            if (!send(x->call(c))) return false;
+          }
           if (u.finish == Finish::running) {
             if (!u.text.empty() || sink.is_writable()) return true;
             job->cancel();  // nothing new, and the client has gone
@@ -540,7 +567,7 @@ class Server {
           if (u.finish == Finish::cancelled || u.finish == Finish::error)
             send(x->stream_error(failure(u)));
           else
-            send(x->end(outcome(*text, u)));
+            send(x->end(outcome(*text, *calls, u)));
           sink.done();
           return true;
         },

@@ -12,12 +12,14 @@
 
 #include "serve/scheduler.h"
 #include "serve_api.h"
+#include "serve_tools.h"
 
 namespace mhsa::cli {
 
 // What a job produced: all of it (a whole answer, a stream's end).
 struct Outcome {
-  std::string text;
+  std::string text;             // the content (without the calls)
+  std::vector<ToolCall> calls;  // with tools: the calls the answer made
   serve::Finish finish = serve::Finish::running;
   std::string stop_string;  // the stop sequence that ended it ("" for an end-of-turn token)
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
@@ -32,11 +34,14 @@ class Exchange {
   // (o.finish is stop or length), an error that ends it.
   virtual std::string begin(int64_t prompt_tokens) = 0;
   virtual std::string piece(std::string_view text) = 0;
+  virtual std::string call(const ToolCall& c) = 0;  // with tools: a call, whole
   virtual std::string end(const Outcome& o) = 0;
   virtual std::string stream_error(const ApiError& e) = 0;
 
   serve::Request request;  // what the scheduler runs (moved out when submitted)
   bool stream = false;
+  // Tools the answer may call (tool choice not none): its text is split into content and calls.
+  std::shared_ptr<const ToolRequest> tools;
 };
 
 // An API: its request checked into an Exchange (throws ApiError), and its error body.

@@ -79,6 +79,8 @@ class ResponsesExchange final : public Exchange {
                                                 {"delta", std::string(text)}, {"logprobs", ojson::array()}});
   }
 
+  std::string call(const ToolCall&) override { return {}; }  // (no tools in Responses yet)
+
   std::string end(const Outcome& o) override {
     const char* st = status(o);
     std::string out = event("response.output_text.done", {{"item_id", item_id_}, {"output_index", 0},

@@ -234,6 +234,24 @@ std::vector<int32_t> encode_tool_conversation(const ServedModel& m, const json& 
   }
 }
 
+std::vector<int32_t> prepare_tool_request(const ServedModel& m, const json& messages, ToolRequest& tools,
+                                          serve::Request& request) {
+  tools.format = tool_format(m);
+  std::vector<int32_t> ids = encode_tool_conversation(m, messages, tools, request.end_ids);
+  using Choice = ToolRequest::Choice;
+  if (tools.choice == Choice::required || tools.choice == Choice::named) {
+    if (tools.format != ToolFormat::hermes)
+      unsupported_field("tool_choice", "a required or named tool with this model's call format (Llama 3.1's, Mistral's)");
+    // The answer starts as a call does (of the named function): the model writes the rest.
+    tools.forced = "<tool_call>\n{\"name\": \"";
+    if (tools.choice == Choice::named) tools.forced += tools.named + "\", \"arguments\": ";
+    const std::vector<int32_t> forced = m.tokenizer->encode(tools.forced, EncodeOptions{false, true});
+    ids.insert(ids.end(), forced.begin(), forced.end());
+    request.stop.push_back(std::string(kClose));  // one call is what was asked for
+  }
+  return ids;
+}
+
 ToolCallStream::ToolCallStream(ToolFormat format, const json& tools) : format_(format) {
   for (const json& t : tools) names_.push_back(t["function"]["name"].get<std::string>());
 }
@@ -247,26 +265,26 @@ ToolCallStream::Out ToolCallStream::finish() { return scan(true); }
 
 ToolCallStream::Out ToolCallStream::scan(bool final) {
   Out out;
-  const auto call_of = [&](const json& v) -> bool {
-    if (!v.is_object() || !v.contains("name") || !v["name"].is_string()) return false;
-    if (std::find(names_.begin(), names_.end(), v["name"].get<std::string>()) == names_.end()) return false;
-    const char* key = v.contains("arguments") ? "arguments" : "parameters";
-    const json args = v.contains(key) ? v[key] : json::object();
-    std::string arguments;
-    if (args.is_object()) arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
-    else if (args.is_string()) arguments = args.get<std::string>();
-    else return false;
-    out.calls.push_back({format_ == ToolFormat::mistral ? random_id(9) : "call_" + random_id(24), v["name"].get<std::string>(),
-                         std::move(arguments)});
-    ++calls_;
-    return true;
-  };
   const auto parse = [](std::string_view text) -> json {
     try {
       return detail::parse_json(text, "model", "tool call", "JSON");
     } catch (const Error&) {
       return json();
     }
+  };
+  const auto call_of = [&](const json& v) -> bool {
+    if (!v.is_object() || !v.contains("name") || !v["name"].is_string()) return false;
+    if (std::find(names_.begin(), names_.end(), v["name"].get<std::string>()) == names_.end()) return false;
+    const char* key = v.contains("arguments") ? "arguments" : "parameters";
+    const json args = v.contains(key) ? v[key] : json::object();
+    // Arguments are an object, or JSON text of one (some models write them as a string).
+    const json object = args.is_string() ? parse(args.get<std::string>()) : args;
+    if (!object.is_object()) return false;
+    std::string arguments = object.dump(-1, ' ', false, json::error_handler_t::replace);
+    out.calls.push_back({format_ == ToolFormat::mistral ? random_id(9) : "call_" + random_id(24), v["name"].get<std::string>(),
+                         std::move(arguments)});
+    ++calls_;
+    return true;
   };
   if (format_ != ToolFormat::hermes) {  // the whole answer is a call, or it is text
     if (!decided_) {

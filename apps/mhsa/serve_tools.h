@@ -50,6 +50,12 @@ ToolFormat tool_format(const ServedModel& m);
 std::vector<int32_t> encode_tool_conversation(const ServedModel& m, const nlohmann::json& messages,
                                               const ToolRequest& tools, std::vector<int32_t>& end_ids);
 
+// encode_tool_conversation, then what the choice asks for: with "required" or a named function
+// the start of a call put after the prompt (tools.forced) and "</tool_call>" added to the request's
+// stops; sets tools.format and request.end_ids; returns the prompt's ids. Throws ApiError.
+std::vector<int32_t> prepare_tool_request(const ServedModel& m, const nlohmann::json& messages, ToolRequest& tools,
+                                          serve::Request& request);
+
 struct ToolCall {
   std::string id;         // "call_" + 24 characters, unique in the answer
   std::string name;

@@ -70,7 +70,7 @@ TEST(ToolCallStream, HermesCallsAmongText) {
   expect_any_cuts_give(ToolFormat::hermes,
                        "<tool_call>{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": [2, 3]}}</tool_call>\n\n"
                        "<tool_call>{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}</tool_call>",
-                       {"", {{"add", R"({"a":1,"b":[2,3]})"}, {"get_weather", R"({"city": "Oslo"})"}}});
+                       {"", {{"add", R"({"a":1,"b":[2,3]})"}, {"get_weather", R"({"city":"Oslo"})"}}});
   // A call cut off by a stop string before its closing tag.
   expect_any_cuts_give(ToolFormat::hermes, "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n",
                        {"", {{"add", "{}"}}});
@@ -116,14 +116,14 @@ TEST(ToolRequests, ChecksNameTheField) {
     return std::string("(accepted)");
   };
   EXPECT_EQ(error_of(R"({"tools": [{"type": "function", "function": {"name": "a b"}}]})"),
-            "tools[0].function.name: expected a name of 1 to 64 letters, digits, '_' or '-', got \"a b\"");
-  EXPECT_EQ(error_of(R"({"tools": [{"type": "retrieval"}]})"), "tools[0].type: expected \"function\", got \"retrieval\"");
+            "tools[0].function.name: expected a name of 1 to 64 letters, digits, '_' or '-', got a string \"a b\"");
+  EXPECT_EQ(error_of(R"({"tools": [{"type": "retrieval"}]})"), "tools[0].type: expected \"function\", got a string \"retrieval\"");
   EXPECT_EQ(error_of(R"({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}})"),
-            "tool_choice.function.name: expected the name of one of the tools, got \"g\"");
+            "tool_choice.function.name: expected the name of one of the tools, got a string \"g\"");
   EXPECT_EQ(error_of(R"({"tool_choice": "required"})"),
-            "tool_choice: expected \"none\" or \"auto\" without tools, got \"required\"");
+            "tool_choice: expected \"none\" or \"auto\" without tools, got a string \"required\"");
   EXPECT_EQ(error_of(R"({"tools": [{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "f"}}]})"),
-            "tools[1].function.name: expected a name no other tool has, got \"f\"");
+            "tools[1].function.name: expected a name no other tool has, got a string \"f\"");
   EXPECT_EQ(error_of(R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]})"),
             "tools[0].function.parameters: expected a JSON Schema object, got an array []");
   EXPECT_EQ(error_of(R"({"tools": [], "tool_choice": "auto", "parallel_tool_calls": false})"), "(accepted)");

@@ -141,7 +141,9 @@ def test_messages_mistakes_are_400s_naming_the_field(server):
     cases = [
         ({"temperature": 1.5}, "temperature"),  # Anthropic's range is [0, 1]
         ({"frobnicate": 1}, "frobnicate"),
-        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, "tools"),
+        ({"tools": [{"name": "f b", "input_schema": {"type": "object"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
+        ({"tool_choice": {"type": "any"}}, "tool_choice"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
         ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The"}]}, "messages[1]"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
@@ -307,5 +309,26 @@ def test_the_default_model_answers_through_both_apis():
             assert "".join(st.text_stream) == m.content[0].text
         r = s.openai().responses.create(model="x", input=question, max_output_tokens=24, temperature=0)
         assert r.output_text == m.content[0].text and r.status == "completed"
+        # A tool round trip: a named tool is called, streamed as whole, and its result answered.
+        tools = [{"name": "get_weather", "description": "Get the current weather in a city",
+                  "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+        weather = [{"role": "user", "content": "What is the weather in Paris?"}]
+        choice = {"type": "tool", "name": "get_weather"}
+        t = s.anthropic().messages.create(model="x", max_tokens=40, messages=weather, tools=tools, tool_choice=choice,
+                                          extra_body=GREEDY)
+        assert t.stop_reason == "tool_use", t
+        (use,) = [b for b in t.content if b.type == "tool_use"]
+        assert use.name == "get_weather" and use.id.startswith("toolu_") and isinstance(use.input, dict)
+        with s.anthropic().messages.stream(model="x", max_tokens=40, messages=weather, tools=tools, tool_choice=choice,
+                                           extra_body=GREEDY) as st:
+            f = st.get_final_message()
+        assert [(b.name, b.input) for b in f.content if b.type == "tool_use"] == [(use.name, use.input)]
+        assert f.stop_reason == "tool_use"
+        history = weather + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in t.content]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
+                                                           "content": "21 degrees and clear"}]}]
+        answer = s.anthropic().messages.create(model="x", max_tokens=40, messages=history, tools=tools, extra_body=GREEDY)
+        assert answer.content[0].type == "text" and answer.content[0].text
+        assert answer.stop_reason in ("end_turn", "max_tokens")
     finally:
         assert s.stop() == 0
