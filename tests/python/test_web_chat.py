@@ -43,12 +43,14 @@ CONVERSATION = [{"role": "system", "content": "You answer in one short sentence.
 
 
 class Server:
-    """`mhsa serve` on the default model; url is read from the line it prints when ready."""
+    """`mhsa serve` on the default model; url is read from the line it prints when ready. One thread:
+    Chromium shares the cores, and on an oversubscribed machine a team of two waits at every barrier
+    (a 32-token answer took 7–37 s under a load of 13 on 2 cores)."""
 
     def __init__(self, *args):
         if not GGUF.exists():
             pytest.fail(f"{GGUF} is missing: scripts/setup.sh fetches the default model")
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "2", "--model", "smollm2", "--port", "0", *map(str, args)],
+        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", "smollm2", "--port", "0", *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"listening on (http://[\d.]+:\d+)", line)
@@ -126,7 +128,7 @@ def test_explain_equals_the_command(server, tmp_path):
     assert status == 200 and headers["Content-Type"] == "application/json", body[:300]
     got = json.loads(body)
     (tmp_path / "m.json").write_text(json.dumps(CONVERSATION))
-    subprocess.run([str(CLI), "explain", "-t", "2", "--model", "smollm2", "--messages", str(tmp_path / "m.json"),
+    subprocess.run([str(CLI), "explain", "-t", "1", "--model", "smollm2", "--messages", str(tmp_path / "m.json"),
                     "--json", str(tmp_path / "e.json")], check=True, capture_output=True, text=True)
     want = json.loads((tmp_path / "e.json").read_text())
     assert got["ids"] == want["ids"] and got["roles"] == want["roles"]
@@ -187,7 +189,7 @@ def last_answer(page):
     return page.locator("#messages .msg.assistant .body").last
 
 
-def wait_until(page, expression, timeout=30.0):
+def wait_until(page, expression, timeout=60.0):
     """Polls a JavaScript expression from here: Playwright's wait_for_function evaluates its text with
     eval() inside the page, which the page's Content-Security-Policy refuses (as it should)."""
     deadline = time.time() + timeout
@@ -196,7 +198,7 @@ def wait_until(page, expression, timeout=30.0):
         page.wait_for_timeout(50)
 
 
-def wait_idle(page, timeout=30_000):
+def wait_idle(page, timeout=60_000):
     page.wait_for_selector("#stop", state="hidden", timeout=timeout)
 
 
@@ -217,7 +219,7 @@ def test_page_in_a_browser(server, browser):
     page.click("#settings summary")
     page.fill("#system", "You are a helpful assistant who answers briefly.")
     page.fill("#temperature", "0")
-    page.fill("#max-tokens", "40")
+    page.fill("#max-tokens", "32")
     page.fill("#seed", "7")
 
     # send: the answer streams in, its text growing while the Stop button shows
@@ -233,7 +235,7 @@ def test_page_in_a_browser(server, browser):
     seen = sorted(set(n for n in lengths if n > 0))
     assert len(seen) >= 3 and final, (seen, final)  # at least three partial texts before the end
     body = chats[-1]
-    assert body["stream"] is True and body["temperature"] == 0 and body["max_tokens"] == 40 and body["seed"] == 7
+    assert body["stream"] is True and body["temperature"] == 0 and body["max_tokens"] == 32 and body["seed"] == 7
     assert body["messages"] == [{"role": "system", "content": "You are a helpful assistant who answers briefly."},
                                 {"role": "user", "content": "Name three colours of the rainbow."}]
     screenshot(page, "web-chat.png")
@@ -247,7 +249,7 @@ def test_page_in_a_browser(server, browser):
 
     # the attention view of that exchange
     page.click("#messages .msg.assistant .attention")
-    page.wait_for_selector("#attention[data-ready='1']", timeout=30_000)
+    page.wait_for_selector("#attention[data-ready='1']", timeout=60_000)
     T = int(page.get_attribute("#attention", "data-tokens"))
     assert page.locator("#attn-grid canvas.thumb").count() == LAYERS * HEADS
     assert page.locator("#attn-tokens .tok").count() == T > 20
