@@ -24,6 +24,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -144,6 +145,22 @@ def test_explain_equals_the_command(server, tmp_path):
     assert len(got["tokens"]) == len(got["labels"]) == T
     assert set(got["summaries"]) == {"entropy", "first_token", "previous_token", "self"}
 
+    # Beside the scheduler's steps: the same bits while two answers are being generated.
+    def generate():
+        server.request("/v1/chat/completions", {"messages": CONVERSATION[:2], "max_tokens": 48, "temperature": 0.9,
+                                                "stream": True})
+    threads = [threading.Thread(target=generate) for _ in range(2)]
+    for t in threads:
+        t.start()
+    while server.metric("mhsa_batch_size") == 0 and any(t.is_alive() for t in threads):
+        time.sleep(0.02)
+    status, _, body = server.request("/v1/explain", {"messages": CONVERSATION})
+    busy = server.metric("mhsa_batch_size")
+    for t in threads:
+        t.join()
+    assert status == 200 and json.loads(body)["attention"] == got["attention"]
+    print(f"explained beside {busy:.0f} generating sequence(s)")
+
 
 def test_explain_refuses_hostile_input(server):
     def error(body, raw=False):
@@ -172,13 +189,23 @@ def test_explain_refuses_hostile_input(server):
     assert server.request("/health")[0] == 200
 
 
-def test_api_key_guards_the_api_not_the_page():
+def test_api_key_guards_the_api_not_the_page(browser):
     s = Server("--api-key", "sesame", "--parallel", "1", "--ctx-size", "1024")
     try:
         status, headers, body = s.request("/")
         assert status == 200 and headers["Content-Type"].startswith("text/html")
         assert s.request("/v1/explain", {"messages": CONVERSATION})[0] == 401
         assert s.request("/v1/explain", {"messages": CONVERSATION[:2]}, {"Authorization": "Bearer sesame"})[0] == 200
+        # the page: a 401 from /v1/models asks for the key, which then goes with every request
+        page = browser.new_page()
+        page.goto(s.url + "/")
+        page.wait_for_selector("#key-box", state="visible")
+        assert "401" in page.inner_text("#error")
+        page.fill("#api-key", "sesame")
+        page.click("#key-save")
+        wait_until(page, "document.getElementById('model-name').textContent.includes('context')")
+        assert page.is_hidden("#key-box") and page.is_hidden("#error")
+        page.close()
     finally:
         assert s.stop() == 0
 
