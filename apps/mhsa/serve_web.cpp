@@ -82,7 +82,8 @@ std::vector<ChatMessage> explain_messages(std::string_view body) {
   return messages;
 }
 
-// Base64 in the page's Content-Security-Policy: 'sha256-…' of each inline <tag> element's text.
+// The page's Content-Security-Policy sources for its inline <tag> elements: " 'sha256-<base64>'" of
+// each one's text. web_chat.html writes each tag only where it is used (its header comment says so).
 std::string element_hashes(const std::string& page, const std::string& tag) {
   std::string out;
   const std::string open = "<" + tag + ">", close = "</" + tag + ">";
@@ -106,8 +107,11 @@ WebChat::WebChat(const ServedModel& m, int threads) : m_(m), threads_(threads) {
   const auto per_token_pair = static_cast<double>(c.num_layers * c.num_heads * 4);
   max_tokens_ = std::min<int64_t>(m.context, static_cast<int64_t>(std::sqrt(static_cast<double>(kExplainBytes) / per_token_pair)));
   const std::string page = kWebChatHtml;
+  const std::string scripts = element_hashes(page, "script"), styles = element_hashes(page, "style");
+  if (scripts.empty() || styles.empty())  // as explain's missing data marker: a page edited wrongly
+    throw Error("mhsa serve: the built-in chat page has no inline script or style for its Content-Security-Policy");
   // Only the page's own script and style run; it may talk to this server and nothing else.
-  csp_ = "default-src 'none'; script-src" + element_hashes(page, "script") + "; style-src" + element_hashes(page, "style") +
+  csp_ = "default-src 'none'; script-src" + scripts + "; style-src" + styles +
          "; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 }
 

@@ -28,13 +28,10 @@ class WebChat {
   // every head's probabilities (docs/web-chat.md). Errors are ApiErrors naming the field.
   void explain(const httplib::Request& req, httplib::Response& res);
 
-  // The most tokens /v1/explain takes: every head's [T, T] probabilities within kExplainBytes.
-  int64_t max_tokens() const { return max_tokens_; }
-
  private:
   const ServedModel& m_;
   const int threads_;
-  int64_t max_tokens_ = 0;
+  int64_t max_tokens_ = 0;  // /v1/explain's bound: every head's [T, T] probabilities within kExplainBytes
   std::string csp_;
   std::mutex explain_mutex_;  // one explanation at a time: its memory is the bound, not a multiple
 };
