@@ -185,7 +185,8 @@ void WebChat::explain(const httplib::Request& req, httplib::Response& res) {
           for (int k = 0; k < 4; ++k) bytes.push_back(static_cast<uint8_t>(bits >> (8 * k)));
         }
   ojson out = {{"object", "explanation"}, {"model", m_.id}, {"tokens", texts}, {"labels", labels},
-               {"roles", roles}, {"ids", ids}, {"layers", c.num_layers}, {"heads", c.num_heads}};
+               {"roles", roles}, {"ids", ids}, {"layers", c.num_layers}, {"heads", c.num_heads},
+               {"embed_dim", c.hidden_size}, {"head_dim", c.head_dim}};
   const std::pair<const char*, double HeadSummary::*> metrics[] = {{"entropy", &HeadSummary::entropy},
       {"first_token", &HeadSummary::first_token}, {"previous_token", &HeadSummary::previous_token},
       {"self", &HeadSummary::self}};

@@ -135,6 +135,7 @@ def test_explain_equals_the_command(server, tmp_path):
     assert got["ids"] == want["ids"] and got["roles"] == want["roles"]
     assert [r for i, r in enumerate(got["roles"]) if i == 0 or got["roles"][i - 1] != r] == ["system", "user", "assistant"]
     assert (got["layers"], got["heads"]) == (LAYERS, HEADS) == (len(want["attention"]), len(want["attention"][0][0]))
+    assert (got["embed_dim"], got["head_dim"]) == (576, 64)
     T = len(got["ids"])
     rows, cols = np.tril_indices(T)
     exact = probabilities(got)
