@@ -164,12 +164,12 @@ def test_explain_equals_the_command(server, tmp_path):
 
 
 def test_explain_refuses_hostile_input(server):
-    def error(body, raw=False):
-        status, _, text = server.request("/v1/explain", body if raw else body)
+    def error(body):
+        status, _, text = server.request("/v1/explain", body)
         assert status == 400, (body, text)
         return json.loads(text)["error"]
 
-    assert "body" in error(b"{not json", raw=True)["message"]
+    assert "body" in error(b"{not json")["message"]
     assert error([1, 2])["param"] == "body"
     assert error({})["param"] == "messages"
     assert error({"messages": []})["param"] == "messages"
@@ -183,8 +183,7 @@ def test_explain_refuses_hostile_input(server):
     assert error({"messages": CONVERSATION, "layer": 3})["param"] == "layer"
     e = error({"messages": [{"role": "user", "content": "word " * 3000}]})  # past the view's token bound
     assert e["param"] == "messages" and re.search(r"expected at most \d+ tokens \(the attention view's limit", e["message"]), e
-    status, _, text = server.request("/v1/explain", b"[" * 100000, headers={})
-    assert status == 400, text[:200]
+    assert "nested" in error(b"[" * 100000)["message"]
     status, _, text = server.request("/v1/nowhere")
     assert status == 404 and "GET / (the web chat)" in json.loads(text)["error"]["message"]
     assert server.request("/health")[0] == 200
