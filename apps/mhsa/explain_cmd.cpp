@@ -31,6 +31,7 @@
 #include "commands.h"
 #include "default_model.h"
 #include "explain_report_html.h"
+#include "explain_tokens.h"
 #include "io/file.h"
 #include "mhsa/chat.h"
 #include "mhsa/error.h"
@@ -41,28 +42,6 @@
 #include "output.h"
 
 namespace mhsa::cli {
-namespace {
-
-namespace fs = std::filesystem;
-using detail::message;
-
-constexpr int64_t kThumbSize = 64;              // grid heatmaps are drawn 64 px wide
-constexpr int64_t kDetailBudget = 6 << 20;      // bytes of 8-bit detail for all heads: ~8 MB of base64
-constexpr int64_t kTraceEnds = 8;               // the walk-through shows the first and last 8 tokens
-constexpr int64_t kTextColumns = 96;            // the terminal heatmap pools longer prompts to this
-
-struct ExplainArgs {
-  std::string model, dtype;
-  std::string prompt, messages;
-  int64_t layer = 0;
-  int64_t head = 0;
-  std::string out;
-  std::string json;
-  std::string format = "html";
-  int threads = 0;
-};
-
-// ---- text helpers ----------------------------------------------------------------------------
 
 // A token's bytes as text: invalid UTF-8 becomes U+FFFD; spaces and control characters stay.
 std::string token_text(std::string_view bytes) {
@@ -101,21 +80,39 @@ std::string token_label(std::string_view text) {
   return s;
 }
 
-// Code points in a UTF-8 string (its width in a terminal, for the characters tokens hold).
-size_t width(std::string_view s) {
-  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
-}
-
-// `s` cut or padded to `w` terminal columns.
-std::string fit(const std::string& s, size_t w) {
-  if (width(s) <= w) return s + std::string(w - width(s), ' ');
-  std::string cut;
-  size_t n = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if ((s[i] & 0xC0) != 0x80 && ++n == w) break;
-    cut += s[i];
+// A conversation through the model's chat template (as transformers' apply_chat_template, no
+// generation prompt), its ids, and each token's role: the role of the message whose text it begins
+// in. A message's text ends where the conversation rendered up to it stops agreeing with the whole
+// one (templates render each message after the ones before it). The conversation must fit
+// max_tokens (`limit` says why, `who` begins the errors) before the prefixes are rendered:
+// rendering every prefix is quadratic in the number of messages. `mhsa explain --messages` and
+// `mhsa serve`'s /v1/explain both come here, so the two give the same tokens.
+std::vector<int32_t> conversation_ids(const Tokenizer& tok, const std::vector<ChatMessage>& messages, int64_t max_tokens,
+                                      std::string_view limit, std::string_view who, std::vector<std::string>& roles) {
+  if (tok.chat_template().empty())
+    throw Error(detail::message(who, ": expected a model with a chat template, got one without (use --prompt)"));
+  nlohmann::json list = nlohmann::json::array();
+  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  const std::string whole = tok.apply_chat_template(list.dump());
+  const std::vector<int32_t> ids = tok.encode(whole, EncodeOptions{false, true});
+  if (static_cast<int64_t>(ids.size()) > max_tokens)
+    throw Error(detail::message(who, ": expected at most ", max_tokens, " tokens (", limit, "), got ", ids.size(), " tokens"));
+  std::vector<size_t> ends(messages.size());
+  for (size_t k = 0; k + 1 < messages.size(); ++k) {  // the common prefix with the whole conversation
+    nlohmann::json prefix(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k + 1));
+    const std::string part = tok.apply_chat_template(prefix.dump());
+    size_t n = 0;
+    while (n < part.size() && n < whole.size() && part[n] == whole[n]) ++n;
+    ends[k] = n;
   }
-  return cut + "\u2026";
+  ends.back() = whole.size();
+  size_t at = 0, k = 0;
+  for (int32_t id : ids) {
+    while (k + 1 < ends.size() && at >= ends[k]) ++k;
+    roles.push_back(messages[k].role);
+    at += tok.token_bytes(id).size();
+  }
+  return ids;
 }
 
 std::string base64(const std::vector<uint8_t>& bytes) {
@@ -131,6 +128,46 @@ std::string base64(const std::vector<uint8_t>& bytes) {
     s += i + 2 < bytes.size() ? kDigits[n & 63] : '=';
   }
   return s;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+using detail::message;
+
+constexpr int64_t kThumbSize = 64;              // grid heatmaps are drawn 64 px wide
+constexpr int64_t kDetailBudget = 6 << 20;      // bytes of 8-bit detail for all heads: ~8 MB of base64
+constexpr int64_t kTraceEnds = 8;               // the walk-through shows the first and last 8 tokens
+constexpr int64_t kTextColumns = 96;            // the terminal heatmap pools longer prompts to this
+
+struct ExplainArgs {
+  std::string model, dtype;
+  std::string prompt, messages;
+  int64_t layer = 0;
+  int64_t head = 0;
+  std::string out;
+  std::string json;
+  std::string format = "html";
+  int threads = 0;
+};
+
+// ---- text helpers ----------------------------------------------------------------------------
+
+// Code points in a UTF-8 string (its width in a terminal, for the characters tokens hold).
+size_t width(std::string_view s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+}
+
+// `s` cut or padded to `w` terminal columns.
+std::string fit(const std::string& s, size_t w) {
+  if (width(s) <= w) return s + std::string(w - width(s), ' ');
+  std::string cut;
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((s[i] & 0xC0) != 0x80 && ++n == w) break;
+    cut += s[i];
+  }
+  return cut + "\u2026";
 }
 
 // ---- probabilities, pooled -------------------------------------------------------------------
@@ -354,14 +391,9 @@ void print_text(const std::vector<std::string>& labels, const Explanation& e, in
 
 // ---- the command -----------------------------------------------------------------------------
 
-// --messages: the conversation through the model's chat template (as transformers'
-// apply_chat_template, no generation prompt), its ids, and each token's role: the role of the
-// message whose text it begins in. A message's text ends where the conversation rendered up to it
-// stops agreeing with the whole one (templates render each message after the ones before it).
-// The conversation must fit the model's context (max_positions) before the prefixes are rendered:
-// rendering every prefix is quadratic in the number of messages.
-std::vector<int32_t> conversation_ids(const Tokenizer& tok, const std::string& path, int64_t max_positions,
-                                      std::vector<std::string>& roles) {
+// --messages: the conversation from a JSON file (or standard input), through conversation_ids.
+std::vector<int32_t> messages_file_ids(const Tokenizer& tok, const std::string& path, int64_t max_positions,
+                                       std::vector<std::string>& roles) {
   constexpr size_t kMaxBytes = size_t{16} << 20;  // as mhsa chat's --messages
   std::string text;
   if (path == "-") {
@@ -378,32 +410,8 @@ std::vector<int32_t> conversation_ids(const Tokenizer& tok, const std::string& p
                           f.size(), " bytes"));
     text = f.read_all();
   }
-  const std::vector<ChatMessage> messages = ChatSession::parse_messages(text);
-  if (tok.chat_template().empty())
-    throw Error("mhsa explain: --messages: expected a model with a chat template, got one without (use --prompt)");
-  nlohmann::json list = nlohmann::json::array();
-  for (const ChatMessage& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-  const std::string whole = tok.apply_chat_template(list.dump());
-  const std::vector<int32_t> ids = tok.encode(whole, EncodeOptions{false, true});
-  if (static_cast<int64_t>(ids.size()) > max_positions)
-    throw Error(message("mhsa explain: --messages: expected at most ", max_positions,
-                        " tokens (the model's context), got ", ids.size(), " tokens"));
-  std::vector<size_t> ends(messages.size());
-  for (size_t k = 0; k + 1 < messages.size(); ++k) {  // the common prefix with the whole conversation
-    nlohmann::json prefix(list.begin(), list.begin() + static_cast<std::ptrdiff_t>(k + 1));
-    const std::string part = tok.apply_chat_template(prefix.dump());
-    size_t n = 0;
-    while (n < part.size() && n < whole.size() && part[n] == whole[n]) ++n;
-    ends[k] = n;
-  }
-  ends.back() = whole.size();
-  size_t at = 0, k = 0;
-  for (int32_t id : ids) {
-    while (k + 1 < ends.size() && at >= ends[k]) ++k;
-    roles.push_back(messages[k].role);
-    at += tok.token_bytes(id).size();
-  }
-  return ids;
+  return conversation_ids(tok, ChatSession::parse_messages(text), max_positions, "the model's context",
+                          "mhsa explain: --messages", roles);
 }
 
 void run(ExplainArgs a) {
@@ -419,7 +427,7 @@ void run(ExplainArgs a) {
   // As `mhsa generate`: tokenizer.json as transformers' tokenizer(prompt) (BOS added).
   const std::vector<int32_t> ids =
       a.messages.empty() ? tok.encode(a.prompt, EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()})
-                         : conversation_ids(tok, a.messages, c.max_positions, roles);
+                         : messages_file_ids(tok, a.messages, c.max_positions, roles);
   const char* input = a.messages.empty() ? "--prompt" : "--messages";
   if (ids.empty()) throw Error(message("mhsa explain: ", input, ": expected some text, got an empty prompt"));
   if (static_cast<int64_t>(ids.size()) > c.max_positions)

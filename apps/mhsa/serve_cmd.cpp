@@ -1,7 +1,8 @@
 // apps/mhsa/serve_cmd.cpp — `mhsa serve`: an OpenAI-compatible HTTP server over one model
 // (POST /v1/completions, POST /v1/chat/completions with server-sent-event streaming, GET
 // /v1/models, /health, /metrics) that also answers Anthropic's Messages (POST /v1/messages) and
-// OpenAI's Responses (POST /v1/responses), on Debian's cpp-httplib. HTTP threads parse and validate
+// OpenAI's Responses (POST /v1/responses), with a web chat at / and its attention view's POST
+// /v1/explain (serve_web.h), on Debian's cpp-httplib. HTTP threads parse and validate
 // (serve_api.cpp) and stream; one scheduler thread owns the model (src/serve/scheduler.h).
 //
 // Binds to 127.0.0.1 unless --host says otherwise; --port 0 takes a free port. The line
@@ -41,6 +42,7 @@
 #include "serve_api.h"
 #include "serve_exchange.h"
 #include "serve_tools.h"
+#include "serve_web.h"
 
 namespace mhsa::cli {
 namespace {
@@ -75,7 +77,8 @@ constexpr int64_t kBlockTokens = 16;  // tokens per KV block
 class Metrics {
  public:
   void count(const std::string& path, int status) {
-    static const char* const known[] = {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"};
+    static const char* const known[] = {"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses",
+                                        "/v1/models", "/health", "/metrics", "/", "/v1/explain"};
     std::string label = "other";
     for (const char* k : known)
       if (path == k) label = k;
@@ -212,7 +215,7 @@ bool same_secret(const std::string& a, const std::string& b) {
 class Server {
  public:
   Server(const ServeArgs& a, ServedModel served, serve::Scheduler& scheduler)
-      : args_(a), m_(std::move(served)), scheduler_(scheduler) {
+      : args_(a), m_(std::move(served)), scheduler_(scheduler), web_(m_, a.threads) {
     const size_t threads = std::max(kMinHttpThreads, static_cast<size_t>(a.parallel) + static_cast<size_t>(a.queue) + 4);
     http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     http_.set_payload_max_length(kMaxBodyBytes);
@@ -246,7 +249,9 @@ class Server {
           return httplib::Server::HandlerResponse::Handled;
         }
       }
-      if (args_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      // The chat page holds no secret: it asks for the key and sends it with its requests.
+      if (args_.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
+        return httplib::Server::HandlerResponse::Unhandled;
       // OpenAI's clients send the key as a bearer token, Anthropic's as x-api-key.
       if (same_secret(req.get_header_value("Authorization"), "Bearer " + args_.api_key) ||
           (req.has_header("x-api-key") && same_secret(req.get_header_value("x-api-key"), args_.api_key)))
@@ -260,7 +265,8 @@ class Server {
       ApiError e{res.status, message("HTTP error ", res.status), res.status >= 500 ? "server_error" : "invalid_request_error", "", ""};
       if (res.status == 404)
         e.message = message("Unknown request: ", req.method, " ", dump(json(req.path.substr(0, 200))),
-                            " (endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, GET /v1/models, GET /health, GET /metrics)");
+                            " (endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, "
+                            "GET /v1/models, GET /health, GET /metrics, GET / (the web chat), POST /v1/explain)");
       if (res.status == 413) e.message = message("The request body is larger than ", kMaxBodyBytes, " bytes");
       send_error(res, e);
       return httplib::Server::HandlerResponse::Handled;
@@ -285,6 +291,8 @@ class Server {
                           {"context_length", m_.context}};
       res.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
     });
+    http_.Get("/", [this](const httplib::Request&, httplib::Response& res) { web_.page(res); });
+    http_.Post("/v1/explain", [this](const httplib::Request& req, httplib::Response& res) { web_.explain(req, res); });
     http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
     });
@@ -585,6 +593,7 @@ class Server {
   std::atomic<int64_t> next_id_{0};
   std::mutex echo_mutex_;  // one echoed prompt scored at a time
   const int64_t started_ = unix_time();
+  WebChat web_;  // after m_, which it reads
 };
 
 void run(const ServeArgs& a) {
