@@ -3,7 +3,9 @@
 // content as a string or input_text/output_text parts), `instructions`, `max_output_tokens`,
 // temperature, top_p, streaming as the Responses events (response.created, ...,
 // response.output_text.delta, ..., response.completed). Nothing is stored: `store: true`,
-// `previous_response_id` and tools are refused by name, as is any field the API does not have.
+// `previous_response_id` and hosted tools are refused by name, as is any field the API does not
+// have. Function tools work as in chat completions (serve_tools.h): function_call and
+// function_call_output items in, function_call items out.
 #include <random>
 #include <set>
 
@@ -59,38 +61,59 @@ class ResponsesExchange final : public Exchange {
 
   ojson settings;  // the request's settings, echoed in the response object as OpenAI does
 
-  std::string answer(const Outcome& o) override { return dump(response(o, status(o))); }
+  std::string answer(const Outcome& o) override {
+    ojson items = ojson::array();
+    if (!o.text.empty() || o.calls.empty()) items.push_back(message_item(item_id_, status(o), {text_part(o.text)}));
+    for (const ToolCall& c : o.calls) items.push_back(call_item(c, "completed"));
+    return dump(response(o, status(o), std::move(items)));
+  }
 
+  // Each event is one statement: the operands of + are evaluated in no fixed order, and each event
+  // takes the next sequence number.
   std::string begin(int64_t) override {
-    const ojson r = response(Outcome{}, "in_progress");
-    ojson item = message_item("in_progress", ojson::array());
-    // One statement each: the operands of + are evaluated in no fixed order, and each event takes
-    // the next sequence number.
+    const ojson r = response(Outcome{}, "in_progress", ojson::array());
     std::string out = event("response.created", {{"response", r}});
     out += event("response.in_progress", {{"response", r}});
-    out += event("response.output_item.added", {{"output_index", 0}, {"item", item}});
-    out += event("response.content_part.added",
-                 {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}, {"part", text_part("")}});
     return out;
   }
 
+  // Output items are opened as their content comes: a message for text, a function_call per call.
   std::string piece(std::string_view text) override {
-    return event("response.output_text.delta", {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0},
+    std::string out;
+    if (message_ < 0) {
+      message_ = static_cast<int>(items_.size());
+      items_.push_back(message_item(message_id(), "in_progress", ojson::array()));
+      out += event("response.output_item.added", {{"output_index", message_}, {"item", items_.back()}});
+      out += event("response.content_part.added", {{"item_id", message_id()}, {"output_index", message_},
+                                                   {"content_index", 0}, {"part", text_part("")}});
+    }
+    text_ += text;
+    out += event("response.output_text.delta", {{"item_id", message_id()}, {"output_index", message_}, {"content_index", 0},
                                                 {"delta", std::string(text)}, {"logprobs", ojson::array()}});
+    return out;
   }
 
-  std::string call(const ToolCall&) override { return {}; }  // (no tools in Responses yet)
+  std::string call(const ToolCall& c) override {
+    std::string out = close_message();
+    const int index = static_cast<int>(items_.size());
+    ojson item = call_item(c, "in_progress");
+    item["arguments"] = "";
+    out += event("response.output_item.added", {{"output_index", index}, {"item", item}});
+    out += event("response.function_call_arguments.delta",
+                 {{"item_id", item["id"]}, {"output_index", index}, {"delta", c.arguments}});
+    out += event("response.function_call_arguments.done",
+                 {{"item_id", item["id"]}, {"output_index", index}, {"name", c.name}, {"arguments", c.arguments}});
+    items_.push_back(call_item(c, "completed"));
+    out += event("response.output_item.done", {{"output_index", index}, {"item", items_.back()}});
+    return out;
+  }
 
   std::string end(const Outcome& o) override {
-    const char* st = status(o);
-    std::string out = event("response.output_text.done", {{"item_id", item_id_}, {"output_index", 0},
-                                                          {"content_index", 0}, {"text", o.text},
-                                                          {"logprobs", ojson::array()}});
-    out += event("response.content_part.done",
-                 {{"item_id", item_id_}, {"output_index", 0}, {"content_index", 0}, {"part", text_part(o.text)}});
-    out += event("response.output_item.done", {{"output_index", 0}, {"item", message_item(st, {text_part(o.text)})}});
+    std::string out;
+    if (items_.empty()) out += piece("");  // an answer without text or calls is one empty message
+    out += close_message(status(o));
     out += event(std::string("response.") + (o.finish == serve::Finish::length ? "incomplete" : "completed"),
-                 {{"response", response(o, st)}});
+                 {{"response", response(o, status(o), items_)}});
     return out;
   }
 
@@ -100,19 +123,38 @@ class ResponsesExchange final : public Exchange {
   }
 
  private:
+  std::string close_message(const char* st = "completed") {
+    if (message_ < 0) return {};
+    const ojson part = text_part(text_);
+    std::string out = event("response.output_text.done", {{"item_id", message_id()}, {"output_index", message_},
+                                                          {"content_index", 0}, {"text", text_}, {"logprobs", ojson::array()}});
+    out += event("response.content_part.done",
+                 {{"item_id", message_id()}, {"output_index", message_}, {"content_index", 0}, {"part", part}});
+    items_[static_cast<size_t>(message_)] = message_item(message_id(), st, {part});
+    out += event("response.output_item.done", {{"output_index", message_}, {"item", items_[static_cast<size_t>(message_)]}});
+    message_ = -1;
+    text_.clear();
+    ++messages_;
+    return out;
+  }
+  // The first message item has the response's message id; text after a call opens another.
+  std::string message_id() const { return messages_ == 0 ? item_id_ : item_id_ + "_" + std::to_string(messages_); }
   static const char* status(const Outcome& o) { return o.finish == serve::Finish::length ? "incomplete" : "completed"; }
   static ojson text_part(const std::string& text) {
     return {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}, {"logprobs", ojson::array()}};
   }
-  ojson message_item(const char* status, ojson content) const {
-    return {{"id", item_id_}, {"type", "message"}, {"status", status}, {"role", "assistant"}, {"content", std::move(content)}};
+  static ojson message_item(const std::string& id, const char* status, ojson content) {
+    return {{"id", id}, {"type", "message"}, {"status", status}, {"role", "assistant"}, {"content", std::move(content)}};
   }
-  ojson response(const Outcome& o, const char* st) const {
+  static ojson call_item(const ToolCall& c, const char* status) {
+    return {{"id", "fc_" + (c.id.rfind("call_", 0) == 0 ? c.id.substr(5) : c.id)}, {"type", "function_call"},
+            {"status", status}, {"arguments", c.arguments}, {"call_id", c.id}, {"name", c.name}};
+  }
+  ojson response(const Outcome& o, const char* st, ojson items) const {
     const bool done = o.finish != serve::Finish::running;
     ojson r = {{"id", id_}, {"object", "response"}, {"created_at", created_}, {"status", st}, {"error", nullptr},
                {"incomplete_details", o.finish == serve::Finish::length ? ojson{{"reason", "max_output_tokens"}} : ojson(nullptr)},
-               {"model", m_.id},
-               {"output", done ? ojson::array({message_item(st, {text_part(o.text)})}) : ojson::array()}};
+               {"model", m_.id}, {"output", std::move(items)}};
     for (const auto& [k, v] : settings.items()) r[k] = v;
     r["usage"] = done ? ojson{{"input_tokens", o.prompt_tokens},
                               {"input_tokens_details", {{"cached_tokens", o.cached_tokens}}},
@@ -132,7 +174,41 @@ class ResponsesExchange final : public Exchange {
   const std::string id_, item_id_;
   const int64_t created_;
   int64_t sequence_ = 0;
+  ojson items_ = ojson::array();  // the stream's output items, in order
+  int message_ = -1;              // the open message item's index
+  int messages_ = 0;              // message items closed
+  std::string text_;              // the open message's text
 };
+
+// Responses' tools and tool_choice as chat completions' (parse_tools' input).
+json chat_tools(const json& b) {
+  json out = json::object();
+  if (const json* v = field(b, "tools")) {
+    if (!v->is_array()) bad_field("tools", "an array of {\"type\": \"function\", \"name\", \"parameters\"} objects", *v);
+    json list = json::array();
+    for (size_t i = 0; i < v->size(); ++i) {
+      const json& t = (*v)[i];
+      const std::string at = message("tools[", i, "]");
+      if (!t.is_object()) bad_field(at, "a {\"type\": \"function\", \"name\", \"parameters\"} object", t);
+      if (const json* type = field(t, "type"); !type || *type != "function")
+        unsupported_field(at + ".type", message("a tool of type ", type ? type->dump() : "null", " (only functions)"));
+      only_known_fields(t, {"type", "name", "description", "parameters", "strict"}, at);
+      json f = json::object();
+      for (const char* key : {"name", "description", "parameters", "strict"})
+        if (const json* x = field(t, key)) f[key] = *x;
+      list.push_back({{"type", "function"}, {"function", f}});
+    }
+    out["tools"] = list;
+  }
+  if (const json* c = field(b, "tool_choice")) {
+    if (c->is_object() && c->value("type", "") == "function" && c->contains("name"))
+      out["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*c)["name"]}}}};
+    else
+      out["tool_choice"] = *c;
+  }
+  if (const json* p = field(b, "parallel_tool_calls")) out["parallel_tool_calls"] = *p;
+  return out;
+}
 
 std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, const ResponseIds& ids) {
   json b;
@@ -155,10 +231,6 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
   if (field(b, "conversation")) unsupported_field("conversation", "stored conversations");
   if (field(b, "prompt")) unsupported_field("prompt", "stored prompt templates");
   if (boolean_field(b, "background", false)) unsupported_field("background", "running in the background");
-  if (const json* v = field(b, "tools"); v && !(v->is_array() && v->empty())) unsupported_field("tools", "tool use");
-  if (const json* v = field(b, "tool_choice"); v && !(v->is_string() && (*v == "auto" || *v == "none")))
-    unsupported_field("tool_choice", "a tool choice other than \"auto\" or \"none\"");
-  boolean_field(b, "parallel_tool_calls", true);
   if (field(b, "max_tool_calls")) unsupported_field("max_tool_calls", "tool use");
   if (const json* v = field(b, "reasoning"); v && !(v->is_object() && v->empty())) unsupported_field("reasoning", "reasoning options");
   if (const json* v = field(b, "include"); v && !(v->is_array() && v->empty())) unsupported_field("include", "extra output data");
@@ -183,19 +255,51 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
     boolean_field(*v, "include_obfuscation", false);  // no obfuscation padding is sent either way
   }
 
-  std::vector<ChatMessage> messages;
-  if (const json* v = field(b, "instructions")) messages.push_back({"system", string_field(*v, "instructions")});
+  // The conversation in chat completions' shape: function_call items as an assistant's
+  // tool_calls, function_call_output items as tool messages.
+  json messages = json::array();
+  bool tool_items = false;
+  if (const json* v = field(b, "instructions")) messages.push_back({{"role", "system"}, {"content", string_field(*v, "instructions")}});
   const json* input = field(b, "input");
   if (!input) bad_field("input", "a string or an array of input items", json());
   if (input->is_string()) {
-    messages.push_back({"user", input->get<std::string>()});
+    messages.push_back({{"role", "user"}, {"content", input->get<std::string>()}});
   } else if (input->is_array() && !input->empty()) {
     for (size_t i = 0; i < input->size(); ++i) {
       const json& item = (*input)[i];
       const std::string where = message("input[", i, "]");
       if (!item.is_object()) bad_field(where, "a message item {\"role\", \"content\"}", item);
-      if (const json* t = field(item, "type"); t && string_field(*t, where + ".type") != "message")
-        unsupported_field(where + ".type", message("a ", t->dump(), " item (only messages)"));
+      const json* t = field(item, "type");
+      const std::string type = t ? string_field(*t, where + ".type") : "message";
+      if (type == "function_call") {
+        only_known_fields(item, {"type", "id", "call_id", "name", "arguments", "status"}, where);
+        const std::string arguments = string_field(item.value("arguments", json()), where + ".arguments");
+        bool object = false;
+        try {
+          object = detail::parse_json(arguments, "request", where + ".arguments", "JSON").is_object();
+        } catch (const Error&) {
+        }
+        if (!object) bad_field(where + ".arguments", "JSON text of an object", json(arguments));
+        const json call = {{"id", string_field(item.value("call_id", json()), where + ".call_id")}, {"type", "function"},
+                           {"function", {{"name", string_field(item.value("name", json()), where + ".name")},
+                                         {"arguments", arguments}}}};
+        if (!messages.empty() && messages.back()["role"] == "assistant" && messages.back().contains("tool_calls"))
+          messages.back()["tool_calls"].push_back(call);
+        else
+          messages.push_back({{"role", "assistant"}, {"content", ""}, {"tool_calls", json::array({call})}});
+        tool_items = true;
+        continue;
+      }
+      if (type == "function_call_output") {
+        only_known_fields(item, {"type", "id", "call_id", "output", "status"}, where);
+        const json* out = field(item, "output");
+        if (!out) bad_field(where + ".output", "a string", json());
+        messages.push_back({{"role", "tool"}, {"tool_call_id", string_field(item.value("call_id", json()), where + ".call_id")},
+                            {"content", out->is_string() ? out->get<std::string>() : content_text(*out, where + ".output", "user")}});
+        tool_items = true;
+        continue;
+      }
+      if (type != "message") unsupported_field(where + ".type", message("a ", json(type).dump(), " item"));
       only_known_fields(item, {"type", "role", "content", "id", "status"}, where);
       const json* role = field(item, "role");
       if (!role || !role->is_string() || (*role != "user" && *role != "assistant" && *role != "system" && *role != "developer"))
@@ -204,14 +308,22 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
       const json* content = field(item, "content");
       if (!content) bad_field(where + ".content", "a string or an array of content parts", json());
       // Chat templates know a system role, not OpenAI's developer role: the same place in the prompt.
-      messages.push_back({r == "developer" ? "system" : r, content_text(*content, where + ".content", r)});
+      messages.push_back({{"role", r == "developer" ? "system" : r}, {"content", content_text(*content, where + ".content", r)}});
     }
   } else {
     bad_field("input", "a string or a non-empty array of input items", *input);
   }
 
   serve::Request& r = x->request;
-  r.prompt = encode_conversation(m, std::move(messages), r.end_ids, "input");
+  auto tools = std::make_shared<ToolRequest>(parse_tools(chat_tools(b)));
+  if (!tools->tools.empty() || tool_items) {
+    r.prompt = prepare_tool_request(m, messages, *tools, r);
+    if (tools->active()) x->tools = tools;
+  } else {
+    std::vector<ChatMessage> plain;
+    for (const json& msg : messages) plain.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
+    r.prompt = encode_conversation(m, std::move(plain), r.end_ids, "input");
+  }
   const int64_t prompt = static_cast<int64_t>(r.prompt.size()), room = m.context - prompt;
   if (room < 1)
     throw ApiError{400, message("Your input exceeds the context window of this model: ", prompt, " tokens, and the context is ",
@@ -241,7 +353,7 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
   s["temperature"] = o.temperature;
   s["text"] = {{"format", {{"type", "text"}}}};
   s["tool_choice"] = field(b, "tool_choice") ? ojson(b["tool_choice"]) : ojson("auto");
-  s["tools"] = ojson::array();
+  s["tools"] = field(b, "tools") ? ojson(b["tools"]) : ojson::array();
   s["top_p"] = o.top_p;
   s["truncation"] = "disabled";
   s["user"] = field(b, "user") ? ojson(b["user"]) : ojson(nullptr);

@@ -222,10 +222,13 @@ def test_responses_mistakes_are_400s_naming_the_field(server):
     cases = [
         ({"store": True}, "store"),
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "function", "name": "f", "parameters": []}]}, "tools[0].function.parameters"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"frobnicate": 1}, "frobnicate"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{no"}]},
+         "input[0].arguments"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
         ({"input": []}, "input"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
@@ -330,5 +333,23 @@ def test_the_default_model_answers_through_both_apis():
         answer = s.anthropic().messages.create(model="x", max_tokens=40, messages=history, tools=tools, extra_body=GREEDY)
         assert answer.content[0].type == "text" and answer.content[0].text
         assert answer.stop_reason in ("end_turn", "max_tokens")
+        # The same through Responses: a function_call item, streamed as its events, and its output answered.
+        rtools = [{"type": "function", "name": "get_weather", "description": tools[0]["description"],
+                   "parameters": tools[0]["input_schema"]}]
+        o = s.openai()
+        kw = dict(model="x", tools=rtools, tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
+                  max_output_tokens=40)
+        rr = o.responses.create(input=weather, **kw)
+        (fc,) = [item for item in rr.output if item.type == "function_call"]
+        assert fc.name == "get_weather" and isinstance(json.loads(fc.arguments), dict) and fc.status == "completed"
+        events = list(o.responses.create(input=weather, stream=True, **kw))
+        assert [(e.name, e.arguments) for e in events if e.type == "response.function_call_arguments.done"] == \
+            [(fc.name, fc.arguments)]
+        assert [i.type for i in events[-1].response.output] == [i.type for i in rr.output]
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        followed = weather + [fc.model_dump(exclude_none=True),
+                              {"type": "function_call_output", "call_id": fc.call_id, "output": "21 degrees and clear"}]
+        rr2 = o.responses.create(model="x", input=followed, tools=rtools, temperature=0, max_output_tokens=40)
+        assert rr2.output_text and rr2.output[0].type == "message"
     finally:
         assert s.stop() == 0
