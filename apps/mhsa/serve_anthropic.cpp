@@ -4,8 +4,9 @@
 // top_p, top_k, streaming as Anthropic's events (message_start, content_block_start, ping,
 // content_block_delta, content_block_stop, message_delta, message_stop; `error` on a failure).
 // As Anthropic's API does, a field it does not know is refused (400) by name; fields mhsa does
-// not implement (tools, images, extended thinking, a final assistant message to continue) are
-// refused by name too, never ignored.
+// not implement (server tools, images, extended thinking) are
+// refused by name too, never ignored. A final assistant message is continued (a prefill).
+#include <cctype>
 #include <random>
 #include <set>
 
@@ -321,9 +322,10 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
       messages.push_back({{"role", "user"}, {"content", text}});
     }
   }
-  if ((*v)[v->size() - 1].value("role", "") == "assistant")
-    unsupported_field(message("messages[", v->size() - 1, "]"),
-                      "a final assistant message (continuing it; end with a user message)");
+  // A final assistant message is a prefill: the answer continues it (and leaves it out).
+  const bool prefill = (*v)[v->size() - 1].value("role", "") == "assistant";
+  if (prefill && (tool_blocks || field(b, "tools")))
+    unsupported_field(message("messages[", v->size() - 1, "]"), "a final assistant message with tools");
 
   serve::Request& r = x->request;
   auto tools = std::make_shared<ToolRequest>(parse_tools(openai_tools(b)));
@@ -333,7 +335,11 @@ std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, con
   } else {
     std::vector<ChatMessage> plain;
     for (const json& msg : messages) plain.push_back({msg["role"].get<std::string>(), msg["content"].get<std::string>()});
-    r.prompt = encode_conversation(m, std::move(plain), r.end_ids, "messages");
+    // As Anthropic's API: a prefill ending in whitespace would leave the answer mid-token.
+    if (prefill && !plain.back().content.empty() && std::isspace(static_cast<unsigned char>(plain.back().content.back())))
+      bad_field(message("messages[", v->size() - 1, "].content"), "final assistant content without trailing whitespace",
+                json(plain.back().content));
+    r.prompt = encode_conversation(m, std::move(plain), r.end_ids, "messages", prefill);
   }
   const json* mt = field(b, "max_tokens");
   if (!mt) bad_field("max_tokens", "an integer ≥ 1 (required)", json());

@@ -276,10 +276,26 @@ ojson logprobs_value(const ServedModel& m, bool chat, const std::vector<serve::T
 }  // namespace
 
 std::vector<int32_t> encode_conversation(const ServedModel& m, std::vector<ChatMessage> messages,
-                                         std::vector<int32_t>& end_ids, const std::string& param) {
+                                         std::vector<int32_t>& end_ids, const std::string& param, bool continue_final) {
   if (!m.chat)
     throw ApiError{400, "this model has no chat template (chat_template in tokenizer_config.json or chat_template.jinja): use /v1/completions",
                    "invalid_request_error", param, "no_chat_template"};
+  if (continue_final) {  // the last message left open: transformers' continue_final_message
+    try {
+      json list = json::array();
+      for (const ChatMessage& msg : messages) list.push_back({{"role", msg.role}, {"content", msg.content}});
+      ChatTemplateOptions o;
+      o.continue_final_message = "content";
+      const std::string text =
+          m.tokenizer->apply_chat_template(list.dump(-1, ' ', false, json::error_handler_t::strict), o);
+      end_ids = m.chat->end_of_turn_ids();
+      return m.tokenizer->encode(text, EncodeOptions{false, true});
+    } catch (const json::exception&) {
+      throw ApiError{400, message(param, ": expected UTF-8 text, got invalid UTF-8"), "invalid_request_error", param, ""};
+    } catch (const Error& e) {
+      throw ApiError{400, message(param, ": ", e.what()), "invalid_request_error", param, ""};
+    }
+  }
   std::lock_guard lock(*m.chat_mutex);
   try {
     m.chat->set_messages(std::move(messages));

@@ -56,10 +56,12 @@ struct ParsedRequest {
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat);
 
 // A conversation's ids through the model's chat template, and the tokens that end an answer.
-// `param`: the request's field the messages came from, named in errors. Throws ApiError (no
-// template; the template's own errors).
+// `param`: the request's field the messages came from, named in errors. continue_final: the last
+// message is left open for the answer to go on (no generation prompt; transformers'
+// continue_final_message). Throws ApiError (no template; the template's own errors).
 std::vector<int32_t> encode_conversation(const ServedModel& m, std::vector<ChatMessage> messages,
-                                         std::vector<int32_t>& end_ids, const std::string& param);
+                                         std::vector<int32_t>& end_ids, const std::string& param,
+                                         bool continue_final = false);
 
 // The prompt's log-probabilities for `echo` (mhsa::score_tokens): one entry per token, the first
 // with a NaN log-probability (null in JSON: nothing precedes it), text offsets in code points.

@@ -20,7 +20,7 @@ import pytest
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
@@ -135,6 +135,19 @@ def test_messages_multi_turn_and_stop_sequences(server, chat_dir, rng):
     assert f.stop_reason == "stop_sequence" and f.stop_sequence == stop
 
 
+def test_a_final_assistant_message_is_continued(server, chat_dir, rng):
+    """A prefill: the answer goes on from the assistant's words, as /v1/completions goes on from
+    the conversation rendered with transformers' continue_final_message."""
+    messages = [{"role": "user", "content": words(rng, 5)}, {"role": "assistant", "content": words(rng, 3)}]
+    tok = transformers.AutoTokenizer.from_pretrained(chat_dir)
+    rendered = tok.apply_chat_template(messages, continue_final_message=True, tokenize=False)
+    c = server.anthropic()
+    m = c.messages.create(model="x", max_tokens=12, messages=messages, extra_body=GREEDY)
+    completion = server.openai().completions.create(model=chat_dir.name, prompt=rendered, max_tokens=12, temperature=0)
+    assert m.content[0].text == completion.choices[0].text
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == completion.usage.prompt_tokens
+
+
 def test_messages_mistakes_are_400s_naming_the_field(server):
     c = server.anthropic()
     base = {"model": "x", "max_tokens": 5, "messages": [{"role": "user", "content": "Hello"}]}
@@ -145,7 +158,7 @@ def test_messages_mistakes_are_400s_naming_the_field(server):
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
-        ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The"}]}, "messages[1]"),
+        ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The "}]}, "messages[1].content"),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages[0].content[0].type"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
         ({"messages": []}, "messages"),
