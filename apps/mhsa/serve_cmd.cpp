@@ -382,9 +382,10 @@ class Server {
     http_.set_payload_max_length(kMaxBodyBytes);
     http_.set_read_timeout(kReadTimeoutSeconds, 0);
     http_.set_keep_alive_timeout(kReadTimeoutSeconds);
-    http_.set_socket_options([](socket_t sock) {  // not httplib's SO_REUSEPORT: a port in use is an error
+    http_.set_socket_options([this](socket_t sock) {  // not httplib's SO_REUSEPORT: a port in use is an error
       const int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;  // the last one tried is the one bound
     });
     http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       t_request = RequestRecord{std::chrono::steady_clock::now(), true, message("req-", ++next_id_), -1, -1, 0};
@@ -487,6 +488,10 @@ class Server {
     if (port <= 0)
       throw Error(message("mhsa serve: --host/--port: expected an address to listen on, got ", args_.host, ":", args_.port,
                           " (cannot bind: in use, or not an address of this machine)"));
+    // httplib listens with a backlog of 5: a burst of new connections beyond it waited for the
+    // client's SYN retransmission, 1 s and more (600 connections opened at once took 15 s). Listening
+    // again sets the backlog (Linux; capped by net.core.somaxconn).
+    ::listen(listen_socket_, SOMAXCONN);
     return port;
   }
   void listen() { http_.listen_after_bind(); }
@@ -707,6 +712,7 @@ class Server {
   httplib::Server http_;
   Metrics metrics_;
   AccessLog log_;
+  socket_t listen_socket_ = -1;
   std::atomic<int64_t> next_id_{0};
   std::mutex echo_mutex_;  // one echoed prompt scored, or one embeddings request run, at a time
   const int64_t started_ = unix_time();
