@@ -122,7 +122,7 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& b, int64_t vocab) 
 
 // What mhsa serve does with each field of OpenAI's requests (its API reference, checked December
 // 2026), so that no field is silently dropped: a field in none of these lists is a 400 naming it.
-// Read by parse_common and friends:
+// Read (parse_common, completion_prompt, chat_prompt, parse_request):
 constexpr std::string_view kCommonFields[] = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
                                               "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
                                               "logprobs", "top_logprobs", "n"};
@@ -164,7 +164,8 @@ constexpr Unimplemented kUnimplementedFields[] = {
     {"store", "[false]", "storing completions"},
     {"service_tier", R"(["auto", "default"])", "a service tier other than auto or default"},
 };
-// Fields of a chat message: role and content are read; the others are tool calling's.
+// Fields of a chat message: role and content are read; the others (tool calling's, a participant's
+// name, an assistant's refusal or audio) are refused unless neutral.
 constexpr std::string_view kMessageFields[] = {"role", "content"};
 constexpr Unimplemented kUnimplementedMessageFields[] = {
     {"name", "[]", "a participant's name"},
