@@ -17,10 +17,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
-#include <ctime>
-#include <deque>
-#include <functional>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -45,6 +41,7 @@
 #include "options.h"
 #include "serve/scheduler.h"
 #include "serve_api.h"
+#include "serve_http.h"
 
 namespace mhsa::cli {
 namespace {
@@ -54,13 +51,6 @@ using detail::message;
 using serve::Finish;
 
 constexpr size_t kMaxBodyBytes = size_t{1} << 20;
-// cpp-httplib gives each connection a thread of its task queue until the connection closes, and a
-// connection holds it while httplib waits for its bytes (up to the read timeout between two reads:
-// a client that trickles its headers holds it as long as it trickles). A fixed pool of 256 let 900
-// connections that sent only their headers delay a request by 11.6 s, 900 trickling ones by 60 s
-// (bench/serve_slow_clients.py); so a thread per connection, started as connections come, up to
-// kMaxHttpThreads (then they queue). Idle threads cost address space, not memory, and are kept.
-constexpr size_t kMaxHttpThreads = 4096;
 constexpr size_t kDrainBytes = size_t{64} << 20;  // larger declared bodies: 413 at once, unread
 constexpr time_t kReadTimeoutSeconds = 2;  // between two reads of one request (and a kept-alive connection's next)
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
@@ -230,135 +220,6 @@ void send_error_and_close(httplib::Response& res, const ApiError& e) {
     sink.done();
     return false;
   });
-}
-
-// A thread per connection (see kMaxHttpThreads): a task waits only when every thread is busy and
-// there are kMaxHttpThreads of them.
-class ConnectionThreads : public httplib::TaskQueue {
- public:
-  void enqueue(std::function<void()> fn) override {
-    std::lock_guard lock(mutex_);
-    tasks_.push_back(std::move(fn));
-    if (idle_ < tasks_.size() && threads_.size() < kMaxHttpThreads)
-      threads_.emplace_back([this] { work(); });
-    else
-      wake_.notify_one();
-  }
-  void shutdown() override {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_all();
-    for (std::thread& t : threads_) t.join();  // threads_ no longer grows: no enqueue after shutdown
-  }
-
- private:
-  void work() {
-    std::unique_lock lock(mutex_);
-    while (true) {
-      ++idle_;
-      wake_.wait(lock, [this] { return !tasks_.empty() || stopping_; });
-      --idle_;
-      if (tasks_.empty()) return;  // stopping, and nothing left
-      std::function<void()> task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      lock.lock();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::function<void()>> tasks_;
-  std::vector<std::thread> threads_;
-  size_t idle_ = 0;
-  bool stopping_ = false;
-};
-
-// Access-log lines, written by a thread of their own so that a stderr that blocks (a full pipe)
-// holds back that thread and not the HTTP threads; past kBacklog lines waiting, lines are dropped
-// and the count written when it catches up.
-class AccessLog {
- public:
-  explicit AccessLog(bool on) {
-    if (on) writer_ = std::thread([this] { write_lines(); });
-  }
-  ~AccessLog() {
-    if (!writer_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
-    writer_.join();
-  }
-  bool on() const { return writer_.joinable(); }
-  void add(std::string line) {
-    {
-      std::lock_guard lock(mutex_);
-      if (lines_.size() >= kBacklog) {
-        ++dropped_;
-        return;
-      }
-      lines_.push_back(std::move(line));
-    }
-    wake_.notify_one();
-  }
-
- private:
-  static constexpr size_t kBacklog = 4096;
-  void write_lines() {
-    std::unique_lock lock(mutex_);
-    while (true) {
-      wake_.wait(lock, [this] { return !lines_.empty() || stopping_; });
-      if (lines_.empty()) return;
-      std::deque<std::string> batch;
-      batch.swap(lines_);
-      const int64_t dropped = std::exchange(dropped_, 0);
-      lock.unlock();
-      std::string text;
-      if (dropped > 0) text += message("mhsa serve: ", dropped, " access-log lines dropped (stderr was not keeping up)\n");
-      for (const std::string& line : batch) text += line;
-      std::fwrite(text.data(), 1, text.size(), stderr);
-      lock.lock();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<std::string> lines_;
-  int64_t dropped_ = 0;
-  bool stopping_ = false;
-  std::thread writer_;
-};
-
-// A request target or method as the log writes it: printable ASCII, no spaces, at most 200 bytes.
-std::string loggable(std::string_view s) {
-  std::string out;
-  static const char hex[] = "0123456789ABCDEF";
-  for (const char c : s.substr(0, 200)) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u > 0x20 && u < 0x7f && c != '%' && c != '"')
-      out += c;
-    else
-      out += {'%', hex[u >> 4], hex[u & 15]};
-  }
-  return s.size() > 200 ? out + "..." : out;
-}
-
-// The UTC time as 2026-12-07T11:40:00.123Z.
-std::string utc_now() {
-  const auto now = std::chrono::system_clock::now();
-  const time_t secs = std::chrono::system_clock::to_time_t(now);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
-  return buf;
 }
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
