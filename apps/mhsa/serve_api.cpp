@@ -1,6 +1,6 @@
 // apps/mhsa/serve_api.cpp — see serve_api.h. Fields are checked as OpenAI checks them (types,
-// ranges, n = 1); unknown fields are ignored, as OpenAI ignores them; options mhsa does not
-// implement are refused when set to anything but their neutral value, never silently dropped.
+// ranges, n = 1); a field mhsa does not read is refused (400 naming it) unless it has no effect on
+// the answer (`user`) or is set to its neutral value (`n: 1`, `tools: []`), never silently dropped.
 // Log-probabilities: `logprobs: N` (0..5) for completions, `logprobs: true` with `top_logprobs: N`
 // (0..20) for chat; a token's text is its bytes, or "bytes:\xNN..." when they are not valid UTF-8
 // (a piece of a character), as OpenAI writes them.
@@ -9,8 +9,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/check.h"
@@ -69,11 +72,107 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& b, int64_t vocab) 
   return out;
 }
 
+// What mhsa serve does with each field of OpenAI's requests (its API reference, checked December
+// 2026), so that no field is silently dropped: a field in none of these lists is a 400 naming it.
+// Read (parse_common, completion_prompt, chat_prompt, parse_request):
+constexpr std::string_view kCommonFields[] = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
+                                              "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
+                                              "logprobs", "top_logprobs", "n"};
+constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "best_of", "suffix"};
+constexpr std::string_view kChatFields[] = {"messages", "max_completion_tokens", "tools", "tool_choice",
+                                            "parallel_tool_calls"};
+// Accepted and without effect on the answer: who the end user is (for a provider's abuse
+// monitoring), tags for stored completions, a hint for the provider's prompt cache (mhsa's is keyed
+// by the tokens themselves). Their types are still checked.
+struct Ignored {
+  std::string_view name;
+  bool chat_only;
+  json::value_t type;
+  std::string_view expected;
+};
+constexpr Ignored kIgnoredFields[] = {{"user", false, json::value_t::string, "a string"},
+                                      {"metadata", true, json::value_t::object, "an object"},
+                                      {"prompt_cache_key", true, json::value_t::string, "a string"},
+                                      {"safety_identifier", true, json::value_t::string, "a string"}};
+// Not implemented: a 400 naming the field unless it is absent, null or one of the values that
+// mean "not used" (OpenAI's defaults). One place, so that an entry goes when its feature lands.
+struct Unimplemented {
+  std::string_view name;
+  std::string_view neutral;  // a JSON array of the accepted values
+  std::string_view what;     // "… is not supported by mhsa serve"
+};
+constexpr Unimplemented kUnimplementedFields[] = {
+    {"functions", "[[]]", "function calling"},
+    {"function_call", R"(["none"])", "function calling"},
+    {"response_format", R"([{"type": "text"}])", "structured output (response_format other than text)"},
+    {"modalities", R"([["text"]])", "output other than text"},
+    {"audio", "[]", "audio output"},
+    {"prediction", "[]", "predicted outputs"},
+    {"reasoning_effort", "[]", "reasoning effort"},
+    {"verbosity", R"(["medium"])", "verbosity other than medium"},
+    {"web_search_options", "[]", "web search"},
+    {"store", "[false]", "storing completions"},
+    {"service_tier", R"(["auto", "default"])", "a service tier other than auto or default"},
+};
+// Fields of a chat message: role, content and tool calling's are read (serve_tools.cpp); the others
+// (a participant's name, an assistant's refusal or audio) are refused unless neutral.
+constexpr std::string_view kMessageFields[] = {"role", "content", "tool_calls", "tool_call_id"};
+constexpr Unimplemented kUnimplementedMessageFields[] = {
+    {"name", "[]", "a participant's name"},
+    {"function_call", "[]", "function calling"},
+    {"refusal", "[]", "a refusal"},
+    {"audio", "[]", "audio"},
+};
+
+bool listed(std::span<const std::string_view> names, std::string_view key) {
+  return std::find(names.begin(), names.end(), key) != names.end();
+}
+
+// A field name as it may be quoted in a message and in `param` (any bytes a client sends).
+std::string field_name(const std::string& key) { return key.size() > 64 ? key.substr(0, 64) + "..." : key; }
+
+// A field of an unimplemented feature set to something else than its neutral values: 400.
+// Returns false when `key` is not in `table`.
+template <size_t N>
+bool check_unimplemented(const Unimplemented (&table)[N], const std::string& key, const json& value,
+                         const std::string& param) {
+  for (const Unimplemented& u : table) {
+    if (u.name != key) continue;
+    if (value.is_null()) return true;
+    for (const json& ok : json::parse(u.neutral))
+      if (ok == value) return true;
+    throw ApiError{400, message(param, ": ", u.what, " is not supported by mhsa serve (got ", json_excerpt(value),
+                                u.neutral == "[]" ? ")" : message("; accepted: ", u.neutral.substr(1, u.neutral.size() - 2), ")")),
+                   "invalid_request_error", param, "unsupported_parameter"};
+  }
+  return false;
+}
+
+[[noreturn]] void unrecognized(const std::string& param) {
+  throw ApiError{400, message("Unrecognized request argument supplied: ", param, " (mhsa serve implements ",
+                              "the fields listed in docs/serving.md)"),
+                 "invalid_request_error", param, "unknown_parameter"};
+}
+
+// Every field of the body is one this endpoint reads, accepts without effect, or refuses.
+void check_fields(const json& b, bool chat) {
+  for (const auto& [key, value] : b.items()) {
+    if (listed(kCommonFields, key) || (chat ? listed(kChatFields, key) : listed(kCompletionFields, key))) continue;
+    const auto ignored = std::find_if(std::begin(kIgnoredFields), std::end(kIgnoredFields),
+                                      [&](const Ignored& f) { return f.name == key && (chat || !f.chat_only); });
+    if (ignored != std::end(kIgnoredFields)) {
+      if (!value.is_null() && value.type() != ignored->type) bad_field(key, std::string(ignored->expected), value);
+      continue;
+    }
+    if (chat && check_unimplemented(kUnimplementedFields, key, value, key)) continue;
+    unrecognized(field_name(key));
+  }
+}
+
 // The settings both endpoints share.
 void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest& p) {
-  if (const json* v = field(b, "model"); v && string_field(*v, "model") != m.id)
-    throw ApiError{404, message("The model ", detail::printable(v->get<std::string>()), " does not exist: this server serves ", m.id),
-                   "invalid_request_error", "model", "model_not_found"};
+  check_fields(b, chat);
+  if (const json* v = field(b, "model")) string_field(*v, "model");  // any name: see ServedModel::aliases
   if (integer_field(b, "n", 1, 1, 128) != 1) unsupported_field("n", "more than one choice");
   if (!chat && integer_field(b, "best_of", 1, 1, 20) != 1) unsupported_field("best_of", "more than one candidate");
   p.echo = !chat && boolean_field(b, "echo", false);
@@ -109,6 +208,14 @@ void parse_common(const json& b, const ServedModel& m, bool chat, ParsedRequest&
   if (const json* v = field(b, "stream_options")) {
     if (!v->is_object()) bad_field("stream_options", "an object", *v);
     p.include_usage = boolean_field(*v, "include_usage", false);
+    for (const auto& [key, value] : v->items()) {
+      if (key == "include_usage") continue;
+      if (key == "include_obfuscation") {  // random padding against length side channels
+        if (boolean_field(*v, "include_obfuscation", false)) unsupported_field("stream_options.include_obfuscation", "true");
+        continue;
+      }
+      unrecognized("stream_options." + field_name(key));
+    }
   }
 }
 
@@ -146,6 +253,38 @@ std::vector<int32_t> completion_prompt(const json& b, const ServedModel& m) {
   return ids;
 }
 
+// A JSON body that must be an object.
+json parse_body(std::string_view body) {
+  json b;
+  try {
+    b = detail::parse_json(body, "request", "body", "a JSON object");
+  } catch (const Error& e) {
+    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
+  }
+  if (!b.is_object()) bad_field("body", "a JSON object", b);
+  return b;
+}
+
+// Every field of b is one of `known` (with `ignored`: accepted, without effect).
+void only_fields(const json& b, std::span<const std::string_view> known) {
+  for (const auto& [key, value] : b.items())
+    if (!listed(known, key)) unrecognized(field_name(key));
+}
+
+// A list of token ids, each in [0, vocab): a 400 naming the first index out of range.
+std::vector<int32_t> token_ids(const json& v, const std::string& param, int64_t vocab) {
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const json& t = v[i];
+    if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() >= static_cast<uint64_t>(vocab)) ||
+        t.get<int64_t>() < 0 || t.get<int64_t>() >= vocab)
+      bad_field(message(param, "[", i, "]"), message("a token id in [0, ", vocab, ")"), t);
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
+
 // The conversation's ids through the chat template, and the tokens that end an answer.
 std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vector<int32_t>& end_ids) {
   if (!m.chat)
@@ -161,6 +300,7 @@ std::vector<int32_t> chat_prompt(const json& b, const ServedModel& m, std::vecto
     if (!msg.is_object()) bad_field(where, "an object with \"role\" and \"content\"", msg);
     const json* role = field(msg, "role");
     if (!role) bad_field(where + ".role", "a string", json());
+    check_message_fields(msg, where);
     ChatMessage out{string_field(*role, where + ".role"), ""};
     if (const json* content = field(msg, "content"); content && content->is_array()) {  // parts: text only
       for (size_t k = 0; k < content->size(); ++k) {
@@ -187,7 +327,10 @@ std::vector<int32_t> tool_prompt(const json& b, const ServedModel& m, std::vecto
   bool tool_messages = false;
   if (messages && messages->is_array())
     for (const json& msg : *messages)
-      tool_messages |= msg.is_object() && ((msg.contains("role") && msg["role"] == "tool") || field(msg, "tool_calls"));
+      if (msg.is_object()) {
+        const json* calls = field(msg, "tool_calls");
+        tool_messages |= (msg.contains("role") && msg["role"] == "tool") || (calls && !(calls->is_array() && calls->empty()));
+      }
   if (tools->tools.empty() && !tool_messages) return {};
   if (!messages || !messages->is_array() || messages->empty())
     bad_field("messages", "a non-empty array of {\"role\", \"content\"} objects", messages ? *messages : json());
@@ -224,6 +367,20 @@ std::string token_text(const std::string& bytes) {
   for (const char c : bytes) {
     const auto u = static_cast<unsigned char>(c);
     out += {'\\', 'x', hex[u >> 4], hex[u & 15]};
+  }
+  return out;
+}
+
+// RFC 4648 base64, with padding.
+std::string base64(std::string_view bytes) {
+  static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const size_t n = std::min<size_t>(3, bytes.size() - i);
+    uint32_t v = 0;
+    for (size_t k = 0; k < 3; ++k) v = v << 8 | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
+    for (size_t k = 0; k < 4; ++k) out += k <= n ? digits[(v >> (18 - 6 * k)) & 63] : '=';
   }
   return out;
 }
@@ -275,6 +432,13 @@ ojson logprobs_value(const ServedModel& m, bool chat, const std::vector<serve::T
 
 }  // namespace
 
+void check_message_fields(const json& msg, const std::string& where) {
+  for (const auto& [key, value] : msg.items())
+    if (!listed(kMessageFields, key) &&
+        !check_unimplemented(kUnimplementedMessageFields, key, value, message(where, ".", field_name(key))))
+      unrecognized(message(where, ".", field_name(key)));
+}
+
 std::vector<int32_t> encode_conversation(const ServedModel& m, std::vector<ChatMessage> messages,
                                          std::vector<int32_t>& end_ids, const std::string& param, bool continue_final) {
   if (!m.chat)
@@ -314,13 +478,7 @@ ojson error_json(const ApiError& e) {
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat) {
-  json b;
-  try {
-    b = detail::parse_json(body, "request", "body", "a JSON object");
-  } catch (const Error& e) {
-    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
-  }
-  if (!b.is_object()) bad_field("body", "a JSON object", b);
+  const json b = parse_body(body);
   ParsedRequest p;
   parse_common(b, m, chat, p);
   serve::Request& r = p.request;
@@ -356,6 +514,119 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
   r.options.max_new_tokens = max_tokens;
   r.options.stop_at_eos = true;
   return p;
+}
+
+ojson tokenize_json(std::string_view body, const ServedModel& m) {
+  const json b = parse_body(body);
+  constexpr std::string_view known[] = {"content", "prompt", "add_special", "parse_special", "with_pieces", "model"};
+  only_fields(b, known);
+  if (field(b, "content") && field(b, "prompt"))
+    throw ApiError{400, "prompt: expected \"content\" or \"prompt\", got both", "invalid_request_error", "prompt", ""};
+  const char* key = field(b, "prompt") ? "prompt" : "content";
+  const json* v = field(b, key);
+  if (!v) bad_field("content", "a string", json());
+  const std::string text = string_field(*v, key);
+  const bool add_special = boolean_field(b, "add_special", false), parse_special = boolean_field(b, "parse_special", true),
+             pieces = boolean_field(b, "with_pieces", false);
+  if (const json* model = field(b, "model")) string_field(*model, "model");
+  const Tokenizer& tok = *m.tokenizer;
+  const std::vector<int32_t> ids = tok.encode(text, EncodeOptions{add_special && tok.is_tokenizer_json(), parse_special});
+  ojson tokens = ojson::array();
+  for (const int32_t id : ids) {
+    if (!pieces) {
+      tokens.push_back(id);
+      continue;
+    }
+    const std::string bytes = tok.token_bytes(id);
+    ojson piece = bytes;
+    if (text::lossy_utf8(bytes) != bytes) {
+      piece = ojson::array();
+      for (const char c : bytes) piece.push_back(static_cast<unsigned char>(c));
+    }
+    tokens.push_back({{"id", id}, {"piece", std::move(piece)}});
+  }
+  return {{"tokens", std::move(tokens)}};
+}
+
+ojson detokenize_json(std::string_view body, const ServedModel& m) {
+  const json b = parse_body(body);
+  constexpr std::string_view known[] = {"tokens", "model"};
+  only_fields(b, known);
+  const json* v = field(b, "tokens");
+  if (!v || !v->is_array()) bad_field("tokens", "an array of token ids", v ? *v : json());
+  if (const json* model = field(b, "model")) string_field(*model, "model");
+  const std::vector<int32_t> ids = token_ids(*v, "tokens", m.tokenizer->vocab_size());
+  return {{"content", m.tokenizer->decode(ids)}};
+}
+
+EmbeddingRequest parse_embeddings(std::string_view body, const ServedModel& m) {
+  const json b = parse_body(body);
+  constexpr std::string_view known[] = {"input", "model", "encoding_format", "dimensions", "user"};
+  only_fields(b, known);
+  if (const json* model = field(b, "model")) string_field(*model, "model");
+  if (const json* user = field(b, "user")) string_field(*user, "user");
+  EmbeddingRequest r;
+  if (const json* v = field(b, "encoding_format")) {
+    const std::string f = string_field(*v, "encoding_format");
+    if (f != "float" && f != "base64") bad_field("encoding_format", "\"float\" or \"base64\"", *v);
+    r.base64 = f == "base64";
+  }
+  const int64_t width = m.model->config().hidden_size;
+  if (const json* v = field(b, "dimensions"); v && integer_field(b, "dimensions", width, 1, width) != width)
+    unsupported_field("dimensions", message("a width other than the model's (", width, ")"));
+  const json* v = field(b, "input");
+  const std::string what = message("a string, an array of at most ", kMaxEmbeddingInputs,
+                                   " strings, an array of token ids, or an array of such arrays");
+  if (!v) bad_field("input", what, json());
+  const Tokenizer& tok = *m.tokenizer;
+  const int64_t vocab = m.model->config().vocab_size;
+  const auto one = [&](const json& x, const std::string& param) {
+    std::vector<int32_t> ids;
+    if (x.is_string()) {
+      ids = tok.encode(x.get<std::string>(), EncodeOptions{tok.is_tokenizer_json(), tok.is_tokenizer_json()});
+    } else if (x.is_array()) {
+      ids = token_ids(x, param, vocab);
+    } else {
+      bad_field(param, "a string or an array of token ids", x);
+    }
+    if (ids.empty()) bad_field(param, "a non-empty input (at least one token)", x);
+    if (static_cast<int64_t>(ids.size()) > m.context)
+      throw ApiError{400, message(param, ": expected at most ", m.context, " tokens (the context), got ", ids.size()),
+                     "invalid_request_error", param, "context_length_exceeded"};
+    r.inputs.push_back(std::move(ids));
+  };
+  if (v->is_string() || (v->is_array() && !v->empty() && v->front().is_number())) {
+    one(*v, "input");
+  } else if (v->is_array() && !v->empty() && v->size() <= kMaxEmbeddingInputs) {
+    for (size_t i = 0; i < v->size(); ++i) one((*v)[i], message("input[", i, "]"));
+  } else {
+    bad_field("input", what, *v);
+  }
+  int64_t total = 0;
+  for (const std::vector<int32_t>& ids : r.inputs) total += static_cast<int64_t>(ids.size());
+  if (total > kMaxEmbeddingTokens)
+    throw ApiError{400, message("input: expected at most ", kMaxEmbeddingTokens, " tokens in all, got ", total),
+                   "invalid_request_error", "input", ""};
+  return r;
+}
+
+ojson embeddings_json(const ServedModel& m, const EmbeddingRequest& r, const std::vector<std::vector<float>>& vectors) {
+  ojson data = ojson::array();
+  int64_t tokens = 0;
+  for (size_t i = 0; i < vectors.size(); ++i) {
+    tokens += static_cast<int64_t>(r.inputs[i].size());
+    ojson embedding;
+    if (r.base64) {
+      std::string bytes(vectors[i].size() * sizeof(float), '\0');  // little-endian, as x86-64 and AArch64 store it
+      std::memcpy(bytes.data(), vectors[i].data(), bytes.size());
+      embedding = base64(bytes);
+    } else {
+      embedding = vectors[i];
+    }
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(embedding)}});
+  }
+  return {{"object", "list"}, {"data", std::move(data)}, {"model", m.id},
+          {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
 }
 
 int64_t code_points(std::string_view text) {

@@ -2,7 +2,8 @@
 // checked field by field into a serve::Request (or an ApiError with the status and the
 // OpenAI-style error body), and the JSON of completions, chat completions and their stream chunks
 // (log-probabilities included: `logprobs` objects in OpenAI's two shapes, completions' and chat's).
-// Responses are ordered_json: keys in OpenAI's order, top_logprobs dicts most likely first.
+// Responses are ordered_json: keys in OpenAI's order, top_logprobs dicts most likely first. Also
+// the bodies of /tokenize, /detokenize and /v1/embeddings (their pooling: serve_cmd.cpp).
 // No HTTP here (serve_cmd.cpp) and no scheduling (src/serve/scheduler.h).
 #pragma once
 
@@ -31,6 +32,9 @@ std::string dump(const nlohmann::ordered_json& j);
 // to render and encode conversations; null when the tokenizer has none) and the context limit.
 struct ServedModel {
   std::string id;  // the name in /v1/models and in responses
+  // Other names /v1/models lists for it (--alias, the weights file's stem, "default"). A request
+  // may name any model, listed or not: it gets this one (many tools hard-code a model's name).
+  std::vector<std::string> aliases;
   const Model* model = nullptr;
   const Tokenizer* tokenizer = nullptr;
   ChatSession* chat = nullptr;
@@ -55,6 +59,10 @@ struct ParsedRequest {
 // Parses the body of POST /v1/completions (chat = false) or /v1/chat/completions. Throws ApiError.
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat);
 
+// Every field of a chat message is one mhsa reads, or an unimplemented one at a neutral value;
+// else a 400 naming it (`where`: "messages[i]"). Throws ApiError.
+void check_message_fields(const nlohmann::json& msg, const std::string& where);
+
 // A conversation's ids through the model's chat template, and the tokens that end an answer.
 // `param`: the request's field the messages came from, named in errors. continue_final: the last
 // message is left open for the answer to go on (no generation prompt; transformers'
@@ -62,6 +70,31 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
 std::vector<int32_t> encode_conversation(const ServedModel& m, std::vector<ChatMessage> messages,
                                          std::vector<int32_t>& end_ids, const std::string& param,
                                          bool continue_final = false);
+
+// POST /tokenize (llama-server's shape): {"content" (or "prompt"): text, "add_special": false,
+// "parse_special": true, "with_pieces": false} → {"tokens": [id, ...]}, or with_pieces
+// {"tokens": [{"id", "piece"}, ...]}, a piece its text or, when its bytes are not valid UTF-8 (part
+// of a character), the list of its bytes. add_special: the tokenizer's BOS/EOS as `mhsa tokenize`
+// adds them; parse_special: special tokens written in the text become their ids. Throws ApiError.
+nlohmann::ordered_json tokenize_json(std::string_view body, const ServedModel& m);
+// POST /detokenize: {"tokens": [id, ...]} → {"content": text}, special tokens' text included. An id
+// outside the tokenizer's vocabulary is a 400 naming its index. Throws ApiError.
+nlohmann::ordered_json detokenize_json(std::string_view body, const ServedModel& m);
+
+// POST /v1/embeddings (OpenAI's shape): `input` a string, strings, token ids or lists of ids (at
+// most kMaxEmbeddingInputs, each non-empty and within the context, kMaxEmbeddingTokens in all);
+// `encoding_format` float or base64 (little-endian float32); `dimensions` only the model's width.
+// Strings are encoded as /v1/completions encodes a prompt.
+constexpr size_t kMaxEmbeddingInputs = 2048;       // as OpenAI
+constexpr int64_t kMaxEmbeddingTokens = 1 << 16;  // a bound on one request's work (OpenAI's: 300,000)
+struct EmbeddingRequest {
+  std::vector<std::vector<int32_t>> inputs;  // each input's ids
+  bool base64 = false;
+};
+EmbeddingRequest parse_embeddings(std::string_view body, const ServedModel& m);
+// The response: one embedding per input, in order; usage.prompt_tokens the inputs' tokens.
+nlohmann::ordered_json embeddings_json(const ServedModel& m, const EmbeddingRequest& r,
+                                       const std::vector<std::vector<float>>& vectors);
 
 // The prompt's log-probabilities for `echo` (mhsa::score_tokens): one entry per token, the first
 // with a NaN log-probability (null in JSON: nothing precedes it), text offsets in code points.

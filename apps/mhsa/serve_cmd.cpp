@@ -1,9 +1,10 @@
 // apps/mhsa/serve_cmd.cpp — `mhsa serve`: an OpenAI-compatible HTTP server over one model
-// (POST /v1/completions, POST /v1/chat/completions with server-sent-event streaming, GET
-// /v1/models, /health, /metrics) that also answers Anthropic's Messages (POST /v1/messages) and
-// OpenAI's Responses (POST /v1/responses), with a web chat at / and its attention view's POST
-// /v1/explain (serve_web.h), on Debian's cpp-httplib. HTTP threads parse and validate
-// (serve_api.cpp) and stream; one scheduler thread owns the model (src/serve/scheduler.h).
+// (POST /v1/completions, POST /v1/chat/completions with server-sent-event streaming, POST
+// /v1/embeddings, POST /tokenize and /detokenize, GET /v1/models, /health, /metrics) that also
+// answers Anthropic's Messages (POST /v1/messages) and OpenAI's Responses (POST /v1/responses),
+// with a web chat at / and its attention view's POST /v1/explain (serve_web.h), on Debian's
+// cpp-httplib. HTTP threads parse and validate (serve_api.cpp) and stream; one scheduler thread
+// owns the model's generation (src/serve/scheduler.h). One access-log line per request on stderr.
 //
 // Binds to 127.0.0.1 unless --host says otherwise; --port 0 takes a free port. The line
 // "mhsa serve: listening on http://HOST:PORT ..." on stdout says it is ready. SIGINT or SIGTERM:
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -37,10 +39,12 @@
 #include "default_model.h"
 #include "mhsa/chat.h"
 #include "mhsa/error.h"
+#include "mhsa/evaluate.h"
 #include "options.h"
 #include "serve/scheduler.h"
 #include "serve_api.h"
 #include "serve_exchange.h"
+#include "serve_http.h"
 #include "serve_tools.h"
 #include "serve_web.h"
 
@@ -52,17 +56,15 @@ using detail::message;
 using serve::Finish;
 
 constexpr size_t kMaxBodyBytes = size_t{1} << 20;
-// cpp-httplib gives each connection a thread of its pool until its request is read, so that
-// clients silent after their headers held every thread for the read timeout (5 s each: 64 of them
-// delayed a request by ~19 s). Idle threads cost address space, not memory: enough of them that a
-// few hundred silent connections do not queue the others, and a shorter wait for their bytes.
-constexpr size_t kMinHttpThreads = 256;
 constexpr size_t kDrainBytes = size_t{64} << 20;  // larger declared bodies: 413 at once, unread
 constexpr time_t kReadTimeoutSeconds = 2;  // between two reads of one request (and a kept-alive connection's next)
 constexpr auto kPoll = std::chrono::milliseconds(100);  // how often a waiting stream looks at its client
+constexpr int64_t kEmbeddingBatchTokens = 4096;  // padded rows per embeddings forward at most
 
 struct ServeArgs {
   std::string model, host = "127.0.0.1", api_key, dtype, kv_dtype = "f32", kv_alloc = "auto";
+  std::vector<std::string> aliases;
+  std::string log_requests = "on";
   int port = 8080, parallel = 4, queue = 16, threads = 0;
   int64_t ctx_size = 0, kv_blocks = 0;
   bool no_prefix_sharing = false;
@@ -78,7 +80,8 @@ class Metrics {
  public:
   void count(const std::string& path, int status) {
     static const char* const known[] = {"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses",
-                                        "/v1/models", "/health", "/metrics", "/", "/v1/explain"};
+                                        "/v1/embeddings",  "/tokenize",            "/detokenize",  "/v1/models",
+                                        "/health",         "/metrics",             "/",            "/v1/explain"};
     std::string label = "other";
     for (const char* k : known)
       if (path == k) label = k;
@@ -194,9 +197,35 @@ class Metrics {
   int64_t latency_count_ = 0, first_count_ = 0;
 };
 
+// What the access log says of the request a thread serves: httplib runs a request's handlers, its
+// content provider and its logger on the connection's thread, one request after another.
+struct RequestRecord {
+  std::chrono::steady_clock::time_point start;
+  bool started = false;  // the headers were read (pre-routing ran); else no duration
+  std::string id;
+  int64_t prompt_tokens = -1, completion_tokens = -1;  // −1: not a generation, or not known
+  int64_t streamed_bytes = 0;                          // a content provider's bytes
+};
+thread_local RequestRecord t_request;
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump(error_json(e)), "application/json");
+}
+
+// An error answered before the body is read, on a connection then closed, so that what follows the
+// headers is not read as a next request (a client that sent "Content-Length: -5" and a body waited
+// 2 s for the close). httplib closes a connection whose content provider fails: the body goes as
+// one whole chunk, then the provider reports failure.
+void send_error_and_close(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_header("Connection", "close");
+  auto body = std::make_shared<const std::string>(dump(error_json(e)));
+  res.set_chunked_content_provider("application/json", [body](size_t, httplib::DataSink& sink) {
+    if (sink.write(body->data(), body->size())) t_request.streamed_bytes += static_cast<int64_t>(body->size());
+    sink.done();
+    return false;
+  });
 }
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
@@ -215,17 +244,18 @@ bool same_secret(const std::string& a, const std::string& b) {
 class Server {
  public:
   Server(const ServeArgs& a, ServedModel served, serve::Scheduler& scheduler)
-      : args_(a), m_(std::move(served)), scheduler_(scheduler), web_(m_, a.threads) {
-    const size_t threads = std::max(kMinHttpThreads, static_cast<size_t>(a.parallel) + static_cast<size_t>(a.queue) + 4);
-    http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+      : args_(a), m_(std::move(served)), scheduler_(scheduler), web_(m_, a.threads), log_(a.log_requests == "on") {
+    http_.new_task_queue = [] { return new ConnectionThreads(); };
     http_.set_payload_max_length(kMaxBodyBytes);
     http_.set_read_timeout(kReadTimeoutSeconds, 0);
     http_.set_keep_alive_timeout(kReadTimeoutSeconds);
-    http_.set_socket_options([](socket_t sock) {  // not httplib's SO_REUSEPORT: a port in use is an error
+    http_.set_socket_options([this](socket_t sock) {  // not httplib's SO_REUSEPORT: a port in use is an error
       const int yes = 1;
       setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      listen_socket_ = sock;  // the last one tried is the one bound
     });
     http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      t_request = RequestRecord{std::chrono::steady_clock::now(), true, message("req-", ++next_id_), -1, -1, 0};
       // Before the body is read (httplib reads it after this handler): a Content-Length past the
       // limit was answered only once the body had been read and dropped (5 s for a client that
       // sent none), and "-5" was read as 2^64 − 5 ("larger than 1048576 bytes"). A body of up to
@@ -236,16 +266,15 @@ class Server {
         const bool digits = !length.empty() && length.size() <= 19 &&
                             std::all_of(length.begin(), length.end(), [](char c) { return c >= '0' && c <= '9'; });
         if (!digits) {
-          send_error(res, {400, message("Content-Length: expected a decimal byte count, got ",
-                                        dump(json(length.substr(0, 40)))),
-                           "invalid_request_error", "", ""});
-        } else if (std::stoull(length) > kDrainBytes) {
-          send_error(res, {413, message("The request body is larger than ", kMaxBodyBytes, " bytes (Content-Length: ",
-                                        length, ")"),
-                           "invalid_request_error", "", ""});
+          send_error_and_close(res, {400, message("Content-Length: expected a decimal byte count, got ",
+                                                  dump(json(length.substr(0, 40)))),
+                                     "invalid_request_error", "", ""});
+          return httplib::Server::HandlerResponse::Handled;
         }
-        if (res.status == 400 || res.status == 413) {
-          res.set_header("Connection", "close");
+        if (std::stoull(length) > kDrainBytes) {
+          send_error_and_close(res, {413, message("The request body is larger than ", kMaxBodyBytes,
+                                                  " bytes (Content-Length: ", length, ")"),
+                                     "invalid_request_error", "", ""});
           return httplib::Server::HandlerResponse::Handled;
         }
       }
@@ -261,12 +290,14 @@ class Server {
       return httplib::Server::HandlerResponse::Handled;
     });
     http_.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;  // already an API error
+      if (!res.body.empty() || res.content_provider_)  // already an API error (send_error_and_close's a provider)
+        return httplib::Server::HandlerResponse::Unhandled;
       ApiError e{res.status, message("HTTP error ", res.status), res.status >= 500 ? "server_error" : "invalid_request_error", "", ""};
       if (res.status == 404)
         e.message = message("Unknown request: ", req.method, " ", dump(json(req.path.substr(0, 200))),
                             " (endpoints: POST /v1/completions, POST /v1/chat/completions, POST /v1/messages, POST /v1/responses, "
-                            "GET /v1/models, GET /health, GET /metrics, GET / (the web chat), POST /v1/explain)");
+                            "POST /v1/embeddings, POST /tokenize, POST /detokenize, GET /v1/models, GET /health, GET /metrics, "
+                            "GET / (the web chat), POST /v1/explain)");
       if (res.status == 413) e.message = message("The request body is larger than ", kMaxBodyBytes, " bytes");
       send_error(res, e);
       return httplib::Server::HandlerResponse::Handled;
@@ -281,15 +312,41 @@ class Server {
       }
       send_error(res, {500, "Internal error: " + what, "server_error", "", ""});
     });
-    http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) { metrics_.count(req.path, res.status); });
+    http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics_.count(req.path, res.status);
+      if (log_.on()) log_.add(access_line(req, res));
+      t_request = RequestRecord{};
+    });
     http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
     http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
     http_.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) { converse(req, res, kAnthropicMessages); });
     http_.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { converse(req, res, kOpenAiResponses); });
+    http_.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) { embeddings(req, res); });
+    http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        res.set_content(dump(tokenize_json(req.body, m_)), "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    });
+    http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      try {
+        res.set_content(dump(detokenize_json(req.body, m_)), "application/json");
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    });
     http_.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      const json model = {{"id", m_.id}, {"object", "model"}, {"created", started_}, {"owned_by", "mhsa"},
-                          {"context_length", m_.context}};
-      res.set_content(dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
+      // The served id first, then its other names (every name, listed or not, gets this model).
+      json data = json::array();
+      for (const std::string& name : names()) {
+        json model = {{"id", name}, {"object", "model"}, {"created", started_}, {"owned_by", "mhsa"},
+                      {"context_length", m_.context}, {"embedding_width", m_.model->config().hidden_size},
+                      {"embedding_pooling", "mean of the final norm's output over the input's tokens, L2-normalised"}};
+        if (name != m_.id) model["root"] = m_.id;
+        data.push_back(std::move(model));
+      }
+      res.set_content(dump({{"object", "list"}, {"data", std::move(data)}}), "application/json");
     });
     http_.Get("/", [this](const httplib::Request&, httplib::Response& res) { web_.page(res); });
     http_.Post("/v1/explain", [this](const httplib::Request& req, httplib::Response& res) { web_.explain(req, res); });
@@ -307,12 +364,95 @@ class Server {
     if (port <= 0)
       throw Error(message("mhsa serve: --host/--port: expected an address to listen on, got ", args_.host, ":", args_.port,
                           " (cannot bind: in use, or not an address of this machine)"));
+    // httplib listens with a backlog of 5: a burst of new connections beyond it waited for the
+    // client's SYN retransmission, 1 s and more (600 connections opened at once took 15 s). Listening
+    // again sets the backlog (Linux; capped by net.core.somaxconn).
+    ::listen(listen_socket_, SOMAXCONN);
     return port;
   }
   void listen() { http_.listen_after_bind(); }
   void stop() { http_.stop(); }
 
  private:
+  // The served id and its aliases, each once, in that order.
+  std::vector<std::string> names() const {
+    std::vector<std::string> out{m_.id};
+    for (const std::string& a : m_.aliases)
+      if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+    return out;
+  }
+
+  // time=… id=… client=ADDR:PORT method=… path=… status=… bytes=… [prompt_tokens=… completion_tokens=…]
+  // duration=SECONDS (from the headers read to the last byte written); never a body or a header.
+  std::string access_line(const httplib::Request& req, const httplib::Response& res) const {
+    const RequestRecord& r = t_request;
+    std::string line = message("time=", utc_now(), " id=", r.id.empty() ? "-" : r.id, " client=", req.remote_addr, ":",
+                               req.remote_port, " method=", loggable(req.method), " path=", loggable(req.path),
+                               " status=", res.status, " bytes=", static_cast<int64_t>(res.body.size()) + r.streamed_bytes);
+    if (r.prompt_tokens >= 0) line += message(" prompt_tokens=", r.prompt_tokens);
+    if (r.completion_tokens >= 0) line += message(" completion_tokens=", r.completion_tokens);
+    if (r.started) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count();
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.3f", s);
+      line += message(" duration=", buf);
+    }
+    return line + "\n";
+  }
+
+  // Mean pooling over the final norm's output, L2-normalised: what sentence-transformers' mean
+  // pooling gives for a decoder, with no instruction or last-token convention to guess. Inputs are
+  // run in batches of right-padded rows (causal: the padding changes no input's rows), one
+  // request at a time on this thread, as echo's prompt scoring.
+  void embeddings(const httplib::Request& req, httplib::Response& res) {
+    EmbeddingRequest r;
+    try {
+      r = parse_embeddings(req.body, m_);
+    } catch (const ApiError& e) {
+      return send_error(res, e);
+    }
+    const int64_t C = m_.model->config().hidden_size;
+    std::vector<std::vector<float>> vectors;
+    int64_t tokens = 0;
+    try {
+      std::lock_guard lock(echo_mutex_);
+      for (size_t first = 0; first < r.inputs.size();) {
+        size_t last = first;  // the batch: [first, last)
+        int64_t T = 0;
+        while (last < r.inputs.size()) {
+          const int64_t t = std::max<int64_t>(T, static_cast<int64_t>(r.inputs[last].size()));
+          if (last > first && t * static_cast<int64_t>(last - first + 1) > kEmbeddingBatchTokens) break;
+          T = t;
+          ++last;
+        }
+        const auto B = static_cast<int64_t>(last - first);
+        std::vector<int32_t> ids(static_cast<size_t>(B * T), 0);  // [B, T], right-padded with id 0
+        for (int64_t b = 0; b < B; ++b)
+          std::copy(r.inputs[first + b].begin(), r.inputs[first + b].end(), ids.begin() + b * T);
+        const Tensor h = hidden_states(*m_.model, ids, B, T);  // [B, T, C]
+        for (int64_t b = 0; b < B; ++b) {
+          const auto n = static_cast<int64_t>(r.inputs[first + b].size());
+          std::vector<double> sum(static_cast<size_t>(C), 0.0);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t c = 0; c < C; ++c) sum[c] += h.data()[(b * T + t) * C + c];
+          double norm = 0;
+          for (const double v : sum) norm += v * v;
+          norm = std::sqrt(norm);
+          std::vector<float> v(static_cast<size_t>(C));
+          for (int64_t c = 0; c < C; ++c) v[c] = static_cast<float>(norm > 0 ? sum[c] / norm : 0.0);
+          vectors.push_back(std::move(v));
+          tokens += n;
+        }
+        first = last;
+      }
+    } catch (const std::exception& e) {
+      return send_error(res, {500, message("The embeddings could not be computed: ", e.what()), "server_error", "", ""});
+    }
+    t_request.id = "embd-" + t_request.id.substr(4);
+    t_request.prompt_tokens = tokens;
+    res.set_content(dump(embeddings_json(m_, r, vectors)), "application/json");
+  }
+
   void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     ParsedRequest p;
     try {
@@ -320,8 +460,10 @@ class Server {
     } catch (const ApiError& e) {
       return send_error(res, e);
     }
-    const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", ++next_id_), unix_time()};
+    const ResponseIds ids{message(chat ? "chatcmpl-" : "cmpl-", t_request.id.substr(4)), unix_time()};
+    t_request.id = ids.id;
     const int64_t prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
+    t_request.prompt_tokens = prompt_tokens;
     const bool logprobs = p.request.top_logprobs >= 0;
     // echo: the prompt's text first, with its tokens' log-probabilities (one forward over the
     // prompt on this thread, one such request at a time: what lm-evaluation-harness's
@@ -382,6 +524,7 @@ class Server {
       if (u.finish == Finish::cancelled) return send_error(res, {503, "The server is shutting down", "server_error", "", "shutting_down"});
       // The server is at fault (non-finite logits, a failed step), not busy: 500, and it goes on serving.
       if (u.finish == Finish::error) return send_error(res, {500, "The request could not be run: " + u.error, "server_error", "", ""});
+      t_request.completion_tokens = u.completion_tokens;
       if (p.tools) {
         ToolCallStream split(p.tools->format, p.tools->tools);
         ToolCallStream::Out a = split.add(p.tools->forced + text), b = split.finish();
@@ -412,7 +555,10 @@ class Server {
          split,
          calls = std::make_shared<int>(0)](size_t, httplib::DataSink& sink) {
           const auto send = [&](const std::string& s) {
-            if (sink.write(s.data(), s.size())) return true;
+            if (sink.write(s.data(), s.size())) {
+              t_request.streamed_bytes += static_cast<int64_t>(s.size());
+              return true;
+            }
             job->cancel();  // the client is gone
             return false;
           };
@@ -431,6 +577,7 @@ class Server {
               job->cancel();
               return false;
             }
+            t_request.completion_tokens = u.completion_tokens;
             if (u.finish == Finish::cancelled || u.finish == Finish::error) {
               send(sse(error_json({u.finish == Finish::error ? 500 : 503,
                                    u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
@@ -465,6 +612,7 @@ class Server {
             job->cancel();
             return false;
           }
+          t_request.completion_tokens = u.completion_tokens;
           if (u.finish == Finish::cancelled || u.finish == Finish::error) {
             send(sse(error_json({u.finish == Finish::error ? 500 : 503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
                                  "server_error", "", ""})));
@@ -488,14 +636,16 @@ class Server {
       res.status = e.status;
       res.set_content(api.error_body(e), "application/json");
     };
-    const ResponseIds ids{std::to_string(++next_id_), unix_time()};
+    const ResponseIds ids{t_request.id.substr(4), unix_time()};  // (the log's request number)
     std::shared_ptr<Exchange> x;
     try {
       x = api.start(req.body, m_, ids);
     } catch (const ApiError& e) {
       return fail(e);
     }
+    t_request.id = message(api.name == std::string("messages") ? "msg_" : "resp_", ids.id);
     const int64_t prompt_tokens = static_cast<int64_t>(x->request.prompt.size());
+    t_request.prompt_tokens = prompt_tokens;
     auto job = std::make_shared<serve::Job>(std::move(x->request));
     if (!scheduler_.fits(job->request()))
       return fail({503, message("The request's prompt + max tokens (", prompt_tokens, " + ",
@@ -525,6 +675,7 @@ class Server {
         text += u.text;
       } while (u.finish == Finish::running);
       metrics_.finished(*job);
+      t_request.completion_tokens = u.completion_tokens;
       if (u.finish == Finish::cancelled || u.finish == Finish::error) return fail(failure(u));
       std::vector<ToolCall> calls;
       if (split) {
@@ -543,7 +694,10 @@ class Server {
          text = std::make_shared<std::string>(),
          calls = std::make_shared<std::vector<ToolCall>>()](size_t, httplib::DataSink& sink) {
           const auto send = [&](const std::string& s) {
-            if (sink.write(s.data(), s.size())) return true;
+            if (sink.write(s.data(), s.size())) {
+              t_request.streamed_bytes += static_cast<int64_t>(s.size());
+              return true;
+            }
             job->cancel();  // the client is gone
             return false;
           };
@@ -572,6 +726,7 @@ class Server {
             job->cancel();  // nothing new, and the client has gone
             return false;
           }
+          t_request.completion_tokens = u.completion_tokens;
           if (u.finish == Finish::cancelled || u.finish == Finish::error)
             send(x->stream_error(failure(u)));
           else
@@ -590,8 +745,10 @@ class Server {
   serve::Scheduler& scheduler_;
   httplib::Server http_;
   Metrics metrics_;
+  AccessLog log_;
+  socket_t listen_socket_ = -1;
   std::atomic<int64_t> next_id_{0};
-  std::mutex echo_mutex_;  // one echoed prompt scored at a time
+  std::mutex echo_mutex_;  // one echoed prompt scored, or one embeddings request run, at a time
   const int64_t started_ = unix_time();
   WebChat web_;  // after m_, which it reads
 };
@@ -635,7 +792,11 @@ void run(const ServeArgs& a) {
   std::mutex chat_mutex;
   std::string id = loaded.dir.filename().string();
   if (id.empty()) id = loaded.dir.parent_path().filename().string();
-  ServedModel served{id, &loaded.model, &loaded.tokenizer, chat.get(), &chat_mutex, a.ctx_size > 0 ? a.ctx_size : max_positions};
+  std::vector<std::string> aliases = a.aliases;
+  if (loaded.dir.has_extension()) aliases.push_back(loaded.dir.stem().string());  // a .gguf file's stem
+  aliases.push_back("default");
+  ServedModel served{id, aliases, &loaded.model, &loaded.tokenizer, chat.get(), &chat_mutex,
+                     a.ctx_size > 0 ? a.ctx_size : max_positions};
 
   serve::SchedulerOptions so;
   so.parallel = a.parallel;
@@ -738,6 +899,14 @@ void add_serve_command(CLI::App& app) {
       ->default_val(4096)
       ->check(integer_in(1, int64_t{1} << 30));
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' (all but /health)");
+  cmd->add_option("--alias", a->aliases,
+                  "another name /v1/models lists for the model (repeatable); a request naming any model, listed or "
+                  "not, gets this one");
+  cmd->add_option("--log-requests", a->log_requests,
+                  "one line per request on stderr: time, id, client, method, path, status, bytes, tokens, duration "
+                  "(never a body or a key)")
+      ->default_val("on")
+      ->check(one_of({"on", "off"}));
   add_threads_option(cmd, a->threads);
   cmd->callback([a] { run(*a); });
 }

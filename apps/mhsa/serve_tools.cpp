@@ -151,6 +151,7 @@ std::vector<int32_t> encode_tool_conversation(const ServedModel& m, const json& 
     const json& msg = messages[i];
     const std::string where = message("messages[", i, "]");
     if (!msg.is_object()) bad_field(where, "an object with \"role\" and \"content\"", msg);
+    check_message_fields(msg, where);
     const json* role = field(msg, "role");
     if (!role) bad_field(where + ".role", "a string", json());
     std::string r = string_field(*role, where + ".role");
@@ -172,7 +173,7 @@ std::vector<int32_t> encode_tool_conversation(const ServedModel& m, const json& 
       continue;
     }
     json rendered = {{"role", r}, {"content", content}};
-    if (const json* calls = field(msg, "tool_calls")) {
+    if (const json* calls = field(msg, "tool_calls"); calls && !(calls->is_array() && calls->empty())) {
       if (r != "assistant") bad_field(where + ".tool_calls", "tool calls only in an assistant message", *calls);
       if (!calls->is_array()) bad_field(where + ".tool_calls", "an array of calls", *calls);
       json list = json::array();

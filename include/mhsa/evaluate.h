@@ -1,6 +1,7 @@
 // mhsa/evaluate.h — measuring a model's quality on text: perplexity as llama.cpp's
 // llama-perplexity computes it, and the log-probability of every token of a text (what
-// lm-evaluation-harness's loglikelihood tasks ask a server for).
+// lm-evaluation-harness's loglikelihood tasks ask a server for); and the hidden states a text
+// leaves after the final norm (what the server's embeddings pool).
 #pragma once
 
 #include <cstdint>
@@ -50,5 +51,12 @@ struct TokenScore {
 };
 std::vector<TokenScore> score_tokens(const Model& model, std::span<const int32_t> ids, int top = 0,
                                      int64_t chunk = 256);
+
+// The final norm's output [B, T, C] of ids [B, T], positions 0..T-1: the hidden states the LM
+// head reads (forward's logits are them times the output matrix), keys and values kept in float32.
+// Causal: a row depends only on the ids up to it, so right-padding a shorter sequence leaves its
+// rows as they are alone. Throws mhsa::Error naming the argument (T past the context, an id out of
+// the vocabulary).
+Tensor hidden_states(const Model& model, std::span<const int32_t> ids, int64_t B, int64_t T);
 
 }  // namespace mhsa

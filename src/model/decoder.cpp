@@ -197,6 +197,19 @@ Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_
   return nn::stack_forward(d.stack, ids, B, T, nullptr, false, attention);
 }
 
+Tensor hidden_states(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_t T) {
+  const std::string fn = message(d.cls, "::hidden_states");
+  const ModelConfig& c = *d.stack.config;
+  if (T > c.max_positions)
+    fail(fn, "T", message("at most ", d.context_key, " = ", c.max_positions, " tokens"), std::to_string(T));
+  if (B <= 0 || T <= 0) fail(fn, "ids", "a non-empty batch [B, T]", message("[", B, ", ", T, "]"));
+  Decoder exact = d;  // as forward: float32 keys and values
+  exact.kv_type = KVType::f32;
+  std::vector<KVCache> caches = new_caches(exact, B, T);
+  check_extend(fn, exact, caches, ids, B, T, "");
+  return nn::stack_hidden(exact.stack, ids, B, T, &caches);
+}
+
 double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
                           int64_t T, std::vector<Tensor>* grads, const std::function<void(size_t)>& on_final) {
   const std::string fn = message(d.cls, "::loss_and_gradients");

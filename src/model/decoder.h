@@ -31,6 +31,7 @@ Tensor extend(const Decoder& d, std::vector<KVCache>& caches, std::span<const in
 // Model::step: every sequence checked (its own batch-1 cache, room, ids) before any runs.
 Tensor step(const Decoder& d, std::span<const nn::SeqStep> seqs);
 Tensor forward(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention);
+Tensor hidden_states(const Decoder& d, std::span<const int32_t> ids, int64_t B, int64_t T);
 std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int32_t> prompts, int64_t B, int64_t T,
                                            const GenerationOptions& o, const TokenCallback& on_token,
                                            GenerationStats* stats);

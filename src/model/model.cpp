@@ -10,6 +10,7 @@
 #include "io/file.h"
 #include "io/json.h"
 #include "kernels/gemm.h"
+#include "mhsa/evaluate.h"
 #include "mhsa/safetensors.h"
 #include "model/access.h"
 #include "model/decoder.h"
@@ -404,6 +405,10 @@ ModelCache Model::new_cache(int64_t batch, int64_t max_tokens) const {
 
 Tensor Model::forward(std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<Tensor>* attention) const {
   return with_decoder(*this, false, [&](const detail::Decoder& d) { return detail::forward(d, ids, B, T, attention); });
+}
+
+Tensor hidden_states(const Model& model, std::span<const int32_t> ids, int64_t B, int64_t T) {
+  return with_decoder(model, false, [&](const detail::Decoder& d) { return detail::hidden_states(d, ids, B, T); });
 }
 
 Tensor Model::extend(ModelCache& cache, std::span<const int32_t> ids, int64_t B, int64_t n, bool last_only) const {

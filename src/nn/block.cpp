@@ -450,10 +450,12 @@ void final_logits(const Stack& s, int64_t rows, const float* x, int64_t ldx, flo
 
 }  // namespace
 
-Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
-                     bool last_only, std::vector<Tensor>* probs) {
-  const ModelConfig& c = *s.config;
-  const int64_t C = c.hidden_size, V = c.vocab_size, rows = B * T;
+namespace {
+
+// The last block's output [B, T, C] (stack_forward's, before the final norm).
+Tensor blocks_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
+                      std::vector<Tensor>* probs) {
+  const int64_t C = s.config->hidden_size, rows = B * T;
   const int64_t pos0 = caches ? (*caches)[0].length() : 0;
   Tensor x({B, T, C});
   embed_forward(s, ids, T, pos0, x.data());
@@ -463,6 +465,24 @@ Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, in
     BlockRun run{B, T, &rope, caches ? &(*caches)[l] : nullptr, nullptr, probs ? &(*probs)[l] : nullptr, {}};
     block_forward(s, static_cast<int64_t>(l), x.data(), run);
   }
+  return x;
+}
+
+}  // namespace
+
+Tensor stack_hidden(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches) {
+  const int64_t C = s.config->hidden_size;
+  const Tensor x = blocks_forward(s, ids, B, T, caches, nullptr);
+  Tensor h({B, T, C});
+  norm_forward(s.norm(), B * T, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), h.data(), C);
+  return h;
+}
+
+Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
+                     bool last_only, std::vector<Tensor>* probs) {
+  const ModelConfig& c = *s.config;
+  const int64_t C = c.hidden_size, V = c.vocab_size, rows = B * T;
+  const Tensor x = blocks_forward(s, ids, B, T, caches, probs);
   // Final norm and logits, for every row or only each sequence's last.
   Tensor logits({B, last_only ? 1 : T, V});
   final_logits(s, last_only ? B : rows, x.data() + (last_only ? (T - 1) * C : 0), last_only ? T * C : C, logits.data());

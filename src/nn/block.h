@@ -154,6 +154,9 @@ void embed_forward(const Stack& s, std::span<const int32_t> ids, int64_t T, int6
 // sequence's last row. probs: every layer's attention probabilities (no cache; caches must be null).
 Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches,
                      bool last_only, std::vector<Tensor>* probs);
+// The final norm's output [B, T, C] over a cache (as stack_forward): the hidden states the LM head
+// reads (the server's embeddings).
+Tensor stack_hidden(const Stack& s, std::span<const int32_t> ids, int64_t B, int64_t T, std::vector<KVCache>* caches);
 // One sequence of stack_step: its new tokens and its caches (one KVCache per layer, batch 1),
 // which they are appended to at positions caches[0].length() onwards, or its paged sequence.
 struct SeqStep {

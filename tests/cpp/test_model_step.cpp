@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mhsa/error.h"
+#include "mhsa/evaluate.h"
 #include "mhsa/model.h"
 #include "model/access.h"
 #include "nn/blocked_matrix.h"
@@ -125,6 +126,36 @@ void run_family(const std::string& name, const json& config, WeightType dtype) {
 TEST(ModelStep, EqualsExtendAloneForEveryFamily) {
   for (const auto& [name, config] : configs())
     for (WeightType dtype : {WeightType::f32, WeightType::bf16}) run_family(name, config, dtype);
+}
+
+// mhsa::hidden_states (the server's embeddings): a right-padded batch leaves each sequence's rows as
+// they are alone (causal), and the logits are the states times the output matrix.
+TEST(ModelStep, HiddenStatesArePaddingFreeAndGiveTheLogits) {
+  for (const auto& [name, config] : configs()) {
+    SCOPED_TRACE(name);
+    auto gen = test::test_rng();
+    const Model model = Model::random(ModelConfig::parse(config.dump()), gen());
+    const int64_t C = model.config().hidden_size, V = model.config().vocab_size, T = 9, short_T = 4;
+    std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
+    std::vector<int32_t> ids(2 * T);
+    for (int32_t& x : ids) x = id(gen);
+    std::fill(ids.begin() + T + short_T, ids.end(), 0);  // the second sequence: 4 tokens, then padding
+    const Tensor batch = hidden_states(model, ids, 2, T);  // [2, T, C]
+    const Tensor alone = hidden_states(model, std::span(ids).subspan(T, short_T), 1, short_T);
+    for (int64_t i = 0; i < short_T * C; ++i) EXPECT_NEAR(batch.data()[T * C + i], alone.data()[i], 1e-5) << i;
+    if (name != "llama") continue;  // untied, no soft-cap: logits = h · lm_headᵀ
+    const Tensor logits = model.forward(std::span(ids).first(T), 1, T);  // [1, T, V]
+    const Tensor* head = model.parameter("lm_head.weight");             // [V, C]
+    ASSERT_NE(head, nullptr);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t v = 0; v < V; ++v) {
+        double dot = 0;
+        for (int64_t c = 0; c < C; ++c) dot += double(batch.data()[t * C + c]) * head->data()[v * C + c];
+        EXPECT_NEAR(logits.data()[t * V + v], dot, 1e-4) << t << ", " << v;
+      }
+  }
+  EXPECT_THROW(hidden_states(Model::random(ModelConfig::parse(configs()[1].second.dump()), 1), std::vector<int32_t>{1, 999}, 1, 2),
+               Error);
 }
 
 // nn/profile.h (mhsa bench --profile): with profiling on, a forward on this thread counts each

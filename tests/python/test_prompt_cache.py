@@ -50,7 +50,7 @@ def complete(s, prompt, n=6):
 
 def stop(s):
     assert s.stop() == 0
-    return s.proc.stderr.read()
+    return s.stderr()
 
 
 def block_files(d):

@@ -93,7 +93,7 @@ def test_bad_tools_are_400s_naming_the_field(qwen):
                                                             "function": {"name": "f", "arguments": "{not json"}}]},
                        {"role": "user", "content": "Hi"}]}, "messages[0].tool_calls[0].function.arguments"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
-        ({"messages": [{"role": "user", "content": "Hi", "tool_calls": []}]}, "messages[0].tool_calls"),
+        ({"messages": [{"role": "user", "content": "Hi", "tool_calls": [{"id": "c"}]}]}, "messages[0].tool_calls"),
     ]
     for change, name in cases:
         body = {"model": s.id, "messages": msgs, "max_tokens": 2, **change}
