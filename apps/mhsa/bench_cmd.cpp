@@ -624,7 +624,7 @@ void run(const BenchArgs& a) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Time the standard cases against this machine's measured peak");
-  cmd->add_option("--model", args->model,
+  cmd->add_option("-m,--model", args->model,
                   "time prompt processing (pp512) and decoding (tg128) of this model directory (any family) "
                   "instead of the standard cases");
   add_dtype_option(cmd, args->dtype);

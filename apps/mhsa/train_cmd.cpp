@@ -153,7 +153,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--warmup", o.warmup, "warm-up steps")->default_val(o.warmup)->check(integer_at_least(0));
   cmd->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay")->default_val(o.adamw.weight_decay);
   cmd->add_option("--clip", o.clip, "gradient-norm clip (0: none)")->default_val(o.clip)->check(number_at_least(0));
-  cmd->add_option("--seed", o.seed, "initial weights and batches")->default_val(o.seed)->check(seed_value());
+  cmd->add_option("-s,--seed", o.seed, "initial weights and batches")->default_val(o.seed)->check(seed_value());
   cmd->add_option("--val-fraction", o.val_fraction, "held-out share of the text")->default_val(o.val_fraction);
   cmd->add_option("--eval-every", o.eval_every, "validate every N steps")->default_val(o.eval_every);
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every N steps")->default_val(o.checkpoint_every);
