@@ -1,8 +1,6 @@
 // apps/mhsa/default_model.cpp — see default_model.h.
 #include "default_model.h"
 
-#include <string>
-
 #include "mhsa/error.h"
 #include "model/access.h"
 
@@ -19,15 +17,7 @@ LoadedModel load_model(const ResolvedModel& m, const std::string& dtype, const s
   const std::filesystem::path& dir = m.path;
   const WeightType weights = parse_weight_type(effective_dtype(m, dtype), "--dtype");
   const KVTypes kv = parse_kv_types(kv_dtype, "--kv-dtype");
-  Model model = [&] {
-    try {
-      return Model::load(dir, weights);
-    } catch (const Error& e) {  // the library's argument is the directory given as --model
-      const std::string what = e.what(), prefix = "Model::load: dir: ";
-      if (what.starts_with(prefix)) throw Error("--model: " + what.substr(prefix.size()));
-      throw;
-    }
-  }();
+  Model model = as_model_option("Model::load", [&] { return Model::load(dir, weights); });
   ModelAccess::block_weights(model);  // GPT-2's projections as decode steps read them fastest (same results)
   for (const KVType t : {kv.key, kv.value})  // (named here, not at the first cache the command makes)
     if (t == KVType::q8_0 && model.config().head_dim % 32 != 0)

@@ -1,10 +1,13 @@
 // apps/mhsa/line_editor.cpp — see line_editor.h.
 #include "line_editor.h"
 
+#include <langinfo.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <clocale>
 #include <cstdio>
+#include <string_view>
 
 #ifdef MHSA_HAVE_LIBEDIT
 #include <histedit.h>
@@ -23,6 +26,10 @@ class EditLineEditor final : public LineEditor {
  public:
   explicit EditLineEditor(const char* prompt) {
     g_prompt = prompt;
+    // libedit reads characters in LC_CTYPE's encoding; a chat is UTF-8 whatever the environment
+    // says (in the C locale it would echo "中" as octal escapes).
+    std::setlocale(LC_CTYPE, "");
+    if (std::string_view(nl_langinfo(CODESET)) != "UTF-8") std::setlocale(LC_CTYPE, "C.UTF-8");
     el_ = el_init("mhsa", stdin, stdout, stderr);
     history_ = history_init();
     HistEvent ev;

@@ -174,7 +174,7 @@ void add_sampling_options(CLI::App* cmd, GenerationOptions& g, SamplingArgs& s, 
   cmd->add_option("-n,--max-new-tokens", g.max_new_tokens, max_new_tokens_help)
       ->default_val(max_new_tokens)
       ->check(integer_at_least(0));
-  cmd->add_option("--temp,--temperature", g.temperature, "0 is greedy; higher samples more freely")
+  cmd->add_option("--temperature,--temp", g.temperature, "0 is greedy; higher samples more freely")
       ->default_val(0.0f)
       ->check(number_at_least(0));
   cmd->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")

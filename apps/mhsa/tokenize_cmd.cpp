@@ -84,7 +84,7 @@ Tokenizer model_tokenizer(const std::filesystem::path& dir) {
 }
 
 void run(const TokenizeArgs& a) {
-  const Tokenizer tok = model_tokenizer(model_dir(a.model).path);
+  const Tokenizer tok = as_model_option("Tokenizer::load_dir", [&] { return model_tokenizer(model_dir(a.model).path); });
   const std::string text = a.text == "-" ? read_stdin() : a.text;
   if (a.decode) {
     const std::vector<int32_t> ids = parse_ids(text);

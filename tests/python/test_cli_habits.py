@@ -50,8 +50,8 @@ def test_short_spellings_equal_the_long_ones():
 
 
 @pytest.mark.parametrize("command,spellings", [
-    ("generate", ["-m,--model", "-p,--prompt", "-n,--max-new-tokens", "--temp,--temperature", "-s,--seed", "-t,--threads"]),
-    ("chat", ["-m,--model", "-p,--prompt", "-n,--max-new-tokens", "--temp,--temperature", "-s,--seed", "-t,--threads"]),
+    ("generate", ["-m,--model", "-p,--prompt", "-n,--max-new-tokens", "--temperature,--temp", "-s,--seed", "-t,--threads"]),
+    ("chat", ["-m,--model", "-p,--prompt", "-n,--max-new-tokens", "--temperature,--temp", "-s,--seed", "-t,--threads"]),
     ("serve", ["-m,--model", "-c,--ctx-size", "-t,--threads"]),
     ("perplexity", ["-m,--model", "-c,--context", "-t,--threads"]),
     ("explain", ["-m,--model", "-p,--prompt", "-t,--threads"]),
@@ -174,11 +174,11 @@ def test_chat_takes_every_sampling_and_stop_option_of_generate():
 
 
 def test_chat_stop_string_ends_the_answer():
-    whole = json.loads(run(*KJV_CHAT, "-p", "Hi", "-n", "60", "--json").stdout)
+    whole = json.loads(run(*KJV_CHAT, "-p", "Hi", "-n", "24", "--json").stdout)
     assert " " in whole["content"], whole
-    cut = json.loads(run(*KJV_CHAT, "-p", "Hi", "-n", "60", "--stop", " ", "--json").stdout)
+    cut = json.loads(run(*KJV_CHAT, "-p", "Hi", "-n", "24", "--stop", " ", "--json").stdout)
     assert cut["content"] == whole["content"][:whole["content"].index(" ")] and cut["finish_reason"] == "stop"
-    printed = run(*KJV_CHAT, "-p", "Hi", "-n", "60", "--stop", " ")
+    printed = run(*KJV_CHAT, "-p", "Hi", "-n", "24", "--stop", " ")
     assert printed.stdout == cut["content"] + "\n", printed.stderr
 
 
@@ -207,6 +207,16 @@ def test_decoding_an_id_outside_the_vocabulary_is_an_error():
 
 # ---- messages in a CLI user's words ----------------------------------------------------------------
 
+def test_a_missing_model_is_named_by_its_option():
+    input_error(run("generate", "-m", "/nonexistent/model", "-p", "x"),
+                "--model: expected a model directory (config.json, model.safetensors) or a GGUF file, "
+                "got '/nonexistent/model'")
+    input_error(run("tokenize", "-m", "/nonexistent/model", "x"),
+                "--model: expected a directory, got '/nonexistent/model' (no such directory)")
+    input_error(run("chat", "-m", "kjv", "-p", "x", "--stop", "x", "--messages", "/nonexistent"),
+                "--prompt: expected either --prompt or --messages, got both")
+
+
 @pytest.mark.parametrize("args", [
     ["generate", "-m", "/nonexistent/model", "-p", "x"],
     ["tokenize", "-m", "/nonexistent/model", "x"],
@@ -222,3 +232,28 @@ def test_errors_name_no_cxx_function_nor_mhsa_twice(args):
     first = r.stderr.splitlines()[0]
     assert first.startswith("mhsa: error: ") and not first.startswith("mhsa: error: mhsa"), first
     assert "::" not in first, first
+
+
+# ---- interactive chat: line editing, history, /help ------------------------------------------------
+
+def test_chat_edits_lines_and_keeps_history():
+    pexpect = pytest.importorskip("pexpect")
+    child = pexpect.spawn(str(CLI), ["chat", "-t", "1", *map(str, KJV_CHAT[1:])], encoding="utf-8", timeout=30,
+                          dimensions=(24, 200))
+    child.expect_exact("> ")
+    child.sendline("/help")
+    child.expect_exact("/reset   start a new conversation (keeping --system)")
+    child.expect_exact("> ")
+    child.send("/resex\x7ft\r")  # Backspace
+    child.expect_exact("mhsa chat: conversation cleared")
+    child.expect_exact("> ")
+    child.send("reset\x01/\r")  # Ctrl-A, then "/" at the start of the line
+    child.expect_exact("mhsa chat: conversation cleared")
+    child.expect_exact("> ")
+    child.send("\x1b[A\r")  # Up: the line before
+    child.expect_exact("mhsa chat: conversation cleared")
+    child.expect_exact("> ")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
