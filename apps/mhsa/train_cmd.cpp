@@ -165,7 +165,19 @@ void add_train_command(CLI::App& app) {
       ->default_val(a->bucket_mb)
       ->check(CLI::Range(0.0, 1e6));
   add_threads_option(cmd, a->threads);
-  cmd->callback([a, cmd] { run(*a, cmd->count("--steps") > 0); });
+  cmd->callback([a, cmd] {
+    try {
+      run(*a, cmd->count("--steps") > 0);
+    } catch (const WriteError&) {
+      throw;
+    } catch (const Error& e) {  // the library's "data" is the file given as --data
+      std::string what = e.what();  // "data: ..." or "<C++ function>: data: ..."
+      const size_t at = what.starts_with("data: ") ? 0 : what.find(": data: ");
+      if (at == std::string::npos) throw;
+      what.insert(at == 0 ? 0 : at + 2, "--");
+      throw Error(what);
+    }
+  });
 }
 
 }  // namespace mhsa::cli

@@ -217,6 +217,8 @@ def test_a_missing_model_is_named_by_its_option():
     input_error(run("bench", "-m", "/nonexistent/model"),
                 "--model: expected a model directory (config.json, model.safetensors) or a GGUF file, "
                 "got '/nonexistent/model'")
+    input_error(run("train", "--data", "/nonexistent/text", "--out", "/nonexistent/run"),
+                "--data: expected a readable file, got '/nonexistent/text': No such file or directory")
     input_error(run("tokenize", "-m", "/nonexistent/model", "x"),
                 "--model: expected a directory, got '/nonexistent/model' (no such directory)")
     input_error(run("chat", "-m", "kjv", "-p", "x", "--stop", "x", "--messages", "/nonexistent"),
