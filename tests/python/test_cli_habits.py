@@ -22,8 +22,13 @@ COMMANDS = ["attention", "bench", "chat", "explain", "generate", "perplexity", "
 KJV_CHAT = ["chat", "-m", "kjv", "--chat-template", CHATML]
 
 
+# One thread, waiting passively: these runs are short, and side by side with other tests spinning
+# OpenMP threads would fight for the cores.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "passive"}
+
+
 def run(*args, **kwargs):
-    return subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True, timeout=120, **kwargs)
+    return subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True, timeout=120, env=ENV, **kwargs)
 
 
 def input_error(r, message):
@@ -247,7 +252,7 @@ def test_errors_name_no_cxx_function_nor_mhsa_twice(args):
 def test_chat_edits_lines_and_keeps_history():
     pexpect = pytest.importorskip("pexpect")
     child = pexpect.spawn(str(CLI), ["chat", "-t", "1", *map(str, KJV_CHAT[1:])], encoding="utf-8", timeout=30,
-                          dimensions=(24, 200))
+                          dimensions=(24, 200), env=ENV)
     child.expect_exact("> ")
     child.sendline("/help")
     child.expect_exact("/reset   start a new conversation (keeping --system)")
