@@ -24,10 +24,10 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 say "apt-get update (Debian's package lists)"
 $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
-say "apt-get install: compiler, CMake, Ninja, OpenMP, GoogleTest, Google Benchmark, CLI11, nlohmann-json, cpp-httplib"
+say "apt-get install: compiler, CMake, Ninja, OpenMP, GoogleTest, Google Benchmark, CLI11, nlohmann-json, cpp-httplib, libedit"
 $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
   g++ cmake ninja-build make libomp-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libcli11-dev nlohmann-json3-dev python3-dev libcpp-httplib-dev >/dev/null
+  libcli11-dev nlohmann-json3-dev python3-dev libcpp-httplib-dev libedit-dev >/dev/null
 say "apt-get install: Open MPI (data-parallel training: mpirun -np N mhsa train)"
 $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends libopenmpi-dev openmpi-bin >/dev/null
 

@@ -87,7 +87,7 @@ void add_attention_command(CLI::App& app) {
   cmd->add_option("-D,--head-dim", args->head_dim, "head size D")->check(integer_at_least(1));
   cmd->add_flag("--causal", args->causal, "mask the future (bottom-right aligned)");
   cmd->add_flag("--backward", args->backward, "also run and time the backward (dq, dk, dv)");
-  cmd->add_option("--seed", args->seed, "random seed for the inputs")->check(seed_value());
+  cmd->add_option("-s,--seed", args->seed, "random seed for the inputs")->check(seed_value());
   cmd->add_option("--repeats", args->repeats, "timed runs; the best is reported")->check(integer_in(1, INT32_MAX));
   add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });

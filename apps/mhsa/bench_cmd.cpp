@@ -380,7 +380,7 @@ std::vector<Case> model_cases(const std::filesystem::path& dir, const std::strin
   const KVTypes kv_type = parse_kv_types(kv_dtype, "--kv-dtype");
   // Bytes per cached value, keys' and values' types averaged (their head sizes are equal).
   const double kv_value_bytes = double(kv_row_bytes(kv_type.key, 32) + kv_row_bytes(kv_type.value, 32)) / 64.0;
-  Model loaded = Model::load(dir, wt);
+  Model loaded = as_model_option("Model::load", [&] { return Model::load(dir, wt); });
   ModelAccess::block_weights(loaded);  // as mhsa generate and serve load it (default_model.cpp)
   loaded.set_kv_type(kv_type);
   auto model = std::make_shared<const Model>(std::move(loaded));
@@ -624,7 +624,7 @@ void run(const BenchArgs& a) {
 void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Time the standard cases against this machine's measured peak");
-  cmd->add_option("--model", args->model,
+  cmd->add_option("-m,--model", args->model,
                   "time prompt processing (pp512) and decoding (tg128) of this model directory (any family) "
                   "instead of the standard cases");
   add_dtype_option(cmd, args->dtype);

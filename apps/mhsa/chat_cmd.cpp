@@ -4,7 +4,8 @@
 //
 // Interactive: a prompt, the answer streamed as it is made; Ctrl-C during an answer stops it (the
 // part shown stays in the conversation), Ctrl-C at the prompt discards the line; /reset starts
-// over (keeping --system), /exit or Ctrl-D quits. No line editing beyond the terminal's own.
+// over (keeping --system), /help lists these, /exit or Ctrl-D quits. On a terminal lines are read
+// with editing and history (line_editor.h).
 // For scripts: --prompt TEXT asks one question, --messages FILE.json (or - for stdin) answers a
 // whole conversation; either answers once and exits, with --json as one object. --verbose writes a line per turn to stderr: prompt tokens evaluated
 // and reused from the cache, tokens per second.
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,11 +28,13 @@
 #include "default_model.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "line_editor.h"
 #include "mhsa/chat.h"
 #include "mhsa/error.h"
 #include "options.h"
 #include "output.h"
 #include "speculation_options.h"
+#include "text/text_stream.h"
 
 namespace mhsa::cli {
 namespace {
@@ -41,6 +45,7 @@ constexpr size_t kMaxLineBytes = size_t{4} << 20;       // one line typed or pip
 struct ChatArgs {
   std::string model, system, chat_template, messages, prompt, dtype, kv_dtype;
   ChatOptions options;
+  SamplingArgs sampling;  // --stop, --logit-bias, --seed
   bool json = false, verbose = false;
   SpeculationArgs speculation;
   int threads = 0;
@@ -128,11 +133,31 @@ void print_stats(const ChatTurn& t) {
                  sp.forwards ? static_cast<double>(t.generated_tokens - 1) / static_cast<double>(sp.forwards) : 0.0);
 }
 
-const TextCallback kPrint = [](std::string_view piece) {
-  write_stdout(piece);
-  flush_stdout();
-  return true;
-};
+// One answer, printed as it is made unless `print` is false. The text goes through a TextStream
+// for --stop: a stop string ends the answer, is not printed, and is left out of the conversation
+// (the next turn re-renders it, reusing the cache up to where it differs).
+ChatTurn answer(ChatSession& session, const std::vector<std::string>& stop, bool print,
+                const std::function<ChatTurn(const TextCallback&)>& ask) {
+  text::TextStream stream(stop);
+  ChatTurn t = ask([&](std::string_view piece) {
+    if (stream.stopped()) return false;  // the decoder's last bytes, after a stop string
+    const bool hit = stream.add(piece);
+    if (print) {
+      write_stdout(stream.take(hit));
+      flush_stdout();
+    }
+    return !hit;
+  });
+  if (print) write_stdout(stream.take(true));
+  if (stream.stopped()) {
+    t.text = stream.text();
+    t.finish = FinishReason::end_of_turn;  // "stop", as OpenAI reports a stop string
+    std::vector<ChatMessage> messages = session.messages();
+    messages.back().content = t.text;
+    session.set_messages(std::move(messages));
+  }
+  return t;
+}
 
 // --messages or --prompt: one answer, printed as it is made, or one JSON object with --json.
 void answer_once(ChatSession& session, const ChatArgs& a, int64_t context) {
@@ -147,7 +172,8 @@ void answer_once(ChatSession& session, const ChatArgs& a, int64_t context) {
   }
   session.set_messages(std::move(messages));
   catch_sigint(true);
-  const ChatTurn t = session.reply(a.json ? TextCallback() : kPrint, &g_interrupted);
+  const ChatTurn t = answer(session, a.sampling.stop, !a.json,
+                            [&](const TextCallback& print) { return session.reply(print, &g_interrupted); });
   if (t.finish == FinishReason::context_full && t.generated_tokens == 0)
     throw Error(detail::message("mhsa chat: ", option, ": expected a conversation of fewer than ", context,
                                 " tokens (the model's context, with room for an answer), got ", t.prompt_tokens,
@@ -156,7 +182,7 @@ void answer_once(ChatSession& session, const ChatArgs& a, int64_t context) {
     const nlohmann::json j = {{"role", "assistant"},         {"content", t.text},
                               {"finish_reason", finish_reason_name(t.finish)},
                               {"prompt_tokens", t.prompt_tokens}, {"completion_tokens", t.generated_tokens},
-                              {"cached_tokens", t.reused_tokens},
+                              {"cached_tokens", t.reused_tokens}, {"seed", a.options.generation.seed},
                               {"speculation",
                                {{"forwards", t.speculation.forwards},
                                 {"drafted", t.speculation.drafted},
@@ -176,20 +202,28 @@ void answer_once(ChatSession& session, const ChatArgs& a, int64_t context) {
   if (a.verbose) print_stats(t);
 }
 
+constexpr const char* kHelp =
+    "  /reset   start a new conversation (keeping --system)\n"
+    "  /exit    quit (also /quit, or Ctrl-D at an empty prompt)\n"
+    "  /help    this list\n"
+    "  Ctrl-C   stops an answer; at the prompt, discards the line\n";
+
 void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
   const bool tty = isatty(0) == 1;
   if (tty)
-    std::fprintf(stderr, "mhsa chat: %lld tokens of context. /reset clears the conversation, /exit or Ctrl-D quits; "
-                 "Ctrl-C stops an answer.\n", static_cast<long long>(context));
+    std::fprintf(stderr, "mhsa chat: %lld tokens of context. /help lists the commands, /reset clears the conversation, "
+                 "/exit or Ctrl-D quits; Ctrl-C stops an answer.\n", static_cast<long long>(context));
+  const std::unique_ptr<LineEditor> editor = LineEditor::open("> ");  // editing and history on a terminal
   std::string line;
   for (;;) {
-    if (tty) {
+    if (tty && !editor) {
       write_stdout("> ");
       flush_stdout();
     }
     catch_sigint(false);
     bool interrupted = false;
-    if (!read_line(line, interrupted)) break;
+    if (!(editor ? editor->read(line, interrupted) : read_line(line, interrupted))) break;
+    g_interrupted.store(false);
     if (interrupted) {  // the terminal has dropped what was typed
       if (tty) write_stdout("\n");
       continue;
@@ -201,14 +235,20 @@ void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
       std::fprintf(stderr, "mhsa chat: conversation cleared\n");
       continue;
     }
+    if (line == "/help" || line == "/?") {
+      std::fputs(kHelp, stderr);
+      continue;
+    }
     if (line[0] == '/' && line.find(' ') == std::string::npos) {
-      std::fprintf(stderr, "mhsa chat: unknown command '%s': expected /reset or /exit\n", detail::printable(line).c_str());
+      std::fprintf(stderr, "mhsa chat: unknown command '%s': expected /help, /reset or /exit\n",
+                   detail::printable(line).c_str());
       continue;
     }
     catch_sigint(true);
     g_interrupted.store(false);
     try {
-      const ChatTurn t = session.send(line, kPrint, &g_interrupted);
+      const ChatTurn t = answer(session, a.sampling.stop, true,
+                                [&](const TextCallback& print) { return session.send(line, print, &g_interrupted); });
       write_stdout("\n");
       flush_stdout();
       if (t.finish == FinishReason::stopped) std::fprintf(stderr, "mhsa chat: answer stopped\n");
@@ -221,7 +261,7 @@ void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
                      t.generated_tokens == 0 ? " and the message was not sent" : "");
       if (a.verbose) print_stats(t);
     } catch (const Error& e) {  // a template's raise_exception, invalid UTF-8: the chat goes on
-      std::fprintf(stderr, "mhsa: error: %s\n", e.what());
+      std::fputs(error_line(e.what()).c_str(), stderr);
     }
     g_interrupted.store(false);
   }
@@ -231,6 +271,7 @@ void converse(ChatSession& session, const ChatArgs& a, int64_t context) {
 
 void run(ChatArgs& a) {
   use_threads(a.threads);
+  finish_sampling_options(a.sampling, a.options.generation);
   const ResolvedModel resolved = model_dir(a.model);
   const std::filesystem::path& dir = resolved.path;
   const LoadedModel loaded = load_model(resolved, a.dtype, a.kv_dtype);
@@ -256,6 +297,10 @@ void run(ChatArgs& a) {
                                 " tokens"));
   ChatSession session(loaded.model, loaded.tokenizer, a.options);
   const int64_t context = loaded.model.config().max_positions;
+  if (a.sampling.seed_drawn && !a.json)
+    std::fprintf(stderr, "mhsa chat: seed %llu (-s %llu repeats this conversation)\n",
+                 static_cast<unsigned long long>(a.options.generation.seed),
+                 static_cast<unsigned long long>(a.options.generation.seed));
   if (!a.messages.empty() || !a.prompt.empty())
     answer_once(session, a, context);
   else
@@ -267,7 +312,7 @@ void run(ChatArgs& a) {
 void add_chat_command(CLI::App& app) {
   auto a = std::make_shared<ChatArgs>();
   CLI::App* cmd = app.add_subcommand("chat", "Chat with an instruction-tuned model through its chat template");
-  cmd->add_option("--model", a->model,
+  cmd->add_option("-m,--model", a->model,
                   "a model directory (config.json, model.safetensors, tokenizer.json and tokenizer_config.json "
                   "with its chat_template), a GGUF file, or a name: smollm2 (the default)");
   add_dtype_option(cmd, a->dtype);
@@ -284,22 +329,7 @@ void add_chat_command(CLI::App& app) {
   cmd->add_flag("-v,--verbose", a->verbose,
                 "a line per turn on stderr: prompt tokens evaluated and reused from the cache, tokens/s");
   GenerationOptions& g = a->options.generation;
-  cmd->add_option("-n,--max-new-tokens", g.max_new_tokens, "tokens per answer at most")
-      ->default_val(512)
-      ->check(integer_at_least(0));
-  cmd->add_option("--temperature", g.temperature, "0 is greedy; higher samples more freely")
-      ->default_val(0.0f)
-      ->check(number_at_least(0));
-  cmd->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")
-      ->default_val(0)
-      ->check(integer_at_least(0));
-  cmd->add_option("--top-p", g.top_p, "sample among the most likely tokens holding this probability")
-      ->default_val(1.0f)
-      ->check(number_in(0, 1));
-  cmd->add_option("--repetition-penalty", g.repetition_penalty, "> 1 discourages repeating tokens")
-      ->default_val(1.0f)
-      ->check(number_above(0));
-  cmd->add_option("--seed", g.seed, "the sampler's seed")->default_val(0)->check(seed_value());
+  add_sampling_options(cmd, g, a->sampling, 512, "tokens per answer at most");
   add_speculation_options(cmd, a->speculation);
   add_threads_option(cmd, a->threads);
   cmd->callback([a] {

@@ -13,11 +13,12 @@ std::string effective_dtype(const ResolvedModel& m, const std::string& dtype) {
   return m.dtype.empty() ? "f32" : m.dtype;
 }
 
-LoadedModel load_model(const ResolvedModel& m, const std::string& dtype, const std::string& kv_dtype) {
+LoadedModel load_model(const ResolvedModel& m, const std::string& dtype, const std::string& kv_dtype,
+                       std::string_view option) {
   const std::filesystem::path& dir = m.path;
   const WeightType weights = parse_weight_type(effective_dtype(m, dtype), "--dtype");
   const KVTypes kv = parse_kv_types(kv_dtype, "--kv-dtype");
-  Model model = Model::load(dir, weights);
+  Model model = as_model_option("Model::load", [&] { return Model::load(dir, weights); }, option);
   ModelAccess::block_weights(model);  // GPT-2's projections as decode steps read them fastest (same results)
   for (const KVType t : {kv.key, kv.value})  // (named here, not at the first cache the command makes)
     if (t == KVType::q8_0 && model.config().head_dim % 32 != 0)
@@ -30,7 +31,7 @@ LoadedModel load_model(const ResolvedModel& m, const std::string& dtype, const s
   // The embedding may have more rows than the tokenizer has tokens (Qwen2.5: 151936 for 151665):
   // ids past the tokenizer's decode to no text, as in transformers.
   if (tokenizer.vocab_size() > n_vocab)
-    throw Error(detail::message("--model: expected a tokenizer of at most the model's ", n_vocab,
+    throw Error(detail::message(option, ": expected a tokenizer of at most the model's ", n_vocab,
                                 " tokens (vocab_size in config.json), got one of ", tokenizer.vocab_size(),
                                 " tokens in '", dir.string(), "'"));
   return {dir, std::move(model), std::move(tokenizer)};

@@ -465,11 +465,11 @@ void run(ExplainArgs a) {
 void add_explain_command(CLI::App& app) {
   auto a = std::make_shared<ExplainArgs>();
   CLI::App* cmd = app.add_subcommand("explain", "What every attention head of a model (GPT-2, Llama, Qwen, Mistral, Gemma 2) attends to on a prompt");
-  CLI::Option* prompt = cmd->add_option("--prompt", a->prompt, "the text to look at ('-' reads stdin)");
+  CLI::Option* prompt = cmd->add_option("-p,--prompt", a->prompt, "the text to look at ('-' reads stdin)");
   CLI::Option* messages = cmd->add_option("--messages", a->messages,
                   "or a conversation: a JSON file ('-': stdin) of {\"role\", \"content\"} objects, through the "
                   "model's chat template; the report shows each token's role");
-  cmd->add_option("--model", a->model, "a model directory, a GGUF file, or a name: smollm2 (the default), kjv");
+  cmd->add_option("-m,--model", a->model, "a model directory, a GGUF file, or a name: smollm2 (the default), kjv");
   add_dtype_option(cmd, a->dtype);
   cmd->add_option("--layer", a->layer, "the layer to walk through step by step (and --format text's)")
       ->default_val(0)

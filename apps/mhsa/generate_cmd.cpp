@@ -41,8 +41,7 @@ struct GenerateArgs {
   std::string model, dtype, kv_dtype;
   std::string prompt;
   GenerationOptions options;
-  std::vector<std::string> stop;
-  std::vector<std::string> logit_bias;  // ID=BIAS
+  SamplingArgs sampling;  // --stop, --logit-bias, --seed
   bool json = false;
   bool ignore_eos = false;
   bool echo = false, echo_given = false;  // --echo / --no-echo; default: whether stdout is a terminal
@@ -51,27 +50,15 @@ struct GenerateArgs {
   int threads = 0;
 };
 
-void run(const GenerateArgs& a) {
+void run(GenerateArgs& a) {
   use_threads(a.threads);
+  finish_sampling_options(a.sampling, a.options);
   const LoadedModel loaded = load_model(model_dir(a.model), a.dtype, a.kv_dtype);
   const Model& model = loaded.model;
   GenerationOptions o = a.options;
   o.stop_at_eos = !a.ignore_eos;
   std::unique_ptr<LoadedModel> draft;
   apply_speculation(a.speculation, effective_dtype(model_dir(a.model), a.dtype), o, draft);
-  for (const std::string& entry : a.logit_bias) {  // ID=BIAS, the id checked against the model by generate()
-    const size_t eq = entry.find('=');
-    int32_t id = -1;
-    float bias = 0;
-    const char* end = entry.data() + entry.size();
-    const auto at_id = std::from_chars(entry.data(), entry.data() + std::min(eq, entry.size()), id);
-    const auto at_bias = eq == std::string::npos ? at_id : std::from_chars(entry.data() + eq + 1, end, bias);
-    if (eq == std::string::npos || eq == 0 || at_id.ec != std::errc() || at_id.ptr != entry.data() + eq ||
-        at_bias.ec != std::errc() || at_bias.ptr != end || !std::isfinite(bias))
-      throw Error(detail::message("--logit-bias: expected TOKEN_ID=BIAS (an integer id, a finite number), got ",
-                                  detail::quote(entry)));
-    o.logit_bias.emplace_back(id, bias);
-  }
   const Tokenizer& tok = loaded.tokenizer;
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
   std::string prompt = a.prompt;
@@ -91,11 +78,17 @@ void run(const GenerateArgs& a) {
     throw Error(detail::message("mhsa generate: --prompt: expected at most ", context - room,
                                 " tokens (the model's context is ", context, " tokens", room ? ", less one for a new token" : "",
                                 "), got ", ids.size(), " tokens"));
+  // -n past the context generates up to it (a notice says so), as llama.cpp's -n does.
+  const int64_t asked = o.max_new_tokens, fits = context - static_cast<int64_t>(ids.size());
+  o.max_new_tokens = std::min(asked, fits);
+  if (a.sampling.seed_drawn && !a.json)
+    std::fprintf(stderr, "mhsa generate: seed %llu (-s %llu repeats this run)\n",
+                 static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(o.seed));
   if (!a.json && (a.echo_given ? a.echo : isatty(fileno(stdout)) == 1)) {
     write_stdout(prompt);
     flush_stdout();
   }
-  text::TextStream stream(a.stop);
+  text::TextStream stream(a.sampling.stop);
   std::vector<int32_t> tokens;
   GenerationStats stats;
   model.generate(
@@ -116,6 +109,7 @@ void run(const GenerateArgs& a) {
   const double decode = stats.decode_seconds > 0 ? stats.decode_tokens / stats.decode_seconds : 0.0;
   if (a.json) {
     nlohmann::json j;
+    j["seed"] = o.seed;
     j["prompt_tokens"] = ids.size();
     j["prompt_ids"] = ids;
     j["tokens"] = tokens;
@@ -134,6 +128,10 @@ void run(const GenerateArgs& a) {
   flush_stdout();  // the text first, then the summary, when both go to one terminal or file
   std::fprintf(stderr, "mhsa generate: %zu prompt tokens at %.1f tokens/s, %zu generated at %.1f tokens/s (%d threads)\n",
                ids.size(), prefill, tokens.size(), decode, omp_get_max_threads());
+  if (asked > fits && static_cast<int64_t>(tokens.size()) == fits)
+    std::fprintf(stderr, "mhsa generate: stopped at the model's context of %lld tokens (%zu prompt + %lld new; "
+                 "-n asked for %lld)\n", static_cast<long long>(context), ids.size(), static_cast<long long>(fits),
+                 static_cast<long long>(asked));
   if (a.verbose && o.speculation.draft_tokens > 0) {
     const SpeculationStats& sp = stats.speculation;
     std::fprintf(stderr,
@@ -151,39 +149,13 @@ void run(const GenerateArgs& a) {
 void add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt with a model directory (Hugging Face layout: GPT-2, Llama, Qwen, Mistral, Gemma 2)");
-  cmd->add_option("--model", a->model,
-                  "model directory: config.json, model.safetensors (+ vocab.json, merges.txt for GPT-2's tokens); "
-                  "default: the embedded byte-level model");
+  cmd->add_option("-m,--model", a->model,
+                  "a model directory (config.json, model.safetensors; + vocab.json, merges.txt for GPT-2's tokens), "
+                  "a GGUF file, or a name: smollm2 (the default), kjv");
   add_dtype_option(cmd, a->dtype);
   add_kv_dtype_option(cmd, a->kv_dtype);
-  cmd->add_option("--prompt", a->prompt, "the text to continue ('-' reads stdin; empty starts from end-of-text)");
-  cmd->add_option("-n,--max-new-tokens", a->options.max_new_tokens, "tokens to generate at most")
-      ->default_val(64)
-      ->check(integer_at_least(0));
-  cmd->add_option("--temperature", a->options.temperature, "0 is greedy; higher samples more freely")
-      ->default_val(0.0f)
-      ->check(number_at_least(0));
-  cmd->add_option("--top-k", a->options.top_k, "sample among the k most likely tokens (0: all)")
-      ->default_val(0)
-      ->check(integer_at_least(0));
-  cmd->add_option("--top-p", a->options.top_p, "sample among the most likely tokens holding this probability")
-      ->default_val(1.0f)
-      ->check(number_in(0, 1));
-  cmd->add_option("--repetition-penalty", a->options.repetition_penalty, "> 1 discourages repeating tokens")
-      ->default_val(1.0f)
-      ->check(number_above(0));
-  cmd->add_option("--presence-penalty", a->options.presence_penalty,
-                  "subtracted from a token's logit once it has been generated (OpenAI's presence_penalty)")
-      ->default_val(0.0f)
-      ->check(number_in(-2, 2));
-  cmd->add_option("--frequency-penalty", a->options.frequency_penalty,
-                  "subtracted from a token's logit for each time it has been generated (OpenAI's frequency_penalty)")
-      ->default_val(0.0f)
-      ->check(number_in(-2, 2));
-  cmd->add_option("--logit-bias", a->logit_bias,
-                  "TOKEN_ID=BIAS added to that token's logit before sampling (repeatable; -100 bans it)");
-  cmd->add_option("--seed", a->options.seed, "the sampler's seed")->default_val(0)->check(seed_value());
-  cmd->add_option("--stop", a->stop, "stop when this text appears (repeatable); it is not printed");
+  cmd->add_option("-p,--prompt", a->prompt, "the text to continue ('-' reads stdin; empty starts from end-of-text)");
+  add_sampling_options(cmd, a->options, a->sampling, 64, "tokens to generate at most (stopping at the model's context)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after the end-of-text token");
   CLI::Option* echo = cmd->add_flag("--echo,!--no-echo", a->echo,
                                     "print the prompt before its continuation (default: when stdout is a terminal)");

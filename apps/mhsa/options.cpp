@@ -3,11 +3,14 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <random>
 #include <system_error>
 
 #include "core/cpu.h"
+#include "io/json.h"
 #include "mhsa/error.h"
 #include "mhsa/kv_cache.h"
 
@@ -33,9 +36,13 @@ std::string number_text(double v) {
   return std::string(buf, r.ptr);
 }
 
-// What --help shows after the type: "INT:≥ 1" for "an integer ≥ 1".
+// What --help shows after the type: "INT:>= 1" for "an integer ≥ 1". ASCII: CLI11 pads the option
+// column by bytes, and a 3-byte "≥" there would shift that row's description.
 std::string range_only(const std::string& range, std::string_view kind) {
-  return range.size() > kind.size() ? range.substr(kind.size() + 1) : "";
+  std::string out = range.size() > kind.size() ? range.substr(kind.size() + 1) : "";
+  for (const auto& [from, to] : {std::pair{"\u2265", ">="}, std::pair{"\u2264", "<="}})
+    for (size_t at; (at = out.find(from)) != std::string::npos;) out.replace(at, std::string_view(from).size(), to);
+  return out;
 }
 
 // The whole of `text` as a T in decimal, or nothing.
@@ -160,6 +167,61 @@ CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype) {
 
 void use_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
+}
+
+void add_sampling_options(CLI::App* cmd, GenerationOptions& g, SamplingArgs& s, int64_t max_new_tokens,
+                          const std::string& max_new_tokens_help) {
+  cmd->add_option("-n,--max-new-tokens", g.max_new_tokens, max_new_tokens_help)
+      ->default_val(max_new_tokens)
+      ->check(integer_at_least(0));
+  cmd->add_option("--temperature,--temp", g.temperature, "0 is greedy; higher samples more freely")
+      ->default_val(0.0f)
+      ->check(number_at_least(0));
+  cmd->add_option("--top-k", g.top_k, "sample among the k most likely tokens (0: all)")
+      ->default_val(0)
+      ->check(integer_at_least(0));
+  cmd->add_option("--top-p", g.top_p, "sample among the most likely tokens holding this probability")
+      ->default_val(1.0f)
+      ->check(number_in(0, 1));
+  cmd->add_option("--repetition-penalty", g.repetition_penalty, "> 1 discourages repeating tokens")
+      ->default_val(1.0f)
+      ->check(number_above(0));
+  cmd->add_option("--presence-penalty", g.presence_penalty,
+                  "subtracted from a token's logit once it has been generated (OpenAI's presence_penalty)")
+      ->default_val(0.0f)
+      ->check(number_in(-2, 2));
+  cmd->add_option("--frequency-penalty", g.frequency_penalty,
+                  "subtracted from a token's logit for each time it has been generated (OpenAI's frequency_penalty)")
+      ->default_val(0.0f)
+      ->check(number_in(-2, 2));
+  cmd->add_option("--logit-bias", s.logit_bias,
+                  "TOKEN_ID=BIAS added to that token's logit before sampling (repeatable; -100 bans it)");
+  s.seed = cmd->add_option("-s,--seed", g.seed,
+                           "the sampler's seed (default: a random one when --temperature > 0, reported on stderr "
+                           "and in --json)")
+               ->check(seed_value());
+  cmd->add_option("--stop", s.stop, "stop when this text appears (repeatable); it is not printed");
+}
+
+void finish_sampling_options(SamplingArgs& s, GenerationOptions& g) {
+  for (const std::string& entry : s.logit_bias) {  // ID=BIAS, the id checked against the model later
+    const size_t eq = entry.find('=');
+    int32_t id = -1;
+    float bias = 0;
+    const char* end = entry.data() + entry.size();
+    const auto at_id = std::from_chars(entry.data(), entry.data() + std::min(eq, entry.size()), id);
+    const auto at_bias = eq == std::string::npos ? at_id : std::from_chars(entry.data() + eq + 1, end, bias);
+    if (eq == std::string::npos || eq == 0 || at_id.ec != std::errc() || at_id.ptr != entry.data() + eq ||
+        at_bias.ec != std::errc() || at_bias.ptr != end || !std::isfinite(bias))
+      throw Error(message("--logit-bias: expected TOKEN_ID=BIAS (an integer id, a finite number), got ",
+                          detail::quote(entry)));
+    g.logit_bias.emplace_back(id, bias);
+  }
+  s.seed_drawn = s.seed->count() == 0 && g.temperature > 0;
+  if (s.seed_drawn) {
+    std::random_device device;
+    g.seed = (uint64_t{device()} << 32 | device()) >> 1;  // below 2^63: any JSON reader keeps it exact
+  }
 }
 
 }  // namespace mhsa::cli

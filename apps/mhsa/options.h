@@ -14,6 +14,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "mhsa/model.h"
+
 namespace mhsa::cli {
 
 // An integer in [lo, hi] that fits T, written in decimal: "expected an integer ≥ 1, got 0".
@@ -41,5 +43,20 @@ CLI::Option* add_dtype_option(CLI::App* cmd, std::string& dtype);
 CLI::Option* add_kv_dtype_option(CLI::App* cmd, std::string& kv_dtype);
 // Applies a -t value (0 leaves OpenMP's choice as it is).
 void use_threads(int threads);
+
+// The sampling and stop options generate and chat share, registered by one function so that the
+// two take the same spellings: -n/--max-new-tokens, --temp/--temperature, --top-k, --top-p, the
+// three penalties, --logit-bias, -s/--seed and --stop.
+struct SamplingArgs {
+  std::vector<std::string> stop;
+  std::vector<std::string> logit_bias;  // ID=BIAS, parsed by finish_sampling_options
+  CLI::Option* seed = nullptr;
+  bool seed_drawn = false;  // no --seed and a temperature above 0: a random seed, reported
+};
+void add_sampling_options(CLI::App* cmd, GenerationOptions& g, SamplingArgs& s, int64_t max_new_tokens,
+                          const std::string& max_new_tokens_help);
+// After parsing: --logit-bias into g.logit_bias, and a random g.seed when sampling without --seed
+// (as llama.cpp does; the seed is reported so that -s repeats the run). Greedy runs keep seed 0.
+void finish_sampling_options(SamplingArgs& s, GenerationOptions& g);
 
 }  // namespace mhsa::cli

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,33 @@
 #include "mhsa/error.h"
 
 namespace mhsa::cli {
+
+namespace {
+
+// The length of a leading "Name::name: " (C++ identifiers joined by "::"), or 0.
+size_t cpp_name_length(std::string_view s) {
+  size_t i = 0;
+  bool scoped = false;
+  while (i < s.size() && (std::isalnum(static_cast<unsigned char>(s[i])) || s[i] == '_' || s[i] == ':')) {
+    if (s.compare(i, 3, ":: ") == 0) break;
+    if (s.compare(i, 2, "::") == 0) scoped = true, ++i;
+    else if (s[i] == ':') break;
+    ++i;
+  }
+  return scoped && s.compare(i, 2, ": ") == 0 ? i + 2 : 0;
+}
+
+}  // namespace
+
+std::string error_line(std::string_view what) {
+  if (what.starts_with("mhsa ")) {  // "mhsa chat: ..."
+    const size_t colon = what.find(": ");
+    if (colon != std::string_view::npos && what.substr(5, colon - 5).find(' ') == std::string_view::npos)
+      what.remove_prefix(colon + 2);
+  }
+  while (const size_t n = cpp_name_length(what)) what.remove_prefix(n);
+  return "mhsa: error: " + std::string(what) + "\n";
+}
 
 namespace fs = std::filesystem;
 using detail::message;

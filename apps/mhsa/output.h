@@ -17,6 +17,11 @@ class OutputError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// "mhsa: error: <what>" for stderr, in a CLI user's words: the library names the C++ function
+// that refused ("Model::load: dir: ..."), which an API user wants and a CLI user cannot act on, and
+// a command may name itself ("mhsa chat: --prompt: ...") where "mhsa: error: " already says who.
+std::string error_line(std::string_view what);
+
 // Writes to standard output; throws OutputError when the bytes cannot be written.
 void write_stdout(std::string_view bytes);
 // Flushes standard output; throws OutputError ("writing standard output: No space left on

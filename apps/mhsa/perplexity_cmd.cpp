@@ -95,7 +95,7 @@ void run(const PerplexityArgs& a) {
 void add_perplexity_command(CLI::App& app) {
   auto a = std::make_shared<PerplexityArgs>();
   CLI::App* cmd = app.add_subcommand("perplexity", "A model's perplexity on a text file, as llama.cpp's llama-perplexity measures it");
-  cmd->add_option("--model", a->model, "a model directory, a GGUF file, or a name: smollm2 (the default), kjv");
+  cmd->add_option("-m,--model", a->model, "a model directory, a GGUF file, or a name: smollm2 (the default), kjv");
   cmd->add_option("-f,--file", a->file, "the text file")->required();
   cmd->add_option("-c,--context", a->context, "tokens per chunk; the second half of each is scored")
       ->default_val(512)

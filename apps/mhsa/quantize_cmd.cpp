@@ -46,7 +46,7 @@ void run(const QuantizeArgs& a) {
 void add_quantize_command(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   CLI::App* cmd = app.add_subcommand("quantize", "Write a model directory (llama or gpt2 family) as a GGUF file for llama.cpp");
-  cmd->add_option("--model", a->model, "model directory: config.json, model.safetensors (and its tokenizer)")->required();
+  cmd->add_option("-m,--model", a->model, "model directory: config.json, model.safetensors (and its tokenizer)")->required();
   cmd->add_option("--to", a->to, "how the matrices are stored: f32, f16, bf16, q8_0 or q4_k (the output matrix q8_0)")->required();
   cmd->add_option("--out", a->out, "the GGUF file to write")->required();
   cmd->add_flag("--force", a->force, "replace --out if it exists");

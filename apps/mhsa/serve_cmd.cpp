@@ -858,14 +858,14 @@ void run(const ServeArgs& a) {
 void add_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over HTTP with OpenAI's API (completions, chat completions, streaming)");
-  cmd->add_option("--model", a->model,
+  cmd->add_option("-m,--model", a->model,
                   "model directory (Hugging Face layout: GPT-2, Llama, Qwen, Mistral, Gemma 2); default: the embedded "
                   "byte-level model");
   cmd->add_option("--host", a->host, "address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
   cmd->add_option("--port", a->port, "port to listen on (0: a free one, printed)")->default_val(8080)->check(integer_in(0, 65535));
   cmd->add_option("--parallel", a->parallel, "requests generated together at most")->default_val(4)->check(integer_in(1, 256));
   cmd->add_option("--queue", a->queue, "requests waiting at most (then 503)")->default_val(16)->check(integer_in(1, 4096));
-  cmd->add_option("--ctx-size", a->ctx_size, "prompt + completion tokens at most (0: the model's context)")
+  cmd->add_option("-c,--ctx-size", a->ctx_size, "prompt + completion tokens at most (0: the model's context)")
       ->default_val(0)
       ->check(integer_at_least(0));
   cmd->add_option("--kv-blocks", a->kv_blocks,

@@ -34,7 +34,8 @@ void apply_speculation(const SpeculationArgs& a, const std::string& dtype, Gener
   s.ngram_max = a.ngram;
   s.adaptive = !a.fixed;
   if (!a.model_draft.empty() && s.draft_tokens > 0) {
-    draft = std::make_unique<LoadedModel>(load_model(resolve_model(a.model_draft, "--model-draft"), dtype));
+    draft = std::make_unique<LoadedModel>(
+        load_model(resolve_model(a.model_draft, "--model-draft"), dtype, "f32", "--model-draft"));
     s.draft_model = &draft->model;
   }
 }

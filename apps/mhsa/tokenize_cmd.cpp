@@ -20,6 +20,7 @@
 #include "mhsa/error.h"
 #include "mhsa/model_config.h"
 #include "mhsa/tokenizer.h"
+#include "options.h"
 
 namespace mhsa::cli {
 namespace {
@@ -27,6 +28,7 @@ namespace {
 struct TokenizeArgs {
   std::string model, text;
   bool json = false, decode = false, allow_special = false, no_special_tokens = false;
+  int threads = 0;  // taken as every command takes it; tokenizing runs on one
 };
 
 std::string read_stdin() {
@@ -82,10 +84,15 @@ Tokenizer model_tokenizer(const std::filesystem::path& dir) {
 }
 
 void run(const TokenizeArgs& a) {
-  const Tokenizer tok = model_tokenizer(model_dir(a.model).path);
+  const Tokenizer tok = as_model_option("Tokenizer::load_dir", [&] { return model_tokenizer(model_dir(a.model).path); });
   const std::string text = a.text == "-" ? read_stdin() : a.text;
   if (a.decode) {
-    const std::string bytes = tok.decode(parse_ids(text));
+    const std::vector<int32_t> ids = parse_ids(text);
+    for (const int32_t id : ids)
+      if (id >= tok.vocab_size())
+        throw Error(detail::message("TEXT: expected token ids below the vocabulary's size of ", tok.vocab_size(),
+                                    ", got ", id));
+    const std::string bytes = tok.decode(ids);
     std::fwrite(bytes.data(), 1, bytes.size(), stdout);
     if (isatty(fileno(stdout))) std::fputc('\n', stdout);  // exact bytes into a pipe or file
     return;
@@ -111,7 +118,7 @@ void run(const TokenizeArgs& a) {
 void add_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "token ids of a text (or, with --decode, the text of ids)");
-  cmd->add_option("--model", args->model,
+  cmd->add_option("-m,--model", args->model,
                   "directory with tokenizer.json, or vocab.json + merges.txt (or encoder.json + vocab.bpe), or a "
                   "byte-level model's; or a .gguf file (default: the embedded byte-level model)");
   cmd->add_option("TEXT", args->text, "the text, or token ids with --decode; '-' reads standard input")->required();
@@ -122,6 +129,7 @@ void add_tokenize_command(CLI::App& app) {
                 "GPT-2's files: encode the text <|endoftext|> as its special id (tokenizer.json always does)");
   cmd->add_flag("--no-special-tokens", args->no_special_tokens,
                 "tokenizer.json: add no BOS (nor any post-processor token), as add_special_tokens=False");
+  add_threads_option(cmd, args->threads);
   cmd->callback([args] { run(*args); });
 }
 

@@ -153,7 +153,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--warmup", o.warmup, "warm-up steps")->default_val(o.warmup)->check(integer_at_least(0));
   cmd->add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay")->default_val(o.adamw.weight_decay);
   cmd->add_option("--clip", o.clip, "gradient-norm clip (0: none)")->default_val(o.clip)->check(number_at_least(0));
-  cmd->add_option("--seed", o.seed, "initial weights and batches")->default_val(o.seed)->check(seed_value());
+  cmd->add_option("-s,--seed", o.seed, "initial weights and batches")->default_val(o.seed)->check(seed_value());
   cmd->add_option("--val-fraction", o.val_fraction, "held-out share of the text")->default_val(o.val_fraction);
   cmd->add_option("--eval-every", o.eval_every, "validate every N steps")->default_val(o.eval_every);
   cmd->add_option("--checkpoint-every", o.checkpoint_every, "checkpoint every N steps")->default_val(o.checkpoint_every);
@@ -165,7 +165,19 @@ void add_train_command(CLI::App& app) {
       ->default_val(a->bucket_mb)
       ->check(CLI::Range(0.0, 1e6));
   add_threads_option(cmd, a->threads);
-  cmd->callback([a, cmd] { run(*a, cmd->count("--steps") > 0); });
+  cmd->callback([a, cmd] {
+    try {
+      run(*a, cmd->count("--steps") > 0);
+    } catch (const WriteError&) {
+      throw;
+    } catch (const Error& e) {  // the library's "data" is the file given as --data
+      std::string what = e.what();  // "data: ..." or "<C++ function>: data: ..."
+      const size_t at = what.starts_with("data: ") ? 0 : what.find(": data: ");
+      if (at == std::string::npos) throw;
+      what.insert(at == 0 ? 0 : at + 2, "--");
+      throw Error(what);
+    }
+  });
 }
 
 }  // namespace mhsa::cli

@@ -1,7 +1,9 @@
 """mhsa: multi-head self-attention on the CPU.
 
 The names mirror PyTorch's: ``scaled_dot_product_attention``, ``MultiHeadAttention``.
-Arrays are float32 NumPy arrays with any strides; errors are raised as ``mhsa.Error``,
+Arrays are float32 NumPy arrays with any strides (attention also takes float16 and bfloat16);
+other dtypes, NumPy's default float64 among them, are refused, never converted silently: the
+error names the conversion (``x.astype(numpy.float32)``). Errors are raised as ``mhsa.Error``,
 a subclass of ``ValueError``; a file that cannot be written (a full disk) as ``mhsa.WriteError``,
 a subclass of ``mhsa.Error`` whose ``errno`` is the system's.
 """

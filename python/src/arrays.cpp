@@ -43,7 +43,15 @@ ConstTensorView view_of_array(const py::array& arr) {
 }
 
 InputArray checked_float(py::array arr, std::string_view fn, std::string_view arg) {
-  if (!arr.dtype().is(py::dtype::of<float>())) fail(fn, arg, "dtype float32", "dtype " + dtype_name(arr));
+  if (!arr.dtype().is(py::dtype::of<float>())) {
+    // Never converted silently (float64 halved in precision, integers made floats): NumPy's default
+    // dtype is float64 (np.random.randn, np.array([1.0])), so the message says how to convert.
+    const char kind = arr.dtype().kind();
+    const std::string how = kind == 'f' || kind == 'i' || kind == 'u'
+                                ? detail::message(" (", arg, ".astype(numpy.float32) converts it; .float() a torch tensor)")
+                                : "";
+    fail(fn, arg, "dtype float32", "dtype " + dtype_name(arr) + how);
+  }
   for (py::ssize_t i = 0; i < arr.ndim(); ++i)
     if (arr.strides(i) % static_cast<py::ssize_t>(sizeof(float)) != 0) {
       arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(arr);

@@ -14,6 +14,7 @@
 
 #include "arrays.h"
 #include "mhsa/error.h"
+#include "mhsa/model_config.h"
 #include "mhsa/models.h"
 #include "mhsa/tokenizer.h"
 
@@ -89,14 +90,20 @@ tokenizer in a GGUF file's metadata (SentencePiece or byte-level BPE), encoding 
             GilReleased unlocked;
             namespace fs = std::filesystem;
             std::error_code ec;
-            const bool byte_level = !r.name.empty() && fs::is_directory(r.path, ec) &&
-                                    !fs::exists(r.path / "tokenizer.json", ec) && !fs::exists(r.path / "vocab.json", ec);
+            // A directory without tokenizer files is a byte-level model's when its config.json says so (the
+            // kjv model, what `mhsa train` writes), as the CLI reads it.
+            const bool files = fs::exists(r.path / "tokenizer.json", ec) || fs::exists(r.path / "vocab.json", ec) ||
+                               fs::exists(r.path / "encoder.json", ec);
+            if (fs::is_directory(r.path, ec) && !files && fs::exists(r.path / "config.json", ec))
+              return Tokenizer::for_model(r.path, ModelConfig::load(r.path / "config.json").vocab_size);
+            const bool byte_level = !r.name.empty() && fs::is_directory(r.path, ec) && !files;
             return byte_level ? Tokenizer::bytes() : Tokenizer::load_dir(r.path);
           },
           "path"_a = py::none(),
           "The tokenizer in a directory (str or os.PathLike): tokenizer.json, else vocab.json + merges.txt or "
           "encoder.json + vocab.bpe; or the tokenizer of a GGUF file's metadata; or a named model's (None: the "
-          "default model's; \"kjv\": bytes).")
+          "default model's; \"kjv\": bytes); a directory without tokenizer files whose config.json has 256 tokens "
+          "(a byte-level model, such as `mhsa train` writes): bytes.")
       .def(
           "encode",
           [](const Tokenizer& t, py::handle text, bool add_special_tokens, std::optional<bool> allow_special) {

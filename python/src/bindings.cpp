@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -89,6 +90,55 @@ py::object mha_call(Layer& layer, const py::object& x_obj, const py::object& mem
   }
   if (need_weights) return py::make_tuple(to_numpy(std::move(y)), to_numpy(std::move(weights)));
   return to_numpy(std::move(y));
+}
+
+// torch.nn.MultiheadAttention(batch_first=True)'s call, mapped onto this layer: keys and values
+// come from one memory (key and value the same array), the query's own tokens when it is that
+// array too. Torch's bool masks mark what is masked out (True), this layer's what is attended, so
+// they are turned into additive masks; key_padding_mask [B, S] is added to attn_mask ([T, S], or
+// torch's [B*H, T, S]). Returns (attn_output, weights averaged over heads [B, T, S], per head
+// [B, H, T, S] with average_attn_weights=False, or None).
+py::tuple mha_torch_call(Layer& layer, const py::object& query, const py::object& key, const py::object& value,
+                         const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+                         bool average_attn_weights, bool is_causal) {
+  constexpr std::string_view fn = "MultiHeadAttention";
+  const py::module_ np = py::module_::import("numpy");
+  const auto same = [&](const py::object& a, const py::object& b) {
+    return a.is(b) || (np.attr("shape")(a).equal(np.attr("shape")(b)) && np.attr("array_equal")(a, b).cast<bool>());
+  };
+  if (!same(key, value))
+    throw Error("MultiHeadAttention: value: expected the array given as key (this layer projects keys and values "
+                "from one memory, as GPT-2's does), got a different one");
+  const bool self_attention = same(query, key);
+  const InputArray q = float_array(query, fn, "query", 3, "[B, T, C]");
+  const int64_t B = q.view.shape[0], T = q.view.shape[1], H = layer.m.num_heads();
+  const int64_t S = self_attention ? T : float_array(key, fn, "key", 3, "[B, S, C]").view.shape[1];
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto additive = [&](const py::object& mask) -> py::object {  // torch's True = masked out
+    const py::array a = np.attr("asarray")(mask);
+    if (a.dtype().kind() == 'b') return np.attr("where")(a, -inf, 0.0f).attr("astype")("float32");
+    return a;
+  };
+  py::object mask = py::none();
+  if (!attn_mask.is_none()) {
+    mask = additive(attn_mask);
+    const int ndim = py::array(mask).ndim();
+    if (ndim == 3)
+      mask = mask.attr("reshape")(B, H, T, S);  // torch's [B*H, T, S], batch-major
+    else if (ndim != 2)
+      throw Error(detail::message("MultiHeadAttention: attn_mask: expected [T, S] or [B*num_heads, T, S], got a ",
+                                  ndim, "-D array"));
+  }
+  if (!key_padding_mask.is_none()) {
+    const py::object padding = np.attr("broadcast_to")(additive(key_padding_mask).attr("reshape")(B, 1, 1, S),
+                                                       py::make_tuple(B, 1, T, S));
+    mask = mask.is_none() ? padding : np.attr("add")(padding, mask);
+  }
+  const py::object out = mha_call(layer, query, self_attention ? py::object(py::none()) : key, is_causal, py::none(),
+                                  need_weights, mask, false);
+  if (!need_weights) return py::make_tuple(out, py::none());
+  const py::tuple both = out.cast<py::tuple>();
+  return py::make_tuple(both[0], average_attn_weights ? both[1].attr("mean")("axis"_a = 1) : py::object(both[1]));
 }
 
 py::object mha_backward(Layer& layer, const py::object& dy_obj) {
@@ -254,8 +304,17 @@ w_qkv [C, C + 2*Ckv] (input-major: y = x @ w_qkv + b_qkv), w_o [C, C]; Ckv = num
       .def_property_readonly("num_heads", [](const Layer& l) { return l.m.num_heads(); })
       .def_property_readonly("num_kv_heads", [](const Layer& l) { return l.m.num_kv_heads(); })
       .def_property_readonly("head_dim", [](const Layer& l) { return l.m.head_dim(); })
-      .def("__call__", &mha_call, "x"_a, "memory"_a = py::none(), "is_causal"_a = false, "kv_lengths"_a = py::none(),
-           "need_weights"_a = false, "attn_mask"_a = py::none(), "requires_grad"_a = false,
+      .def("__call__", &mha_torch_call, "query"_a, "key"_a, "value"_a, py::kw_only(), "key_padding_mask"_a = py::none(),
+           "need_weights"_a = true, "attn_mask"_a = py::none(), "average_attn_weights"_a = true, "is_causal"_a = false,
+           R"(torch.nn.MultiheadAttention(batch_first=True)'s call: m(query, key, value) with query [B, T, C] and
+key [B, S, C] the same array as value (this layer projects keys and values from one memory; query
+too for self-attention). Masks as torch's: bool True masks out, float is added; key_padding_mask
+[B, S], attn_mask [T, S] or [B*num_heads, T, S]. Returns (attn_output [B, T, C], weights): the
+weights averaged over heads [B, T, S], per head [B, H, T, S] with average_attn_weights=False, or
+None with need_weights=False. A different value array, or the sequence-first layout
+(batch_first=False), is not supported.)")
+      .def("__call__", &mha_call, "x"_a, "memory"_a = py::none(), py::kw_only(), "is_causal"_a = false,
+           "kv_lengths"_a = py::none(), "need_weights"_a = false, "attn_mask"_a = py::none(), "requires_grad"_a = false,
            R"(y [B, T, C] = attention of x [B, T, C] over itself, or over memory [B, S, C] (an array or the
 KVCache from project_memory). kv_lengths: [B] valid tokens of x (self) or memory (cross). With
 need_weights, returns (y, weights [B, H, T, S]), per head. With requires_grad, the call is recorded

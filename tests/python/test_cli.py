@@ -50,7 +50,7 @@ USAGE_ERRORS = [
     (["attention", "-T", "99999999999999999999"], "--tokens: expected an integer \u2265 1, got 99999999999999999999"),
     (["attention", "--repeats", "3000000000"], "--repeats: expected an integer in [1, 2147483647], got 3000000000"),
     (["attention", "--seed", "-1"], "--seed: expected an integer in [0, 2^64), got -1"),
-    (["attention", "--bogus"], "unexpected argument: --bogus"),
+    (["attention", "--bogus"], "unknown option --bogus"),
     (["generate", "-n", "-1"], "--max-new-tokens: expected an integer \u2265 0, got -1"),
     (["generate", "--top-p", "1.5"], "--top-p: expected a number in [0, 1], got 1.5"),
     (["generate", "--temperature", "nan"], "--temperature: expected a number \u2265 0, got nan"),

@@ -832,7 +832,7 @@ def test_kv_pool_memory_at_startup_or_as_it_fills(gpt2_dir):
     r = subprocess.run([str(CLI), "serve", "-t", "1", "--model", str(gpt2_dir), "--port", "0", "--kv-blocks", str(many),
                         "--kv-alloc", "startup"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert (f"mhsa serve: --kv-alloc startup: expected the KV cache ({many} blocks of 16 tokens," in r.stderr
+    assert (f"mhsa: error: --kv-alloc startup: expected the KV cache ({many} blocks of 16 tokens," in r.stderr
             and "to fit in the memory available" in r.stderr and "--kv-alloc lazy" in r.stderr), r.stderr
     s = Server(gpt2_dir, "--kv-blocks", many)
     try:

@@ -474,7 +474,7 @@ def test_quantize_never_replaces_a_node_that_is_not_a_file(kind, tmp_path):
         out.mkdir()
     r = run_cli("quantize", "--model", tmp_path / "hf", "--to", "q8_0", "--out", out, "--force")
     assert r.returncode == 2, r.stderr
-    assert (f"mhsa quantize: --out: expected a regular file or a path that does not exist (a new file is renamed "
+    assert (f"mhsa: error: --out: expected a regular file or a path that does not exist (a new file is renamed "
             f"into place), got a {kind} '{out}'") in r.stderr, r.stderr
     assert not stat.S_ISREG(os.lstat(out).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "node"]
