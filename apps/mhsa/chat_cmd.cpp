@@ -30,6 +30,7 @@
 #include "mhsa/error.h"
 #include "options.h"
 #include "output.h"
+#include "constraint_options.h"
 #include "speculation_options.h"
 
 namespace mhsa::cli {
@@ -43,6 +44,7 @@ struct ChatArgs {
   ChatOptions options;
   bool json = false, verbose = false;
   SpeculationArgs speculation;
+  ConstraintArgs constraint;
   int threads = 0;
 };
 
@@ -254,6 +256,9 @@ void run(ChatArgs& a) {
     throw Error(detail::message("mhsa chat: --model-draft: expected a model with --model's tokenizer (",
                                 loaded.tokenizer.vocab_size(), " tokens), got one of ", draft->tokenizer.vocab_size(),
                                 " tokens"));
+  // End tokens: the model's; the session adds its template's end-of-turn token (ChatSession).
+  a.options.generation.constraint = load_constraint(a.constraint, loaded.tokenizer, loaded.model.config().vocab_size,
+                                                    loaded.model.config().eos_token_ids, "mhsa chat");
   ChatSession session(loaded.model, loaded.tokenizer, a.options);
   const int64_t context = loaded.model.config().max_positions;
   if (!a.messages.empty() || !a.prompt.empty())
@@ -301,6 +306,7 @@ void add_chat_command(CLI::App& app) {
       ->check(number_above(0));
   cmd->add_option("--seed", g.seed, "the sampler's seed")->default_val(0)->check(seed_value());
   add_speculation_options(cmd, a->speculation);
+  add_constraint_options(cmd, a->constraint);
   add_threads_option(cmd, a->threads);
   cmd->callback([a] {
     if (a->json && a->messages.empty() && a->prompt.empty())

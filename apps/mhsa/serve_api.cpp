@@ -10,6 +10,8 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "io/json.h"
 #include "mhsa/error.h"
 #include "mhsa/evaluate.h"
+#include "mhsa/grammar.h"
 #include "text/hf_tokenizer.h"
 
 namespace mhsa::cli {
@@ -318,6 +321,51 @@ ojson error_json(const ApiError& e) {
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
+// response_format (text, json_object, json_schema) or mhsa's `grammar` (GBNF text, as llama.cpp's
+// server takes it): the constraint on the answer, null for none. A schema is read again from the
+// body with its keys in order, so that properties are generated in the order the schema gives.
+std::shared_ptr<const Constraint> constraint(const json& b, std::string_view body, const ServedModel& m, bool chat) {
+  const json* format = field(b, "response_format");
+  const json* gbnf = field(b, "grammar");
+  if (format && !format->is_object()) bad("response_format", "an object {\"type\": \"text\" | \"json_object\" | \"json_schema\"}", *format);
+  const json* type = format ? field(*format, "type") : nullptr;
+  if (format && !type) bad("response_format.type", "\"text\", \"json_object\" or \"json_schema\"", json());
+  const std::string kind = type ? string_field(*type, "response_format.type") : "text";
+  if (kind != "text" && kind != "json_object" && kind != "json_schema")
+    bad("response_format.type", "\"text\", \"json_object\" or \"json_schema\"", *type);
+  if (gbnf && kind != "text") bad("grammar", "no grammar beside a response_format of type " + kind, *gbnf);
+  std::optional<Grammar> grammar;
+  if (gbnf) {
+    const std::string text = string_field(*gbnf, "grammar");
+    try {
+      grammar = Grammar::from_gbnf(text, "grammar");
+    } catch (const Error& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", "grammar", ""};
+    }
+  } else if (kind == "json_object") {
+    grammar = Grammar::json_object();
+  } else if (kind == "json_schema") {
+    const json* js = field(*format, "json_schema");
+    if (!js || !js->is_object())
+      bad("response_format.json_schema", "an object {\"name\": ..., \"schema\": {...}, \"strict\": true}", js ? *js : json());
+    if (const json* name = field(*js, "name")) string_field(*name, "response_format.json_schema.name");
+    if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+      bad("response_format.json_schema.strict", "a boolean", *strict);
+    const json* schema = field(*js, "schema");
+    if (!schema || (!schema->is_object() && !schema->is_boolean()))
+      bad("response_format.json_schema.schema", "a JSON Schema object", schema ? *schema : json());
+    const std::string param = "response_format.json_schema.schema";
+    try {
+      const nlohmann::ordered_json ordered = detail::parse_ordered_json(body, "request", "body");
+      grammar = Grammar::from_json_schema(ordered["response_format"]["json_schema"]["schema"].dump(), param);
+    } catch (const Error& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", param, ""};
+    }
+  }
+  if (!grammar) return nullptr;
+  return std::make_shared<const Constraint>(std::move(*grammar), chat ? m.chat_vocabulary : m.completion_vocabulary);
+}
+
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat) {
   json b;
   try {
@@ -359,6 +407,7 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
                    "invalid_request_error", key, "context_length_exceeded"};
   r.options.max_new_tokens = max_tokens;
   r.options.stop_at_eos = true;
+  r.options.constraint = constraint(b, body, m, chat);
   return p;
 }
 
