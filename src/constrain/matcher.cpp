@@ -21,11 +21,12 @@ namespace mhsa {
 namespace detail {
 
 namespace {
-constexpr size_t kMaxClosure = 1u << 16;  // stacks one closure may visit: an ambiguity bound
+constexpr size_t kMaxClosure = 1u << 16;  // closure steps one transition may take: an ambiguity bound
 constexpr size_t kMaxCachedMasks = 512;
 }  // namespace
 
 ByteMatcher::ByteMatcher(const GrammarRules& g) : g_(&g) {
+  visited_ = 0;
   State s;
   for (const uint32_t a : g.alternatives[g.root]) closure(a, -1, s.stacks, s.accept);
   intern(std::move(s));
@@ -46,7 +47,6 @@ void ByteMatcher::closure(uint32_t pos, int32_t parent, std::vector<int32_t>& st
   if (seen_.size() >= kLinearSeen) seen_set_.clear();
   seen_.clear();
   work_.emplace_back(pos, parent);
-  size_t visited = 0;
   while (!work_.empty()) {
     auto [p, par] = work_.back();
     work_.pop_back();
@@ -58,7 +58,7 @@ void ByteMatcher::closure(uint32_t pos, int32_t parent, std::vector<int32_t>& st
     } else if (!seen_set_.insert(key).second) {
       continue;
     }
-    if (++visited > kMaxClosure)
+    if (++visited_ > kMaxClosure)  // counted over a whole transition (all its stacks' closures)
       throw Error(message("grammar: too ambiguous (over ", kMaxClosure, " alternatives alive at once)"));
     const GrammarRules::Element e = g_->elements[p];
     if (e.kind == GrammarRules::bytes) {
@@ -94,6 +94,7 @@ int32_t ByteMatcher::intern(State s) {
 }
 
 int32_t ByteMatcher::compute(int32_t state, uint8_t byte) {
+  visited_ = 0;
   State out;
   const std::vector<int32_t> stacks = states_[static_cast<size_t>(state)].stacks;  // (states_ may grow)
   for (const int32_t id : stacks) {
@@ -123,6 +124,7 @@ int32_t ByteMatcher::compact(int32_t keep) {
   state_ids_.clear();
   next_.clear();
   State start;
+  visited_ = 0;
   for (const uint32_t a : g_->alternatives[g_->root]) closure(a, -1, start.stacks, start.accept);
   intern(std::move(start));
   State s;

@@ -102,6 +102,7 @@ class ByteMatcher {
   std::unordered_map<std::string, int32_t> state_ids_;
   std::vector<std::array<int32_t, 256>> next_;
   std::vector<std::pair<uint32_t, int32_t>> work_;  // closure's worklist
+  size_t visited_ = 0;                               // closures' steps in this transition
   static constexpr size_t kLinearSeen = 32;
   std::vector<uint64_t> seen_;                       // closure's visited (pos, parent) pairs,
   std::unordered_set<uint64_t> seen_set_;            // and in a set past kLinearSeen of them
