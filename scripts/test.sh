@@ -69,6 +69,8 @@ step "fuzzing tokenizer.json loading and encoding: Tokenizer::parse_json (15 s)"
 fuzz tokenizer_json 15
 step "fuzzing the prompt cache's block files: check_image (15 s)"
 fuzz block_image 15
+step "fuzzing constrained decoding: GBNF and JSON Schema compiled, matched, masked (15 s)"
+fuzz grammar 15
 
 step "ARM (aarch64, portable kernels) under qemu"
 cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \

@@ -33,6 +33,7 @@
 #include "mhsa/error.h"
 #include "options.h"
 #include "output.h"
+#include "constraint_options.h"
 #include "speculation_options.h"
 #include "text/text_stream.h"
 
@@ -48,6 +49,7 @@ struct ChatArgs {
   SamplingArgs sampling;  // --stop, --logit-bias, --seed
   bool json = false, verbose = false;
   SpeculationArgs speculation;
+  ConstraintArgs constraint;
   int threads = 0;
 };
 
@@ -295,6 +297,9 @@ void run(ChatArgs& a) {
     throw Error(detail::message("mhsa chat: --model-draft: expected a model with --model's tokenizer (",
                                 loaded.tokenizer.vocab_size(), " tokens), got one of ", draft->tokenizer.vocab_size(),
                                 " tokens"));
+  // End tokens: the model's; the session adds its template's end-of-turn token (ChatSession).
+  a.options.generation.constraint = load_constraint(a.constraint, loaded.tokenizer, loaded.model.config().vocab_size,
+                                                    loaded.model.config().eos_token_ids, "mhsa chat");
   ChatSession session(loaded.model, loaded.tokenizer, a.options);
   const int64_t context = loaded.model.config().max_positions;
   if (a.sampling.seed_drawn && !a.json)
@@ -331,6 +336,7 @@ void add_chat_command(CLI::App& app) {
   GenerationOptions& g = a->options.generation;
   add_sampling_options(cmd, g, a->sampling, 512, "tokens per answer at most");
   add_speculation_options(cmd, a->speculation);
+  add_constraint_options(cmd, a->constraint);
   add_threads_option(cmd, a->threads);
   cmd->callback([a] {
     if (a->json && a->messages.empty() && a->prompt.empty())

@@ -31,6 +31,7 @@
 #include "mhsa/tokenizer.h"
 #include "options.h"
 #include "output.h"
+#include "constraint_options.h"
 #include "speculation_options.h"
 #include "text/text_stream.h"
 
@@ -47,6 +48,7 @@ struct GenerateArgs {
   bool echo = false, echo_given = false;  // --echo / --no-echo; default: whether stdout is a terminal
   bool verbose = false;
   SpeculationArgs speculation;
+  ConstraintArgs constraint;
   int threads = 0;
 };
 
@@ -60,6 +62,7 @@ void run(GenerateArgs& a) {
   std::unique_ptr<LoadedModel> draft;
   apply_speculation(a.speculation, effective_dtype(model_dir(a.model), a.dtype), o, draft);
   const Tokenizer& tok = loaded.tokenizer;
+  o.constraint = load_constraint(a.constraint, tok, model.config().vocab_size, model.config().eos_token_ids, "mhsa generate");
   const bool bytes = tok.eos_id() < 0 && tok.vocab_size() == 256;
   std::string prompt = a.prompt;
   if (prompt == "-") prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
@@ -162,6 +165,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", a->json,
                 "print one JSON object: prompt_tokens, prompt_ids, tokens, text, prefill/decode tokens per second");
   add_speculation_options(cmd, a->speculation);
+  add_constraint_options(cmd, a->constraint);
   cmd->add_flag("-v,--verbose", a->verbose, "also report speculative decoding's guesses kept and tokens per forward");
   add_threads_option(cmd, a->threads);
   cmd->callback([a, echo] {

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string_view>
@@ -20,6 +22,7 @@
 #include "io/json.h"
 #include "mhsa/error.h"
 #include "mhsa/evaluate.h"
+#include "mhsa/grammar.h"
 #include "serve_tools.h"
 #include "text/hf_tokenizer.h"
 
@@ -77,7 +80,7 @@ std::vector<std::pair<int32_t, float>> logit_bias(const json& b, int64_t vocab) 
 // Read (parse_common, completion_prompt, chat_prompt, parse_request):
 constexpr std::string_view kCommonFields[] = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
                                               "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
-                                              "logprobs", "top_logprobs", "n"};
+                                              "logprobs", "top_logprobs", "n", "response_format", "grammar"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "echo", "best_of", "suffix"};
 constexpr std::string_view kChatFields[] = {"messages", "max_completion_tokens", "tools", "tool_choice",
                                             "parallel_tool_calls"};
@@ -104,7 +107,6 @@ struct Unimplemented {
 constexpr Unimplemented kUnimplementedFields[] = {
     {"functions", "[[]]", "function calling"},
     {"function_call", R"(["none"])", "function calling"},
-    {"response_format", R"([{"type": "text"}])", "structured output (response_format other than text)"},
     {"modalities", R"([["text"]])", "output other than text"},
     {"audio", "[]", "audio output"},
     {"prediction", "[]", "predicted outputs"},
@@ -477,6 +479,51 @@ ojson error_json(const ApiError& e) {
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
+// response_format (text, json_object, json_schema) or mhsa's `grammar` (GBNF text, as llama.cpp's
+// server takes it): the constraint on the answer, null for none. A schema is read again from the
+// body with its keys in order, so that properties are generated in the order the schema gives.
+std::shared_ptr<const Constraint> constraint(const json& b, std::string_view body, const ServedModel& m, bool chat) {
+  const json* format = field(b, "response_format");
+  const json* gbnf = field(b, "grammar");
+  if (format && !format->is_object()) bad_field("response_format", "an object {\"type\": \"text\" | \"json_object\" | \"json_schema\"}", *format);
+  const json* type = format ? field(*format, "type") : nullptr;
+  if (format && !type) bad_field("response_format.type", "\"text\", \"json_object\" or \"json_schema\"", json());
+  const std::string kind = type ? string_field(*type, "response_format.type") : "text";
+  if (kind != "text" && kind != "json_object" && kind != "json_schema")
+    bad_field("response_format.type", "\"text\", \"json_object\" or \"json_schema\"", *type);
+  if (gbnf && kind != "text") bad_field("grammar", "no grammar beside a response_format of type " + kind, *gbnf);
+  std::optional<Grammar> grammar;
+  if (gbnf) {
+    const std::string text = string_field(*gbnf, "grammar");
+    try {
+      grammar = Grammar::from_gbnf(text, "grammar");
+    } catch (const Error& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", "grammar", ""};
+    }
+  } else if (kind == "json_object") {
+    grammar = Grammar::json_object();
+  } else if (kind == "json_schema") {
+    const json* js = field(*format, "json_schema");
+    if (!js || !js->is_object())
+      bad_field("response_format.json_schema", "an object {\"name\": ..., \"schema\": {...}, \"strict\": true}", js ? *js : json());
+    if (const json* name = field(*js, "name")) string_field(*name, "response_format.json_schema.name");
+    if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+      bad_field("response_format.json_schema.strict", "a boolean", *strict);
+    const json* schema = field(*js, "schema");
+    if (!schema || (!schema->is_object() && !schema->is_boolean()))
+      bad_field("response_format.json_schema.schema", "a JSON Schema object", schema ? *schema : json());
+    const std::string param = "response_format.json_schema.schema";
+    try {
+      const nlohmann::ordered_json ordered = detail::parse_ordered_json(body, "request", "body");
+      grammar = Grammar::from_json_schema(ordered["response_format"]["json_schema"]["schema"].dump(), param);
+    } catch (const Error& e) {
+      throw ApiError{400, e.what(), "invalid_request_error", param, ""};
+    }
+  }
+  if (!grammar) return nullptr;
+  return std::make_shared<const Constraint>(std::move(*grammar), chat ? m.chat_vocabulary : m.completion_vocabulary);
+}
+
 ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool chat) {
   const json b = parse_body(body);
   ParsedRequest p;
@@ -513,6 +560,7 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
                    "invalid_request_error", key, "context_length_exceeded"};
   r.options.max_new_tokens = max_tokens;
   r.options.stop_at_eos = true;
+  r.options.constraint = constraint(b, body, m, chat);
   return p;
 }
 

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mhsa/chat.h"
+#include "mhsa/grammar.h"
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
 #include "serve/scheduler.h"
@@ -40,6 +41,9 @@ struct ServedModel {
   ChatSession* chat = nullptr;
   std::mutex* chat_mutex = nullptr;  // ChatSession is one thread's at a time
   int64_t context = 0;               // --ctx-size: prompt + completion at most
+  // The vocabulary's bytes for response_format and grammar: ended by the chat template's end-of-turn
+  // tokens (chat) or the model's end-of-sequence tokens (completions), as the requests are.
+  std::shared_ptr<const TokenVocabulary> chat_vocabulary, completion_vocabulary;
 };
 
 struct ToolRequest;  // serve_tools.h

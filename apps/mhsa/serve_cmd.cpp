@@ -797,6 +797,10 @@ void run(const ServeArgs& a) {
   aliases.push_back("default");
   ServedModel served{id, aliases, &loaded.model, &loaded.tokenizer, chat.get(), &chat_mutex,
                      a.ctx_size > 0 ? a.ctx_size : max_positions};
+  const int64_t vocab = loaded.model.config().vocab_size;
+  served.completion_vocabulary = TokenVocabulary::from_tokenizer(loaded.tokenizer, vocab, loaded.model.config().eos_token_ids);
+  served.chat_vocabulary = chat ? TokenVocabulary::from_tokenizer(loaded.tokenizer, vocab, chat->end_of_turn_ids())
+                                : served.completion_vocabulary;
 
   serve::SchedulerOptions so;
   so.parallel = a.parallel;

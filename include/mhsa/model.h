@@ -48,6 +48,7 @@ class ModelCache {
 };
 
 class Model;
+class Constraint;  // mhsa/grammar.h
 
 // Speculative decoding: up to draft_tokens tokens are guessed ahead of the model and checked in
 // one forward (which costs about what one token costs while reading the weights bounds a step),
@@ -88,6 +89,11 @@ struct GenerationOptions {
   uint64_t seed = 0;                 // the sampler's generator (one per sequence, seed + row)
   bool stop_at_eos = true;           // a sequence ends after it emits an end-of-sequence token
   SpeculationOptions speculation;
+  // Constrained decoding (mhsa/grammar.h): each sequence keeps its own state of this grammar, and
+  // before anything else the sampler sets the logits of the tokens it does not allow to −∞; once
+  // the text is complete only end tokens are allowed. Speculation stays exact: each checked row is
+  // masked by the state advanced along the guesses before it. Null: no constraint.
+  std::shared_ptr<const Constraint> constraint;
 };
 
 // What speculative decoding did: forwards run after the prompt's, tokens guessed, and of those

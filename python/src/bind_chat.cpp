@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "arrays.h"
+#include "constraint_arg.h"
 #include "mhsa/chat.h"
 #include "mhsa/error.h"
 
@@ -83,8 +84,9 @@ void bind_chat(py::module_& m) {
   py::class_<Chat>(m, "ChatSession", R"(A conversation with an instruction-tuned mhsa.Model through its chat template.
 
 ChatSession(model, tokenizer, system=None, max_new_tokens=512, temperature=0, top_k=0, top_p=1, seed=0,
-repetition_penalty=1, chat_template=None, draft_tokens=0, draft_model=None, lookup_ngram=4, adaptive=True): the
-sampler's and speculative decoding's options as Model.generate's; system: a system
+repetition_penalty=1, chat_template=None, draft_tokens=0, draft_model=None, lookup_ngram=4, adaptive=True,
+json_schema=None, grammar=None): the sampler's, speculative decoding's and constrained decoding's options as
+Model.generate's (every answer then follows the schema or grammar); system: a system
 message at the start of every conversation; chat_template: the name of one of the tokenizer's templates
 or a Jinja template to use instead of its own. Each send() renders the whole conversation as
 transformers' apply_chat_template(add_generation_prompt=True, tokenize=True) and runs only the tokens
@@ -92,8 +94,11 @@ the KV cache does not hold yet. One call at a time per session.)")
       .def(py::init([](const Model& model, const Tokenizer& tokenizer, const std::optional<std::string>& system,
                        int64_t max_new_tokens, float temperature, int64_t top_k, float top_p, uint64_t seed,
                        float repetition_penalty, const std::optional<std::string>& chat_template,
-                       int64_t draft_tokens, const py::object& draft_model, int64_t lookup_ngram, bool adaptive) {
+                       int64_t draft_tokens, const py::object& draft_model, int64_t lookup_ngram, bool adaptive,
+                       const py::object& json_schema, const std::optional<std::string>& grammar) {
              ChatOptions o;
+             o.generation.constraint = constraint_arg(json_schema, grammar, &tokenizer, model.config().vocab_size,
+                                                      model.config().eos_token_ids, "ChatSession");
              o.generation.speculation.draft_tokens = draft_tokens;
              o.generation.speculation.draft_model = draft_model.is_none() ? nullptr : draft_model.cast<const Model*>();
              o.generation.speculation.ngram_max = lookup_ngram;
@@ -111,7 +116,8 @@ the KV cache does not hold yet. One call at a time per session.)")
            "model"_a, "tokenizer"_a, "system"_a = py::none(), "max_new_tokens"_a = 512, "temperature"_a = 0.0f,
            "top_k"_a = 0, "top_p"_a = 1.0f, "seed"_a = 0, "repetition_penalty"_a = 1.0f,
            "chat_template"_a = py::none(), "draft_tokens"_a = 0, "draft_model"_a = py::none(),
-           "lookup_ngram"_a = 4, "adaptive"_a = true, py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 13>())
+           "lookup_ngram"_a = 4, "adaptive"_a = true, "json_schema"_a = py::none(), "grammar"_a = py::none(),
+           py::keep_alive<1, 2>(), py::keep_alive<1, 3>(), py::keep_alive<1, 13>())
       .def("send", &send, "text"_a, "on_text"_a = py::none(),
            R"(Adds a user message and returns the assistant's answer (also added to the conversation).
 on_text(piece) is called with each piece of text as it is made. An exception in on_text (or Ctrl-C)

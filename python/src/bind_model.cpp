@@ -16,6 +16,7 @@
 #include <map>
 
 #include "arrays.h"
+#include "constraint_arg.h"
 #include "core/check.h"
 #include "locks.h"
 #include "mhsa/gpt2.h"
@@ -154,9 +155,14 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
           [name](const M& g, const py::object& ids_obj, int64_t max_new_tokens, float temperature, int64_t top_k,
              float top_p, uint64_t seed, float repetition_penalty, bool stop_at_eos, float presence_penalty,
              float frequency_penalty, const std::map<int64_t, float>& logit_bias, int64_t draft_tokens,
-             const py::object& draft_model, int64_t lookup_ngram, bool adaptive, bool return_stats) -> py::object {
+             const py::object& draft_model, int64_t lookup_ngram, bool adaptive, bool return_stats,
+             const py::object& json_schema, const std::optional<std::string>& grammar,
+             const Tokenizer* tokenizer) -> py::object {
             const Ids ids = token_ids(ids_obj, name + ".generate");
             GenerationOptions o;
+            const int32_t eos = pad_token(g);
+            o.constraint = constraint_arg(json_schema, grammar, tokenizer, g.config().vocab_size, std::span(&eos, 1),
+                                          name + ".generate");
             o.speculation.draft_tokens = draft_tokens;
             o.speculation.draft_model = draft_model.is_none() ? nullptr : draft_model.cast<const Model*>();
             o.speculation.ngram_max = lookup_ngram;
@@ -205,6 +211,7 @@ void bind_decoder(py::class_<M>& cls, const std::string& name) {
           "repetition_penalty"_a = 1.0f, "stop_at_eos"_a = true, "presence_penalty"_a = 0.0f,
           "frequency_penalty"_a = 0.0f, "logit_bias"_a = std::map<int64_t, float>{}, "draft_tokens"_a = 0,
           "draft_model"_a = py::none(), "lookup_ngram"_a = 4, "adaptive"_a = true, "return_stats"_a = false,
+          "json_schema"_a = py::none(), "grammar"_a = py::none(), "tokenizer"_a = py::none(),
           R"(Prompt + continuation, int64 [B, T + n] (like Hugging Face's generate): greedy at temperature 0,
 otherwise sampled (top_k, top_p, seeded). Sequences that end early are padded with eos.
 presence_penalty, frequency_penalty and logit_bias ({token id: bias}) as OpenAI defines them: a
@@ -215,7 +222,10 @@ them in one forward (greedy output unchanged bit for bit; sampled output keeps i
 from the text's own repeats (prompt lookup, n-grams up to lookup_ngram long) or from draft_model, a
 Model with the same vocabulary; adaptive: each step checks only as many guesses as pay, from the guesses
 kept so far and the measured cost of a forward's rows (False: always draft_tokens). return_stats: also a dict of prefill/decode tokens and seconds,
-forwards, drafted and accepted guesses.)");
+forwards, drafted and accepted guesses.
+Constrained decoding: json_schema (a dict or JSON text; docs/structured-output.md says which keywords)
+or grammar (GBNF text, start rule root) with tokenizer, the model's mhsa.Tokenizer: every token is
+drawn among those that keep the text a prefix of the grammar's, and once it is complete only EOS.)");
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "io/json.h"
 #include "mhsa/chat_template.h"
+#include "mhsa/grammar.h"
 #include "model/access.h"
 #include "model/decoder.h"
 #include "model/speculative.h"
@@ -127,6 +128,15 @@ ChatSession::ChatSession(const Model& model, const Tokenizer& tokenizer, ChatOpt
   }
   std::sort(stop_ids_.begin(), stop_ids_.end());
   stop_ids_.erase(std::unique(stop_ids_.begin(), stop_ids_.end()), stop_ids_.end());
+  // A constraint ends its text with an end token: this session's end-of-turn tokens must be among
+  // its vocabulary's, else the answer could never end where the grammar is complete.
+  if (const std::shared_ptr<const Constraint>& c = options_.generation.constraint) {
+    const std::span<const int32_t> ends = c->vocabulary().end_ids();
+    if (!std::all_of(stop_ids_.begin(), stop_ids_.end(),
+                     [&](int32_t id) { return std::find(ends.begin(), ends.end(), id) != ends.end(); }))
+      options_.generation.constraint = std::make_shared<const Constraint>(
+          c->grammar(), TokenVocabulary::from_tokenizer(tokenizer, model.config().vocab_size, stop_ids_));
+  }
   reset();
 }
 

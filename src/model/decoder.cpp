@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "mhsa/grammar.h"
 #include "model/speculative.h"
 
 namespace mhsa::detail {
@@ -55,6 +56,9 @@ void check_sampling(std::string_view fn, const GenerationOptions& o, int64_t voc
       fail(fn, message("logit_bias[", i, "]"), message("a token id in [0, ", vocab, ")"), std::to_string(id));
     if (!std::isfinite(bias)) fail(fn, message("logit_bias[", i, "]"), "a finite bias", std::to_string(bias));
   }
+  if (o.constraint && o.constraint->vocabulary().size() > vocab)
+    fail(fn, "constraint", message("a vocabulary of at most the model's ", vocab, " tokens"),
+         message(o.constraint->vocabulary().size(), " tokens"));
 }
 
 Tensor random_tensor(std::vector<int64_t> dims, float std, uint64_t& state) {
@@ -668,6 +672,9 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
     return out;
   }
   const int32_t pad = d.eos.empty() ? -1 : d.eos[0];
+  std::vector<ConstraintState> constraint;  // one per sequence
+  if (o.constraint)
+    for (int64_t b = 0; b < B; ++b) constraint.push_back(o.constraint->start());
   std::vector<char> done(static_cast<size_t>(B), 0);
   std::vector<int32_t> tokens(static_cast<size_t>(B));
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
@@ -678,7 +685,9 @@ std::vector<std::vector<int32_t>> generate(const Decoder& d, std::span<const int
         continue;
       }
       check_logits({logits.data() + b * V, static_cast<size_t>(V)}, fn, step + 1, B > 1 ? b : -1);
+      if (o.constraint) constraint[i].mask({logits.data() + b * V, static_cast<size_t>(V)});
       tokens[i] = sample({logits.data() + b * V, static_cast<size_t>(V)}, history[i], o, rng[i], static_cast<size_t>(T));
+      if (o.constraint) constraint[i].advance(tokens[i]);
       history[i].push_back(tokens[i]);
       out[i].push_back(tokens[i]);
       if (o.stop_at_eos && std::find(d.eos.begin(), d.eos.end(), tokens[i]) != d.eos.end()) done[i] = 1;

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/check.h"
+#include "mhsa/grammar.h"
 #include "model/decoder.h"
 
 namespace mhsa::detail {
@@ -184,6 +186,10 @@ DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& hi
   Tensor logits;      // [1, 1 + drafts, V] of the last forward (empty before the first)
   std::vector<int32_t> drafts;
   Tuner tuner;
+  // The grammar's state, advanced along each kept token: a checked row is masked by the state after
+  // the guesses before it, so a guess the grammar forbids is rejected like any other wrong guess.
+  std::optional<ConstraintState> constraint;
+  if (o.constraint) constraint.emplace(o.constraint->start());
   using clock = std::chrono::steady_clock;
   const auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
   for (;;) {
@@ -194,6 +200,7 @@ DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& hi
       const float* src = logits.numel() ? logits.data() + static_cast<int64_t>(i) * V : first.data();
       if (logits.numel()) row.assign(src, src + V);
       check_logits(row, limits.fn, r.tokens + 1);
+      if (constraint) constraint->mask(row);
       bool accepted = false;
       int32_t t;
       if (i < drafts.size()) {
@@ -211,6 +218,7 @@ DecodeResult decode_sequence(const SequenceRunner& run, std::vector<int32_t>& hi
         break;
       }
       history.push_back(t);
+      if (constraint) constraint->advance(t);
       if (said == Take::last || r.tokens == limits.max_new_tokens) stop = true;
       if (stop || !accepted) break;
     }

@@ -19,6 +19,7 @@
 
 #include "mhsa/chat.h"
 #include "mhsa/error.h"
+#include "mhsa/grammar.h"
 #include "model/decoder.h"
 #include "text/text_stream.h"
 
@@ -135,7 +136,9 @@ struct Scheduler::Sequence {
         rng(job->request().options.seed * 0x2545F4914F6CDD1Dull),  // Model::generate's first sequence
         decoder(tokenizer),
         text(job->request().stop),
-        target(history.size()) {}
+        target(history.size()) {
+    if (job->request().options.constraint) constraint.emplace(job->request().options.constraint->start());
+  }
   ~Sequence() { pool.release(paged); }
   Sequence(const Sequence&) = delete;
   Sequence& operator=(const Sequence&) = delete;
@@ -155,6 +158,8 @@ struct Scheduler::Sequence {
   size_t prefilled = 0;  // tokens of history[0, target) in the cache (shared blocks included)
   int64_t generated = 0;
   int32_t pending = -1;  // a token sampled but not yet run (history's last)
+  // Its place in the request's grammar (GenerationOptions::constraint), if it has one.
+  std::optional<ConstraintState> constraint;
   int64_t planned = 0;   // tokens it runs in this step (0: none)
   bool done = false;     // finished or cancelled: leaves at the end of the step
   bool preempted = false;  // its blocks given back: leaves `active` for preempted_ at the end of the step
@@ -538,11 +543,14 @@ Scheduler::Drawn Scheduler::draw(Sequence& s, std::span<float> logits) {
     const Request& r = s.job->request();
     if (r.top_logprobs >= 0) {  // from the logits as the model gave them (sample may change them)
       const std::vector<float> raw(logits.begin(), logits.end());
+      if (s.constraint) s.constraint->mask(logits);
       d.token = Model::sample(logits, s.history, r.options, s.rng, r.prompt.size());
       d.logprob = token_logprob(raw, d.token, r.top_logprobs);
     } else {
+      if (s.constraint) s.constraint->mask(logits);
       d.token = Model::sample(logits, s.history, r.options, s.rng, r.prompt.size());
     }
+    if (s.constraint) s.constraint->advance(d.token);
   } catch (const std::exception& e) {
     d.error = error_text(e);
   }
