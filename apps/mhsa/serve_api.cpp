@@ -560,7 +560,11 @@ ParsedRequest parse_request(std::string_view body, const ServedModel& m, bool ch
                    "invalid_request_error", key, "context_length_exceeded"};
   r.options.max_new_tokens = max_tokens;
   r.options.stop_at_eos = true;
-  r.options.constraint = constraint(b, body, m, chat);
+  if (auto c = constraint(b, body, m, chat)) {
+    if (r.options.constraint)  // (a required or named tool's call grammar)
+      unsupported_field("tool_choice", "a required or named tool together with response_format or grammar");
+    r.options.constraint = std::move(c);
+  }
   return p;
 }
 

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "io/json.h"
 #include "mhsa/error.h"
+#include "mhsa/grammar.h"
 #include "mhsa/tokenizer.h"
 
 namespace mhsa::cli {
@@ -73,6 +74,60 @@ std::string tools_prompt(const json& tools) {
        "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function name>, \"arguments\": <a JSON object>}\n"
        "</tool_call>";
   return s;
+}
+
+// A tool's parameters as a GBNF grammar whose rules are renamed apart (prefix + s0, ref0, ...)
+// and whose start is returned as `start`; the shared JSON rules (ws, json-value, ...) are left out
+// for the caller to add once.
+std::string tool_rules(const json& tool, const std::string& prefix, std::string& start, std::string& primitives) {
+  const json* params = field(tool["function"], "parameters");
+  const std::string schema = params ? params->dump() : R"({"type": "object"})";
+  const std::string where = message("tools[", prefix.substr(1), "].function.parameters");
+  std::string gbnf;
+  try {
+    gbnf = Grammar::json_schema_to_gbnf(schema, where);
+  } catch (const Error& e) {
+    throw ApiError{400, e.what(), "invalid_request_error", where, ""};
+  }
+  // Rename the schema's own rules (s<N>, ref<N>, root) outside literals and character classes.
+  std::string out;
+  bool in_literal = false, in_class = false;
+  for (size_t i = 0; i < gbnf.size();) {
+    const char c = gbnf[i];
+    if (in_literal || in_class) {
+      out += c;
+      if (c == '\\' && i + 1 < gbnf.size()) out += gbnf[++i];
+      else if (in_literal && c == '"') in_literal = false;
+      else if (in_class && c == ']') in_class = false;
+      ++i;
+      continue;
+    }
+    if (c == '"' || c == '[') {
+      (c == '"' ? in_literal : in_class) = true;
+      out += c;
+      ++i;
+      continue;
+    }
+    if (std::isalpha(static_cast<unsigned char>(c))) {
+      size_t j = i;
+      while (j < gbnf.size() && (std::isalnum(static_cast<unsigned char>(gbnf[j])) || gbnf[j] == '-' || gbnf[j] == '_')) ++j;
+      const std::string word = gbnf.substr(i, j - i);
+      const bool own = word == "root" || std::regex_match(word, std::regex("(s|ref)[0-9]+"));
+      out += own ? prefix + word : word;
+      i = j;
+      continue;
+    }
+    out += c;
+    ++i;
+  }
+  start = prefix + "root";
+  // The shared rules are the tail that starts with "ws ::=": kept once.
+  const size_t at = out.find("\nws ::=");
+  if (at != std::string::npos) {
+    if (primitives.empty()) primitives = out.substr(at + 1);
+    out.resize(at + 1);
+  }
+  return out;
 }
 
 }  // namespace
@@ -249,6 +304,27 @@ std::vector<int32_t> prepare_tool_request(const ServedModel& m, const json& mess
     const std::vector<int32_t> forced = m.tokenizer->encode(tools.forced, EncodeOptions{false, true});
     ids.insert(ids.end(), forced.begin(), forced.end());
     request.stop.push_back(std::string(kClose));  // one call is what was asked for
+    // The rest of the call held to the grammar: a name among the tools (required) and arguments
+    // that are an instance of the function's parameters schema.
+    if (request.options.constraint)
+      unsupported_field("tool_choice", "a required or named tool together with response_format or grammar");
+    std::string rules, primitives, alternatives;
+    for (size_t i = 0; i < tools.tools.size(); ++i) {
+      const json& tool = tools.tools[i];
+      const std::string name = tool["function"]["name"].get<std::string>();
+      if (tools.choice == Choice::named && name != tools.named) continue;
+      std::string start;
+      rules += tool_rules(tool, message("t", i, "-"), start, primitives);
+      // (Names are letters, digits, '_' and '-': nothing to escape in a literal.)
+      const std::string head = tools.choice == Choice::named ? "" : "\"" + name + "\\\", \\\"arguments\\\": \" ";
+      alternatives += (alternatives.empty() ? "" : " | ") + head + start;
+    }
+    const std::string gbnf = "root ::= ( " + alternatives + " ) ws \"}\" \"\\n</tool_call>\"\n" + rules + primitives;
+    try {
+      request.options.constraint = std::make_shared<const Constraint>(Grammar::from_gbnf(gbnf, "tool call"), m.chat_vocabulary);
+    } catch (const Error& e) {
+      throw ApiError{400, message("tools: ", e.what()), "invalid_request_error", "tools", ""};
+    }
   }
   return ids;
 }

@@ -2,7 +2,7 @@
 renders tools itself (Qwen 2.5's) gets exactly the prompt transformers' apply_chat_template(tools=)
 gives, calls and results in the history included; the default model (whose template knows no
 tools: they are described in its system message) answers a named tool_choice with a call of that
-function whose arguments are a JSON object, streamed calls assemble into the unstreamed ones, a
+function whose arguments validate against its schema (the call's grammar), streamed calls assemble into the unstreamed ones, a
 tool round trip is answered, and tool_choice "none" gives text. Bad tools are 400s naming the field."""
 
 import json
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+jsonschema = pytest.importorskip("jsonschema")
 openai = pytest.importorskip("openai")
 transformers = pytest.importorskip("transformers")
 
@@ -111,15 +112,25 @@ def test_the_default_model_calls_a_named_tool():
         c = s.client
         question = [{"role": "user", "content": "What is the weather in Paris?"}]
         named = {"type": "function", "function": {"name": "get_weather"}}
-        r = c.chat.completions.create(model=s.id, messages=question, tools=[WEATHER], tool_choice=named,
+        r = c.chat.completions.create(model=s.id, messages=question, tools=[WEATHER, ADD], tool_choice=named,
                                       temperature=0, max_tokens=40)
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         (call,) = choice.message.tool_calls
         assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
-        assert isinstance(json.loads(call.function.arguments), dict)
+        # The call's grammar holds the arguments to the function's schema.
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        for tool in (WEATHER, ADD):  # "required" and each named tool: a call of a given function, valid
+            for choice in ("required", {"type": "function", "function": {"name": tool["function"]["name"]}}):
+                got = c.chat.completions.create(model=s.id, messages=question, tools=[WEATHER, ADD], tool_choice=choice,
+                                                temperature=0, max_tokens=40).choices[0].message.tool_calls
+                assert len(got) == 1, (choice, got)
+                schema = {"get_weather": WEATHER, "add": ADD}[got[0].function.name]["function"]["parameters"]
+                jsonschema.validate(json.loads(got[0].function.arguments), schema)
+                if choice != "required":
+                    assert got[0].function.name == tool["function"]["name"]
         # Streamed: the same calls, assembled from their deltas.
-        chunks = list(c.chat.completions.create(model=s.id, messages=question, tools=[WEATHER],
+        chunks = list(c.chat.completions.create(model=s.id, messages=question, tools=[WEATHER, ADD],
                                                 tool_choice=named, temperature=0, max_tokens=40, stream=True))
         calls = {}
         for ch in chunks:
