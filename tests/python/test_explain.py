@@ -199,7 +199,7 @@ def test_text_format_is_a_heatmap_of_one_head(model_dir):
 def test_bad_requests_are_clear_errors(model_dir, tmp_path):
     d, _ = model_dir
     cases = [
-        (["--model", tmp_path / "absent", "--prompt", "Hi", "--out", tmp_path / "x.html"], "Model::load: dir: expected a model directory"),
+        (["--model", tmp_path / "absent", "--prompt", "Hi", "--out", tmp_path / "x.html"], "--model: expected a model directory"),
         (["--model", d, "--prompt", "Hi", "--layer", 2, "--out", tmp_path / "x.html"], "--layer: expected a layer in [0, 2), got 2"),
         (["--model", d, "--prompt", "Hi", "--head", -1, "--out", tmp_path / "x.html"], "--head: expected a head in [0, 4), got -1"),
         (["--model", d, "--prompt", "", "--out", tmp_path / "x.html"], "--prompt: expected some text, got an empty prompt"),
