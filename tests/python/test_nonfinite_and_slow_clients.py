@@ -49,7 +49,7 @@ def test_generate_stops_at_nan_logits(nan_dir):
                        capture_output=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert b"\x00" not in r.stdout and b"!" not in r.stdout, r.stdout  # token 0 of GPT-2 is "!"
-    assert (b"Model::generate: logits for new token 1: expected finite values (a weight or activation of the model "
+    assert (b"logits for new token 1: expected finite values (a weight or activation of the model "
             b"is not finite), got nan at token id 0") in r.stderr, r.stderr
     model = mhsa.Model.load(str(nan_dir))
     with pytest.raises(mhsa.Error, match=r"logits for new token 1 of sequence 0: expected finite values .*"
