@@ -213,13 +213,7 @@ class AnthropicExchange final : public Exchange {
 };
 
 std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, const ResponseIds& ids) {
-  json b;
-  try {
-    b = detail::parse_json(body, "request", "body", "a JSON object");
-  } catch (const Error& e) {
-    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
-  }
-  if (!b.is_object()) bad_field("body", "a JSON object", b);
+  const json b = parse_body(body);
   // temperature, top_p and top_k: the API's sampling fields, which newer clients send through extra_body.
   only_known_fields(b, {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
                         "top_k", "metadata", "tools", "tool_choice", "thinking", "service_tier", "cache_control",

@@ -255,18 +255,6 @@ std::vector<int32_t> completion_prompt(const json& b, const ServedModel& m) {
   return ids;
 }
 
-// A JSON body that must be an object.
-json parse_body(std::string_view body) {
-  json b;
-  try {
-    b = detail::parse_json(body, "request", "body", "a JSON object");
-  } catch (const Error& e) {
-    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
-  }
-  if (!b.is_object()) bad_field("body", "a JSON object", b);
-  return b;
-}
-
 // Every field of b is one of `known` (with `ignored`: accepted, without effect).
 void only_fields(const json& b, std::span<const std::string_view> known) {
   for (const auto& [key, value] : b.items())

@@ -9,6 +9,17 @@ using json = nlohmann::json;
 using detail::json_excerpt;
 using detail::message;
 
+json parse_body(std::string_view body) {
+  json b;
+  try {
+    b = detail::parse_json(body, "request", "body", "a JSON object");
+  } catch (const Error& e) {
+    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
+  }
+  if (!b.is_object()) bad_field("body", "a JSON object", b);
+  return b;
+}
+
 void bad_field(const std::string& param, const std::string& expected, const json& got) {
   throw ApiError{400, message(param, ": expected ", expected, ", got ", json_excerpt(got)), "invalid_request_error",
                  param, ""};

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +19,9 @@ struct ApiError {
   std::string type = "invalid_request_error";
   std::string param, code;  // "" is written as null
 };
+
+// A request body that must be a JSON object: a 400 "invalid_json" naming the place of a syntax error.
+nlohmann::json parse_body(std::string_view body);
 
 [[noreturn]] void bad_field(const std::string& param, const std::string& expected, const nlohmann::json& got);
 // An option mhsa does not implement: "PARAM: WHAT is not supported by mhsa serve".

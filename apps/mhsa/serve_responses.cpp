@@ -211,13 +211,7 @@ json chat_tools(const json& b) {
 }
 
 std::unique_ptr<Exchange> start(std::string_view body, const ServedModel& m, const ResponseIds& ids) {
-  json b;
-  try {
-    b = detail::parse_json(body, "request", "body", "a JSON object");
-  } catch (const Error& e) {
-    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
-  }
-  if (!b.is_object()) bad_field("body", "a JSON object", b);
+  const json b = parse_body(body);
   only_known_fields(b, {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream",
                         "stream_options", "store", "metadata", "user", "text", "tools", "tool_choice",
                         "parallel_tool_calls", "truncation", "reasoning", "include", "background",

@@ -34,7 +34,6 @@ namespace {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
-using detail::json_excerpt;
 using detail::message;
 
 // Every head's [T, T] float32 probabilities of one explanation at most: 256 MiB allows 498 tokens
@@ -44,39 +43,28 @@ constexpr int64_t kExplainBytes = int64_t{256} << 20;
 constexpr size_t kMaxMessages = 256;
 constexpr size_t kMaxRoleBytes = 64;
 
-[[noreturn]] void bad(const std::string& param, const std::string& expected, const json& got) {
-  throw ApiError{400, message(param, ": expected ", expected, ", got ", json_excerpt(got)), "invalid_request_error",
-                 param, ""};
-}
-
 std::vector<ChatMessage> explain_messages(std::string_view body) {
-  json b;
-  try {
-    b = detail::parse_json(body, "request", "body", "a JSON object");
-  } catch (const Error& e) {
-    throw ApiError{400, e.what(), "invalid_request_error", "", "invalid_json"};
-  }
-  if (!b.is_object()) bad("body", "a JSON object", b);
+  const json b = parse_body(body);
   for (const auto& [key, value] : b.items())
     if (key != "messages" && key != "model")
       throw ApiError{400, message(detail::printable(key), ": expected only \"messages\" (and \"model\") in /v1/explain, got this field too"),
                      "invalid_request_error", key, "unsupported_parameter"};
-  if (b.contains("model") && !b["model"].is_string()) bad("model", "a string", b["model"]);
+  if (b.contains("model") && !b["model"].is_string()) bad_field("model", "a string", b["model"]);
   const auto it = b.find("messages");
   const std::string what = message("an array of 1 to ", kMaxMessages, " {\"role\", \"content\"} objects");
   if (it == b.end() || !it->is_array() || it->empty() || it->size() > kMaxMessages)
-    bad("messages", what, it == b.end() ? json() : *it);
+    bad_field("messages", what, it == b.end() ? json() : *it);
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i < it->size(); ++i) {
     const json& m = (*it)[i];
     const std::string where = message("messages[", i, "]");
-    if (!m.is_object()) bad(where, "an object with \"role\" and \"content\"", m);
+    if (!m.is_object()) bad_field(where, "an object with \"role\" and \"content\"", m);
     for (const auto& [key, value] : m.items())
-      if (key != "role" && key != "content") bad(where + "." + detail::printable(key), "no such field (only role and content)", value);
+      if (key != "role" && key != "content") bad_field(where + "." + detail::printable(key), "no such field (only role and content)", value);
     const json role = m.value("role", json()), content = m.value("content", json());
     if (!role.is_string() || role.get_ref<const std::string&>().empty() || role.get_ref<const std::string&>().size() > kMaxRoleBytes)
-      bad(where + ".role", message("a string of 1 to ", kMaxRoleBytes, " bytes"), role);
-    if (!content.is_string()) bad(where + ".content", "a string", content);
+      bad_field(where + ".role", message("a string of 1 to ", kMaxRoleBytes, " bytes"), role);
+    if (!content.is_string()) bad_field(where + ".content", "a string", content);
     messages.push_back({role.get<std::string>(), content.get<std::string>()});
   }
   return messages;

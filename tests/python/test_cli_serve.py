@@ -40,6 +40,7 @@ CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_models import write_gpt2_dir  # noqa: E402
 from tiny_chat_model import WORDS, write_chat_dir  # noqa: E402
+from serve_process import Server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,32 +52,6 @@ def seed():
 def rng(request, seed):
     request.node.user_properties.append(("MHSA_TEST_SEED", seed))
     return random.Random(seed)
-
-
-class Server:
-    """`mhsa serve` as a subprocess; url is read from the line it prints when ready."""
-
-    def __init__(self, model, *args):
-        self.log = tempfile.TemporaryFile(mode="w+")  # stderr, the access log among it: a file, never a full pipe
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", str(model), "--port", "0", *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
-        self.ready = line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
-        assert m, f"no URL in {line!r}; stderr: {self.stderr()}"
-        self.url, self.port = m.group(1), int(m.group(2))
-        self.id = Path(model).name
-
-    def stderr(self):
-        self.log.seek(0)
-        return self.log.read()
-
-    def client(self, **kw):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=kw.pop("api_key", "unused"), max_retries=0, **kw)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_models import write_gpt2_dir  # noqa: E402
+from serve_process import Server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -55,22 +56,6 @@ def test_generate_stops_at_nan_logits(nan_dir):
     with pytest.raises(mhsa.Error, match=r"logits for new token 1 of sequence 0: expected finite values .*"
                                          r"got nan at token id 0"):
         model.generate(np.array([[15496, 11], [15496, 11]], dtype=np.int32), max_new_tokens=4)
-
-
-class Server:
-    """`mhsa serve --port 0`; url read from the line it prints when ready."""
-
-    def __init__(self, model):
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", str(model), "--port", "0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
-        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read()}"
-        self.url, self.port = m.group(1), int(m.group(2))
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
 
 
 def post(url, body):

@@ -27,6 +27,7 @@ CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 GGUF = ROOT / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_chat_model import WORDS, write_chat_dir  # noqa: E402
+from serve_process import Server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,27 +35,6 @@ def rng(request):
     seed = int(os.environ.get("MHSA_TEST_SEED") or secrets.randbits(32))
     print(f"MHSA_TEST_SEED={seed}")
     return random.Random(seed)
-
-
-class Server:
-    def __init__(self, model, *args, env=None):
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", str(model), "--port", "0", *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
-        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read()}"
-        self.url, self.port = m.group(1), int(m.group(2))
-
-    def anthropic(self, api_key="unused"):
-        return anthropic.Anthropic(base_url=self.url, api_key=api_key, max_retries=0)
-
-    def openai(self, api_key="unused"):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +123,7 @@ def test_a_final_assistant_message_is_continued(server, chat_dir, rng):
     rendered = tok.apply_chat_template(messages, continue_final_message=True, tokenize=False)
     c = server.anthropic()
     m = c.messages.create(model="x", max_tokens=12, messages=messages, extra_body=GREEDY)
-    completion = server.openai().completions.create(model=chat_dir.name, prompt=rendered, max_tokens=12, temperature=0)
+    completion = server.client().completions.create(model=chat_dir.name, prompt=rendered, max_tokens=12, temperature=0)
     assert m.content[0].text == completion.choices[0].text
     assert m.usage.input_tokens + m.usage.cache_read_input_tokens == completion.usage.prompt_tokens
 
@@ -187,10 +167,10 @@ def test_api_key_in_either_header(chat_dir):
             s.anthropic("wrong").messages.create(model="x", max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
         assert s.anthropic("s3cret").messages.create(model="x", max_tokens=2,
                                                      messages=[{"role": "user", "content": "Hi"}]).usage.output_tokens == 2
-        r = s.openai("s3cret").responses.create(model="x", input="Hi", max_output_tokens=2)
+        r = s.client("s3cret").responses.create(model="x", input="Hi", max_output_tokens=2)
         assert r.usage.output_tokens == 2
         with pytest.raises(openai.AuthenticationError):
-            s.openai("wrong").responses.create(model="x", input="Hi", max_output_tokens=2)
+            s.client("wrong").responses.create(model="x", input="Hi", max_output_tokens=2)
     finally:
         assert s.stop() == 0
 
@@ -201,7 +181,7 @@ def test_responses_equal_mhsa_chat(server, chat_dir, rng):
     system, user = words(rng, 4), words(rng, 6)
     n = rng.randint(4, 30)
     ref = chat_answer(chat_dir, [{"role": "system", "content": system}, {"role": "user", "content": user}], n)
-    c = server.openai()
+    c = server.client()
     r = c.responses.create(model="gpt-any-name", instructions=system, input=user, max_output_tokens=n, temperature=0)
     assert r.object == "response" and r.id.startswith("resp_")
     assert r.output_text == ref["content"]
@@ -231,7 +211,7 @@ def test_responses_equal_mhsa_chat(server, chat_dir, rng):
 
 
 def test_responses_mistakes_are_400s_naming_the_field(server):
-    c = server.openai()
+    c = server.client()
     cases = [
         ({"store": True}, "store"),
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
@@ -323,7 +303,7 @@ def test_the_default_model_answers_through_both_apis():
         assert "Paris" in m.content[0].text and m.stop_reason == "end_turn"
         with s.anthropic().messages.stream(model="x", max_tokens=24, messages=question, extra_body=GREEDY) as st:
             assert "".join(st.text_stream) == m.content[0].text
-        r = s.openai().responses.create(model="x", input=question, max_output_tokens=24, temperature=0)
+        r = s.client().responses.create(model="x", input=question, max_output_tokens=24, temperature=0)
         assert r.output_text == m.content[0].text and r.status == "completed"
         # A tool round trip: a named tool is called, streamed as whole, and its result answered.
         tools = [{"name": "get_weather", "description": "Get the current weather in a city",
@@ -349,7 +329,7 @@ def test_the_default_model_answers_through_both_apis():
         # The same through Responses: a function_call item, streamed as its events, and its output answered.
         rtools = [{"type": "function", "name": "get_weather", "description": tools[0]["description"],
                    "parameters": tools[0]["input_schema"]}]
-        o = s.openai()
+        o = s.client()
         kw = dict(model="x", tools=rtools, tool_choice={"type": "function", "name": "get_weather"}, temperature=0,
                   max_output_tokens=40)
         rr = o.responses.create(input=weather, **kw)

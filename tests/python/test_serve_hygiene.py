@@ -41,31 +41,7 @@ CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 GGUF = ROOT / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_models import write_gpt2_dir  # noqa: E402
-
-
-class Server:
-    """`mhsa serve --port 0` with stderr in a file (the access log), url read from its first line."""
-
-    def __init__(self, model, *args):
-        self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", str(model), "--port", "0",
-                                      *map(str, args)], stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:(\d+)) \(model ([^,]+),", line)
-        assert m, f"no URL in {line!r}; stderr: {self.stderr()}"
-        self.url, self.port, self.id = m.group(1), int(m.group(2)), m.group(3)
-
-    def client(self):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="sk-not-a-real-key-1234", max_retries=0)
-
-    def stderr(self):
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
+from serve_process import Server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +88,7 @@ def assert_400(status_body, param, code=None):
 # ---- names and fields --------------------------------------------------------------------------
 
 def test_any_model_name_is_served_and_aliases_are_listed(smol):
-    c = smol.client()
+    c = smol.client(api_key="sk-not-a-real-key-1234")
     ids = [m.id for m in c.models.list().data]
     assert ids == [smol.id, "gpt-4o", "local", GGUF.stem, "default"]
     for name in ["gpt-4o", "gpt-3.5-turbo-instruct", "no-such-model"]:
@@ -122,7 +98,7 @@ def test_any_model_name_is_served_and_aliases_are_listed(smol):
 
 
 def test_unimplemented_fields_are_400_naming_them(smol):
-    c = smol.client()
+    c = smol.client(api_key="sk-not-a-real-key-1234")
     hi = [{"role": "user", "content": "Hi"}]
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
     refused = [
@@ -176,7 +152,7 @@ def log_lines(server, key, value):
 
 
 def test_one_access_log_line_per_request(smol):
-    c = smol.client()
+    c = smol.client(api_key="sk-not-a-real-key-1234")
     secret = "PROMPT-TEXT-THAT-MUST-NOT-BE-LOGGED"
     r = c.completions.create(model="x", prompt=secret, max_tokens=3, temperature=0)
     (line,) = log_lines(smol, "id", r.id)
@@ -324,7 +300,7 @@ def test_embeddings_equal_transformers_mean_pooled(gpt2, gpt2_dir, smol):
     torch = pytest.importorskip("torch")
     texts = ["The capital of France is Paris.", "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)",
              "Hi"]
-    r = gpt2.client().embeddings.create(model="text-embedding-3-small", input=texts)
+    r = gpt2.client(api_key="sk-not-a-real-key-1234").embeddings.create(model="text-embedding-3-small", input=texts)
     assert r.model == gpt2.id and [d.index for d in r.data] == [0, 1, 2]
     got = np.array([d.embedding for d in r.data])
     ids = [post(gpt2.url + "/tokenize", {"content": t})[1]["tokens"] for t in texts]
@@ -338,7 +314,7 @@ def test_embeddings_equal_transformers_mean_pooled(gpt2, gpt2_dir, smol):
         assert got[i].shape == (hf.config.n_embd,)
         np.testing.assert_allclose(got[i], want, rtol=0, atol=1e-4)
 
-    c = smol.client()
+    c = smol.client(api_key="sk-not-a-real-key-1234")
     got = np.array([d.embedding for d in c.embeddings.create(model="x", input=texts).data])
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1, rtol=0, atol=1e-5)
     alone = c.embeddings.create(model="x", input=texts[2]).data[0].embedding

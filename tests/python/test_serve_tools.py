@@ -24,6 +24,7 @@ CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 GGUF = ROOT / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_chat_model import write_chat_dir  # noqa: E402
+from serve_process import Server  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
@@ -31,23 +32,6 @@ WEATHER = {"type": "function", "function": {
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two numbers",
     "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
-
-
-class Server:
-    def __init__(self, model, *args, env=None):
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", str(model), "--port", "0", *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
-        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read()}"
-        self.url = m.group(1)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
-        self.id = self.client.models.list().data[0].id
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +61,7 @@ def test_a_template_with_tools_renders_as_transformers_does(qwen):
         expected = tok.apply_chat_template(hf, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
         if isinstance(expected, dict):
             expected = expected["input_ids"]
-        r = s.client.chat.completions.create(model=s.id, messages=messages, tools=tools, max_tokens=1, temperature=0)
+        r = s.client().chat.completions.create(model=s.id, messages=messages, tools=tools, max_tokens=1, temperature=0)
         assert r.usage.prompt_tokens == len(expected), (tools, messages)
 
 
@@ -99,7 +83,7 @@ def test_bad_tools_are_400s_naming_the_field(qwen):
     for change, name in cases:
         body = {"model": s.id, "messages": msgs, "max_tokens": 2, **change}
         with pytest.raises(openai.BadRequestError) as e:
-            s.client.post("/chat/completions", body=body, cast_to=object)
+            s.client().post("/chat/completions", body=body, cast_to=object)
         assert name in e.value.body["message"] and e.value.body["param"] is not None, (change, e.value.body)
 
 
@@ -109,7 +93,7 @@ def test_the_default_model_calls_a_named_tool():
     env = {k: v for k, v in os.environ.items() if k not in ("MHSA_MODEL", "MHSA_MODELS_DIR")}
     s = Server(GGUF, "--ctx-size", 1024, env=env)
     try:
-        c = s.client
+        c = s.client()
         question = [{"role": "user", "content": "What is the weather in Paris?"}]
         named = {"type": "function", "function": {"name": "get_weather"}}
         r = c.chat.completions.create(model=s.id, messages=question, tools=[WEATHER, ADD], tool_choice=named,

@@ -27,6 +27,7 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 import mhsa  # noqa: E402
+from serve_process import Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
@@ -93,32 +94,17 @@ SCHEMAS = [
 assert len(SCHEMAS) == 30
 
 
-class Server:
-    def __init__(self, *args):
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "2", "--model", str(GGUF), "--port", "0", *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
-        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read()}"
-        self.url = m.group(1)
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def server():
     if not GGUF.exists():
         pytest.fail(f"{GGUF} is missing: scripts/setup.sh downloads it")
-    s = Server("--parallel", "8", "--dtype", "q8_0")
+    s = Server(GGUF, "--parallel", "8", "--dtype", "q8_0")
     yield s
     assert s.stop() == 0
 
 
 def ask(server, i, schema, max_tokens=96):
-    r = server.client.chat.completions.create(
+    r = server.client().chat.completions.create(
         model=GGUF.name, max_tokens=max_tokens, temperature=0,
         messages=[{"role": "user", "content": f"Give an example as JSON. Example {i}."}],
         response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}})
@@ -147,18 +133,18 @@ def test_json_schema_strict_over_30_schemas_validates(server):
 
 
 def test_json_object_and_grammar(server):
-    r = server.client.chat.completions.create(
+    r = server.client().chat.completions.create(
         model=GGUF.name, max_tokens=48, temperature=0, response_format={"type": "json_object"},
         messages=[{"role": "user", "content": 'Reply with exactly this JSON: {"ok": true}'}])
     assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     assert isinstance(json.loads(r.choices[0].message.content), dict)
     grammar = 'root ::= "The answer is " ( "yes" | "no" ) "."\n'
-    r = server.client.completions.create(model=GGUF.name, prompt="Is the sky blue?", max_tokens=20, temperature=0,
+    r = server.client().completions.create(model=GGUF.name, prompt="Is the sky blue?", max_tokens=20, temperature=0,
                                          extra_body={"grammar": grammar})
     assert r.choices[0].text in ("The answer is yes.", "The answer is no.")
     assert r.choices[0].finish_reason == "stop"
     # Streamed: the same text in pieces.
-    stream = server.client.completions.create(model=GGUF.name, prompt="Is the sky blue?", max_tokens=20, temperature=0,
+    stream = server.client().completions.create(model=GGUF.name, prompt="Is the sky blue?", max_tokens=20, temperature=0,
                                               extra_body={"grammar": grammar}, stream=True)
     assert "".join(c.choices[0].text for c in stream) == r.choices[0].text
 
@@ -169,10 +155,10 @@ def test_bad_schema_or_grammar_is_400(server):
     assert e.value.body["param"] == "response_format.json_schema.schema"
     assert "at /properties/a/pattern: 'pattern' is not supported" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        server.client.completions.create(model=GGUF.name, prompt="x", max_tokens=5, extra_body={"grammar": 'root ::= ("a"'})
+        server.client().completions.create(model=GGUF.name, prompt="x", max_tokens=5, extra_body={"grammar": 'root ::= ("a"'})
     assert e.value.body["param"] == "grammar" and "grammar:1:14: expected ')'" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
-        server.client.chat.completions.create(model=GGUF.name, max_tokens=5, messages=[{"role": "user", "content": "x"}],
+        server.client().chat.completions.create(model=GGUF.name, max_tokens=5, messages=[{"role": "user", "content": "x"}],
                                               response_format={"type": "yaml"})
     assert e.value.body["param"] == "response_format.type"
 

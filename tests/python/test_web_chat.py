@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from serve_process import Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
@@ -43,45 +44,9 @@ CONVERSATION = [{"role": "system", "content": "You answer in one short sentence.
                 {"role": "assistant", "content": "The capital of France is Paris."}]
 
 
-class Server:
-    """`mhsa serve` on the default model; url is read from the line it prints when ready. One thread:
-    Chromium shares the cores, and on an oversubscribed machine a team of two waits at every barrier
-    (a 32-token answer took 7–37 s under a load of 13 on 2 cores)."""
-
-    def __init__(self, *args):
-        if not GGUF.exists():
-            pytest.fail(f"{GGUF} is missing: scripts/setup.sh fetches the default model")
-        self.proc = subprocess.Popen([str(CLI), "serve", "-t", "1", "--model", "smollm2", "--port", "0", *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:\d+)", line)
-        assert m, f"no URL in {line!r}; stderr: {self.proc.stderr.read()}"
-        self.url = m.group(1)
-
-    def request(self, path, body=None, headers=None, method=None):
-        """(status, headers, body bytes) of one request; body: a dict (sent as JSON) or bytes."""
-        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, r.headers, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.headers, e.read()
-
-    def metric(self, name):
-        _, _, text = self.request("/metrics")
-        return float(re.search(rf"^{name} (\S+)$", text.decode(), re.M).group(1))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--parallel", "2", "--ctx-size", "2048")
+    s = Server("smollm2", "--parallel", "2", "--ctx-size", "2048")
     yield s
     assert s.stop() == 0
 
@@ -190,7 +155,7 @@ def test_explain_refuses_hostile_input(server):
 
 
 def test_api_key_guards_the_api_not_the_page(browser):
-    s = Server("--api-key", "sesame", "--parallel", "1", "--ctx-size", "1024")
+    s = Server("smollm2", "--api-key", "sesame", "--parallel", "1", "--ctx-size", "1024")
     try:
         status, headers, body = s.request("/")
         assert status == 200 and headers["Content-Type"].startswith("text/html")
