@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test: builds, runs the C++ suite (ctest: GoogleTest, CLI, install consumer) and the
 # Python suite against PyTorch (pytest), builds the Python wheel with `pip` and imports it from a
-# fresh virtual environment, then rebuilds the C++ tests with AddressSanitizer +
-# UndefinedBehaviorSanitizer into build-asan/ and runs them again. Before that it builds the
-# libFuzzer targets (tests/fuzz/CMakeLists.txt, into build-fuzz/) and fuzzes the safetensors reader
-# for 30 seconds, the tokenizer for 20, config.json, chat templates, the tokenizer's files and
-# tokenizer.json files, GGUF files and the prompt cache's block files for 15 each, cross-builds the library for 64-bit ARM (portable kernels
-# only) and runs tests/arm/check.cpp under qemu-aarch64.
+# fresh virtual environment. Meanwhile, in the background, it builds the C++ tests with
+# AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), the libFuzzer targets
+# (tests/fuzz/CMakeLists.txt, build-fuzz/) and the library for 64-bit ARM (portable kernels only,
+# build-arm/). Then it fuzzes every parser (the safetensors reader for 30 seconds, the tokenizer for
+# 20, the others for 15 each), runs tests/arm/check.cpp under qemu-aarch64 and the C++ tests again
+# under the sanitizers.
 # Run scripts/setup.sh --test first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,33 @@ env "${with_ccache[@]}" scripts/build.sh
 step "C++ tests"
 ctest --test-dir build -j"$jobs" --output-on-failure
 
-step "Python tests against PyTorch, transformers, tokenizers, tiktoken and Chromium (~2 min on 2 cores)"
+# The sanitizer, fuzzer and ARM builds run in the background, at low priority, while the Python
+# tests run: those spend much of their time waiting on servers, browsers and subprocesses, so the
+# builds take the idle cores instead of ~17 min of their own. Their output goes to build/background.log.
+background_builds() {
+  renice -n 15 -p "$BASHPID" >/dev/null  # before the first compiler starts, so that all of them inherit it
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/)"
+  # -O1 -g1 (line tables): file and line in every report, at ~60% of -O2 -g's compile time.
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+    -DMHSA_SANITIZE=ON -DMHSA_BUILD_PYTHON=OFF >/dev/null
+  cmake --build build-asan -j"$jobs"
+  echo "== fuzzers (clang, libFuzzer + ASan + UBSan, tests/fuzz/CMakeLists.txt: each parser compiled once)"
+  cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+  cmake --build build-fuzz -j"$jobs"
+  echo "== ARM (aarch64, portable kernels)"
+  cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
+    -DMHSA_BUILD_APPS=OFF -DMHSA_BUILD_PYTHON=OFF -DMHSA_BUILD_TESTS=OFF >/dev/null
+  cmake --build build-arm -j"$jobs"
+  aarch64-linux-gnu-g++ -std=c++20 -O2 -fopenmp -Iinclude tests/arm/check.cpp build-arm/libmhsa.a -o build-arm/check
+}
+step "building the sanitizer, fuzzer and ARM variants in the background (nice 15; build/background.log)"
+( background_builds ) > build/background.log 2>&1 &
+background=$!
+# A failing step ends the run: the background builds go with it rather than outlive it.
+kill_tree() { local p; for p in $(cat /proc/"$1"/task/*/children 2>/dev/null); do kill_tree "$p"; done; kill "$1" 2>/dev/null || true; }
+trap 'kill_tree "$background"' EXIT
+
+step "Python tests against PyTorch, transformers, tokenizers, tiktoken and Chromium (~8 min on 2 cores)"
 PYTHONPATH="$PWD/build/python" OMP_NUM_THREADS="$jobs" MHSA_REQUIRE_BROWSER=1 "$python" -m pytest -q tests/python
 
 step "pip wheel . (the Release build's objects from ccache, or ~4 min of compiling) and install it into a fresh virtual environment"
@@ -42,48 +68,55 @@ build/venv/bin/python -m pip install --quiet --no-deps --force-reinstall build/w
 (cd build && venv/bin/python -c "import mhsa, numpy as np; x = np.ones((1, 3, 8), np.float32); \
 assert mhsa.MultiHeadAttention(8, 2)(x).shape == (1, 3, 8); print('wheel ok:', mhsa.__file__)")
 
-step "building the fuzzers (clang, libFuzzer + ASan + UBSan, tests/fuzz/CMakeLists.txt: each parser compiled once, ~3 min)"
-cmake -S tests/fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ >/dev/null
-cmake --build build-fuzz
-# fuzz NAME SECONDS [VAR=VALUE...]: runs build-fuzz/fuzz_NAME on a fresh copy of its seed corpus.
+step "waiting for the background builds"
+rc=0
+wait "$background" || rc=$?
+tail -n 5 build/background.log
+if [ "$rc" -ne 0 ]; then
+  echo "the background builds failed (exit $rc); the end of build/background.log:" >&2
+  tail -n 60 build/background.log >&2
+  exit "$rc"
+fi
+
+# fuzz NAME SECONDS [VAR=VALUE...]: runs build-fuzz/fuzz_NAME on a fresh copy of its seed corpus;
+# two at a time (each fuzzer is one thread), their last lines printed in order.
 fuzz() {
   local name=$1 seconds=$2 seeds=tests/fuzz/$1_corpus
   shift 2
   [ "$name" = safetensors ] && seeds=tests/fuzz/corpus
   rm -rf "build-fuzz/${name}_corpus" && cp -r "$seeds" "build-fuzz/${name}_corpus"
-  env "$@" "build-fuzz/fuzz_$name" -max_total_time="$seconds" -print_final_stats=1 "build-fuzz/${name}_corpus" 2>&1 | tail -n 3
+  env "$@" "build-fuzz/fuzz_$name" -max_total_time="$seconds" -print_final_stats=1 "build-fuzz/${name}_corpus" \
+    > "build-fuzz/${name}.log" 2>&1
 }
-step "fuzzing the safetensors reader (30 s)"
-fuzz safetensors 30
-step "fuzzing the GGUF reader, its model mapping and its tokenizer: GgufFile::parse, tensor loading, GgufModelFile::config_of, gguf_tokenizer (15 s)"
-fuzz gguf 15
-step "fuzzing the tokenizer: any bytes encode and decode back (20 s)"
-fuzz tokenizer 20 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer
-step "fuzzing config.json and index reading: Gpt2Config::parse, ModelConfig::parse, parse_safetensors_index (15 s)"
-fuzz config 15
-step "fuzzing chat templates: ChatTemplate parse + render (15 s)"
-fuzz jinja 15
-step "fuzzing the tokenizer's vocab.json + merges.txt loading: Tokenizer::parse (15 s)"
-fuzz tokenizer_files 15
-step "fuzzing tokenizer.json loading and encoding: Tokenizer::parse_json (15 s)"
-fuzz tokenizer_json 15
-step "fuzzing the prompt cache's block files: check_image (15 s)"
-fuzz block_image 15
-step "fuzzing constrained decoding: GBNF and JSON Schema compiled, matched, masked (15 s)"
-fuzz grammar 15
+fuzz_report() {  # fuzz_report NAME SECONDS EXIT: the last lines of its log, or of a failure more
+  printf -- '-- fuzz_%s (%s s)\n' "$1" "$2"
+  if [ "$3" -eq 0 ]; then tail -n 3 "build-fuzz/$1.log"; else tail -n 60 "build-fuzz/$1.log"; fi
+}
+fuzz_pair() {  # fuzz_pair "NAME SECONDS [VAR=VALUE...]" "NAME SECONDS [VAR=VALUE...]"
+  local -a x=($1) y=($2)
+  local a b rc_a=0 rc_b=0
+  fuzz "${x[@]}" & a=$!
+  fuzz "${y[@]}" & b=$!
+  wait "$a" || rc_a=$?
+  wait "$b" || rc_b=$?
+  fuzz_report "${x[0]}" "${x[1]}" "$rc_a"
+  fuzz_report "${y[0]}" "${y[1]}" "$rc_b"
+  [ "$rc_a" -eq 0 ] && [ "$rc_b" -eq 0 ]
+}
+step "fuzzing every parser, two at a time: safetensors (30 s), the tokenizer (20 s: any bytes encode and decode back), GGUF (GgufFile::parse, tensor loading, config_of, gguf_tokenizer), config.json and index reading, chat templates, vocab.json + merges.txt, tokenizer.json, the prompt cache's block files, constrained decoding (15 s each)"
+fuzz_pair "safetensors 30" "tokenizer 20 MHSA_TOKENIZER_DIR=tests/data/gpt2-tokenizer"
+fuzz_pair "gguf 15" "config 15"
+fuzz_pair "jinja 15" "tokenizer_files 15"
+fuzz_pair "tokenizer_json 15" "block_image 15"
+rc=0
+fuzz grammar 15 || rc=$?
+fuzz_report grammar 15 "$rc"
+[ "$rc" -eq 0 ]
 
 step "ARM (aarch64, portable kernels) under qemu"
-cmake -S . -B build-arm -G Ninja -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake -DCMAKE_BUILD_TYPE=Release \
-  -DMHSA_BUILD_APPS=OFF -DMHSA_BUILD_PYTHON=OFF -DMHSA_BUILD_TESTS=OFF >/dev/null
-cmake --build build-arm
-aarch64-linux-gnu-g++ -std=c++20 -O2 -fopenmp -Iinclude tests/arm/check.cpp build-arm/libmhsa.a -o build-arm/check
 qemu-aarch64 -L /usr/aarch64-linux-gnu build-arm/check
 
-step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (build and run ~12 min on 2 cores)"
-# -O1 -g1 (line tables): file and line in every report, at ~60% of -O2 -g's compile time.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-  -DMHSA_SANITIZE=ON -DMHSA_BUILD_PYTHON=OFF >/dev/null
-cmake --build build-asan
+step "C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer (~4 min on 2 cores)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -j"$jobs" --output-on-failure
 step "all tests passed"
