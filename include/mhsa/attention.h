@@ -20,7 +20,11 @@
 //   - additive float mask [Tq, Tk], [Hq|1, Tq, Tk] or [B|1, Hq|1, Tq, Tk] (broadcast over B and H);
 //   - key padding as per-batch valid lengths: query rows of batch b see keys j < kv_lengths[b];
 //   - a row whose keys are all masked gives out = 0 and lse = -inf, never NaN;
-//   - lse = max + log(sum): the log-sum-exp of each row's scaled, soft-capped, masked scores.
+//   - lse = max + log(sum): the log-sum-exp of each row's scaled, soft-capped, masked scores;
+//   - attention sinks (optional, gpt-oss): a learned logit sink_h per query head joins every row's
+//     sum as a key without a value, lse_i = log(Σ_j exp(s_ij) + exp(sink_h)), so out_i is
+//     Σ_j exp(s_ij − lse_i)·v_j and shrinks by the sink's share; a row whose keys are all masked
+//     then gives out = 0 and lse = sink_h.
 // The causal, window and padding limits leave each row one interval of keys; key blocks outside
 // every row's interval are skipped, not masked (a causal window W of T keys costs ~T·W, not T²/2).
 // Views may have any strides; out and lse must not overlap the inputs or themselves.
@@ -73,6 +77,7 @@ struct AttentionOptions {
   ConstTensorView attn_mask;            // optional additive mask; -inf removes a key
   std::span<const int64_t> kv_lengths;  // optional [B]: keys j >= kv_lengths[b] are masked
   AttentionDropout dropout;             // default: none
+  std::span<const float> sinks;         // optional [Hq]: attention sinks, finite logits; empty: none
   Backend backend = Backend::automatic;
 };
 
@@ -152,15 +157,17 @@ AttentionResult scaled_dot_product_attention(ConstTensorView q, ConstTensorView 
 // the forward's inputs, out and lse, the probabilities are recomputed block by block (memory
 // O(T)), and dq [B, Hq, Tq, D], dk [B, Hkv, Tk, D], dv [B, Hkv, Tk, Dv] written; dk and dv sum over
 // the query heads of a group. `options` must be the forward's. Rows whose keys were all masked get
-// zero gradients. Bitwise identical for any thread count.
+// zero gradients. With options.sinks, dsinks [Hq] (if defined) receives the sinks' gradient, summed
+// over batches and rows. Bitwise identical for any thread count.
 void scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
                                            ConstTensorView v, ConstTensorView out, ConstTensorView lse,
                                            TensorView dq, TensorView dk, TensorView dv,
-                                           const AttentionOptions& options = {});
+                                           const AttentionOptions& options = {}, TensorView dsinks = {});
 struct AttentionGrads {
-  Tensor dq;  // [B, Hq, Tq, D]
-  Tensor dk;  // [B, Hkv, Tk, D]
-  Tensor dv;  // [B, Hkv, Tk, Dv]
+  Tensor dq;      // [B, Hq, Tq, D]
+  Tensor dk;      // [B, Hkv, Tk, D]
+  Tensor dv;      // [B, Hkv, Tk, Dv]
+  Tensor dsinks;  // [Hq] with options.sinks; otherwise empty
 };
 AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
                                                      ConstTensorView v, ConstTensorView out, ConstTensorView lse,
@@ -172,6 +179,7 @@ AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, Const
 // Equal, bit for bit, to the float32 call on the widened inputs with its results rounded. Today
 // the inputs are widened into a float32 copy at the boundary (O(B·H·T·D) memory, negligible time
 // next to the O(T²) work). (A 16-bit KV cache with float32 queries: the entry point above.)
+// The 16-bit backward refuses options.sinks (it has no dsinks output).
 template <Float16Element T>
 void scaled_dot_product_attention(View<const T> q, View<const T> k, View<const T> v, View<T> out,
                                   const AttentionOptions& options = {}, TensorView lse = {});

@@ -51,6 +51,15 @@ void add_variants(std::string_view fn, CallOptions& c, const Window& window, std
   }
 }
 
+// Attention sinks: a float32 [Hq] array (its size and values checked by the library), or None.
+void add_sinks(std::string_view fn, CallOptions& c, const py::object& sinks) {
+  if (sinks.is_none()) return;
+  c.sinks = float_array(sinks, fn, "sinks", 1, "[Hq]");
+  if (c.sinks.view.stride[0] != 1 && c.sinks.view.shape[0] > 1)
+    detail::fail(fn, "sinks", "a contiguous [Hq] array", detail::message("stride ", c.sinks.view.stride[0]));
+  c.options.sinks = {c.sinks.view.data, static_cast<size_t>(c.sinks.view.shape[0])};
+}
+
 // Dropout on the probabilities: p in [0, 1) (checked by the library), the mask a function of the seed.
 void add_dropout(CallOptions& c, float p, uint64_t seed) { c.options.dropout = {p, seed}; }
 
@@ -141,7 +150,8 @@ void sdpa_over_cache(KVTypes types, const ConstTensorView& q, const ConstTensorV
 py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::object& v_obj, const py::object& attn_mask,
                 bool is_causal, std::optional<float> scale, const py::object& kv_lengths, bool return_lse,
                 const Window& window, std::optional<float> softcap, const std::string& causal_alignment,
-                bool enable_gqa, float dropout_p, uint64_t dropout_seed, const std::string& kv_dtype) {
+                bool enable_gqa, float dropout_p, uint64_t dropout_seed, const std::string& kv_dtype,
+                const py::object& sinks) {
   constexpr std::string_view fn = "scaled_dot_product_attention";
   const KVTypes kv_types = parse_kv_types(kv_dtype, "scaled_dot_product_attention: kv_dtype");
   if (const Precision p = precision_of(q_obj); p != Precision::f32) {
@@ -151,6 +161,7 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
     CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
     add_variants(fn, c, window, softcap, causal_alignment);
     add_dropout(c, dropout_p, dropout_seed);
+    add_sinks(fn, c, sinks);
     return p == Precision::bf16 ? sdpa16<bfloat16>(fn, q_obj, k_obj, v_obj, enable_gqa, c, return_lse)
                                 : sdpa16<float16>(fn, q_obj, k_obj, v_obj, enable_gqa, c, return_lse);
   }
@@ -161,6 +172,7 @@ py::object sdpa(const py::object& q_obj, const py::object& k_obj, const py::obje
   CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   add_variants(fn, c, window, softcap, causal_alignment);
   add_dropout(c, dropout_p, dropout_seed);
+  add_sinks(fn, c, sinks);
   const auto [B, Hq, Tq] = std::tuple(q.view.shape[0], q.view.shape[1], q.view.shape[2]);
   OutputArray out = new_array({B, Hq, Tq, v.view.shape[3]}, "scaled_dot_product_attention: out [B, Hq, Tq, Dv]");
   OutputArray lse = new_array({B, Hq, Tq}, "scaled_dot_product_attention: lse [B, Hq, Tq]");
@@ -180,12 +192,13 @@ py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, con
                         const py::object& attn_mask, bool is_causal, std::optional<float> scale,
                         const py::object& kv_lengths, const Window& window, std::optional<float> softcap,
                         const std::string& causal_alignment, bool enable_gqa, float dropout_p,
-                        uint64_t dropout_seed) {
+                        uint64_t dropout_seed, const py::object& sinks) {
   constexpr std::string_view fn = "scaled_dot_product_attention_backward";
   if (const Precision p = precision_of(q_obj); p != Precision::f32) {
     CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
     add_variants(fn, c, window, softcap, causal_alignment);
     add_dropout(c, dropout_p, dropout_seed);
+    add_sinks(fn, c, sinks);
     return p == Precision::bf16
                ? sdpa_backward16<bfloat16>(fn, dout_obj, q_obj, k_obj, v_obj, out_obj, lse_obj, enable_gqa, c)
                : sdpa_backward16<float16>(fn, dout_obj, q_obj, k_obj, v_obj, out_obj, lse_obj, enable_gqa, c);
@@ -200,28 +213,34 @@ py::tuple sdpa_backward(const py::object& dout_obj, const py::object& q_obj, con
   CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   add_variants(fn, c, window, softcap, causal_alignment);
   add_dropout(c, dropout_p, dropout_seed);
+  add_sinks(fn, c, sinks);
   const auto shape = [](const ConstTensorView& t) {
     return std::vector<int64_t>{t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
   };
   OutputArray dq = new_array(shape(q.view), "scaled_dot_product_attention_backward: dq");
   OutputArray dk = new_array(shape(k.view), "scaled_dot_product_attention_backward: dk");
   OutputArray dv = new_array(shape(v.view), "scaled_dot_product_attention_backward: dv");
+  const bool with_sinks = !c.options.sinks.empty();
+  OutputArray dsinks;
+  if (with_sinks) dsinks = new_array({q.view.shape[1]}, "scaled_dot_product_attention_backward: dsinks");
   {
     GilReleased unlocked;
     scaled_dot_product_attention_backward(dout.view, q.view, k.view, v.view, out.view, lse.view, dq.view, dk.view,
-                                          dv.view, c.options);
+                                          dv.view, c.options, with_sinks ? dsinks.view : TensorView{});
   }
+  if (with_sinks) return py::make_tuple(dq.array, dk.array, dv.array, dsinks.array);
   return py::make_tuple(dq.array, dk.array, dv.array);
 }
 
 py::array probabilities(const py::object& q_obj, const py::object& k_obj, const py::object& attn_mask, bool is_causal,
                         std::optional<float> scale, const py::object& kv_lengths, const Window& window,
-                        std::optional<float> softcap, const std::string& causal_alignment) {
+                        std::optional<float> softcap, const std::string& causal_alignment, const py::object& sinks) {
   constexpr std::string_view fn = "attention_probabilities";
   const InputArray q = float_array(q_obj, fn, "q", 4, "[B, Hq, Tq, D]");
   const InputArray k = float_array(k_obj, fn, "k", 4, "[B, Hkv, Tk, D]");
   CallOptions c = call_options(fn, attn_mask, is_causal, scale, kv_lengths);
   add_variants(fn, c, window, softcap, causal_alignment);
+  add_sinks(fn, c, sinks);
   OutputArray probs = new_array({q.view.shape[0], q.view.shape[1], q.view.shape[2], k.view.shape[2]},
                                 "attention_probabilities: probs [B, Hq, Tq, Tk]");
   GilReleased unlocked;
@@ -235,7 +254,7 @@ void bind_attention(py::module_& m) {
   m.def("scaled_dot_product_attention", &sdpa, "q"_a, "k"_a, "v"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(), "return_lse"_a = false, py::kw_only(),
         "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
-        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0, "kv_dtype"_a = "f32",
+        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0, "kv_dtype"_a = "f32", "sinks"_a = py::none(),
         R"(Attention of q [B, Hq, Tq, D] over k [B, Hkv, Tk, D] and v [B, Hkv, Tk, Dv] -> out [B, Hq, Tq, Dv].
 
 float32 arrays with any strides; or float16 / bfloat16 (ml_dtypes) arrays, all three of one dtype:
@@ -253,18 +272,21 @@ dropout_seed and the position (the backward regenerates it from the same seed). 
 returns (out, lse [B, Hq, Tq]). kv_dtype (float32 arrays, forward only): "bf16", "f16" or "q8_0" (or
 "KEY/VALUE", e.g. "q8_0/f16") stores k and v as a KV cache of that type stores them — rounded to
 16 bits, or quantised to GGUF Q8_0 blocks of 32 along the head dimension (D and Dv multiples of
-32) — and attends over them as the kernels read such a cache: the float32 result on the stored values.)");
+32) — and attends over them as the kernels read such a cache: the float32 result on the stored values.
+sinks: a float32 [Hq] array of attention-sink logits (gpt-oss), one per query head, each in every
+row's softmax sum as a key without a value: out shrinks by the sink's share, lse includes it.)");
   m.def("scaled_dot_product_attention_backward", &sdpa_backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         "attn_mask"_a = py::none(), "is_causal"_a = false, "scale"_a = py::none(), "kv_lengths"_a = py::none(),
         py::kw_only(), "window"_a = py::none(), "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
-        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0,
+        "enable_gqa"_a = true, "dropout_p"_a = 0.0f, "dropout_seed"_a = 0, "sinks"_a = py::none(),
         R"(Gradients (dq, dk, dv) of scaled_dot_product_attention from dout [B, Hq, Tq, Dv] and the forward's
 inputs, out and lse (from return_lse=True), with the forward's options. float16 / bfloat16 inputs (dout,
 q, k, v and out of one dtype) give gradients of that dtype. dk and dv sum over the query heads
-of a group; rows with no visible key get zero gradients.)");
+of a group; rows with no visible key get zero gradients. With sinks (float32 only), returns
+(dq, dk, dv, dsinks [Hq]).)");
   m.def("attention_probabilities", &probabilities, "q"_a, "k"_a, "attn_mask"_a = py::none(), "is_causal"_a = false,
         "scale"_a = py::none(), "kv_lengths"_a = py::none(), py::kw_only(), "window"_a = py::none(),
-        "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right",
+        "softcap"_a = py::none(), "causal_alignment"_a = "bottom_right", "sinks"_a = py::none(),
         "The exact softmax matrix [B, Hq, Tq, Tk] that scaled_dot_product_attention applies (same options).");
 }
 

@@ -19,6 +19,7 @@ struct CallOptions {
   AttentionOptions options;
   std::vector<int64_t> kv_lengths;  // storage behind options.kv_lengths
   InputArray mask;                  // storage behind options.attn_mask
+  InputArray sinks;                 // storage behind options.sinks
 };
 
 CallOptions call_options(std::string_view fn, const py::object& attn_mask, bool is_causal,

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "kernels/attention_backends.h"
 #include "kernels/attention_params.h"
+#include "kernels/attention_sinks.h"
 #include "kernels/dispatch.h"
 #include "mhsa/attention.h"
 
@@ -161,6 +162,14 @@ AttentionParams make_params(std::string_view fn, const ConstTensorView& q, const
     p.kv_lengths = opt.kv_lengths.data();
   }
   if (opt.attn_mask.defined()) bind_mask(fn, opt.attn_mask, p);
+  if (!opt.sinks.empty()) {
+    if (static_cast<int64_t>(opt.sinks.size()) != p.Hq)
+      fail(fn, "sinks", message(p.Hq, " logits (one per query head, Hq = q.shape[1])"),
+           message(opt.sinks.size(), " logits"));
+    for (size_t h = 0; h < opt.sinks.size(); ++h)
+      if (!std::isfinite(opt.sinks[h])) fail(fn, message("sinks[", h, "]"), "a finite logit", message(opt.sinks[h]));
+    p.sinks = opt.sinks.data();
+  }
   return p;
 }
 
@@ -192,21 +201,24 @@ std::optional<cpu::Isa> kernel_choice(Backend backend) {
   return cpu::best_isa();
 }
 
+// The fast kernels take sinks only through out and lse (kernels/attention_sinks.cpp); the
+// reference kernels as one more key.
 void run_backward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
   if (isa) {
     const kernels::KernelTable& k = kernels::kernels_for(*isa);
-    if (p.bf16_values && k.attention_backward_bf16_dot && k.attention_backward_bf16_dot(p)) return;
-    k.attention_backward(p);
+    if (!(p.bf16_values && k.attention_backward_bf16_dot && k.attention_backward_bf16_dot(p))) k.attention_backward(p);
+    if (p.dsinks) kernels::sinks_backward(p);
   } else {
     kernels::attention_backward_ref(p);
   }
 }
 
+// With sinks, p.lse must be bound (apply_sinks reads it).
 void run_forward(const AttentionParams& p, std::optional<cpu::Isa> isa) {
   if (isa) {
     const kernels::KernelTable& k = kernels::kernels_for(*isa);
-    if (p.bf16_values && k.attention_forward_bf16_dot && k.attention_forward_bf16_dot(p)) return;
-    k.attention_forward(&p, 1);
+    if (!(p.bf16_values && k.attention_forward_bf16_dot && k.attention_forward_bf16_dot(p))) k.attention_forward(&p, 1);
+    if (p.sinks) kernels::apply_sinks(p);
   } else {
     kernels::attention_forward_ref(p);
   }
@@ -218,10 +230,15 @@ void forward_into(std::string_view fn, AttentionParams& p, const TensorView& out
   check_output(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv});
   p.out = out.data;
   p.out_stride = out.stride;
+  Tensor own_lse;  // sinks rescale each row by its lse, wanted or not
   if (lse.defined()) {
     check_output(fn, "lse", lse, {p.B, p.Hq, p.Tq});
     p.lse = lse.data;
     p.lse_stride = lse_strides(lse);
+  } else if (p.sinks && isa) {
+    own_lse = Tensor({p.B, p.Hq, p.Tq});
+    p.lse = own_lse.data();
+    p.lse_stride = lse_strides(own_lse.view());
   }
   run_forward(p, isa);
 }
@@ -249,9 +266,16 @@ void scaled_dot_product_attention_bf16_values(ConstTensorView q, View<const bflo
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
                                               ConstTensorView k, ConstTensorView v, ConstTensorView out,
                                               ConstTensorView lse, TensorView dq, TensorView dk, TensorView dv,
-                                              const AttentionOptions& options, bool bf16_values) {
+                                              const AttentionOptions& options, bool bf16_values,
+                                              TensorView dsinks) {
   constexpr std::string_view fn = "scaled_dot_product_attention_backward";
   AttentionParams p = make_params(fn, q, k, &v, options);
+  if (dsinks.defined()) {
+    if (!p.sinks) fail(fn, "dsinks", "none without options.sinks", "a tensor");
+    check_output(fn, "dsinks", dsinks, {p.Hq});
+    if (dsinks.stride[0] != 1) fail(fn, "dsinks", "a contiguous [Hq] tensor", message("stride ", dsinks.stride[0]));
+    p.dsinks = dsinks.data;
+  }
   check_input(fn, "dout", dout, {p.B, p.Hq, p.Tq, p.Dv}, "[B, Hq, Tq, Dv]");
   check_input(fn, "out", out, {p.B, p.Hq, p.Tq, p.Dv}, "[B, Hq, Tq, Dv]");
   check_input(fn, "lse", lse, {p.B, p.Hq, p.Tq}, "[B, Hq, Tq]");
@@ -287,9 +311,9 @@ void scaled_dot_product_attention_backward_bf16_values(ConstTensorView dout, Con
 void scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
                                            ConstTensorView v, ConstTensorView out, ConstTensorView lse,
                                            TensorView dq, TensorView dk, TensorView dv,
-                                           const AttentionOptions& options) {
+                                           const AttentionOptions& options, TensorView dsinks) {
   detail::scaled_dot_product_attention_backward_on(kernel_choice(options.backend), dout, q, k, v, out, lse, dq, dk,
-                                                   dv, options);
+                                                   dv, options, false, dsinks);
 }
 
 AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, ConstTensorView q, ConstTensorView k,
@@ -301,8 +325,10 @@ AttentionGrads scaled_dot_product_attention_backward(ConstTensorView dout, Const
   check_tensor(fn, "v", v, 4, "[B, Hkv, Tk, Dv]");
   AttentionGrads g{Tensor({q.shape[0], q.shape[1], q.shape[2], q.shape[3]}),
                    Tensor({k.shape[0], k.shape[1], k.shape[2], k.shape[3]}),
-                   Tensor({v.shape[0], v.shape[1], v.shape[2], v.shape[3]})};
-  scaled_dot_product_attention_backward(dout, q, k, v, out, lse, g.dq.view(), g.dk.view(), g.dv.view(), options);
+                   Tensor({v.shape[0], v.shape[1], v.shape[2], v.shape[3]}), Tensor()};
+  if (!options.sinks.empty()) g.dsinks = Tensor({q.shape[1]});
+  scaled_dot_product_attention_backward(dout, q, k, v, out, lse, g.dq.view(), g.dk.view(), g.dv.view(), options,
+                                        options.sinks.empty() ? TensorView{} : g.dsinks.view());
   return g;
 }
 
@@ -408,7 +434,21 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<cons
   }
   if (ps.empty()) return;
   if (isa) {
+    std::vector<float> lses;  // sinks rescale each row by its lse: one [B, Hq, Tq] per item
+    if (!options.sinks.empty()) {
+      size_t rows = 0;
+      for (const AttentionParams& p : ps) rows += static_cast<size_t>(p.B * p.Hq * p.Tq);
+      lses.resize(rows);
+      size_t at = 0;
+      for (AttentionParams& p : ps) {
+        p.lse = lses.data() + at;
+        p.lse_stride = {p.Hq * p.Tq, p.Tq, 1, 0};
+        at += static_cast<size_t>(p.B * p.Hq * p.Tq);
+      }
+    }
     kernels::kernels_for(*isa).attention_forward(ps.data(), static_cast<int64_t>(ps.size()));
+    if (!options.sinks.empty())
+      for (const AttentionParams& p : ps) kernels::apply_sinks(p);
   } else {
     for (const AttentionParams& p : ps) kernels::attention_forward_ref(p);
   }

@@ -110,13 +110,18 @@ void scaled_dot_product_attention_backward(View<const T> dout, View<const T> q, 
          dv32 = stand_in(dv, "scaled_dot_product_attention_backward: dv");
   for (const auto& [name, g] : {std::pair{"dq", &dq}, std::pair{"dk", &dk}, std::pair{"dv", &dv}})
     if (g->numel() > 0 && g->data == nullptr) detail::fail(fn, name, "a pointer", "a null pointer");
-  using Backward = void (*)(ConstTensorView, ConstTensorView, ConstTensorView, ConstTensorView, ConstTensorView,
-                            ConstTensorView, TensorView, TensorView, TensorView, const AttentionOptions&);
-  const Backward backward = std::is_same_v<T, bfloat16>
-                                ? &detail::scaled_dot_product_attention_backward_bf16_values
-                                : static_cast<Backward>(&scaled_dot_product_attention_backward);
-  backward(view_or_none(dout32), view_or_none(q32), view_or_none(k32), view_or_none(v32), view_or_none(out32), lse,
-           view_or_none(dq32), view_or_none(dk32), view_or_none(dv32), options);
+  if (!options.sinks.empty())
+    detail::fail(fn, "options.sinks", "none in the 16-bit backward (it has no dsinks output; use float32)",
+                 detail::message(options.sinks.size(), " sinks"));
+  // bfloat16 inputs may take the bfloat16 dot-product backward; float16 ones the float32 one.
+  if constexpr (std::is_same_v<T, bfloat16>)
+    detail::scaled_dot_product_attention_backward_bf16_values(
+        view_or_none(dout32), view_or_none(q32), view_or_none(k32), view_or_none(v32), view_or_none(out32), lse,
+        view_or_none(dq32), view_or_none(dk32), view_or_none(dv32), options);
+  else
+    scaled_dot_product_attention_backward(view_or_none(dout32), view_or_none(q32), view_or_none(k32),
+                                          view_or_none(v32), view_or_none(out32), lse, view_or_none(dq32),
+                                          view_or_none(dk32), view_or_none(dv32), options);
   round_into(dq32, dq);
   round_into(dk32, dk);
   round_into(dv32, dv);

@@ -43,7 +43,8 @@ void scaled_dot_product_attention_on(std::optional<cpu::Isa> isa, std::span<cons
 void scaled_dot_product_attention_backward_on(std::optional<cpu::Isa> isa, ConstTensorView dout, ConstTensorView q,
                                               ConstTensorView k, ConstTensorView v, ConstTensorView out,
                                               ConstTensorView lse, TensorView dq, TensorView dk, TensorView dv,
-                                              const AttentionOptions& options, bool bf16_values = false);
+                                              const AttentionOptions& options, bool bf16_values = false,
+                                              TensorView dsinks = {});
 
 // scaled_dot_product_attention_backward of float32 inputs that all hold bfloat16 values (the
 // bfloat16 entry point's widened copies), on the kernels options.backend picks, with bf16_values set.

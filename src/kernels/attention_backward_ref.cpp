@@ -6,6 +6,8 @@
 // with soft-capping cap(x) = c·tanh(x/c), cap' = 1 − tanh²(x/c); without it cap(x) = x, cap' = 1.
 // Dropout's factors z_ij (0 or 1/(1 − p), regenerated from the seed) enter as the forward used
 // them: dV_j = Σ_i P_ij z_ij dO_i, and z_ij dP_ij in place of dP_ij in D_i and dS_ij.
+// With attention sinks, the sink is one more key of score sink_h and no value: it takes its share
+// P_i,sink of the row's sum and gives dsink_h = Σ_b,i P_i,sink (0 − D_i).
 // dK and dV sum over the query heads that share a kv head. Scalar, float64 accumulation; one
 // (batch, kv head) per thread, so no two threads write the same gradient. The oracle for the
 // fast backward; never tuned.
@@ -29,6 +31,8 @@ float* row(float* base, const Strides4& s, int64_t b, int64_t h, int64_t i) {
 
 void attention_backward_ref(const AttentionParams& p) {
   const int64_t group = p.Hq / p.Hkv;
+  // Each (batch, query head)'s share of dsinks, written by the one thread that owns the pair.
+  std::vector<double> dsink(p.dsinks ? static_cast<size_t>(p.B * p.Hq) : 0, 0.0);
 #pragma omp parallel
   {
     std::vector<double> dk(static_cast<size_t>(p.Tk * p.D)), dv(static_cast<size_t>(p.Tk * p.Dv));  // [Tk, D|Dv]
@@ -50,6 +54,9 @@ void attention_backward_ref(const AttentionParams& p) {
             const float* doi = row(p.dout, p.dout_stride, b, h, i);
             if (p.dropout > 0.0f) dropout_scales(p, b, h, i, 0, p.Tk, z.data());
             double d_i = 0.0, sum = 0.0;
+            // The sink's weight exp(sink − lse); none in a fully masked row of a call without sinks.
+            const double sink = p.sinks && lse != -std::numeric_limits<double>::infinity() ? std::exp(p.sinks[h] - lse) : 0.0;
+            sum += sink;
             for (int64_t j = begin; j < end; ++j) {
               const float* kj = key_row(p, b, hk, j);
               const float* vj = value_row(p, b, hk, j);
@@ -75,6 +82,7 @@ void attention_backward_ref(const AttentionParams& p) {
               prob[j] /= sum;
               d_i += prob[j] * dprob[j];
             }
+            if (p.dsinks) dsink[b * p.Hq + h] -= sink / sum * d_i;
             std::fill(dq.begin(), dq.end(), 0.0);
             for (int64_t j = begin; j < end; ++j) {
               const double ds = prob[j] * (dprob[j] - d_i) * dcap[j] * p.scale;
@@ -96,6 +104,12 @@ void attention_backward_ref(const AttentionParams& p) {
         }
       }
   }
+  if (p.dsinks)
+    for (int64_t h = 0; h < p.Hq; ++h) {
+      double total = 0.0;
+      for (int64_t b = 0; b < p.B; ++b) total += dsink[b * p.Hq + h];
+      p.dsinks[h] = static_cast<float>(total);
+    }
 }
 
 }  // namespace mhsa::kernels

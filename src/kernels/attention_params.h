@@ -49,6 +49,11 @@ struct AttentionParams {
   const int64_t* kv_lengths = nullptr;  // [B] valid keys per batch, or null
   float scale = 1.0f;
   float softcap = 0.0f;  // > 0: scores become softcap·tanh(score / softcap) before the mask; 0: none
+  // [Hq] one learned logit per query head in every row's softmax denominator (attention sinks,
+  // gpt-oss): a key without a value, so lse_i = log(Σ_j exp(s_ij) + exp(sink_h)). Null: none.
+  // The fast forwards run without it and apply_sinks rescales out and lse after; the reference
+  // kernels take it as one more key.
+  const float* sinks = nullptr;
   bool causal = false;
   // The causal and window limits are taken at key position i + query_offset of query row i:
   // Tk − Tq aligned bottom-right, 0 aligned top-left.
@@ -76,6 +81,7 @@ struct AttentionParams {
   Strides4 dk_stride{};
   float* dv = nullptr;  // [B, Hkv, Tk, Dv]
   Strides4 dv_stride{};
+  float* dsinks = nullptr;  // [Hq], summed over batches and rows; or null (only with sinks)
 };
 
 // Key j and value j of kv head h in batch b: [D] and [Dv] at strides k_stride[3], v_stride[3].

@@ -2,6 +2,7 @@
 //   s_ij = cap(scale · q_i·k_j) + mask_ij   (for the keys j the causal, window and padding limits
 //   cap(x) = softcap·tanh(x / softcap), or x without soft-capping   leave: key_range)
 //   lse_i = log Σ_j exp(s_ij),  P_ij = exp(s_ij − lse_i),  out_i = Σ_j P_ij z_ij v_j
+// (with attention sinks, exp(sink_h) joins each row's sum: a key with a score and no value)
 // with z_ij dropout's factor (dropout_scales: 0 or 1/(1 − p)), 1 without dropout. Keys and values
 // of a 16-bit or q8_0 KV cache are widened (dequantised) exactly as they are read (kv_at): the
 // float64 attention on the dequantised keys and values.
@@ -54,12 +55,13 @@ void forward_ref(const AttentionParams& p) {
         for (int64_t i = 0; i < p.Tq; ++i) {
           const int64_t hk = h / group;
           const auto [begin, end] = key_range(p, b, i);
-          double row_max = kNegInf;  // NaN when a score is NaN: then so are out and lse (IEEE)
+          const double sink = p.sinks ? static_cast<double>(p.sinks[h]) : kNegInf;
+          double row_max = sink;  // NaN when a score is NaN: then so are out and lse (IEEE)
           for (int64_t j = begin; j < end; ++j) {
             scores[j] = score<T>(p, b, h, hk, i, j);
             if (!(scores[j] <= row_max)) row_max = scores[j];
           }
-          double sum = 0.0;
+          double sum = p.sinks && row_max != kNegInf ? std::exp(sink - row_max) : 0.0;
           std::fill(acc.begin(), acc.end(), 0.0);
           const bool masked = row_max == kNegInf;  // every visible score -inf
           if (p.dropout > 0.0f) dropout_scales(p, b, h, i, 0, p.Tk, z.data());
@@ -74,7 +76,8 @@ void forward_ref(const AttentionParams& p) {
               }
             }
           }
-          // A fully masked row (no key, or every score -inf) gives out = 0 and lse = -inf.
+          // A fully masked row (no key, or every score -inf) gives out = 0 and lse = -inf (with a
+          // sink, out = 0 and lse = the sink).
           if (p.out) {
             float* oi = p.out + b * p.out_stride[0] + h * p.out_stride[1] + i * p.out_stride[2];
             for (int64_t d = 0; d < p.Dv; ++d) oi[d * p.out_stride[3]] = masked ? 0.0f : static_cast<float>(acc[d] / sum);
@@ -111,6 +114,7 @@ void attention_probabilities_ref(const AttentionParams& p, const int64_t* heads,
           row[j * ps[3]] = static_cast<float>(e);
           sum += e;
         }
+        if (p.sinks) sum += std::exp(p.sinks[h] - lse);  // the sink's share, which no key receives
         const double norm = sum == 0.0 ? 0.0 : 1.0 / sum;  // NaN (a NaN row) stays NaN
         for (int64_t j = keys.begin; j < keys.end; ++j) row[j * ps[3]] = static_cast<float>(row[j * ps[3]] * norm);
         for (int64_t j = keys.end; j < p.Tk; ++j) row[j * ps[3]] = 0.0f;
