@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "kernels/attention_params.h"
+#include "kernels/attention_sinks.h"
 #include "kernels/isa/attention_tiles.h"
 #include "kernels/isa/simd.h"
 
@@ -178,14 +179,7 @@ void exact_rows(const AttentionParams& p, int64_t b, int64_t hk, Task& t, bool d
       }
     }
     for (int64_t r = 0; r < n; ++r) {
-      if (coarse[r] && p.sinks) {  // the sink is one more term of the row's sum (attention_sinks.cpp)
-        const float sink = p.sinks[hk * group + (r0 + r) / p.Tq];
-        if (sink > m[r]) {
-          l[r] = m[r] == -kInf ? 0.0 : l[r] * std::exp(double(m[r]) - double(sink));
-          m[r] = sink;
-        }
-        l[r] += std::exp(double(sink) - double(m[r]));
-      }
+      if (coarse[r] && p.sinks) fold_sink(p.sinks[hk * group + (r0 + r) / p.Tq], m[r], l[r]);
       if (coarse[r] && m[r] > -kInf) {
         t.m[r0 + r] = m[r];
         t.inv_l[r0 + r] = static_cast<float>(1.0 / l[r]);

@@ -132,27 +132,13 @@ TEST(AttentionSinks, PagedAndBatchedCallsAreTheContiguousCall) {
     SCOPED_TRACE(testing::Message() << "Tq " << Tq << " Tk " << Tk);
     const Tensor q = test::random_tensor(gen, {1, Hq, Tq, D});
     const Tensor k = test::random_tensor(gen, {1, Hkv, Tk, D}), v = test::random_tensor(gen, {1, Hkv, Tk, D});
-    const int64_t n = (Tk + bs - 1) / bs;
-    std::vector<float> store(static_cast<size_t>(2 * n * Hkv * bs * D), 0.0f);
-    std::vector<const float*> kb, vb;
-    for (int64_t i = 0; i < n; ++i) {
-      float* kp = store.data() + i * 2 * Hkv * bs * D;
-      float* vp = kp + Hkv * bs * D;
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t t = 0; t < bs && i * bs + t < Tk; ++t)
-          for (int64_t d = 0; d < D; ++d) {
-            kp[(h * bs + t) * D + d] = k.view().at(0, h, i * bs + t, d);
-            vp[(h * bs + t) * D + d] = v.view().at(0, h, i * bs + t, d);
-          }
-      kb.push_back(kp);
-      vb.push_back(vp);
-    }
+    const test::PagedCopy blocks = test::paged_copy(k, v, bs, &gen);
     AttentionOptions o;
     o.causal = true;
     o.sinks = sinks;
     Tensor want({1, Hq, Tq, D}), paged({1, Hq, Tq, D}), batched({1, Hq, Tq, D});
     scaled_dot_product_attention(q.view(), k.view(), v.view(), want.view(), o);
-    const PagedKV kv{kb, vb, bs, Tk, Hkv, D, D};
+    const PagedKV kv{blocks.k_blocks, blocks.v_blocks, bs, Tk, Hkv, D, D};
     scaled_dot_product_attention(q.view(), kv, paged.view(), o);
     AttentionBatchItem<float> items[2];
     items[0].q = q.view();

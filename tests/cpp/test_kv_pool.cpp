@@ -96,24 +96,9 @@ void check_paged_attention(std::mt19937_64& gen, int64_t Hq, int64_t Hkv, int64_
                                   << " block " << bs);
   const Tensor q = test::random_tensor(gen, {1, Hq, Tq, D});
   const Tensor k = test::random_tensor(gen, {1, Hkv, Tk, D}), v = test::random_tensor(gen, {1, Hkv, Tk, D});
-  const int64_t n = (Tk + bs - 1) / bs;
-  std::vector<int64_t> where(static_cast<size_t>(n));
-  std::iota(where.begin(), where.end(), 0);
-  std::shuffle(where.begin(), where.end(), gen);
-  std::vector<float> store(static_cast<size_t>(2 * n * Hkv * bs * D), NAN);  // NaN past Tk: never read
-  std::vector<const float*> kb, vb;
-  for (int64_t i = 0; i < n; ++i) {
-    float* kp = store.data() + where[static_cast<size_t>(i)] * 2 * Hkv * bs * D;
-    float* vp = kp + Hkv * bs * D;
-    for (int64_t h = 0; h < Hkv; ++h)
-      for (int64_t t = 0; t < bs && i * bs + t < Tk; ++t)
-        for (int64_t d = 0; d < D; ++d) {
-          kp[(h * bs + t) * D + d] = k.view().at(0, h, i * bs + t, d);
-          vp[(h * bs + t) * D + d] = v.view().at(0, h, i * bs + t, d);
-        }
-    kb.push_back(kp);
-    vb.push_back(vp);
-  }
+  const test::PagedCopy blocks = test::paged_copy(k, v, bs, &gen);
+  const std::vector<const float*>& kb = blocks.k_blocks;
+  const std::vector<const float*>& vb = blocks.v_blocks;
   for (Backend backend : {Backend::automatic, Backend::reference}) {
     AttentionOptions o = opt;
     o.backend = backend;

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -40,6 +41,35 @@ inline Tensor random_tensor(std::mt19937_64& gen, std::vector<int64_t> dims, flo
   std::normal_distribution<float> normal(0.0f, stddev);
   for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = normal(gen);
   return t;
+}
+
+// k [1, Hkv, Tk, D] and v [1, Hkv, Tk, Dv] copied into blocks of bs tokens (a paged KV cache's
+// [Hkv, bs, D] and [Hkv, bs, Dv] blocks), placed in shuffled order when `shuffle` is given; the
+// rows past Tk are NaN, which a kernel must never read.
+struct PagedCopy {
+  std::vector<float> storage;
+  std::vector<const float*> k_blocks, v_blocks;
+};
+inline PagedCopy paged_copy(const Tensor& k, const Tensor& v, int64_t bs, std::mt19937_64* shuffle = nullptr) {
+  const int64_t Hkv = k.shape()[1], Tk = k.shape()[2], D = k.shape()[3], Dv = v.shape()[3];
+  const int64_t n = (Tk + bs - 1) / bs, block = Hkv * bs * (D + Dv);
+  std::vector<int64_t> where(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) where[static_cast<size_t>(i)] = i;
+  if (shuffle) std::shuffle(where.begin(), where.end(), *shuffle);
+  PagedCopy c;
+  c.storage.assign(static_cast<size_t>(n * block), std::numeric_limits<float>::quiet_NaN());
+  for (int64_t i = 0; i < n; ++i) {
+    float* kp = c.storage.data() + where[static_cast<size_t>(i)] * block;
+    float* vp = kp + Hkv * bs * D;
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t t = 0; t < bs && i * bs + t < Tk; ++t) {
+        for (int64_t d = 0; d < D; ++d) kp[(h * bs + t) * D + d] = k.view().at(0, h, i * bs + t, d);
+        for (int64_t d = 0; d < Dv; ++d) vp[(h * bs + t) * Dv + d] = v.view().at(0, h, i * bs + t, d);
+      }
+    c.k_blocks.push_back(kp);
+    c.v_blocks.push_back(vp);
+  }
+  return c;
 }
 
 // Copies a logical 4-D tensor into storage of another layout and returns a view with the same

@@ -19,6 +19,7 @@ import pytest
 import safetensors
 
 import mhsa
+from cli_models import prose
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
@@ -28,9 +29,9 @@ SMALL = ["--layers", "2", "--heads", "2", "--embd", "32", "--context", "32", "--
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    """Real prose: the project's own documents (a few tens of KB)."""
+    """Real prose: Debian's licence texts (~280 kB)."""
     path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_bytes(b"".join((ROOT / p).read_bytes() for p in ["README.md", "docs/performance.md", "docs/testing.md"]))
+    path.write_bytes(prose())
     return path
 
 

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 import safetensors
 
+from cli_models import prose
+
 ROOT = Path(__file__).resolve().parents[2]
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
 MPIRUN = shutil.which("mpirun")
@@ -39,7 +41,7 @@ SMALL = ["--layers", "2", "--heads", "2", "--embd", "32", "--context", "24", "--
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "text.txt"
-    path.write_bytes(b"".join((ROOT / p).read_bytes() for p in ["README.md", "docs/architecture.md"]))
+    path.write_bytes(prose(100000))
     return path
 
 
