@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "io/json.h"
+#include "model/family.h"
 #include "model/gguf_names.h"
 
 namespace mhsa::detail {
@@ -66,13 +67,15 @@ int32_t token_id(const GgufFile& f, const char* key, int64_t vocab, int32_t fall
 ModelConfig GgufModelFile::config_of(const GgufFile& f) {
   const std::string fn = message("gguf ", f.source());
   const std::optional<std::string> arch = f.get_string("general.architecture");
-  if (!arch || (*arch != "llama" && *arch != "gpt2"))
-    fail(fn, "metadata 'general.architecture'", "\"llama\" or \"gpt2\" (the architectures mhsa loads from GGUF)",
+  const FamilyInfo* family = arch ? family_by_gguf_arch(*arch) : nullptr;
+  if (!family)
+    fail(fn, "metadata 'general.architecture'", message("one of ", gguf_families(), " (the architectures mhsa loads from GGUF)"),
          arch ? quote(*arch) : "none");
   const Hyper h(f, *arch);
   ModelConfig c;
-  c.family = *arch == "gpt2" ? Family::gpt2 : Family::llama;
-  c.architecture = *arch == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  c.family = family->family;
+  c.architecture = family->architecture;
+  family->block.apply(c);
   c.hidden_size = h.count("embedding_length");
   c.num_layers = h.count("block_count");
   // Every layer has tensors: more layers than tensors is a hostile count (bounded before sizing).
@@ -87,7 +90,7 @@ ModelConfig GgufModelFile::config_of(const GgufFile& f) {
   c.vocab_size = embd.dims[1];
   if (const std::optional<uint64_t> v = f.get_uint(h.key("vocab_size")); v && *v != static_cast<uint64_t>(c.vocab_size))
     h.bad("vocab_size", message(c.vocab_size, " (token_embd's rows)"), std::to_string(*v));
-  if (c.family == Family::gpt2) {
+  if (family->hf_names == HfNames::gpt2) {
     c.num_kv_heads = c.num_heads;
     if (c.hidden_size % c.num_heads != 0)
       h.bad("attention.head_count", message("a divisor of embedding_length = ", c.hidden_size), std::to_string(c.num_heads));

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "model/family.h"
 #include "model/gguf_model.h"
 #include "model/gguf_names.h"
 #include "mhsa/tokenizer.h"
@@ -187,14 +188,15 @@ uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8
 
 void save_gguf(const Model& model, const fs::path& path, GgufType type, bool overwrite, const fs::path& tokenizer_dir) {
   const ModelConfig& c = model.config();
-  if (c.family != Family::llama && c.family != Family::gpt2)
-    fail(kFn, "model", "a llama or gpt2 model (the families mhsa writes as GGUF)", family_name(c.family));
+  const FamilyInfo& family = family_info(c.family);
+  if (!family.gguf_arch)
+    fail(kFn, "model", message("a model of a family mapped to GGUF (", gguf_families(), ")"), family_name(c.family));
   if (model.weight_type() != WeightType::f32)
     fail(kFn, "model", "float32 weights (load it with dtype f32)", std::string(weight_type_name(model.weight_type())));
-  const bool gpt2 = c.family == Family::gpt2;
-  const std::string a = gpt2 ? "gpt2." : "llama.";
+  const bool gpt2 = family.hf_names == HfNames::gpt2;
+  const std::string a = message(family.gguf_arch, ".");
   GgufWriter w;
-  w.add_string("general.architecture", gpt2 ? "gpt2" : "llama");
+  w.add_string("general.architecture", family.gguf_arch);
   w.add_string("general.type", "model");
   w.add_u32(a + "block_count", u32(c.num_layers, "num_layers"));
   w.add_u32(a + "context_length", u32(c.max_positions, "max_positions"));
