@@ -5,11 +5,12 @@
 
 namespace mhsa::detail {
 
-extern const FamilyInfo kGpt2Family, kLlamaFamily, kMistralFamily, kQwen2Family, kQwen3Family, kGemma2Family;
+extern const FamilyInfo kGpt2Family, kLlamaFamily, kMistralFamily, kQwen2Family, kQwen3Family, kGemma2Family,
+    kOlmo2Family;
 
 namespace {
-const FamilyInfo* const kRegistry[] = {&kGpt2Family,  &kLlamaFamily, &kMistralFamily,
-                                       &kQwen2Family, &kQwen3Family, &kGemma2Family};
+const FamilyInfo* const kRegistry[] = {&kGpt2Family,  &kLlamaFamily, &kMistralFamily, &kQwen2Family,
+                                       &kQwen3Family, &kGemma2Family, &kOlmo2Family};
 
 template <class Match>
 const FamilyInfo* find(Match match) {

@@ -46,6 +46,12 @@ TINY = {
         vocab_size=95, hidden_size=32, intermediate_size=57, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=12, max_position_embeddings=64, query_pre_attn_scalar=20,
         attn_logit_softcapping=3.0, final_logit_softcapping=4.0, sliding_window=5), transformers.Gemma2ForCausalLM),
+    # Norms only after attention and the MLP; q/k norms over all heads at once; head_dim · heads ≠
+    # hidden; biases in attention.
+    "olmo2_post_norms": (transformers.Olmo2Config, dict(
+        vocab_size=93, hidden_size=48, intermediate_size=71, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=10, max_position_embeddings=64, attention_bias=True, pad_token_id=3),
+        transformers.Olmo2ForCausalLM),
 }
 
 # Real models' shapes with random weights and few layers (the vocabulary, widths and heads as

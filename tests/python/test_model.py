@@ -49,6 +49,9 @@ def tiny(family, rng, **over):
                       hidden_activation="gelu_pytorch_tanh")
         cfg = transformers.Gemma2Config(**common)
         return cfg, transformers.Gemma2ForCausalLM
+    if family == "olmo2":
+        cfg = transformers.Olmo2Config(**common, head_dim=10, attention_bias=bool(rng.integers(2)))
+        return cfg, transformers.Olmo2ForCausalLM
     raise ValueError(family)
 
 
@@ -70,7 +73,7 @@ def save_tiny(family, rng, tmp_path, **over):
     return model
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "olmo2"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -97,7 +100,7 @@ def test_logits_and_cache_match_transformers(family, rng, tmp_path):
     assert rel(np.concatenate(parts, axis=1), got) <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
 def test_greedy_generation_matches_transformers(family, rng, tmp_path):
     hf = save_tiny(family, rng, tmp_path)
     m = mhsa.Model.load(tmp_path)
@@ -139,7 +142,7 @@ def test_generation_config_eos_stops_generation_as_in_transformers(rng, tmp_path
         mhsa.Model.load(tmp_path)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2", "olmo2"])
 def test_gradients_match_float64_autograd(family, rng, tmp_path):
     # pad_token_id: nn.Embedding's padding_idx, a row whose lookups add no gradient (Gemma 2's
     # default is 0; -2 counts from the end; "default" leaves the key out of config.json).
@@ -164,6 +167,7 @@ def test_gradients_match_float64_autograd(family, rng, tmp_path):
     assert abs(loss - want.item()) <= 1e-5 * abs(want.item())
     named = dict(ref.named_parameters())
     assert set(grads) == set(m.parameter_names)
+    assert set(grads) == set(named)
     for name, g in grads.items():
         p = named[name]
         assert g.shape == tuple(p.shape), name
