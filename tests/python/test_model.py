@@ -2,7 +2,8 @@
 
 Each family's logits equal transformers' (float32, eager attention) within 1e-4 relative L2;
 decoding through the cache equals recomputing; greedy generation gives transformers' tokens; the
-loss and every parameter's gradient equal PyTorch float64 autograd within 1e-5 relative L2.
+loss and every parameter's gradient equal PyTorch float64 autograd within 1e-5 relative L2 (or
+within 4x float32 autograd's own error, where that is larger).
 (The broad per-family comparison, real shapes and sharded files are in test_families.py.)
 """
 
@@ -158,20 +159,27 @@ def test_gradients_match_float64_autograd(family, rng, tmp_path):
     targets = rng.integers(-1, 97, size=(B, T))
     loss, grads = m.loss_and_grad(ids, targets)
 
-    ref = hf.double()
-    ref.zero_grad()
-    logits = ref(torch.tensor(ids)).logits
-    want = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), torch.tensor(targets).reshape(-1),
-                                             ignore_index=-1)
-    want.backward()
-    assert abs(loss - want.item()) <= 1e-5 * abs(want.item())
-    named = dict(ref.named_parameters())
+    def autograd(dtype):
+        ref = hf.to(dtype)
+        ref.zero_grad()
+        logits = ref(torch.tensor(ids)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), torch.tensor(targets).reshape(-1),
+                                                 ignore_index=-1)
+        loss.backward()
+        return loss.item(), {n: p.grad.double().numpy().copy() for n, p in ref.named_parameters()}
+
+    # float32 autograd's own error bounds ours where it is above 1e-5/4: OLMo-2's full-width q/k
+    # norms make its q/k gradients a cancellation (a normalised vector's gradient has its
+    # component along the vector taken out) that float32 arithmetic resolves to ~1e-5 only.
+    _, grads32 = autograd(torch.float32)
+    want, grads64 = autograd(torch.float64)
+    named = dict(hf.named_parameters())
+    assert abs(loss - want) <= 1e-5 * abs(want)
     assert set(grads) == set(m.parameter_names)
     assert set(grads) == set(named)
     for name, g in grads.items():
-        p = named[name]
-        assert g.shape == tuple(p.shape), name
-        assert rel(g, p.grad.numpy()) <= 1e-5, name
+        assert g.shape == tuple(named[name].shape), name
+        assert rel(g, grads64[name]) <= max(1e-5, 4 * rel(grads32[name], grads64[name])), name
 
 
 def test_errors_name_the_model(rng, tmp_path):
