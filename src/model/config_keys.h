@@ -21,7 +21,14 @@ namespace mhsa::detail {
 
 inline constexpr std::string_view kParseFn = "ModelConfig::parse";
 
-inline std::string shown(const std::string& s) { return "\"" + printable(s) + "\""; }
+// s in quotes, as messages show a value from the file (appended: GCC 12 warns falsely of
+// overlapping copies in "\"" + ... when inlined).
+inline std::string shown(const std::string& s) {
+  std::string out = "\"";
+  out += printable(s);
+  out += '"';
+  return out;
+}
 
 // Typed access to one JSON object's keys. A key that is absent takes transformers' default; a
 // null counts as absent only where transformers gives None a meaning (nullable = true).

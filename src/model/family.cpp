@@ -6,11 +6,11 @@
 namespace mhsa::detail {
 
 extern const FamilyInfo kGpt2Family, kLlamaFamily, kMistralFamily, kQwen2Family, kQwen3Family, kGemma2Family,
-    kOlmo2Family;
+    kOlmo2Family, kPhi3Family;
 
 namespace {
 const FamilyInfo* const kRegistry[] = {&kGpt2Family,  &kLlamaFamily, &kMistralFamily, &kQwen2Family,
-                                       &kQwen3Family, &kGemma2Family, &kOlmo2Family};
+                                       &kQwen3Family, &kGemma2Family, &kOlmo2Family, &kPhi3Family};
 
 template <class Match>
 const FamilyInfo* find(Match match) {

@@ -329,7 +329,7 @@ TEST(ModelConfig, RefusesWhatWouldBeAnotherModel) {
     j[key] = std::move(v);
     return j;
   };
-  expect_refused(with("model_type", "phi3", llama), "model_type", "\"llama\"");
+  expect_refused(with("model_type", "falcon", llama), "model_type", "\"llama\"");
   expect_refused(with("architectures", {"LlamaForSequenceClassification"}, llama), "architectures[0]",
                  "LlamaForCausalLM");
   expect_refused(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}, llama), "rope_type",

@@ -52,6 +52,11 @@ TINY = {
         vocab_size=93, hidden_size=48, intermediate_size=71, num_hidden_layers=2, num_attention_heads=6,
         num_key_value_heads=2, head_dim=10, max_position_embeddings=64, attention_bias=True, pad_token_id=3),
         transformers.Olmo2ForCausalLM),
+    # Fused qkv_proj and gate_up_proj in the file; a window shorter than the test sequences.
+    "phi3_fused": (transformers.Phi3Config, dict(
+        vocab_size=89, hidden_size=40, intermediate_size=61, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, sliding_window=6, pad_token_id=0),
+        transformers.Phi3ForCausalLM),
 }
 
 # Real models' shapes with random weights and few layers (the vocabulary, widths and heads as

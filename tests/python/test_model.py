@@ -53,7 +53,28 @@ def tiny(family, rng, **over):
     if family == "olmo2":
         cfg = transformers.Olmo2Config(**common, head_dim=10, attention_bias=bool(rng.integers(2)))
         return cfg, transformers.Olmo2ForCausalLM
+    if family == "phi3":  # its class's pad_token_id (32000) is outside a tiny vocabulary
+        cfg = transformers.Phi3Config(**{"pad_token_id": 0, **common}, sliding_window=int(rng.integers(3, 9)))
+        return cfg, transformers.Phi3ForCausalLM
     raise ValueError(family)
+
+
+def fused_like_hf(grads, family):
+    """mhsa's parameters (Llama's parts) fused as Phi-3's files store them: q|k|v and gate|up rows."""
+    if family != "phi3":
+        return grads
+    out = {}
+    for name, g in grads.items():
+        for parts, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj")):
+            if name.endswith(f".{parts[0]}.weight"):
+                stem = name[: -len(f"{parts[0]}.weight")]
+                out[f"{stem}{fused}.weight"] = np.concatenate([grads[f"{stem}{p}.weight"] for p in parts])
+                break
+            if any(name.endswith(f".{p}.weight") for p in parts):
+                break
+        else:
+            out[name] = g
+    return out
 
 
 def save_tiny(family, rng, tmp_path, **over):
@@ -74,7 +95,7 @@ def save_tiny(family, rng, tmp_path, **over):
     return model
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "olmo2"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "olmo2", "phi3"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -101,7 +122,7 @@ def test_logits_and_cache_match_transformers(family, rng, tmp_path):
     assert rel(np.concatenate(parts, axis=1), got) <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2", "phi3"])
 def test_greedy_generation_matches_transformers(family, rng, tmp_path):
     hf = save_tiny(family, rng, tmp_path)
     m = mhsa.Model.load(tmp_path)
@@ -143,7 +164,7 @@ def test_generation_config_eos_stops_generation_as_in_transformers(rng, tmp_path
         mhsa.Model.load(tmp_path)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2", "olmo2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "phi3"])
 def test_gradients_match_float64_autograd(family, rng, tmp_path):
     # pad_token_id: nn.Embedding's padding_idx, a row whose lookups add no gradient (Gemma 2's
     # default is 0; -2 counts from the end; "default" leaves the key out of config.json).
@@ -176,6 +197,7 @@ def test_gradients_match_float64_autograd(family, rng, tmp_path):
     named = dict(hf.named_parameters())
     assert abs(loss - want) <= 1e-5 * abs(want)
     assert set(grads) == set(m.parameter_names)
+    grads = fused_like_hf(grads, family)
     assert set(grads) == set(named)
     for name, g in grads.items():
         assert g.shape == tuple(named[name].shape), name
