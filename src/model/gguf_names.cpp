@@ -2,6 +2,7 @@
 #include "model/gguf_names.h"
 
 #include <cstring>
+#include <optional>
 
 #include "core/check.h"
 #include "io/json.h"
@@ -16,6 +17,9 @@ GgufName gguf_name(const ModelConfig& c, std::string_view hf_name) {
   const auto bad = [&]() -> GgufName {
     fail("gguf", "parameter", message("a ", family_name(c.family), " parameter llama.cpp has a name for"), quote(hf_name));
   };
+  // A part of a fused tensor is named as the tensor it is part of.
+  const std::optional<FusedSlice> slice = family.fused ? family.fused(c, hf_name) : std::nullopt;
+  if (slice) hf_name = slice->tensor;
   std::string_view suffix;
   for (std::string_view s : {".weight", ".bias"})
     if (hf_name.ends_with(s)) suffix = s;
@@ -38,6 +42,11 @@ GgufName gguf_name(const ModelConfig& c, std::string_view hf_name) {
     GgufName g{message(block, r.gguf, suffix), r.weight_layout, 0};
     if (g.layout == GgufLayout::transposed && suffix == ".bias") g.layout = GgufLayout::as_is;
     if (g.layout == GgufLayout::permuted) g.heads = std::strcmp(r.gguf, "attn_q") == 0 ? c.num_heads : c.num_kv_heads;
+    if (slice) {
+      g.row_begin = slice->row_begin;
+      g.rows = slice->rows;
+      g.total_rows = slice->total_rows;
+    }
     return g;
   }
   return bad();

@@ -22,6 +22,9 @@ struct GgufName {
   std::string name;  // "blk.3.attn_q.weight"
   GgufLayout layout = GgufLayout::as_is;
   int64_t heads = 0;  // permuted only
+  // A part of a tensor the family's files fuse (Phi-3's attn_qkv, ffn_up): its rows of the
+  // stored tensor's total_rows; rows 0: the whole tensor.
+  int64_t row_begin = 0, rows = 0, total_rows = 0;
 };
 
 // The GGUF name of parameter `hf_name` of a model of config c (a family mapped to GGUF); throws

@@ -14,6 +14,18 @@ constexpr RotaryRules kRules{.vocab = 50304, .hidden = 4096, .inter = 11008, .la
 
 void read(const Keys& k, ModelConfig& c) { read_rotary(k, c, kRules); }
 
+constexpr GgufRename kLayer[] = {{"self_attn.q_proj", "attn_q", GgufLayout::as_is},
+                                 {"self_attn.k_proj", "attn_k", GgufLayout::as_is},
+                                 {"self_attn.v_proj", "attn_v", GgufLayout::as_is},
+                                 {"self_attn.q_norm", "attn_q_norm", GgufLayout::as_is},
+                                 {"self_attn.k_norm", "attn_k_norm", GgufLayout::as_is},
+                                 {"self_attn.o_proj", "attn_output", GgufLayout::as_is},
+                                 {"post_attention_layernorm", "post_attention_norm", GgufLayout::as_is},
+                                 {"mlp.gate_proj", "ffn_gate", GgufLayout::as_is},
+                                 {"mlp.up_proj", "ffn_up", GgufLayout::as_is},
+                                 {"mlp.down_proj", "ffn_down", GgufLayout::as_is},
+                                 {"post_feedforward_layernorm", "post_ffw_norm", GgufLayout::as_is}};
+
 }  // namespace
 
 extern const FamilyInfo kOlmo2Family{.family = Family::olmo2,
@@ -21,6 +33,9 @@ extern const FamilyInfo kOlmo2Family{.family = Family::olmo2,
                                      .architecture = "Olmo2ForCausalLM",
                                      .block = {.qk_norm = true, .qk_norm_full_width = true, .pre_norms = false,
                                                .post_norms = true},
-                                     .read_config = read};
+                                     .read_config = read,
+                                     .gguf_arch = "olmo2",
+                                     .gguf_global = kLlamaGgufGlobal,
+                                     .gguf_layer = kLayer};
 
 }  // namespace mhsa::detail

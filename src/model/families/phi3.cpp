@@ -46,12 +46,22 @@ std::optional<FusedSlice> fused(const ModelConfig& c, std::string_view name) {
   return std::nullopt;
 }
 
+constexpr GgufRename kLayer[] = {{"input_layernorm", "attn_norm", GgufLayout::as_is},
+                                 {"self_attn.qkv_proj", "attn_qkv", GgufLayout::as_is},
+                                 {"self_attn.o_proj", "attn_output", GgufLayout::as_is},
+                                 {"post_attention_layernorm", "ffn_norm", GgufLayout::as_is},
+                                 {"mlp.gate_up_proj", "ffn_up", GgufLayout::as_is},
+                                 {"mlp.down_proj", "ffn_down", GgufLayout::as_is}};
+
 }  // namespace
 
 extern const FamilyInfo kPhi3Family{.family = Family::phi3,
                                     .model_type = "phi3",
                                     .architecture = "Phi3ForCausalLM",
                                     .read_config = read,
-                                    .fused = fused};
+                                    .fused = fused,
+                                    .gguf_arch = "phi3",
+                                    .gguf_global = kLlamaGgufGlobal,
+                                    .gguf_layer = kLayer};
 
 }  // namespace mhsa::detail
