@@ -30,7 +30,8 @@ needs_model = pytest.mark.skipif(not hasattr(mhsa, "Model"),
                                  reason="mhsa.Model (the generic decoder of every family) is not in this build yet")
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "config_corpus"
-HUB_CONFIGS = ["smollm2_135m", "llama32_1b", "tinyllama", "mistral_small", "qwen25_05b", "qwen3_06b", "gemma2_2b"]
+HUB_CONFIGS = ["smollm2_135m", "llama32_1b", "tinyllama", "mistral_small", "qwen25_05b", "qwen3_06b", "gemma2_2b",
+               "olmo2_1b", "phi3_mini"]
 
 
 def rel(a, b):
