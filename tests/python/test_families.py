@@ -9,8 +9,9 @@ save_pretrained, float32, eager attention).
   recomputing, greedy generation giving transformers' tokens — for tiny configs of each family
   (Llama with llama3 RoPE scaling / untied head with biases, Mistral with a window shorter than the
   sequence, Qwen2 with q/k/v biases and windows, Qwen3 with q/k norms, Gemma 2 with soft-caps and
-  alternating windows) and for real models' shapes with random weights and few layers (SmolLM2-135M,
-  Qwen2.5-0.5B written in shards, Llama-3.2-1B's RoPE).
+  alternating windows, OLMo-2 with post norms only and full-width q/k norms, Phi-3 with fused
+  qkv_proj/gate_up_proj and a window) and for real models' shapes with random weights and few
+  layers (SmolLM2-135M, Qwen2.5-0.5B written in shards, Llama-3.2-1B's RoPE).
 """
 
 import json
