@@ -1,9 +1,11 @@
 // mhsa/model_config.h — one description of every decoder-only transformer mhsa runs: GPT-2 and
-// the Llama family (Llama 2/3.x, SmolLM2, TinyLlama), Mistral, Qwen2/2.5, Qwen3 and Gemma 2.
+// the Llama family (Llama 2/3.x, SmolLM2, TinyLlama), Mistral, Qwen2/2.5, Qwen3, Gemma 2, OLMo-2
+// and Phi-3.
 //
-// A family is not a new forward pass: it is a set of choices in this struct (which norm, which MLP,
-// learned or rotary positions, biases, a window and soft-cap per layer), read from a Hugging Face
-// config.json by ModelConfig::parse, and one block implementation (nn/) composed from them.
+// A family is not a new forward pass: it is a set of named choices in this struct (which norm,
+// where the norms sit, which MLP, learned or rotary positions, biases, a window and soft-cap per
+// layer), read from a Hugging Face config.json by ModelConfig::parse through the family's
+// registered descriptor (src/model/family.h), and one block implementation (nn/) composed from them.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +16,7 @@
 
 namespace mhsa {
 
-enum class Family { gpt2, llama, mistral, qwen2, qwen3, gemma2 };
+enum class Family { gpt2, llama, mistral, qwen2, qwen3, gemma2, olmo2, phi3 };
 enum class NormKind { layer_norm, rms_norm };      // LayerNorm with bias (GPT-2), RMSNorm (the rest)
 enum class PositionKind { learned, rotary };       // wpe table (GPT-2), RoPE (the rest)
 enum class MlpKind { gelu, swiglu, geglu };        // fc→GELU(tanh)→proj; down(silu(gate)·up); down(gelu_tanh(gate)·up)
@@ -58,8 +60,10 @@ struct ModelConfig {
   bool qkv_bias = false;           // biases on q, k, v projections (GPT-2, Qwen2, attention_bias)
   bool o_bias = false;             // bias on the output projection (GPT-2, attention_bias)
   bool mlp_bias = false;           // biases in the MLP (GPT-2, mlp_bias)
-  bool qk_norm = false;            // Qwen3: RMSNorm over each head of q and k before RoPE
-  bool sandwich_norms = false;     // Gemma 2: norms after attention and after the MLP as well
+  bool qk_norm = false;            // RMSNorm on q and k before RoPE: over each head (Qwen3), or
+  bool qk_norm_full_width = false; //   over all heads of q, and of k, together (OLMo-2)
+  bool pre_norms = true;           // norms before attention and before the MLP (all but OLMo-2)
+  bool post_norms = false;         // norms after attention and after the MLP (Gemma 2's sandwich, OLMo-2)
   float embedding_scale = 1.0f;    // Gemma: embeddings multiplied by sqrt(hidden_size)
   float attention_scale = 0;       // score scale; 0 means 1/sqrt(head_dim)
   float attn_logit_softcap = 0;    // Gemma 2: s ← c·tanh(s/c) on attention scores; 0: none

@@ -48,7 +48,9 @@ py::dict full_config_dict(const ModelConfig& c) {
   d["o_bias"] = c.o_bias;
   d["mlp_bias"] = c.mlp_bias;
   d["qk_norm"] = c.qk_norm;
-  d["sandwich_norms"] = c.sandwich_norms;
+  d["qk_norm_full_width"] = c.qk_norm_full_width;
+  d["pre_norms"] = c.pre_norms;
+  d["post_norms"] = c.post_norms;
   d["embedding_scale"] = c.embedding_scale;
   d["attention_scale"] = c.attention_scale;
   d["attn_logit_softcap"] = c.attn_logit_softcap;

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "io/json.h"
+#include "model/family.h"
 #include "model/gguf_names.h"
 
 namespace mhsa::detail {
@@ -66,13 +67,15 @@ int32_t token_id(const GgufFile& f, const char* key, int64_t vocab, int32_t fall
 ModelConfig GgufModelFile::config_of(const GgufFile& f) {
   const std::string fn = message("gguf ", f.source());
   const std::optional<std::string> arch = f.get_string("general.architecture");
-  if (!arch || (*arch != "llama" && *arch != "gpt2"))
-    fail(fn, "metadata 'general.architecture'", "\"llama\" or \"gpt2\" (the architectures mhsa loads from GGUF)",
+  const FamilyInfo* family = arch ? family_by_gguf_arch(*arch) : nullptr;
+  if (!family)
+    fail(fn, "metadata 'general.architecture'", message("one of ", gguf_families(), " (the architectures mhsa loads from GGUF)"),
          arch ? quote(*arch) : "none");
   const Hyper h(f, *arch);
   ModelConfig c;
-  c.family = *arch == "gpt2" ? Family::gpt2 : Family::llama;
-  c.architecture = *arch == "gpt2" ? "GPT2LMHeadModel" : "LlamaForCausalLM";
+  c.family = family->family;
+  c.architecture = family->architecture;
+  family->block.apply(c);
   c.hidden_size = h.count("embedding_length");
   c.num_layers = h.count("block_count");
   // Every layer has tensors: more layers than tensors is a hostile count (bounded before sizing).
@@ -87,7 +90,7 @@ ModelConfig GgufModelFile::config_of(const GgufFile& f) {
   c.vocab_size = embd.dims[1];
   if (const std::optional<uint64_t> v = f.get_uint(h.key("vocab_size")); v && *v != static_cast<uint64_t>(c.vocab_size))
     h.bad("vocab_size", message(c.vocab_size, " (token_embd's rows)"), std::to_string(*v));
-  if (c.family == Family::gpt2) {
+  if (family->hf_names == HfNames::gpt2) {
     c.num_kv_heads = c.num_heads;
     if (c.hidden_size % c.num_heads != 0)
       h.bad("attention.head_count", message("a divisor of embedding_length = ", c.hidden_size), std::to_string(c.num_heads));
@@ -145,7 +148,9 @@ ModelConfig GgufModelFile::config_of(const GgufFile& f) {
     if (eos >= 0) c.eos_token_ids = {eos};
   }
   c.tie_word_embeddings = !distinct_head(f);
-  c.window_left.assign(static_cast<size_t>(c.num_layers), -1);
+  // A window on every layer (llama.cpp's n_swa, as its converter writes Phi-3's sliding_window).
+  const int64_t window = f.get_uint(h.key("attention.sliding_window")) ? h.count("attention.sliding_window") : 0;
+  c.window_left.assign(static_cast<size_t>(c.num_layers), window - 1);
   c.validate(fn);
   return c;
 }
@@ -162,6 +167,7 @@ const GgufTensorInfo& GgufModelFile::checked(const GgufName& g, const std::strin
                                              const std::vector<int64_t>& shape) const {
   const GgufTensorInfo& t = required(file_, g.name);
   std::vector<int64_t> stored = shape;
+  if (g.rows > 0) stored[0] = g.total_rows;  // the fused tensor this parameter is rows of
   if (g.layout == GgufLayout::transposed) std::reverse(stored.begin(), stored.end());
   if (t.shape() != stored)
     fail(message("gguf ", file_.source()), message("tensor ", quote(g.name), " (", name, ")"),
@@ -174,7 +180,7 @@ std::optional<nn::Q4Matrix> GgufModelFile::load_q4_k(const std::string& name, co
   const GgufTensorInfo& t = checked(g, name, shape);
   if (t.type != static_cast<uint32_t>(GgufType::q4_k) || t.dims.size() != 2) return std::nullopt;
   nn::Q4Matrix m;
-  m.rows = t.dims[1];  // the file's [out, in] (GPT-2's matrices are stored transposed: [out, in] too)
+  m.rows = g.rows > 0 ? g.rows : t.dims[1];  // the file's [out, in] (GPT-2's matrices are stored transposed: [out, in] too)
   m.cols = t.dims[0];
   const int64_t per_row = m.blocks_per_row();
   m.data.resize(static_cast<size_t>(m.rows * per_row));  // the file's bytes: the product is already checked
@@ -183,7 +189,7 @@ std::optional<nn::Q4Matrix> GgufModelFile::load_q4_k(const std::string& name, co
   // Llama's q/k rows back from ggml's interleaved pairs to rotate_half order (as permute_rows).
   const int64_t D = g.layout == GgufLayout::permuted ? m.rows / g.heads : 0;
   for (int64_t r = 0; r < m.rows; ++r) {
-    int64_t from = r;
+    int64_t from = g.row_begin + r;
     if (D > 0) {
       const int64_t h = r / D, within = r % D, half = D / 2;
       from = h * D + 2 * (within % half) + within / half;
@@ -202,6 +208,12 @@ Tensor GgufModelFile::load(const std::string& name, const std::vector<int64_t>& 
   const GgufName g = gguf_name(config_, name);
   const GgufTensorInfo& t = checked(g, name, shape);
   Tensor x = file_.load(t);
+  if (g.rows > 0) {  // this parameter's rows of a fused tensor
+    Tensor part(shape);
+    const int64_t row = x.numel() / g.total_rows;
+    std::copy_n(x.data() + g.row_begin * row, g.rows * row, part.data());
+    x = std::move(part);
+  }
   if (g.layout == GgufLayout::transposed) return transpose_2d(x);
   if (g.layout == GgufLayout::permuted) return permute_rows(x, g.heads, false);
   return x;

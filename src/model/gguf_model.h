@@ -1,5 +1,6 @@
 // model/gguf_model.h — a GGUF file as a Model's config and weights, and a Model as a GGUF file, for
-// the families llama.cpp and mhsa share by name: "llama" (LlamaForCausalLM) and "gpt2".
+// the families whose descriptor (model/family.h) names a llama.cpp architecture: "gpt2", "llama",
+// "olmo2", "phi3" (Phi-3's fused attn_qkv and ffn_up read into their parts and written fused).
 //
 // Names: llama.cpp's (token_embd, blk.N.attn_q, …, output_norm, output) ↔ the Hugging Face names
 // mhsa keeps. Layouts: llama.cpp's converter permutes the rows of Llama's q and k projections
@@ -49,7 +50,7 @@ class GgufModelFile {
   explicit GgufModelFile(GgufFile f) : file_(std::move(f)) {}
 };
 
-// Writes a llama or gpt2 model as a GGUF file llama.cpp reads: its names, the q/k permutation, the
+// Writes a model of such a family as a GGUF file llama.cpp reads: its names, the q/k permutation, the
 // metadata llama.cpp needs (general.architecture, the hyperparameters, file type; the tokenizer
 // from `tokenizer_dir`'s tokenizer.json or vocab.json + merges.txt when it has one, and its chat
 // template from chat_template.jinja or tokenizer_config.json). Matrices are

@@ -2,59 +2,32 @@
 #include "model/gguf_names.h"
 
 #include <cstring>
+#include <optional>
 
 #include "core/check.h"
 #include "io/json.h"
+#include "model/family.h"
 
 namespace mhsa::detail {
-namespace {
-
-struct Rename {
-  const char* hf;    // a module, without ".weight" / ".bias"
-  const char* gguf;
-  GgufLayout weight_layout;
-};
-
-constexpr Rename kGpt2Global[] = {{"wte", "token_embd", GgufLayout::as_is},
-                                  {"wpe", "position_embd", GgufLayout::as_is},
-                                  {"ln_f", "output_norm", GgufLayout::as_is},
-                                  {"lm_head", "output", GgufLayout::as_is}};
-constexpr Rename kGpt2Layer[] = {{"ln_1", "attn_norm", GgufLayout::as_is},
-                                 {"attn.c_attn", "attn_qkv", GgufLayout::transposed},
-                                 {"attn.c_proj", "attn_output", GgufLayout::transposed},
-                                 {"ln_2", "ffn_norm", GgufLayout::as_is},
-                                 {"mlp.c_fc", "ffn_up", GgufLayout::transposed},
-                                 {"mlp.c_proj", "ffn_down", GgufLayout::transposed}};
-constexpr Rename kLlamaGlobal[] = {{"model.embed_tokens", "token_embd", GgufLayout::as_is},
-                                   {"model.norm", "output_norm", GgufLayout::as_is},
-                                   {"lm_head", "output", GgufLayout::as_is}};
-constexpr Rename kLlamaLayer[] = {{"input_layernorm", "attn_norm", GgufLayout::as_is},
-                                  {"self_attn.q_proj", "attn_q", GgufLayout::permuted},
-                                  {"self_attn.k_proj", "attn_k", GgufLayout::permuted},
-                                  {"self_attn.v_proj", "attn_v", GgufLayout::as_is},
-                                  {"self_attn.o_proj", "attn_output", GgufLayout::as_is},
-                                  {"post_attention_layernorm", "ffn_norm", GgufLayout::as_is},
-                                  {"mlp.gate_proj", "ffn_gate", GgufLayout::as_is},
-                                  {"mlp.up_proj", "ffn_up", GgufLayout::as_is},
-                                  {"mlp.down_proj", "ffn_down", GgufLayout::as_is}};
-
-}  // namespace
 
 GgufName gguf_name(const ModelConfig& c, std::string_view hf_name) {
-  const bool gpt2 = c.family == Family::gpt2;
-  if (!gpt2 && c.family != Family::llama)
-    fail("gguf", "model", "a llama or gpt2 model (the families mhsa maps to GGUF)", family_name(c.family));
+  const FamilyInfo& family = family_info(c.family);
+  if (!family.gguf_arch)
+    fail("gguf", "model", message("a model of a family mapped to GGUF (", gguf_families(), ")"), family_name(c.family));
   const auto bad = [&]() -> GgufName {
     fail("gguf", "parameter", message("a ", family_name(c.family), " parameter llama.cpp has a name for"), quote(hf_name));
   };
+  // A part of a fused tensor is named as the tensor it is part of.
+  const std::optional<FusedSlice> slice = family.fused ? family.fused(c, hf_name) : std::nullopt;
+  if (slice) hf_name = slice->tensor;
   std::string_view suffix;
   for (std::string_view s : {".weight", ".bias"})
     if (hf_name.ends_with(s)) suffix = s;
   if (suffix.empty()) return bad();
   std::string_view module = hf_name.substr(0, hf_name.size() - suffix.size());
-  const std::string_view layers = gpt2 ? "h." : "model.layers.";
+  const std::string_view layers = family.hf_names == HfNames::gpt2 ? "h." : "model.layers.";
   std::string block;
-  std::span<const Rename> table = gpt2 ? std::span<const Rename>(kGpt2Global) : std::span<const Rename>(kLlamaGlobal);
+  std::span<const GgufRename> table = family.gguf_global;
   if (module.starts_with(layers)) {
     module.remove_prefix(layers.size());
     const size_t dot = module.find('.');
@@ -62,16 +35,28 @@ GgufName gguf_name(const ModelConfig& c, std::string_view hf_name) {
       return bad();
     block = message("blk.", module.substr(0, dot), ".");
     module.remove_prefix(dot + 1);
-    table = gpt2 ? std::span<const Rename>(kGpt2Layer) : std::span<const Rename>(kLlamaLayer);
+    table = family.gguf_layer;
   }
-  for (const Rename& r : table) {
+  for (const GgufRename& r : table) {
     if (module != r.hf) continue;
     GgufName g{message(block, r.gguf, suffix), r.weight_layout, 0};
     if (g.layout == GgufLayout::transposed && suffix == ".bias") g.layout = GgufLayout::as_is;
     if (g.layout == GgufLayout::permuted) g.heads = std::strcmp(r.gguf, "attn_q") == 0 ? c.num_heads : c.num_kv_heads;
+    if (slice) {
+      g.row_begin = slice->row_begin;
+      g.rows = slice->rows;
+      g.total_rows = slice->total_rows;
+    }
     return g;
   }
   return bad();
+}
+
+std::string gguf_families() {
+  std::string s;
+  for (const FamilyInfo* f : families())
+    if (f->gguf_arch) s += (s.empty() ? "" : ", ") + std::string(f->gguf_arch);
+  return s;
 }
 
 Tensor permute_rows(const Tensor& x, int64_t heads, bool to_gguf) {

@@ -1,6 +1,7 @@
-// model/gguf_names.h — how a Hugging Face parameter of a llama or gpt2 model is named and laid out
-// in a GGUF file (llama.cpp's convert_hf_to_gguf.py conventions), and the two layout changes:
-// Llama's q/k rows permuted per head, GPT-2's Conv1D weights transposed. Not public.
+// model/gguf_names.h — how a Hugging Face parameter is named and laid out in a GGUF file
+// (llama.cpp's convert_hf_to_gguf.py conventions, from the family's descriptor in model/family.h),
+// and the two layout changes: Llama's q/k rows permuted per head, GPT-2's Conv1D weights
+// transposed. Not public.
 #pragma once
 
 #include <string>
@@ -21,11 +22,16 @@ struct GgufName {
   std::string name;  // "blk.3.attn_q.weight"
   GgufLayout layout = GgufLayout::as_is;
   int64_t heads = 0;  // permuted only
+  // A part of a tensor the family's files fuse (Phi-3's attn_qkv, ffn_up): its rows of the
+  // stored tensor's total_rows; rows 0: the whole tensor.
+  int64_t row_begin = 0, rows = 0, total_rows = 0;
 };
 
-// The GGUF name of parameter `hf_name` of a model of config c (family llama or gpt2); throws
+// The GGUF name of parameter `hf_name` of a model of config c (a family mapped to GGUF); throws
 // mhsa::Error for a name llama.cpp has no name for.
 GgufName gguf_name(const ModelConfig& c, std::string_view hf_name);
+// The GGUF architectures of the families mapped to GGUF, for messages ("gpt2, llama").
+std::string gguf_families();
 
 // Rows [R, ...] in `heads` groups of D = R / heads rows (D even): Hugging Face row s·D/2 + i of a
 // head is GGUF row 2i + s. to_gguf applies that, otherwise it is undone.

@@ -1,4 +1,4 @@
-// model/gguf_save.cpp — a llama or gpt2 Model written as the GGUF file llama.cpp's converter would
+// model/gguf_save.cpp — a Model of a family mapped to GGUF written as the GGUF file llama.cpp's converter would
 // write (see model/gguf_model.h): its tensor names and layouts, its metadata keys, and a byte-level
 // BPE tokenizer (tokenizer.json's, or GPT-2's vocab.json + merges.txt) as tokenizer.ggml.* (with
 // llama.cpp's name of its pre-tokenizer when it is GPT-2's, Llama 3's or Qwen2's), its
@@ -7,12 +7,15 @@
 // reads as a model without a vocabulary (token ids in, logits out).
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "model/family.h"
 #include "model/gguf_model.h"
 #include "model/gguf_names.h"
 #include "mhsa/tokenizer.h"
@@ -187,14 +190,15 @@ uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8
 
 void save_gguf(const Model& model, const fs::path& path, GgufType type, bool overwrite, const fs::path& tokenizer_dir) {
   const ModelConfig& c = model.config();
-  if (c.family != Family::llama && c.family != Family::gpt2)
-    fail(kFn, "model", "a llama or gpt2 model (the families mhsa writes as GGUF)", family_name(c.family));
+  const FamilyInfo& family = family_info(c.family);
+  if (!family.gguf_arch)
+    fail(kFn, "model", message("a model of a family mapped to GGUF (", gguf_families(), ")"), family_name(c.family));
   if (model.weight_type() != WeightType::f32)
     fail(kFn, "model", "float32 weights (load it with dtype f32)", std::string(weight_type_name(model.weight_type())));
-  const bool gpt2 = c.family == Family::gpt2;
-  const std::string a = gpt2 ? "gpt2." : "llama.";
+  const bool gpt2 = family.hf_names == HfNames::gpt2;
+  const std::string a = message(family.gguf_arch, ".");
   GgufWriter w;
-  w.add_string("general.architecture", gpt2 ? "gpt2" : "llama");
+  w.add_string("general.architecture", family.gguf_arch);
   w.add_string("general.type", "model");
   w.add_u32(a + "block_count", u32(c.num_layers, "num_layers"));
   w.add_u32(a + "context_length", u32(c.max_positions, "max_positions"));
@@ -211,6 +215,12 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
     w.add_u32(a + "attention.value_length", u32(c.head_dim, "head_dim"));
     w.add_u32(a + "vocab_size", u32(c.vocab_size, "vocab_size"));
     w.add_u32(a + "rope.dimension_count", u32(c.rotary_dim, "rotary_dim"));
+    // A window on every layer is llama.cpp's n_swa; other patterns have no key here.
+    const int64_t window = c.window_left.empty() ? -1 : c.window_left[0];
+    if (std::any_of(c.window_left.begin(), c.window_left.end(), [&](int64_t w) { return w != window; }))
+      fail(kFn, "model", "the same window on every layer (what GGUF's attention.sliding_window says)",
+           "windows that differ between layers");
+    if (window >= 0) w.add_u32(a + "attention.sliding_window", u32(window + 1, "sliding_window"));
     if (c.rope_scaling.kind == RopeScalingKind::linear) {
       w.add_string(a + "rope.scaling.type", "linear");
       w.add_f32(a + "rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
@@ -237,11 +247,30 @@ void save_gguf(const Model& model, const fs::path& path, GgufType type, bool ove
   }
   if (const std::string t = chat_template(tokenizer_dir); !t.empty()) w.add_string("tokenizer.chat_template", t);
   const bool untied = model.parameter("lm_head.weight") != nullptr;
+  // Every tensor in GGUF's layout; the parts of a fused tensor (Phi-3's q|k|v, gate|up) gathered
+  // into it, in the place of its first part.
+  std::vector<std::pair<std::string, Tensor>> tensors;
   for (const auto& [name, t] : model.parameters()) {
     const GgufName g = gguf_name(c, name);
     Tensor x = g.layout == GgufLayout::transposed ? transpose_2d(*t)
                : g.layout == GgufLayout::permuted ? permute_rows(*t, g.heads, true)
                                                   : contiguous(t->view());
+    if (g.rows == 0) {
+      tensors.emplace_back(g.name, std::move(x));
+      continue;
+    }
+    auto fused = std::find_if(tensors.begin(), tensors.end(), [&](const auto& e) { return e.first == g.name; });
+    if (fused == tensors.end()) {
+      std::vector<int64_t> shape = x.shape();
+      shape[0] = g.total_rows;
+      tensors.emplace_back(g.name, Tensor(shape));
+      fused = std::prev(tensors.end());
+    }
+    const int64_t row = x.numel() / g.rows;
+    std::copy_n(x.data(), x.numel(), fused->second.data() + g.row_begin * row);
+  }
+  for (auto& [stored_name, x] : tensors) {
+    const GgufName g{stored_name};
     GgufType stored = type;
     if (x.shape().size() < 2 || g.name == "position_embd.weight") stored = GgufType::f32;  // as llama.cpp keeps them
     // Q4_K as a q4_k model keeps it (mhsa/model.h WeightType): the output matrix, and rows that are

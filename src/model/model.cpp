@@ -14,6 +14,7 @@
 #include "mhsa/safetensors.h"
 #include "model/access.h"
 #include "model/decoder.h"
+#include "model/family.h"
 #include "model/gguf_model.h"
 
 namespace mhsa {
@@ -47,7 +48,8 @@ struct Spec {
 };
 
 // The parameters of a family and the part each plays: GPT-2's names (Conv1D weights [in, out]),
-// or the Llama-style names every other family shares (nn.Linear weights [out, in]).
+// or the Llama-style names every other family shares (nn.Linear weights [out, in]), with the
+// norms and q/k norms the config's block options ask for.
 std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L) {
   std::vector<Spec> specs;
   const int64_t C = c.hidden_size, V = c.vocab_size, D = c.head_dim, F = c.intermediate_size;
@@ -56,7 +58,7 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
     specs.push_back({std::move(name), std::move(shape), init});
     return static_cast<int>(specs.size() - 1);
   };
-  const bool gpt2 = c.family == Family::gpt2;
+  const bool gpt2 = detail::family_info(c.family).hf_names == detail::HfNames::gpt2;
   const nn::Layout layout = gpt2 ? nn::Layout::in_out : nn::Layout::out_in;
   const auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
     nn::LinearRef r;
@@ -93,18 +95,20 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
     for (int64_t l = 0; l < c.num_layers; ++l) {
       nn::LayerRefs& r = L.layers[static_cast<size_t>(l)];
       const std::string h = message("model.layers.", l, ".");
-      norm(h + "input_layernorm", C, &r.norm1_w, &r.norm1_b);
+      if (c.pre_norms) norm(h + "input_layernorm", C, &r.norm1_w, &r.norm1_b);
       r.q = linear(h + "self_attn.q_proj", C, Nq, c.qkv_bias);
       r.k = linear(h + "self_attn.k_proj", C, Nkv, c.qkv_bias);
       r.v = linear(h + "self_attn.v_proj", C, Nkv, c.qkv_bias);
       if (c.qk_norm) {
-        r.q_norm = add(h + "self_attn.q_norm.weight", {D}, gain);
-        r.k_norm = add(h + "self_attn.k_norm.weight", {D}, gain);
+        r.q_norm = add(h + "self_attn.q_norm.weight", {c.qk_norm_full_width ? Nq : D}, gain);
+        r.k_norm = add(h + "self_attn.k_norm.weight", {c.qk_norm_full_width ? Nkv : D}, gain);
       }
       r.o = linear(h + "self_attn.o_proj", Nq, C, c.o_bias);
-      if (c.sandwich_norms) {
+      // Hugging Face's post_attention_layernorm: after attention where the family has post
+      // norms (then the MLP's pre-norm, if any, is pre_feedforward_layernorm), else before the MLP.
+      if (c.post_norms) {
         norm(h + "post_attention_layernorm", C, &r.post_norm1_w, nullptr);
-        norm(h + "pre_feedforward_layernorm", C, &r.norm2_w, &r.norm2_b);
+        if (c.pre_norms) norm(h + "pre_feedforward_layernorm", C, &r.norm2_w, &r.norm2_b);
       } else {
         norm(h + "post_attention_layernorm", C, &r.norm2_w, &r.norm2_b);
       }
@@ -116,7 +120,7 @@ std::vector<Spec> plan(const ModelConfig& c, bool untied_head, Model::Layout& L)
         r.up = linear(h + "mlp.up_proj", C, F, c.mlp_bias);
         r.down = linear(h + "mlp.down_proj", F, C, c.mlp_bias);
       }
-      if (c.sandwich_norms) norm(h + "post_feedforward_layernorm", C, &r.post_norm2_w, nullptr);
+      if (c.post_norms) norm(h + "post_feedforward_layernorm", C, &r.post_norm2_w, nullptr);
     }
     norm("model.norm", C, &L.final_norm_w, &L.final_norm_b);
   }
@@ -236,15 +240,34 @@ Model Model::load(const fs::path& dir, WeightType dtype) {
                  " or more a layer)"),
          std::to_string(c.num_layers));
   // GPT-2 files may prefix "transformer."; the others' names are saved whole.
+  const detail::FamilyInfo& family = detail::family_info(c.family);
   const std::string prefix =
-      c.family == Family::gpt2 && st.find("transformer.wte.weight") != nullptr ? "transformer." : "";
+      family.hf_names == detail::HfNames::gpt2 && st.find("transformer.wte.weight") != nullptr ? "transformer." : "";
   const std::string source = dir.string();
-  const auto get = [&](const std::string& name, const std::vector<int64_t>& shape) {
+  const auto read = [&](const std::string& name, const std::vector<int64_t>& shape) {
     const SafeTensorInfo* info = st.find(prefix + name);
     if (info == nullptr) fail(fn, source, message("a tensor '", prefix + name, "'"), "none");
     if (info->shape != shape)
       fail(fn, message(source, ": tensor '", prefix + name, "'"), "shape " + shape_text(shape), shape_text(info->shape));
     return st.load(prefix + name);
+  };
+  // A parameter the family's files fuse with others: its rows of the fused tensor, which is read
+  // once for all its parts (they come one after another in the plan).
+  std::string fused_name;
+  Tensor fused;
+  const auto get = [&](const std::string& name, const std::vector<int64_t>& shape) {
+    const std::optional<detail::FusedSlice> slice = family.fused ? family.fused(c, name) : std::nullopt;
+    if (!slice) return read(name, shape);
+    std::vector<int64_t> whole = shape;
+    whole[0] = slice->total_rows;
+    if (fused_name != slice->tensor) {
+      fused = read(slice->tensor, whole);
+      fused_name = slice->tensor;
+    }
+    const int64_t row = fused.numel() / slice->total_rows;
+    Tensor part(shape);
+    std::copy_n(fused.data() + slice->row_begin * row, slice->rows * row, part.data());
+    return part;
   };
   bool untied = !c.tie_word_embeddings;
   Tensor head;

@@ -18,98 +18,19 @@
 #include "core/check.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "model/config_keys.h"
+#include "model/family.h"
 
 namespace mhsa {
+namespace detail {
 namespace {
 
-using detail::fail;
-using detail::json_excerpt;
-using detail::message;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct FamilyInfo {
-  Family family;
-  const char* model_type;
-  const char* architecture;  // the causal-LM class transformers builds for it
-};
-constexpr FamilyInfo kFamilies[] = {
-    {Family::gpt2, "gpt2", "GPT2LMHeadModel"},        {Family::llama, "llama", "LlamaForCausalLM"},
-    {Family::mistral, "mistral", "MistralForCausalLM"}, {Family::qwen2, "qwen2", "Qwen2ForCausalLM"},
-    {Family::qwen3, "qwen3", "Qwen3ForCausalLM"},     {Family::gemma2, "gemma2", "Gemma2ForCausalLM"},
-};
-constexpr const char* kFamilyList =
-    "\"gpt2\", \"llama\", \"mistral\", \"qwen2\", \"qwen3\" or \"gemma2\"";
-
-std::string shown(const std::string& s) { return "\"" + detail::printable(s) + "\""; }
-void check_scalars(const ModelConfig& c, std::string_view fn);
-
-// Typed access to one JSON object's keys. A key that is absent takes transformers' default; a
-// null counts as absent only where transformers gives None a meaning (nullable = true).
-class Keys {
- public:
-  Keys(const json& j, std::string_view fn, std::string where) : j_(j), fn_(fn), where_(std::move(where)) {}
-
-  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
-  bool present(const char* key) const { return j_.contains(key); }
-  const json& at(const char* key) const { return j_[key]; }
-  std::string arg(const char* key) const { return message(where_, ": ", key); }
-  [[noreturn]] void bad(const char* key, const std::string& expected) const {
-    fail(fn_, arg(key), expected, present(key) ? json_excerpt(j_[key]) : "none");
-  }
-
-  // An integer >= min (a positive one unless said); `fallback` when absent (or null, if
-  // nullable), where a fallback below min means the key is required.
-  int64_t count(const char* key, int64_t fallback, bool nullable = false, int64_t min = 1) const {
-    const std::string expected = min == 1 ? "a positive integer" : message("an integer >= ", min);
-    if (!present(key) || (nullable && j_[key].is_null())) {
-      if (fallback < min) bad(key, expected);
-      return fallback;
-    }
-    if (!j_[key].is_number_integer()) bad(key, expected);
-    const int64_t n = detail::json_integer<int64_t>(j_[key], fn_, arg(key));
-    if (n < min) bad(key, expected);
-    return n;
-  }
-  // A finite number; `fallback` when absent (or null, if nullable).
-  double number(const char* key, double fallback, bool nullable = false) const {
-    if (!present(key) || (nullable && j_[key].is_null())) return fallback;
-    const json& v = j_[key];
-    if (!v.is_number() || !std::isfinite(v.get<double>())) bad(key, "a finite number");
-    return v.get<double>();
-  }
-  bool flag(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_boolean()) bad(key, "true or false");
-    return j_[key].get<bool>();
-  }
-  std::string text(const char* key, const char* fallback) const {
-    if (!has(key)) return fallback;
-    if (!j_[key].is_string()) bad(key, "a string");
-    return j_[key].get<std::string>();
-  }
-  // Token ids: an integer, a list of at most 1024 of them, or null (none).
-  std::vector<int32_t> ids(const char* key) const {
-    std::vector<int32_t> out;
-    const json& v = j_[key];
-    if (v.is_array()) {
-      if (v.size() > 1024) bad(key, "at most 1024 ids");
-      for (const json& id : v) out.push_back(detail::json_integer<int32_t>(id, fn_, arg(key)));
-    } else if (!v.is_null()) {
-      out.push_back(detail::json_integer<int32_t>(v, fn_, arg(key)));
-    }
-    return out;
-  }
-
- private:
-  const json& j_;
-  std::string_view fn_;
-  std::string where_;
-};
-
 // "layer_types" (transformers' own list, with its legacy "attention" for "full_attention"), or
 // the family's rule when absent: whether each layer attends through a sliding window.
-std::vector<bool> sliding_layers(const Keys& k, Family family, int64_t layers, bool qwen_sliding,
+std::vector<bool> sliding_layers(const Keys& k, RotaryRules::Windows rule, int64_t layers, bool qwen_sliding,
                                  int64_t max_window_layers) {
   std::vector<bool> sliding;
   if (k.has("layer_types")) {
@@ -126,11 +47,22 @@ std::vector<bool> sliding_layers(const Keys& k, Family family, int64_t layers, b
     return sliding;
   }
   for (int64_t i = 0; i < layers; ++i) {
-    if (family == Family::gemma2) sliding.push_back(i % 2 == 0);  // transformers: (i + 1) % 2 != 0
+    if (rule == RotaryRules::Windows::alternate) sliding.push_back(i % 2 == 0);  // transformers: (i + 1) % 2 != 0
     else sliding.push_back(qwen_sliding && i >= max_window_layers);
   }
   return sliding;
 }
+
+// The end-of-sequence ids in the vocabulary, once each, in order.
+void set_eos(ModelConfig& c, const std::vector<int32_t>& eos) {
+  c.eos_token_ids.clear();
+  for (int32_t id : eos)
+    if (id >= 0 && id < c.vocab_size &&
+        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+      c.eos_token_ids.push_back(id);
+}
+
+}  // namespace
 
 // transformers' rope_parameters standardisation: "rope_scaling" (the older key) wins over
 // "rope_parameters" when it is a non-empty object; "rope_type" (or the older "type") names the
@@ -179,15 +111,6 @@ void read_rope(const Keys& k, ModelConfig& c, int64_t max_positions) {
          message(partial));
 }
 
-// The end-of-sequence ids in the vocabulary, once each, in order.
-void set_eos(ModelConfig& c, const std::vector<int32_t>& eos) {
-  c.eos_token_ids.clear();
-  for (int32_t id : eos)
-    if (id >= 0 && id < c.vocab_size &&
-        std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
-      c.eos_token_ids.push_back(id);
-}
-
 // bos_token_id (an integer or null) and eos_token_id (an integer, a list of them, or null). Ids
 // outside the vocabulary are dropped: no token can be them (tiny test configs keep the real ids).
 void read_special_tokens(const Keys& k, ModelConfig& c, int32_t bos, std::vector<int32_t> eos) {
@@ -200,70 +123,30 @@ void read_special_tokens(const Keys& k, ModelConfig& c, int32_t bos, std::vector
   set_eos(c, eos);
 }
 
-void read_gpt2(const Keys& k, ModelConfig& c) {
-  constexpr std::string_view fn = "ModelConfig::parse";
-  if (const std::string act = k.text("activation_function", "gelu_new"); act != "gelu_new" && act != "gelu_pytorch_tanh")
-    fail(fn, k.arg("activation_function"), "\"gelu_new\" or \"gelu_pytorch_tanh\" (GELU, tanh approximation)", shown(act));
-  if (!k.flag("scale_attn_weights", true))
-    fail(fn, k.arg("scale_attn_weights"), "true (scores scaled by 1/sqrt(head_dim))", "false");
-  if (k.flag("scale_attn_by_inverse_layer_idx", false))
-    fail(fn, k.arg("scale_attn_by_inverse_layer_idx"), "false (not supported)", "true");
-  c.vocab_size = k.count("vocab_size", 50257);
-  c.hidden_size = k.count("n_embd", 768);
-  c.num_layers = k.count("n_layer", 12);
-  c.num_heads = c.num_kv_heads = k.count("n_head", 12);
-  if (c.hidden_size % c.num_heads != 0) k.bad("n_head", message("a divisor of n_embd = ", c.hidden_size));
-  c.head_dim = c.hidden_size / c.num_heads;
-  c.intermediate_size = k.has("n_inner") ? k.count("n_inner", 0) : 4 * std::min<int64_t>(c.hidden_size, INT64_MAX / 4);
-  c.max_positions = k.count("n_positions", 1024);
-  c.norm = NormKind::layer_norm;
-  c.norm_eps = k.number("layer_norm_epsilon", 1e-5);
-  c.positions = PositionKind::learned;
-  c.mlp = MlpKind::gelu;
-  c.qkv_bias = c.o_bias = c.mlp_bias = true;
-  c.tie_word_embeddings = k.flag("tie_word_embeddings", true);
-  read_special_tokens(k, c, 50256, {50256});
-}
-
-// Llama, Mistral, Qwen2, Qwen3 and Gemma 2: RMSNorm, RoPE, a gated MLP.
-void read_rotary_family(const Keys& k, ModelConfig& c) {
-  constexpr std::string_view fn = "ModelConfig::parse";
-  const Family f = c.family;
-  struct Defaults {
-    int64_t vocab, hidden, inter, layers, heads, kv_heads, head_dim, positions;
-    bool tie;
-    int32_t bos, eos;
-  };
-  // configuration_<family>.py's defaults (kv_heads or head_dim 0: derived; ids -1: None).
-  const Defaults d = f == Family::llama     ? Defaults{32000, 4096, 11008, 32, 32, 0, 0, 2048, false, 1, 2}
-                     : f == Family::mistral ? Defaults{32000, 4096, 14336, 32, 32, 8, 0, 4096 * 32, false, 1, 2}
-                     : f == Family::qwen2   ? Defaults{151936, 4096, 22016, 32, 32, 32, 0, 32768, false, -1, -1}
-                     : f == Family::qwen3   ? Defaults{151936, 4096, 22016, 32, 32, 32, 128, 32768, false, -1, -1}
-                                            : Defaults{256000, 2304, 9216, 26, 8, 4, 256, 8192, true, 2, 1};
+// The rotary families (RMSNorm, RoPE, a gated MLP), as their rules say.
+void read_rotary(const Keys& k, ModelConfig& c, const RotaryRules& d) {
+  constexpr std::string_view fn = kParseFn;
   c.vocab_size = k.count("vocab_size", d.vocab);
   c.hidden_size = k.count("hidden_size", d.hidden);
   c.intermediate_size = k.count("intermediate_size", d.inter);
   c.num_layers = k.count("num_hidden_layers", d.layers);
   c.num_heads = k.count("num_attention_heads", d.heads);
-  // A null num_key_value_heads means as many as query heads, except for Gemma 2 (no such rule).
-  if (f != Family::gemma2 && k.present("num_key_value_heads") && k.at("num_key_value_heads").is_null())
+  if (d.null_kv_heads_is_heads && k.present("num_key_value_heads") && k.at("num_key_value_heads").is_null())
     c.num_kv_heads = c.num_heads;
   else
     c.num_kv_heads = k.count("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : c.num_heads);
   if (c.num_heads % c.num_kv_heads != 0)
     k.bad("num_key_value_heads", message("a divisor of num_attention_heads = ", c.num_heads));
-  // head_dim: Gemma 2 and Qwen3 declare it (null is an error there); the others derive it when
+  // head_dim: declared by some config classes (null is an error there); the others derive it when
   // absent or null (Qwen2 reads a head_dim key the same way although its config does not declare it).
   const bool derived_head_dim = d.head_dim == 0;
   c.head_dim = k.count("head_dim", derived_head_dim ? c.hidden_size / c.num_heads : d.head_dim, derived_head_dim);
   if (c.head_dim <= 0) k.bad("hidden_size", message("at least num_attention_heads = ", c.num_heads, " (head_dim 0)"));
-  // transformers' LlamaConfig and Gemma2Config refuse a hidden size the heads do not divide,
-  // even with head_dim given.
-  if ((f == Family::llama || f == Family::gemma2) && c.hidden_size % c.num_heads != 0)
+  if (d.heads_divide_hidden && c.hidden_size % c.num_heads != 0)
     k.bad("num_attention_heads", message("a divisor of hidden_size = ", c.hidden_size));
   c.max_positions = k.count("max_position_embeddings", d.positions);
   c.norm = NormKind::rms_norm;
-  c.norm_eps = k.number("rms_norm_eps", 1e-6);
+  c.norm_eps = k.number("rms_norm_eps", d.norm_eps);
   c.positions = PositionKind::rotary;
   read_rope(k, c, c.max_positions);
   c.rotary_dim = c.head_dim;
@@ -272,18 +155,17 @@ void read_rotary_family(const Keys& k, ModelConfig& c) {
   // These families' embedding is nn.Embedding(padding_idx = pad_token_id): PyTorch's reading of a
   // negative index (from the end), and the error it gives for one outside the vocabulary.
   {
-    const auto none = std::numeric_limits<int64_t>::min();
-    int64_t pad = f == Family::gemma2 ? 0 : none;  // the config classes' defaults
+    constexpr int64_t none = RotaryRules::kNoPad;
+    int64_t pad = d.pad;  // the config class's default
     if (k.present("pad_token_id"))
-      pad = k.has("pad_token_id") ? detail::json_integer<int64_t>(k.at("pad_token_id"), "ModelConfig::parse", k.arg("pad_token_id"))
-                                  : none;
+      pad = k.has("pad_token_id") ? json_integer<int64_t>(k.at("pad_token_id"), fn, k.arg("pad_token_id")) : none;
     if (pad != none && (pad < -c.vocab_size || pad >= c.vocab_size))
       k.bad("pad_token_id", message("null or an id in [-vocab_size, vocab_size) = [", -c.vocab_size, ", ", c.vocab_size, ")"));
     if (pad != none) c.pad_token_id = static_cast<int32_t>(pad < 0 ? pad + c.vocab_size : pad);
   }
 
-  // The MLP's activation: SiLU (SwiGLU) everywhere but Gemma 2 (GELU, tanh approximation: GeGLU).
-  if (f == Family::gemma2) {
+  // The MLP's activation: SiLU (SwiGLU), or GELU with the tanh approximation (GeGLU).
+  if (d.geglu) {
     if (const std::string act = k.text("hidden_activation", "gelu_pytorch_tanh"); act != "gelu_pytorch_tanh" && act != "gelu_new")
       fail(fn, k.arg("hidden_activation"), "\"gelu_pytorch_tanh\" (GELU, tanh approximation)", shown(act));
     c.mlp = MlpKind::geglu;
@@ -292,59 +174,38 @@ void read_rotary_family(const Keys& k, ModelConfig& c) {
       fail(fn, k.arg("hidden_act"), "\"silu\"", shown(act));
     c.mlp = MlpKind::swiglu;
   }
-  // Biases: Qwen2 always has them on q, k, v (never on o); attention_bias puts them on q, k, v
-  // and o (Llama, Qwen3, Gemma 2); mlp_bias on the MLP (Llama). Mistral has none.
-  const bool attention_bias = f != Family::mistral && f != Family::qwen2 && k.flag("attention_bias", false);
-  c.qkv_bias = f == Family::qwen2 || attention_bias;
+  const bool attention_bias = d.attention_bias_key && k.flag("attention_bias", false);
+  c.qkv_bias = d.qkv_bias || attention_bias;
   c.o_bias = attention_bias;
-  c.mlp_bias = f == Family::llama && k.flag("mlp_bias", false);
-  c.qk_norm = f == Family::qwen3;
+  c.mlp_bias = d.mlp_bias_key && k.flag("mlp_bias", false);
 
-  // Windows: Mistral slides every layer when sliding_window is set (its default is 4096); Qwen2/3
-  // only with use_sliding_window, the layers from max_window_layers on (or as layer_types says);
-  // Gemma 2 every other layer from the first (or as layer_types says). Llama never.
+  // The window, where the rules read one: sliding_window (null: none), or the rules' default when
+  // absent; Qwen's only with use_sliding_window.
+  using W = RotaryRules::Windows;
   std::optional<int64_t> window;
-  if (f == Family::mistral || f == Family::qwen2 || f == Family::qwen3 || f == Family::gemma2) {
-    const bool uses = (f != Family::qwen2 && f != Family::qwen3) || k.flag("use_sliding_window", false);
-    if (uses && !(k.present("sliding_window") && k.at("sliding_window").is_null()))
-      window = k.count("sliding_window", 4096);
+  if (d.windows != W::none && (d.windows != W::qwen || k.flag("use_sliding_window", false))) {
+    if (k.has("sliding_window"))
+      window = k.count("sliding_window", 0);
+    else if (!k.present("sliding_window") && d.default_window > 0)
+      window = d.default_window;
   }
   c.attention_scale = 0;
-  if (f == Family::gemma2) {
-    if (k.flag("use_bidirectional_attention", false))
-      fail(fn, k.arg("use_bidirectional_attention"), "false or null (causal attention)", "true");
-    const double scalar = k.number("query_pre_attn_scalar", 256);
-    if (!(scalar > 0)) k.bad("query_pre_attn_scalar", "a number > 0");
-    c.attention_scale = static_cast<float>(1.0 / std::sqrt(scalar));
-    const auto softcap = [&](const char* key, double fallback) -> float {
-      if (k.present(key) && k.at(key).is_null()) return 0;  // None: no capping
-      const double v = k.number(key, fallback);
-      if (!(v > 0) || v > std::numeric_limits<float>::max()) k.bad(key, "a number > 0, or null (no capping)");
-      return static_cast<float>(v);
-    };
-    c.attn_logit_softcap = softcap("attn_logit_softcapping", 50.0);
-    c.final_logit_softcap = softcap("final_logit_softcapping", 30.0);
-    c.sandwich_norms = true;
-    c.norm_weight_offset = 1.0f;
-    c.embedding_scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
-  }
+  if (d.extra) d.extra(k, c);
   // Per-layer vectors are sized by num_hidden_layers: bound it first (a huge count fails the
   // weight check before any vector of that size exists).
   check_scalars(c, fn);
-  // Llama never slides; Mistral reads no layer_types (transformers warns and slides every layer).
-  if (f == Family::llama || f == Family::mistral) {
+  if (!d.layer_types) {  // every layer alike (Mistral's transformers warns of layer_types and ignores it)
     c.window_left.assign(static_cast<size_t>(c.num_layers), window ? *window - 1 : -1);
     return;
   }
-  const int64_t max_window_layers =
-      (f == Family::qwen2 || f == Family::qwen3) ? k.count("max_window_layers", 28, false, 0) : 0;
-  const std::vector<bool> sliding = sliding_layers(k, f, c.num_layers, window.has_value(), max_window_layers);
+  const int64_t max_window_layers = d.windows == W::qwen ? k.count("max_window_layers", 28, false, 0) : 0;
+  const std::vector<bool> sliding = sliding_layers(k, d.windows, c.num_layers, window.has_value(), max_window_layers);
   c.window_left.clear();
   for (size_t i = 0; i < sliding.size(); ++i) {
     if (sliding[i] && !window)
       fail(fn, k.arg("sliding_window"),
            message("a window for layer ", i, " (a \"sliding_attention\" layer)",
-                   f == Family::gemma2 ? "" : " with use_sliding_window true"),
+                   d.windows == W::qwen ? " with use_sliding_window true" : ""),
            k.present("sliding_window") ? json_excerpt(k.at("sliding_window")) : "none");
     c.window_left.push_back(sliding[i] ? *window - 1 : -1);
   }
@@ -414,10 +275,10 @@ void check_scalars(const ModelConfig& c, std::string_view fn) {
   const long double Cl = C, Fl = F, Q = static_cast<long double>(c.num_heads) * D,
                     KV = static_cast<long double>(c.num_kv_heads) * D;
   const long double norm = c.norm == NormKind::layer_norm ? 2 * Cl : Cl;
-  long double layer = (c.sandwich_norms ? 4 : 2) * norm + Cl * (Q + 2 * KV) + Q * Cl;
+  long double layer = ((c.pre_norms ? 2 : 0) + (c.post_norms ? 2 : 0)) * norm + Cl * (Q + 2 * KV) + Q * Cl;
   if (c.qkv_bias) layer += Q + 2 * KV;
   if (c.o_bias) layer += Cl;
-  if (c.qk_norm) layer += 2.0L * D;
+  if (c.qk_norm) layer += c.qk_norm_full_width ? Q + KV : 2.0L * D;
   layer += (c.mlp == MlpKind::gelu ? 2 : 3) * Cl * Fl;
   if (c.mlp_bias) layer += (c.mlp == MlpKind::gelu ? 1 : 2) * Fl + Cl;
   long double weights = static_cast<long double>(c.vocab_size) * Cl * (c.tie_word_embeddings ? 1 : 2) + norm +
@@ -439,16 +300,22 @@ void check_scalars(const ModelConfig& c, std::string_view fn) {
     fail(fn, "config.pad_token_id", message("an id in [0, ", c.vocab_size, ") or -1 (none)"), std::to_string(c.pad_token_id));
 }
 
-}  // namespace
+}  // namespace detail
+
+using detail::fail;
+using detail::json_excerpt;
+using detail::message;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 const char* family_name(Family f) {
-  for (const FamilyInfo& i : kFamilies)
-    if (i.family == f) return i.model_type;
+  for (const detail::FamilyInfo* i : detail::families())
+    if (i->family == f) return i->model_type;
   return "unknown";
 }
 
 void ModelConfig::validate(std::string_view fn) const {
-  check_scalars(*this, fn);
+  detail::check_scalars(*this, fn);
   if (static_cast<int64_t>(window_left.size()) != num_layers)
     fail(fn, "config.window_left", message(num_layers, " entries (one per layer)"), std::to_string(window_left.size()));
   for (size_t i = 0; i < window_left.size(); ++i)
@@ -466,15 +333,15 @@ void ModelConfig::read_generation_config(std::string_view json_text, const std::
   constexpr std::string_view fn = "ModelConfig::read_generation_config";
   const json j = detail::parse_json(json_text, fn, file, "a JSON object");
   if (!j.is_object()) fail(fn, file, "a JSON object", json_excerpt(j));
-  const Keys k(j, fn, file);
-  if (k.has("eos_token_id")) set_eos(*this, k.ids("eos_token_id"));
+  const detail::Keys k(j, fn, file);
+  if (k.has("eos_token_id")) detail::set_eos(*this, k.ids("eos_token_id"));
 }
 
 ModelConfig ModelConfig::parse(std::string_view json_text, const std::string& file) {
   constexpr std::string_view fn = "ModelConfig::parse";
   const json j = detail::parse_json(json_text, fn, file, "a JSON object");
   if (!j.is_object()) fail(fn, file, "a JSON object", json_excerpt(j));
-  const Keys k(j, fn, file);
+  const detail::Keys k(j, fn, file);
   // The family: model_type, as transformers' AutoConfig reads it (else the architecture's).
   std::string architecture;
   if (k.has("architectures")) {
@@ -482,31 +349,26 @@ ModelConfig ModelConfig::parse(std::string_view json_text, const std::string& fi
     if (!a.is_array() || a.empty() || !a[0].is_string()) k.bad("architectures", "an array of class names");
     architecture = a[0].get<std::string>();
   }
-  const FamilyInfo* info = nullptr;
+  const detail::FamilyInfo* info = nullptr;
   if (k.has("model_type")) {
     const std::string type = k.text("model_type", "");
-    for (const FamilyInfo& i : kFamilies)
-      if (type == i.model_type) info = &i;
-    if (!info) fail(fn, k.arg("model_type"), kFamilyList, shown(type));
+    info = detail::family_by_type(type);
+    if (!info) fail(fn, k.arg("model_type"), detail::family_list(), detail::shown(type));
   } else {
-    for (const FamilyInfo& i : kFamilies)
-      if (architecture == i.architecture) info = &i;
-    if (!info) fail(fn, k.arg("model_type"), kFamilyList, architecture.empty() ? "none" : "none (architectures " + shown(architecture) + ")");
+    info = detail::family_by_architecture(architecture);
+    if (!info)
+      fail(fn, k.arg("model_type"), detail::family_list(),
+           architecture.empty() ? "none" : "none (architectures " + detail::shown(architecture) + ")");
   }
   // Another head on the same body (…ForSequenceClassification) is another model.
   if (!architecture.empty() && architecture != info->architecture)
     fail(fn, message(file, ": architectures[0]"), message("\"", info->architecture, "\" (model_type \"", info->model_type, "\")"),
-         shown(architecture));
+         detail::shown(architecture));
   ModelConfig c;
   c.family = info->family;
   c.architecture = info->architecture;
-  if (c.family == Family::gpt2) {
-    read_gpt2(k, c);
-    check_scalars(c, fn);
-    c.window_left.assign(static_cast<size_t>(c.num_layers), -1);
-  } else {
-    read_rotary_family(k, c);
-  }
+  info->block.apply(c);
+  info->read_config(k, c);
   c.validate(fn);
   return c;
 }

@@ -57,6 +57,16 @@ void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* 
 
 NormSpec head_norm(const Stack& s) { return {NormKind::rms_norm, s.norm().eps, s.norm().offset}; }
 
+// The q/k norms as rows of a norm: each head its own row (Qwen3), or all of q one row and all of k
+// another (OLMo-2's full-width norms).
+struct QkNormShape {
+  int64_t q_groups, q_width, k_groups, k_width;
+};
+QkNormShape qk_norm_shape(const Stack& s, const Dims& d) {
+  if (s.config->qk_norm_full_width) return {1, d.Nq, 1, d.Nkv};
+  return {d.Hq, d.D, d.Hkv, d.D};
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
 // qkv [rows, N] = q | k | v of h [rows, C], with the q/k norms and RoPE applied; qkv0 receives the
@@ -73,10 +83,12 @@ void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows
   if (L.q_norm >= 0) {
     if (qkv0) *qkv0 = copy_of(qkv, rows, d.N);
     const NormSpec ns = head_norm(s);
+    const QkNormShape qs = qk_norm_shape(s, d);
     for (int64_t r = 0; r < rows; ++r) {
       float* q = qkv + r * d.N;
-      norm_forward(ns, d.Hq, d.D, q, d.D, s.p(L.q_norm).data(), nullptr, q, d.D);
-      norm_forward(ns, d.Hkv, d.D, q + d.Nq, d.D, s.p(L.k_norm).data(), nullptr, q + d.Nq, d.D);
+      norm_forward(ns, qs.q_groups, qs.q_width, q, qs.q_width, s.p(L.q_norm).data(), nullptr, q, qs.q_width);
+      norm_forward(ns, qs.k_groups, qs.k_width, q + d.Nq, qs.k_width, s.p(L.k_norm).data(), nullptr, q + d.Nq,
+                   qs.k_width);
     }
   }
   if (s.config->positions == PositionKind::rotary)
@@ -237,13 +249,15 @@ void attention_backward(const Stack& s, int64_t layer, const BlockTape& t, int64
   if (s.config->positions == PositionKind::rotary) rope_backward(rope, rows, d.Hq + d.Hkv, d.D, dqkv.data(), d.N);
   if (L.q_norm >= 0) {
     const NormSpec ns = head_norm(s);
+    const QkNormShape qs = qk_norm_shape(s, d);
     Tensor dpre({d.Nq + d.Nkv});
     for (int64_t r = 0; r < rows; ++r) {
       float* g = dqkv.data() + r * d.N;
       const float* x0 = t.qkv0.data() + r * d.N;
       std::fill_n(dpre.data(), dpre.numel(), 0.0f);
-      norm_backward(ns, d.Hq, d.D, x0, s.p(L.q_norm).data(), g, dpre.data(), grad_or_null(grads, L.q_norm), nullptr);
-      norm_backward(ns, d.Hkv, d.D, x0 + d.Nq, s.p(L.k_norm).data(), g + d.Nq, dpre.data() + d.Nq,
+      norm_backward(ns, qs.q_groups, qs.q_width, x0, s.p(L.q_norm).data(), g, dpre.data(), grad_or_null(grads, L.q_norm),
+                    nullptr);
+      norm_backward(ns, qs.k_groups, qs.k_width, x0 + d.Nq, s.p(L.k_norm).data(), g + d.Nq, dpre.data() + d.Nq,
                     grad_or_null(grads, L.k_norm), nullptr);
       std::copy_n(dpre.data(), dpre.numel(), g);
     }
@@ -330,6 +344,28 @@ AttentionOptions attention_options(const Stack& s, int64_t layer) {
 
 // ---- the block -------------------------------------------------------------------------------
 
+// h [rows, C] = norm(x) where the block has a norm before attention / the MLP (w ≥ 0), else x
+// itself (OLMo-2 normalises only after them).
+void pre_norm(const Stack& s, int w, int b, int64_t rows, const float* x, float* h) {
+  const int64_t C = s.config->hidden_size;
+  if (w < 0) {
+    std::copy_n(x, rows * C, h);
+    return;
+  }
+  norm_forward(s.norm(), rows, C, x, C, s.p(w).data(), s.data_or_null(b), h, C);
+}
+
+// dx += the gradient through pre_norm of dh [rows, C] at its input x.
+void pre_norm_backward(const Stack& s, int w, int b, int64_t rows, const float* x, const float* dh, float* dx,
+                       std::vector<Tensor>& grads) {
+  const int64_t C = s.config->hidden_size;
+  if (w < 0) {
+    add_into(dx, dh, rows * C);
+    return;
+  }
+  norm_backward(s.norm(), rows, C, x, s.p(w).data(), dh, dx, grad_or_null(grads, w), grad_or_null(grads, b));
+}
+
 void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run) {
   const LayerRefs& L = s.layers[static_cast<size_t>(layer)];
   const NormSpec ns = s.norm();
@@ -338,7 +374,7 @@ void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run)
   if (tape) tape->x_in = copy_of(x, rows, C);
   Tensor h({rows, C}), a({rows, C});  // [rows, C]
   profile::Scope phase(profile::Phase::norm);
-  norm_forward(ns, rows, C, x, C, s.p(L.norm1_w).data(), s.data_or_null(L.norm1_b), h.data(), C);
+  pre_norm(s, L.norm1_w, L.norm1_b, rows, x, h.data());
   phase.stop();  // (attention_forward times its own phases)
   attention_forward(s, layer, h.data(), a.data(), run);
   if (tape) tape->a = L.post_norm1_w >= 0 ? copy_of(a.data(), rows, C) : a;
@@ -352,7 +388,7 @@ void block_forward(const Stack& s, int64_t layer, float* x, const BlockRun& run)
     h = Tensor({rows, C});
   }
   phase.next(profile::Phase::norm);
-  norm_forward(ns, rows, C, x, C, s.p(L.norm2_w).data(), s.data_or_null(L.norm2_b), h.data(), C);
+  pre_norm(s, L.norm2_w, L.norm2_b, rows, x, h.data());
   phase.stop();
   Tensor& m = a;  // [rows, C], reused
   mlp_forward(s, L, rows, h.data(), m.data(), tape);
@@ -382,8 +418,7 @@ void block_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B
   }
   Tensor dh({rows, C});
   mlp_backward(s, L, t, rows, dm, dh.data(), grads);
-  norm_backward(ns, rows, C, t.x_mid.data(), s.p(L.norm2_w).data(), dh.data(), dx, grad_or_null(grads, L.norm2_w),
-                grad_or_null(grads, L.norm2_b));
+  pre_norm_backward(s, L.norm2_w, L.norm2_b, rows, t.x_mid.data(), dh.data(), dx, grads);
   // x_mid = x_in + post_norm₁(attention(norm₁(x_in)))
   const float* da = dx;
   if (L.post_norm1_w >= 0) {
@@ -393,8 +428,7 @@ void block_backward(const Stack& s, int64_t layer, const BlockTape& t, int64_t B
     da = dpost.data();
   }
   attention_backward(s, layer, t, B, T, rope, da, dh.data(), grads);
-  norm_backward(ns, rows, C, t.x_in.data(), s.p(L.norm1_w).data(), dh.data(), dx, grad_or_null(grads, L.norm1_w),
-                grad_or_null(grads, L.norm1_b));
+  pre_norm_backward(s, L.norm1_w, L.norm1_b, rows, t.x_in.data(), dh.data(), dx, grads);
 }
 
 // ---- the stack -------------------------------------------------------------------------------

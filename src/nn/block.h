@@ -2,10 +2,10 @@
 //
 // A model is a ModelConfig plus a flat list of parameter tensors plus a Stack: which tensor of the
 // list plays which part (indices, −1 for a part the family does not have). The block is
-//   h = norm₁(x);  a = attention(h);  [a = post_norm₁(a)];  x += a
-//   h = norm₂(x);  m = mlp(h);        [m = post_norm₂(m)];  x += m
-// with the attention q/k/v projections fused (GPT-2's c_attn) or separate, an optional per-head
-// RMSNorm on q and k (Qwen3), rotary or learned positions, grouped-query heads, the layer's window
+//   [h = norm₁(x)];  a = attention(h);  [a = post_norm₁(a)];  x += a
+//   [h = norm₂(x)];  m = mlp(h);        [m = post_norm₂(m)];  x += m
+// with the attention q/k/v projections fused (GPT-2's c_attn) or separate, an optional RMSNorm on
+// q and k per head (Qwen3) or over their full width (OLMo-2), rotary or learned positions, grouped-query heads, the layer's window
 // and soft-cap, and the MLP plain (GELU) or gated (SwiGLU, GeGLU). The same code runs inference
 // (over a KV cache), training (a forward that records a tape, and the backward) and the explorer
 // (probability taps, the traced layer's tape). Not public: model/ builds Stacks, train/ and
@@ -34,10 +34,10 @@ struct LinearRef {
 };
 
 struct LayerRefs {
-  int norm1_w = -1, norm1_b = -1, post_norm1_w = -1;  // before attention; after it (sandwich norms)
+  int norm1_w = -1, norm1_b = -1, post_norm1_w = -1;  // before attention (−1: none); after it
   LinearRef qkv;                                       // fused q | k | v (GPT-2), or
   LinearRef q, k, v;                                   // separate projections
-  int q_norm = -1, k_norm = -1;                        // [D] per-head RMSNorm (Qwen3)
+  int q_norm = -1, k_norm = -1;                        // RMSNorm [D] per head, or [Hq·D], [Hkv·D]
   LinearRef o;
   int norm2_w = -1, norm2_b = -1, post_norm2_w = -1;   // before the MLP; after it
   LinearRef fc, proj;                                  // MlpKind::gelu
@@ -106,7 +106,7 @@ struct BlockTape {
   Tensor z;      // [rows, F] gelu: fc output before GELU; gated: the gate projection
   Tensor u;      // [rows, F] gelu: GELU(z); gated: the up projection
   Tensor act;    // [rows, F] gated: act(z)·u
-  Tensor m;      // [rows, C] the MLP output (before post_norm₂; sandwich norms only)
+  Tensor m;      // [rows, C] the MLP output (before post_norm₂; post norms only)
 };
 
 // One sequence of a batched step: its next `rows` rows of x (the sequences' rows follow one

@@ -13,6 +13,7 @@
 #include "mhsa/model.h"
 #include "model/access.h"
 #include "model/decoder.h"
+#include "model/family.h"
 
 namespace mhsa::detail {
 namespace {
@@ -129,45 +130,22 @@ ModelConfig llama_config(const TrainOptions& o, const Tokenizer& tokenizer) {
   return c;
 }
 
-// config.json as transformers' LlamaConfig reads it (rope_theta in the classic form every version
-// reads), with mhsa's tokenizer key as GPT-2's directories have it.
-nlohmann::json llama_config_json(const ModelConfig& c) {
-  const auto token = [](int32_t id) { return id >= 0 ? nlohmann::json(id) : nlohmann::json(); };
-  return {{"model_type", "llama"},
-          {"architectures", {"LlamaForCausalLM"}},
-          {"vocab_size", c.vocab_size},
-          {"hidden_size", c.hidden_size},
-          {"intermediate_size", c.intermediate_size},
-          {"num_hidden_layers", c.num_layers},
-          {"num_attention_heads", c.num_heads},
-          {"num_key_value_heads", c.num_kv_heads},
-          {"head_dim", c.head_dim},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", c.max_positions},
-          {"rms_norm_eps", c.norm_eps},
-          {"rope_theta", c.rope_theta},
-          {"rope_scaling", nullptr},
-          {"attention_bias", false},
-          {"attention_dropout", 0.0},
-          {"mlp_bias", false},
-          {"tie_word_embeddings", c.tie_word_embeddings},
-          {"initializer_range", 0.02},
-          {"pretraining_tp", 1},
-          {"use_cache", true},
-          {"bos_token_id", token(c.bos_token_id)},
-          {"eos_token_id", token(c.eos_token_ids.empty() ? -1 : c.eos_token_ids[0])},
-          {"mhsa_tokenizer", c.vocab_size == 256 ? "bytes" : "gpt2"}};
+// config.json as the model's family writes it (model/families/).
+std::string family_config_json(const ModelConfig& c) {
+  const FamilyInfo& family = family_info(c.family);
+  if (!family.write_config) fail("train", "model", "a family mhsa writes config.json for", family_name(c.family));
+  return family.write_config(c);
 }
 
 class TrainableLlama final : public Trainable<Model> {
  public:
   TrainableLlama(Model m, bool bf16) : Trainable(std::move(m), "Model", "max_positions", bf16) {}
 
-  std::string config_json() const override { return llama_config_json(model_.config()).dump(2) + "\n"; }
+  std::string config_json() const override { return family_config_json(model_.config()); }
 
   // The keys that decide the weights' shapes and meaning, compared with what this model writes.
   void check_config(const std::filesystem::path& file, std::string_view fn) const override {
-    const nlohmann::json mine = llama_config_json(model_.config());
+    const nlohmann::json mine = nlohmann::json::parse(family_config_json(model_.config()));
     const nlohmann::json theirs = parse_json(read_file(file, fn, "config.json"), fn, file.string());
     std::string want, got;
     bool same = theirs.is_object();

@@ -117,7 +117,7 @@ TEST(ModelConfig, LlamaAsSavePretrainedWritesIt) {
   EXPECT_EQ(c.o_bias, attention_bias);
   EXPECT_EQ(c.mlp_bias, mlp_bias);
   EXPECT_FALSE(c.qk_norm);
-  EXPECT_FALSE(c.sandwich_norms);
+  EXPECT_FALSE(c.post_norms);
   EXPECT_EQ(c.tie_word_embeddings, tie);
   EXPECT_EQ(c.embedding_scale, 1.0f);
   EXPECT_EQ(c.attention_scale, 0.0f);
@@ -267,7 +267,7 @@ TEST(ModelConfig, Gemma2) {
   EXPECT_EQ(c.family, Family::gemma2);
   EXPECT_EQ(c.mlp, MlpKind::geglu);
   EXPECT_EQ(c.norm_weight_offset, 1.0f);
-  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_TRUE(c.post_norms);
   EXPECT_FALSE(c.qk_norm);
   EXPECT_EQ(c.embedding_scale, static_cast<float>(std::sqrt(static_cast<double>(s.hidden))));
   EXPECT_EQ(c.attention_scale, 1.0f / 16.0f);  // query_pre_attn_scalar 256
@@ -329,7 +329,7 @@ TEST(ModelConfig, RefusesWhatWouldBeAnotherModel) {
     j[key] = std::move(v);
     return j;
   };
-  expect_refused(with("model_type", "phi3", llama), "model_type", "\"llama\"");
+  expect_refused(with("model_type", "falcon", llama), "model_type", "\"llama\"");
   expect_refused(with("architectures", {"LlamaForSequenceClassification"}, llama), "architectures[0]",
                  "LlamaForCausalLM");
   expect_refused(with("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}, llama), "rope_type",

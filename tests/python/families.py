@@ -46,6 +46,17 @@ TINY = {
         vocab_size=95, hidden_size=32, intermediate_size=57, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=12, max_position_embeddings=64, query_pre_attn_scalar=20,
         attn_logit_softcapping=3.0, final_logit_softcapping=4.0, sliding_window=5), transformers.Gemma2ForCausalLM),
+    # Norms only after attention and the MLP; q/k norms over all heads at once; head_dim · heads ≠
+    # hidden; biases in attention.
+    "olmo2_post_norms": (transformers.Olmo2Config, dict(
+        vocab_size=93, hidden_size=48, intermediate_size=71, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=10, max_position_embeddings=64, attention_bias=True, pad_token_id=3),
+        transformers.Olmo2ForCausalLM),
+    # Fused qkv_proj and gate_up_proj in the file; a window shorter than the test sequences.
+    "phi3_fused": (transformers.Phi3Config, dict(
+        vocab_size=89, hidden_size=40, intermediate_size=61, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, sliding_window=6, pad_token_id=0),
+        transformers.Phi3ForCausalLM),
 }
 
 # Real models' shapes with random weights and few layers (the vocabulary, widths and heads as
@@ -104,7 +115,7 @@ def window_lefts(model):
     """Each layer's window as transformers applies it: keys before the query's own a query sees
     (sliding_window W: W − 1), −1 for none."""
     cfg, layers = model.config, model.model.layers
-    if cfg.model_type == "mistral":  # MistralModel masks every layer with config.sliding_window
+    if cfg.model_type in ("mistral", "phi3"):  # the model masks every layer with config.sliding_window
         windows = [cfg.sliding_window] * len(layers)
     else:
         windows = [getattr(layer.self_attn, "sliding_window", None) for layer in layers]
@@ -118,10 +129,14 @@ def transformers_view(model):
         raise ValueError("GPT-2 is compared in test_gpt2.py")
     base, layer = model.model, model.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
+    # Phi-3 fuses q|k|v and gate|up; o_proj and down_proj show the widths every family has.
+    q_width = attn.o_proj.in_features
+    kv_width = attn.k_proj.out_features if hasattr(attn, "k_proj") else (attn.qkv_proj.out_features - q_width) // 2
+    q_proj = attn.q_proj if hasattr(attn, "q_proj") else attn.qkv_proj
     embed = base.embed_tokens
     rope = cfg.rope_parameters
     kind = rope.get("rope_type", "default")
-    act = type(mlp.act_fn).__name__
+    act = type(getattr(mlp, "act_fn", None) or mlp.activation_fn).__name__
     eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
     in_vocab = lambda i: i is not None and 0 <= i < embed.num_embeddings  # noqa: E731
     eos_ids = []
@@ -134,10 +149,10 @@ def transformers_view(model):
         vocab_size=embed.num_embeddings,
         hidden_size=embed.embedding_dim,
         num_layers=len(base.layers),
-        num_heads=attn.q_proj.out_features // attn.head_dim,
-        num_kv_heads=attn.k_proj.out_features // attn.head_dim,
+        num_heads=q_width // attn.head_dim,
+        num_kv_heads=kv_width // attn.head_dim,
         head_dim=attn.head_dim,
-        intermediate_size=mlp.up_proj.out_features,
+        intermediate_size=mlp.down_proj.in_features,
         max_positions=cfg.max_position_embeddings,
         norm="rms_norm",
         norm_eps=getattr(base.norm, "variance_epsilon", getattr(base.norm, "eps", None)),
@@ -148,11 +163,13 @@ def transformers_view(model):
         rope_kind="none" if kind == "default" else kind,
         mlp={"SiLUActivation": "swiglu", "SiLU": "swiglu", "GELUTanh": "geglu",
              "PytorchGELUTanh": "geglu"}.get(act, act),
-        qkv_bias=attn.q_proj.bias is not None,
+        qkv_bias=q_proj.bias is not None,
         o_bias=attn.o_proj.bias is not None,
-        mlp_bias=mlp.up_proj.bias is not None,
+        mlp_bias=mlp.down_proj.bias is not None,
         qk_norm=hasattr(attn, "q_norm"),
-        sandwich_norms=hasattr(layer, "pre_feedforward_layernorm"),
+        qk_norm_full_width=hasattr(attn, "q_norm") and attn.q_norm.weight.shape[0] != attn.head_dim,
+        pre_norms=hasattr(layer, "input_layernorm"),
+        post_norms=hasattr(layer, "post_feedforward_layernorm"),
         embedding_scale=float(torch.tensor(cfg.hidden_size ** 0.5, dtype=torch.float32)) if gemma else 1.0,
         attention_scale=float(attn.scaling) if gemma else 0.0,
         attn_logit_softcap=float(getattr(cfg, "attn_logit_softcapping", None) or 0.0),

@@ -9,8 +9,9 @@ save_pretrained, float32, eager attention).
   recomputing, greedy generation giving transformers' tokens — for tiny configs of each family
   (Llama with llama3 RoPE scaling / untied head with biases, Mistral with a window shorter than the
   sequence, Qwen2 with q/k/v biases and windows, Qwen3 with q/k norms, Gemma 2 with soft-caps and
-  alternating windows) and for real models' shapes with random weights and few layers (SmolLM2-135M,
-  Qwen2.5-0.5B written in shards, Llama-3.2-1B's RoPE).
+  alternating windows, OLMo-2 with post norms only and full-width q/k norms, Phi-3 with fused
+  qkv_proj/gate_up_proj and a window) and for real models' shapes with random weights and few
+  layers (SmolLM2-135M, Qwen2.5-0.5B written in shards, Llama-3.2-1B's RoPE).
 """
 
 import json
@@ -30,7 +31,8 @@ needs_model = pytest.mark.skipif(not hasattr(mhsa, "Model"),
                                  reason="mhsa.Model (the generic decoder of every family) is not in this build yet")
 
 CORPUS = Path(__file__).resolve().parents[1] / "fuzz" / "config_corpus"
-HUB_CONFIGS = ["smollm2_135m", "llama32_1b", "tinyllama", "mistral_small", "qwen25_05b", "qwen3_06b", "gemma2_2b"]
+HUB_CONFIGS = ["smollm2_135m", "llama32_1b", "tinyllama", "mistral_small", "qwen25_05b", "qwen3_06b", "gemma2_2b",
+               "olmo2_1b", "phi3_mini"]
 
 
 def rel(a, b):
@@ -99,7 +101,9 @@ def test_windows_are_the_attention_transformers_computes(case, rng, tmp_path):
     ({"model_type": "llama", "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling: type"),
     ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act"),
     ({"model_type": "llama", "partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-    ({"model_type": "phi3"}, "model_type"),
+    ({"model_type": "falcon"}, "model_type"),
+    ({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 4,
+                                             "long_factor": [1.0] * 4}}, "rope_scaling: type"),
     ({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}, r"architectures\[0\]"),
     ({"model_type": "gemma2", "use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"model_type": "qwen2", "layer_types": ["sliding_attention"], "num_hidden_layers": 1}, "sliding_window"),

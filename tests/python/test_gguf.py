@@ -30,6 +30,7 @@ import transformers
 from gguf import GGMLQuantizationType as Q
 
 import mhsa
+import families
 from families import build
 
 MHSA = Path(__file__).resolve().parents[2] / "build" / "mhsa"
@@ -435,6 +436,66 @@ def test_written_files_read_back_in_gguf_and_mhsa(case, to, rng, tmp_path):
         np.testing.assert_array_equal(kept.forward(ids), mhsa.Model.load(tmp_path / "hf", dtype="q4_k").forward(ids))
 
 
+# OLMo-2's and Phi-3's layers as llama.cpp's tensor map names them: OLMo-2's post norms and q/k
+# norms; Phi-3's fused attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows), as stored.
+FAMILY_NAMES = {
+    "olmo2": {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+              "self_attn.o_proj": "attn_output", "post_attention_layernorm": "post_attention_norm",
+              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+              "post_feedforward_layernorm": "post_ffw_norm"},
+    "phi3": {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+             "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"},
+}
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+@pytest.mark.parametrize("to", ["f32", "q8_0"])
+@pytest.mark.parametrize("family, case", [("olmo2", "olmo2_post_norms"), ("phi3", "phi3_fused")])
+def test_olmo2_and_phi3_are_written_in_llama_cpp_names_and_read_back(family, case, to, rng, tmp_path):
+    state = save(families.TINY[case], tmp_path / "hf", seed=int(rng.integers(1 << 30)))
+    cfg = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    out = tmp_path / "m.gguf"
+    r = run_cli("quantize", "--model", tmp_path / "hf", "--to", to, "--out", out)
+    assert r.returncode == 0, r.stderr
+    reader = gguf.GGUFReader(str(out))
+    assert reader.fields["general.architecture"].contents() == family
+    expected = {}
+    for name, w in state.items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        module, _, kind = name.rpartition(".")
+        if module in GLOBAL:
+            expected[f"{GLOBAL[module]}.{kind}"] = (name, w)
+        else:
+            parts = module.split(".")
+            expected[f"blk.{parts[2]}.{FAMILY_NAMES[family]['.'.join(parts[3:])]}.{kind}"] = (name, w)
+    assert {t.name for t in reader.tensors} == set(expected)
+    ours = mhsa.model_parameters(mhsa.Model.load(out))
+    for t in reader.tensors:
+        name, want = expected[t.name]
+        deq = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32).reshape(want.shape)
+        if t.tensor_type == Q.F32:
+            np.testing.assert_array_equal(deq, want, err_msg=t.name)
+        else:
+            assert np.abs(deq - want).max() <= 0.02 * np.abs(want).max(), t.name
+        # What mhsa loads from the file: gguf's values, a fused tensor in its parts.
+        stem, _, leaf = name.rpartition(".")[0].rpartition(".")
+        mine = (np.concatenate([ours[f"{stem}.{p}.weight"] for p in FUSED[leaf]]) if leaf in FUSED
+                else ours[name])
+        np.testing.assert_array_equal(mine, deq, err_msg=t.name)
+    if cfg.model_type == "phi3":
+        assert reader.fields["phi3.attention.sliding_window"].contents() == cfg.sliding_window
+    got, want = mhsa.read_gguf_config(out), mhsa.read_model_config(tmp_path / "hf")
+    for key in ("family", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "norm_eps", "qkv_bias",
+                "o_bias", "qk_norm", "qk_norm_full_width", "pre_norms", "post_norms", "window_left",
+                "tie_word_embeddings"):
+        assert got[key] == pytest.approx(want[key]), key
+    if to == "f32":
+        ids = rng.integers(0, cfg.vocab_size, (2, 11)).astype(np.int32)
+        np.testing.assert_array_equal(mhsa.Model.load(out).forward(ids), mhsa.Model.load(tmp_path / "hf").forward(ids))
+
+
 def test_quantize_refuses_bad_options(rng, tmp_path):
     save(LLAMA, tmp_path / "hf")
     out = tmp_path / "m.gguf"
@@ -453,7 +514,7 @@ def test_quantize_refuses_bad_options(rng, tmp_path):
                  transformers.Qwen2ForCausalLM, seed=1)
     qwen.save_pretrained(tmp_path / "qwen")
     r = run_cli("quantize", "--model", tmp_path / "qwen", "--to", "f16", "--out", tmp_path / "x.gguf")
-    assert r.returncode == 2 and "a llama or gpt2 model" in r.stderr and not (tmp_path / "x.gguf").exists()
+    assert r.returncode == 2 and "a model of a family mapped to GGUF (gpt2, llama" in r.stderr and not (tmp_path / "x.gguf").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "m.gguf", "qwen"]  # no temporary left
 
 

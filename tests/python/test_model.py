@@ -2,7 +2,8 @@
 
 Each family's logits equal transformers' (float32, eager attention) within 1e-4 relative L2;
 decoding through the cache equals recomputing; greedy generation gives transformers' tokens; the
-loss and every parameter's gradient equal PyTorch float64 autograd within 1e-5 relative L2.
+loss and every parameter's gradient equal PyTorch float64 autograd within 1e-5 relative L2 (or
+within 4x float32 autograd's own error, where that is larger).
 (The broad per-family comparison, real shapes and sharded files are in test_families.py.)
 """
 
@@ -49,7 +50,31 @@ def tiny(family, rng, **over):
                       hidden_activation="gelu_pytorch_tanh")
         cfg = transformers.Gemma2Config(**common)
         return cfg, transformers.Gemma2ForCausalLM
+    if family == "olmo2":
+        cfg = transformers.Olmo2Config(**common, head_dim=10, attention_bias=bool(rng.integers(2)))
+        return cfg, transformers.Olmo2ForCausalLM
+    if family == "phi3":  # its class's pad_token_id (32000) is outside a tiny vocabulary
+        cfg = transformers.Phi3Config(**{"pad_token_id": 0, **common}, sliding_window=int(rng.integers(3, 9)))
+        return cfg, transformers.Phi3ForCausalLM
     raise ValueError(family)
+
+
+def fused_like_hf(grads, family):
+    """mhsa's parameters (Llama's parts) fused as Phi-3's files store them: q|k|v and gate|up rows."""
+    if family != "phi3":
+        return grads
+    out = {}
+    for name, g in grads.items():
+        for parts, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj")):
+            if name.endswith(f".{parts[0]}.weight"):
+                stem = name[: -len(f"{parts[0]}.weight")]
+                out[f"{stem}{fused}.weight"] = np.concatenate([grads[f"{stem}{p}.weight"] for p in parts])
+                break
+            if any(name.endswith(f".{p}.weight") for p in parts):
+                break
+        else:
+            out[name] = g
+    return out
 
 
 def save_tiny(family, rng, tmp_path, **over):
@@ -70,7 +95,7 @@ def save_tiny(family, rng, tmp_path, **over):
     return model
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "olmo2", "phi3"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -97,7 +122,7 @@ def test_logits_and_cache_match_transformers(family, rng, tmp_path):
     assert rel(np.concatenate(parts, axis=1), got) <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "olmo2", "phi3"])
 def test_greedy_generation_matches_transformers(family, rng, tmp_path):
     hf = save_tiny(family, rng, tmp_path)
     m = mhsa.Model.load(tmp_path)
@@ -139,7 +164,7 @@ def test_generation_config_eos_stops_generation_as_in_transformers(rng, tmp_path
         mhsa.Model.load(tmp_path)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma2", "olmo2", "phi3"])
 def test_gradients_match_float64_autograd(family, rng, tmp_path):
     # pad_token_id: nn.Embedding's padding_idx, a row whose lookups add no gradient (Gemma 2's
     # default is 0; -2 counts from the end; "default" leaves the key out of config.json).
@@ -155,19 +180,28 @@ def test_gradients_match_float64_autograd(family, rng, tmp_path):
     targets = rng.integers(-1, 97, size=(B, T))
     loss, grads = m.loss_and_grad(ids, targets)
 
-    ref = hf.double()
-    ref.zero_grad()
-    logits = ref(torch.tensor(ids)).logits
-    want = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), torch.tensor(targets).reshape(-1),
-                                             ignore_index=-1)
-    want.backward()
-    assert abs(loss - want.item()) <= 1e-5 * abs(want.item())
-    named = dict(ref.named_parameters())
+    def autograd(dtype):
+        ref = hf.to(dtype)
+        ref.zero_grad()
+        logits = ref(torch.tensor(ids)).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), torch.tensor(targets).reshape(-1),
+                                                 ignore_index=-1)
+        loss.backward()
+        return loss.item(), {n: p.grad.double().numpy().copy() for n, p in ref.named_parameters()}
+
+    # float32 autograd's own error bounds ours where it is above 1e-5/4: OLMo-2's full-width q/k
+    # norms make its q/k gradients a cancellation (a normalised vector's gradient has its
+    # component along the vector taken out) that float32 arithmetic resolves to ~1e-5 only.
+    _, grads32 = autograd(torch.float32)
+    want, grads64 = autograd(torch.float64)
+    named = dict(hf.named_parameters())
+    assert abs(loss - want) <= 1e-5 * abs(want)
     assert set(grads) == set(m.parameter_names)
+    grads = fused_like_hf(grads, family)
+    assert set(grads) == set(named)
     for name, g in grads.items():
-        p = named[name]
-        assert g.shape == tuple(p.shape), name
-        assert rel(g, p.grad.numpy()) <= 1e-5, name
+        assert g.shape == tuple(named[name].shape), name
+        assert rel(g, grads64[name]) <= max(1e-5, 4 * rel(grads32[name], grads64[name])), name
 
 
 def test_errors_name_the_model(rng, tmp_path):
