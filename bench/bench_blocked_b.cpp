@@ -16,7 +16,7 @@
 // order by a 16-row chain per panel column, against kernels::gemm's stream of 8 rows of the [K, N]
 // layout at a time. (On the development machine the blocked single row read ~20% slower, and the
 // 8-row win did not survive into a model whose decode of one sequence would pay for it:
-// docs/performance.md, 2026-11-29, seventeenth session.)
+// docs/performance-history.md, "GPT-2's projections blocked for decoding".)
 //
 // A fourth argument `side` reads one row's blocked B as the library does: the thread's K range in
 // four runs side by side, a panel of each in turn (four concurrent streams).

@@ -79,7 +79,8 @@ class KVBlockPool {
   // Allocates (and so touches: the kernel clears each page now) every slab not yet allocated, so
   // that no step later pays for fresh pages: a fresh 2 MiB page cleared in a step stalls both
   // threads of its parallel regions (4–6% of a server's 8-sequence GPT-2 steps until the pool was
-  // touched: docs/performance.md, 2026-11-30). Throws mhsa::Error naming the bytes when memory
+  // touched: docs/performance-history.md, "The server's KV pool allocated at startup"). Throws mhsa::Error naming
+  // the bytes when memory
   // runs out; the slabs allocated before that are kept.
   void allocate_all();
   // Blocks not held by a sequence nor promised (never used, free, or cached), counted for reserve.

@@ -73,7 +73,7 @@ std::size_t cache_bytes() { return cache_limit().load(std::memory_order_relaxed)
 // Freed blocks of kCacheFrom bytes and more, kept (up to cache_bytes() in all) for the next request
 // of the same size: a transformer allocates the same activation shapes in every layer and every
 // step, and a fresh block costs an mmap, a page fault per page and the kernel clearing each page
-// (11% of a 512-token GPT-2 prefill before this cache). Blocks are kept in the order they were
+// (11% of a 512-token GPT-2 prefill without this cache). Blocks are kept in the order they were
 // freed; a request takes the most recently freed block of its size, and when a new block would
 // not fit, the longest-unused ones are given back first, so the cache follows the shapes in use
 // now rather than filling up with sizes an earlier workload left behind.

@@ -339,7 +339,8 @@ void attention_decode(const AttentionParams* ps, int64_t count) {
   // L2; as a task starts, its values into L1 (its scores come first). An 8-sequence GPT-2 step's
   // attention (8 x 12 heads over ~80 paged keys, pass-by-pass alternation, Zen 5): 123-129 -> 91
   // us a layer from memory against keys and values both into L1 one task ahead, 26-29% less; 17%
-  // less over ~200 keys, 10% over ~1000 (docs/performance.md, 2026-12-01, thirtieth session).
+  // less over ~200 keys, 10% over ~1000 (docs/performance-history.md,
+  // "Decode streams split evenly; Q8_0 on VNNI").
   // With runs of one task (a single sequence's few heads), the task one ahead is t + threads, the
   // one the thread will likely take next.
   // Task t: its call, its number within the call (((b · Hkv) + hk) · splits + sp) and its keys [j0, j1).

@@ -165,7 +165,7 @@ constexpr int64_t kInPlaceKC = 256;
 //   sqrt(K·kFreshKC) instead of K. Measured on GPT-2-like layers (C = 64..96, T = 1): relative
 //   error against float64 2.5e-7 -> ~1.2e-7, level with PyTorch's fp32 (whose small-M kernels
 //   sum in several chains). These shapes read B from memory, so the extra C traffic is free:
-//   decode M=1 / 8: see docs/performance.md.
+//   decode M=1 / 8: see docs/performance-history.md.
 constexpr int64_t kFreshMaxM = 16;
 constexpr int64_t kFreshKC = 16;
 // gemm_packed keeps a thread's packed row block of A for all of K up to this many floats (4 MiB).
@@ -449,12 +449,13 @@ void in_place_panels(int64_t p_begin, int64_t p_end, int64_t M, int64_t N, int64
 // whole rows when there are no more threads than parts. Part 0 sums into C from the bias, the
 // others into buffers from 0, added to C in part order — the same bits for any thread count. On a
 // 2-core Zen 3 at 8 rows, GPT-2's 48 projections (bench_step_gemm), B from memory: 1.3× the column
-// split alone (docs/performance.md, 2026-11-29).
+// split alone (docs/performance-history.md, "Where an 8-sequence GPT-2 step loses its time").
 // Where a panel has more than one tile of rows and its block of B (kc rows of kNR floats, 64
 // bytes each, ldb floats apart) does not stay in L1 (fits_l1: the 256 rows of a long block, or
 // the 16 of a fresh block when ldb·4 is a multiple of 4 KiB, as GPT-2's c_fc at N 3072), the
 // first tile also copies the block to a contiguous buffer that the other tiles read. Measured on
-// one core, B from memory in 2 MiB pages (docs/performance.md, 2026-11-28, tenth session).
+// one core, B from memory in 2 MiB pages (docs/performance-history.md,
+// "gemm's in-place tiles read a copy of B").
 constexpr int64_t kFreshParts = 2;
 
 // C[M, N] (ldc) += sums [parts − 1][M][N], part after part: the fixed-part paths' last step. A
@@ -520,13 +521,15 @@ void gemm_in_place(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
 // order. So results depend on the inputs only (and on this path: M <= kStreamMaxM), and the
 // parts' sums are the only extra traffic: kStreamParts·M·N floats, in L2. Tried up to 8 rows (a
 // server's batch): at 6 and 8 rows the in-place micro-tiles (12 FMAs per 8 loads, against this
-// path's 8 per ~10) were faster on a 2-core Zen 3 (docs/performance.md, 2026-11-27).
+// path's 8 per ~10) were faster on a 2-core Zen 3 (docs/performance-history.md,
+// "Eight sequences in one decode step").
 constexpr int64_t kStreamMaxM = 4;
 constexpr int64_t kStreamParts = 8;
 // Columns per pass of stream_rows with M > 1: R rows of B (8 KiB at R = 8) stay in L1 while every
 // row of A passes over them, so B comes from memory once and from L1 M − 1 times, not from L2 (a
 // multiple of kLanes: only the last chunk has a partial vector; the order of every sum is
-// unchanged). Measured at N 2304, K 768, 2 threads: docs/performance.md (2026-11-27).
+// unchanged). Measured at N 2304, K 768, 2 threads: docs/performance-history.md,
+// "Eight sequences in one decode step".
 constexpr int64_t kStreamChunk = 256;
 
 template <int R, bool kFirst>
@@ -598,7 +601,8 @@ void stream_blocks(int64_t M, int64_t N, const float* A, int64_t lda, const floa
 // hundreds of KB, and 4 parts' worth crossed L2 on every segment. One row of A through GPT-2's
 // blocked head, 2 threads, its time over the B·Aᵀ stream's on [V, C] in the same process (medians
 // of 6 and 9): 1.10 and 1.08 with 4 side by side, 1.03 and 1.05 with 2, 1.04 with 1
-// (docs/performance.md, 2026-12-01). The projections' widths (≤ 3072) keep 4: level with 2
+// (docs/performance-history.md, "A serving step's LM head on gemm_blocked's tiles"). The projections' widths (≤ 3072)
+// keep 4: level with 2
 // (bench_step_gemm 1 40 12 all 0 blk).
 constexpr int64_t kWideN = 8192;
 
@@ -777,11 +781,12 @@ void gemm_packed(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, b
 // of up to 8 rows × one 16-column panel, one 512-bit accumulator a row, so that the panel's 1 KiB
 // block is read from memory once, in address order, with one B load and 8 broadcasts a step for
 // 8 FMAs on 8 independent chains (two FMA pipes of latency 4). The same tile in 256-bit halves
-// (16 accumulators) was this kernel on a 2-core Zen 4, whose AVX-512 units are 256 bits wide
+// (16 accumulators) is as fast on a 2-core Zen 4, whose AVX-512 units are 256 bits wide
 // (there: 1.05× AVX2's 6 + 2 row tiles; 512-bit tiles level with AVX2's); on a Zen 5, with
 // 512-bit FMA units, 256-bit FMAs capped the products at half its FMA peak: with B hot in the
 // caches 240 GFLOP/s of 555, 315 with these tiles, and the 48 projections of an 8-sequence GPT-2
-// step from memory 1.26× faster (docs/performance.md, 2026-12-01, twenty-eighth session). Tiles of
+// step from memory 1.26× faster (docs/performance-history.md,
+// "A Zen 5: the 8-row tiles in 512-bit registers"). Tiles of
 // two panels (16 accumulators: 372 GFLOP/s hot) read from memory slower than one: their rows of
 // two blocks 1 KiB apart interleave two streams. The chains are gemm_in_place's fresh ones (blocks
 // of kFreshKC rows, kFreshParts fixed parts added in order), a lane each, so are the bits.
@@ -851,7 +856,7 @@ void gemm_blocked_rows(int64_t M, int64_t N, int64_t K, const float* A, int64_t 
       float* out = part == 0 ? C : part_sums + (part - 1) * M * N;
       const int64_t ldo = part == 0 ? ldc : N;
       // A's columns [k_begin, k_end) packed by the thread that reads them (its own buffer): the
-      // pack is no longer serial work that the other threads wait for at the region's start.
+      // pack is not serial work that the other threads would wait for at the region's start.
       thread_local Scratch a_scratch;
       float* a_packed = a_scratch.reserve(kGroups * K * kRowTile);  // [group][K][kRowTile], [k_begin, k_end) set
       for (int64_t g = 0; g < groups; ++g)

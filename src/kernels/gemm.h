@@ -18,7 +18,7 @@ void gemm_ref(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, cons
 // walk 16 rows of B across all columns a 16-column panel at a time; on the [K, N] layout that reads
 // 16 interleaved streams, ldb apart, while blocked it is one ascending stream (GPT-2's 48
 // projections at 8 rows on a 2-core Zen 3: 1.25-1.35x, bench/bench_blocked_b.cpp; an 8-sequence
-// decode step 1.13x, docs/performance.md). Only for K a multiple of 16 and N of 32 (every panel of
+// decode step 1.13x, docs/performance-history.md). Only for K a multiple of 16 and N of 32 (every panel of
 // every ISA's micro-tile whole).
 constexpr int64_t kBlockedB = 16;
 inline bool can_block(int64_t K, int64_t N) { return K > 0 && N > 0 && K % 16 == 0 && N % 32 == 0; }

@@ -34,8 +34,8 @@ inline float f16_to_float(uint16_t h) {
 }
 
 // Branch-free (a 16-bit KV cache narrows every new key and value: 1.1 ns an element against the
-// 4.2 of the branching form it replaced, and bit for bit that form's result for all 2^32 inputs,
-// checked exhaustively when it was written). |f| ≥ 2^-14 rebias the exponent and round at bit 13
+// 4.2 of a branching form, and bit for bit that form's result for all 2^32 inputs, checked
+// exhaustively). |f| ≥ 2^-14 rebias the exponent and round at bit 13
 // (adding 0xfff plus the kept part's lowest bit: ties to even; a carry may reach the exponent, up
 // to inf at 65520); |f| < 2^-14 (f16 subnormals and zero) add 0.5f, whose sum's low mantissa bits
 // are the f16 subnormal, rounded to nearest even by the float add itself (the default rounding

@@ -50,7 +50,8 @@ inline Vec load_partial_b(const float16* b, int n) { return load_partial_kv(b, n
 // A software prefetch this many elements ahead in B's stream (2 KiB, whatever the element type;
 // past the row it is the next row's start when rows are contiguous, and harmless when not), once
 // per cache line. One Zen 3 core, float B from memory, CPU time, 3 alternating rounds
-// (docs/performance.md, 2026-11-28): 8 rows × N 2304 × K 768 1.1–1.3× faster than without, at K
+// (docs/performance-history.md, "A prefetch in the B·Aᵀ stream"): 8 rows × N 2304 × K 768 1.1–1.3×
+// faster than without, at K
 // 3072 ~1.15×, one row ~1.1×; 1 KiB ahead about the same, 4 and 6 KiB less. A 16-bit B was
 // prefetched 512 elements (1 KiB) ahead until GPT-2's bfloat16 weights, one row of A on a Zen 5
 // (pass-by-pass alternation), read 1.09–1.10× faster 2 KiB ahead (4 and 8 KiB: 0.98×, 0.93×).
@@ -85,7 +86,7 @@ void dot_rows(int64_t K, const float* A, int64_t lda, const TB* b, float* out, i
 // side by side give two chains; rows far apart keep each a plain ascending stream, which the
 // memory reads faster than two adjacent rows interleaved with the next pair prefetched (SmolLM2's
 // shapes, 2 threads, B from memory: float16 1.07–1.24×, float 1.07–1.19× in a scratch harness;
-// the decode numbers are in docs/performance.md, 2026-11-30, twenty-second session).
+// the decode numbers are in docs/performance-history.md, "Decode streams as separate ascending streams").
 template <int J, class TB>
 void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, int64_t apart, float* out) {
   Vec acc[J] = {};
@@ -109,7 +110,8 @@ void dot_cols(int64_t K, const float* a, const TB* B, int64_t ldb, int64_t apart
 // half the bytes, so that two chains of 4 cycles' latency bound it below what memory delivers. The
 // bfloat16 weights of GPT-2 124M (its 48 projections and LM head, 249 MB from memory, 2 threads,
 // a scratch harness alternating the variants pass by pass on a Zen 5): four rows 1.10-1.13x two,
-// six 1.13x, eight 1.07x, three 1.07x, one 0.94x (docs/performance.md, 2026-12-01).
+// six 1.13x, eight 1.07x, three 1.07x, one 0.94x (docs/performance-history.md,
+// "A Zen 5: the 8-row tiles in 512-bit registers").
 template <class TB>
 inline constexpr int kColStreams = std::is_same_v<TB, float> ? 2 : 4;
 
@@ -120,11 +122,13 @@ inline constexpr int kColStreams = std::is_same_v<TB, float> ? 2 : 4;
 // project's Zen 3 with B in the caches. 3 rows of B against 4 of A is 7 loads (and 3 widenings
 // for 16-bit B) for 12 FMAs in 12 chains, in 16 registers: 77–90 GFLOP/s in a scratch harness,
 // and an 8-sequence step with 16-bit weights 1.18–1.19× the one-row-of-B stream's
-// (docs/performance.md, 2026-11-30, twenty-first session). The J rows are `apart` rows of ldb
+// (docs/performance-history.md, "16-bit weights at 2–8 rows in register blocks"). The J rows are `apart`
+// rows of ldb
 // elements from each other, their results `apart` columns of C: range_product takes them a third
 // of its range apart, each row its own ascending stream (as dot_cols does for one row of A),
 // which read faster than 3 adjacent rows with the next block prefetched: 1.12–1.15× on 4- and
-// 8-sequence steps (twenty-second session). With `prefetch` (the first pass; later passes find
+// 8-sequence steps ("Decode streams as separate ascending streams"). With `prefetch` (the first pass; later
+// passes find
 // the block in L1) each row is prefetched kPrefetch ahead, once per cache line.
 constexpr int kBlockCols = 3;  // J: rows of B per register block
 constexpr int kBlockRows = 4;  // R at most: rows of A per pass

@@ -8,7 +8,8 @@
 // ascending stream (as the 16-bit and Q8_0 one-row streams). B's quants are in the
 // kernels' order (kernels/q4_k.h), and so are A's quants here (activations_in_kernel_order), so
 // that a block's eight byte-product vectors add up vertically: 1.37× ggml's order's horizontal
-// tree on one core with B in L3 (docs/performance.md, 2026-11-30, twenty-third session).
+// tree on one core with B in L3 (docs/performance-history.md,
+// "Q4_K decode: quants in an order whose byte products add vertically").
 //
 // The arithmetic: each row of A is quantised once per call per 32-value block, bit for bit as the
 // Q8_0 streams quantise it (kernels::quantize_activations_q8; isa/q8_activations.h), and Q4_K's
@@ -169,7 +170,8 @@ void dot_q4k(const Activations& x, int64_t m, const BlockQ4_K* B, int64_t ldb, i
 // (isa/bt_parts.h): one row of A against four rows of B at a time, a quarter of the range apart,
 // or each group of kGroup rows in turn against kRows rows of A at a time. Four rows: GPT-2 124M's
 // Q4_K weights from memory, 2 threads, pass-by-pass alternation on a Zen 5: 1.13-1.15x two rows,
-// three 1.08x, six 1.09x, eight 1.07x (docs/performance.md, 2026-12-01).
+// three 1.08x, six 1.09x, eight 1.07x (docs/performance-history.md,
+// "A Zen 5: the 8-row tiles in 512-bit registers").
 void range_product(const Activations& x, int64_t M, const BlockQ4_K* B, int64_t ldb, int64_t rows, float* C,
                    int64_t ldc) {
   stream_rows<4>(M, rows, [&](auto R, auto J, int64_t m, int64_t n, int64_t apart) {

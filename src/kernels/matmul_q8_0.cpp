@@ -69,7 +69,8 @@ inline Lanes block_scale(uint16_t d, float da) { return splat8(f16_scalar(d) * d
 // may hold is fine) against A's, the accumulator starting at the lane's −128 · Σ qa (`corr`,
 // per call), which leaves Σ qa·qb exactly (|Σ (qb + 128)·qa| ≤ 4·255·127: no overflow). Two
 // instructions a block where the sign trick below takes four. SmolLM2's 576-wide Q8_0 rows on
-// one Zen 5 core from L2: 0.83 -> 0.66 ns a block (docs/performance.md, 2026-12-01).
+// one Zen 5 core from L2: 0.83 -> 0.66 ns a block (docs/performance-history.md,
+// "Decode streams split evenly; Q8_0 on VNNI").
 constexpr bool kCorrections = true;
 
 inline Quants weight_quants(const int8_t* p) { return _mm256_xor_si256(load_quants(p), _mm256_set1_epi8(-128)); }
@@ -131,9 +132,10 @@ Activations quantize(int64_t M, int64_t K, const float* A, int64_t lda) {
 // the next row's start when rows are contiguous, as a weight's are), once per two blocks. One row
 // of B in a single stream prefetched 2 KiB ahead was read ~1.4× as fast as kGroup adjacent rows
 // interleaved (GPT-2's c_fc shape, 2 threads, bench_q8_0: 31–33 against 22–23 GB/s;
-// docs/performance.md, 2026-11-28, eleventh session; 512 ahead gained less, 1024–4096 about the
-// same). Two rows half a range apart, each such a stream with its own chain (dot_q8<1, 2>), beat
-// one: SmolLM2's shape at Q8_0, tg128 1.18× (1.06–1.25; 2026-11-30, twenty-second session).
+// docs/performance-history.md, "Decode streams read as one ascending stream"; 512 ahead gained less,
+// 1024–4096 about the same). Two rows half a range apart, each such a stream with its own chain
+// (dot_q8<1, 2>), beat one: SmolLM2's shape at Q8_0, tg128 1.18× (1.06–1.25; docs/performance-history.md,
+// "Decode streams as separate ascending streams").
 constexpr int64_t kQ8Prefetch = 2048;
 
 // out[r·ldc + j·apart] = row m + r of A · B row j·apart for R rows of A and J rows of B, `apart`
@@ -162,7 +164,7 @@ void dot_q8(const Activations& x, int64_t m, const BlockQ8_0* B, int64_t ldb, in
 
 // Rows of B a part of the range apart that one row of A reads side by side: four (GPT-2 124M's
 // Q8_0 weights, 132 MB from memory, 2 threads, pass-by-pass alternation on a Zen 5: 1.05-1.06x
-// two, three 1.02-1.03x; docs/performance.md, 2026-12-01).
+// two, three 1.02-1.03x; docs/performance-history.md, "A Zen 5: the 8-row tiles in 512-bit registers").
 constexpr int kQ8ColStreams = 4;
 
 // C[M, rows] = A · B[rows, K/32 blocks]ᵀ (ldb in blocks) with A quantised, in stream_rows' order

@@ -89,7 +89,7 @@ def test_a_weight_beyond_float16s_range_is_refused_by_name(rng, tmp_path):
 def test_default_model_computes_in_f16_what_it_computes_in_f32(held_out):
     """The shipped default model is stored F16, so its f16 model holds the very weights its f32 model
     widens: the same logits to float32 rounding, the same bits per byte (its first 16 windows of
-    512 bytes; the whole held-out text: docs/performance.md)."""
+    512 bytes; the whole held-out text: docs/performance-history.md)."""
     assert all(t.dtype == torch.float16 for t in load_file(d.MODEL / "model.safetensors").values()
                if t.dim() == 2)
     f32, f16 = (mhsa.Model.load(d.MODEL, dtype=t) for t in ("f32", "f16"))

@@ -1,9 +1,11 @@
-"""The README's Python examples run as pasted.
+"""The examples of the README and of the pages it sends users to (docs/usage.md, docs/api.md) run as pasted.
 
-Every ```python block of README.md is executed in a fresh namespace, in the repository root,
+Every ```python block of those pages is executed in a fresh namespace, in the repository root,
 except those that load a model from models/ other than the shipped default (the GPT-2 example needs
 files downloaded from the hub, which these machines cannot reach: the GPT-2 tests cover that code
-with checkpoints written by transformers). A block that raises fails the test with its number.
+with checkpoints written by transformers) and those that talk to a running `mhsa serve`
+(test_serve_apis.py runs the openai client against one). A block that raises fails the test with
+its page and number.
 """
 
 import re
@@ -12,24 +14,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BLOCKS = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+PAGES = ["README.md", "docs/usage.md", "docs/api.md"]
+TEXTS = {page: (ROOT / page).read_text() for page in PAGES}
+BLOCKS = [(page, i, code) for page in PAGES
+          for i, code in enumerate(re.findall(r"```python\n(.*?)```", TEXTS[page], re.S))]
 NEEDS_HUB = re.compile(r"models/(?!default)")
+NEEDS_SERVER = re.compile(r"base_url=")
 
 
 def test_the_readme_has_python_examples():
-    assert len(BLOCKS) >= 2
+    assert sum(page == "README.md" for page, _, _ in BLOCKS) >= 2
+    assert len(BLOCKS) >= 6
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_block_runs(index, monkeypatch):
-    code = BLOCKS[index]
+@pytest.mark.parametrize("page, index, code", BLOCKS, ids=[f"{page}:{i}" for page, i, _ in BLOCKS])
+def test_readme_python_block_runs(page, index, code, monkeypatch):
     if NEEDS_HUB.search(code):
         pytest.skip("needs a model downloaded from the hub")
+    if NEEDS_SERVER.search(code):
+        pytest.skip("talks to a running mhsa serve")
     monkeypatch.chdir(ROOT)
-    exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": f"readme_{index}"})
+    exec(compile(code, f"{page} python block {index}", "exec"), {"__name__": f"readme_{index}"})
 
 
-# ---- the README's command lines ---------------------------------------------------------------------
+# ---- the command lines of the README and its pages -----------------------------------------------------
 #
 # Every `build/mhsa ...` line of a ```sh block is split as bash splits it (quotes, $'...', comments)
 # and checked against the command's --help: the command exists and every option it spells is one
@@ -41,7 +49,7 @@ import os
 import subprocess
 
 CLI = Path(os.environ.get("MHSA_CLI", ROOT / "build" / "mhsa"))
-SH_BLOCKS = re.findall(r"```sh\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+SH_BLOCKS = [block for page in PAGES for block in re.findall(r"```sh\n(.*?)```", TEXTS[page], re.S)]
 COMMAND_LINES = [line[line.index("build/mhsa "):] for block in SH_BLOCKS for line in block.replace("\\\n", " ").splitlines()
                  if "build/mhsa " in line]
 

@@ -1,7 +1,7 @@
 """A short soak of `mhsa serve` (bench/serve_soak.py with 150 requests from 8 clients, a fifth of
 them leaving mid-stream): every request answered once, equal greedy requests equal, the counters
 exact, no sequence left active, memory back to its level after the warm-up, SIGTERM exits 0. The
-1,000-request soak is the same script with its defaults (docs/performance.md)."""
+1,000-request soak is the same script with its defaults (docs/performance-history.md)."""
 
 import os
 import subprocess

@@ -22,8 +22,8 @@ inline constexpr int64_t kMinClaim = 4;                  // groups: the smallest
 // - even (one row of A: a decode step of one sequence): thread t takes the t-th of `threads`
 //   equal contiguous ranges. range() reads a range as four streams side by side, and every range
 //   more is four streams more to start from memory: SmolLM2's Q8_0 projections (0.1–1.9 MB)
-//   read 1.2–1.3× faster split evenly than claimed (docs/performance.md, 2026-12-01, thirtieth
-//   session).
+//   read 1.2–1.3× faster split evenly than claimed (docs/performance-history.md,
+//   "Decode streams split evenly; Q8_0 on VNNI").
 // - claimed (several rows of A, where a group is read again from L1 for each pass over A's rows):
 //   the threads claim contiguous ranges from the front, each claim a fraction of what is left
 //   (1/(2·threads) of it, at least kMinClaim groups): a thread's first range is a long sequential
