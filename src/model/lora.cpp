@@ -324,21 +324,28 @@ double Lora::loss_and_gradients(const Model& base, std::span<const int32_t> ids,
   const size_t frozen = s.params.size() - n;  // the base's parameters: no gradient (undefined tensors)
   std::vector<Tensor> all(frozen);
   for (Tensor& g : grads) all.push_back(std::move(g));
+  // The caller's tensors are lent to `all` and given back as they become final, before on_final
+  // says so (the caller then reads them: a data-parallel run reduces them during the backward).
   size_t reported = n;
+  const auto give_back = [&](size_t from) {
+    for (size_t i = from; i < reported; ++i) grads[i] = std::move(all[frozen + i]);
+    reported = std::min(reported, from);
+  };
   const auto hook = [&](size_t first) {  // the suffix of all that is final, as a suffix of grads
     const size_t mine = first > frozen ? first - frozen : 0;
-    if (mine < reported && on_final) on_final(mine);
-    reported = std::min(reported, mine);
+    if (mine >= reported) return;
+    give_back(mine);
+    if (on_final) on_final(mine);
   };
   const detail::Decoder d{s, "Lora", "max_positions", {}, names, KVType::f32};
   double loss = 0;
   try {
     loss = detail::loss_and_gradients(d, ids, targets, B, T, &all, hook);
   } catch (...) {
-    for (size_t i = 0; i < n; ++i) grads[i] = std::move(all[frozen + i]);
+    give_back(0);
     throw;
   }
-  for (size_t i = 0; i < n; ++i) grads[i] = std::move(all[frozen + i]);
+  give_back(0);
   return loss;
 }
 
