@@ -3,7 +3,8 @@
 // checkpoints into --out (with train_log.jsonl), and stops cleanly on Ctrl-C (the checkpoint of
 // the last finished step is written first). The library checks the options, the directory and
 // the run (mhsa/train.h); this file adds the flags that say what to do with what --out holds
-// (--resume, --force, --allow-data-change). Under `mpirun -np N` rank 0 prints; a rank that fails
+// (--resume, --force, --allow-data-change), and with --model M --lora-rank R fine-tunes M with a LoRA
+// adapter (--merge-to writes M with it merged). Under `mpirun -np N` rank 0 prints; a rank that fails
 // prints its error and ends the whole job (train/distributed.h).
 #include <unistd.h>
 

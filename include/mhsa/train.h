@@ -15,7 +15,9 @@
 // saves its weights. Under `mpirun -np N` (a build with MPI) the ranks share every step's batch
 // and AdamW's state and give one process's bits (docs/distributed.md). TrainOptions::dtype "bf16"
 // trains in mixed precision (float32 masters, bfloat16 matmul weights) into the same checkpoints.
-// Not a general training framework: two architectures, data parallelism only.
+// TrainOptions::model fine-tunes a pretrained model with a LoRA adapter instead (mhsa/lora.h,
+// docs/fine-tuning.md). Not a general training framework: two architectures from scratch, LoRA on
+// pretrained ones, data parallelism only.
 #pragma once
 
 #include <cstdint>
