@@ -39,7 +39,7 @@ fi
 
 python=${PYTHON:-python3}
 pip_packages=(numpy pybind11 scikit-build-core)
-[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers gguf accelerate tiktoken tokenizers sentencepiece playwright pillow pexpect openai anthropic jsonschema ml_dtypes)
+[ "$with_tests" -eq 1 ] && pip_packages+=(pytest torch safetensors transformers gguf accelerate tiktoken tokenizers sentencepiece playwright pillow pexpect openai anthropic jsonschema ml_dtypes peft)
 if [ "$with_tests" -eq 1 ]; then
   say "pip install: ${pip_packages[*]} (PyTorch alone is ~1 GB: several minutes on a fresh machine)"
 else

@@ -3,7 +3,8 @@
 // checkpoints into --out (with train_log.jsonl), and stops cleanly on Ctrl-C (the checkpoint of
 // the last finished step is written first). The library checks the options, the directory and
 // the run (mhsa/train.h); this file adds the flags that say what to do with what --out holds
-// (--resume, --force, --allow-data-change). Under `mpirun -np N` rank 0 prints; a rank that fails
+// (--resume, --force, --allow-data-change), and with --model M --lora-rank R fine-tunes M with a LoRA
+// adapter (--merge-to writes M with it merged). Under `mpirun -np N` rank 0 prints; a rank that fails
 // prints its error and ends the whole job (train/distributed.h).
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 
 #include "commands.h"
 #include "mhsa/error.h"
+#include "mhsa/lora.h"
+#include "mhsa/models.h"
 #include "mhsa/train.h"
 #include "options.h"
 #include "train/distributed.h"
@@ -35,6 +38,8 @@ struct TrainArgs {
   int64_t stop_after = 0;  // end this run (with a checkpoint) after this many steps of it
   double bucket_mb = 4;     // start.bucket_bytes in MiB
   bool untied_head = false;
+  std::string lora_targets = "q,k,v,o,gate,up,down";
+  std::string merge_to;  // a LoRA run: write the model with the adapter merged here at the end
 };
 
 std::string duration(double s) {
@@ -47,11 +52,33 @@ std::string duration(double s) {
   return buf;
 }
 
+// What the run's schedule will do that its options may not have meant, said once it has started
+// (a resumed run's options are its checkpoint's): a run that ends inside its warm-up, and a resumed
+// run whose --steps differs from the schedule it keeps.
+void announce(const TrainOptions& o) {
+  if (o.steps < o.warmup)
+    std::fprintf(stderr,
+                 "mhsa: warning: --steps %lld ends within the --warmup of %lld steps: the learning rate rises only "
+                 "to %.2e, not the --lr %.2e given\n",
+                 static_cast<long long>(o.steps), static_cast<long long>(o.warmup), learning_rate(o, o.steps - 1), o.lr);
+  if (o.schedule_steps > 0 && o.schedule_steps != o.steps) {
+    char after[96] = "the run ends before the cosine does";
+    if (o.steps > o.schedule_steps)
+      std::snprintf(after, sizeof after, "the steps after it train at %.2e", learning_rate(o, o.schedule_steps));
+    std::fprintf(stderr,
+                 "mhsa: note: --steps %lld keeps the checkpoint's learning-rate schedule of %lld steps (%s; a new "
+                 "run lays a new one)\n",
+                 static_cast<long long>(o.steps), static_cast<long long>(o.schedule_steps), after);
+  }
+  std::fflush(stderr);
+}
+
 void run(const TrainArgs& a, bool steps_given) {
   use_threads(a.threads);
   detail::Ranks& ranks = detail::Ranks::world();
   TrainOptions options = a.options;
   options.tied_head = !a.untied_head;
+  options.lora.targets = split_lora_targets(a.lora_targets);
   TrainStart start = a.start;
   start.bucket_bytes = static_cast<int64_t>(a.bucket_mb * (1 << 20));
   if (a.start.resume && !steps_given) options.steps = 0;  // the checkpoint's own length
@@ -62,13 +89,12 @@ void run(const TrainArgs& a, bool steps_given) {
   int64_t first_step = -1;
   double last_val = -1;
   TrainProgress last;
+  bool adapter = false;  // a LoRA run: its checkpoint is peft's adapter directory
+  std::string base_model;  // its frozen model
   const auto progress = [&](const TrainProgress& p) {
-    if (first_step < 0 && !a.start.resume && options.steps < options.warmup)  // once the run has started
-      std::fprintf(stderr,
-                   "mhsa: warning: --steps %lld ends within the --warmup of %lld steps: the learning rate rises only "
-                   "to %.2e, not the --lr %.2e given\n",
-                   static_cast<long long>(options.steps), static_cast<long long>(options.warmup),
-                   learning_rate(options, options.steps - 1), options.lr);
+    if (first_step < 0) announce(*p.options);
+    adapter = !p.options->model.empty();
+    base_model = p.options->model;
     if (first_step < 0) first_step = p.step - 1;
     last = p;
     if (p.val_bits_per_byte >= 0) last_val = p.val_bits_per_byte;
@@ -103,10 +129,16 @@ void run(const TrainArgs& a, bool steps_given) {
   std::fprintf(stderr, "\n");
   char val_text[64] = "no validation yet";
   if (val >= 0) std::snprintf(val_text, sizeof val_text, "validation %.4f bits per byte", val);
-  std::printf("%s at step %lld: %s; checkpoint in %s (config.json, model.safetensors, train_state.safetensors, "
-              "loss_curve.svg; train_log.jsonl)\n",
+  std::printf("%s at step %lld: %s; checkpoint in %s (%s, train_state.safetensors, loss_curve.svg; "
+              "train_log.jsonl)\n",
               last.step == last.steps ? "done" : interrupted ? "interrupted" : "stopped",
-              static_cast<long long>(last.step), val_text, a.out.c_str());
+              static_cast<long long>(last.step), val_text, a.out.c_str(),
+              adapter ? "adapter_config.json, adapter_model.safetensors" : "config.json, model.safetensors");
+  if (!a.merge_to.empty() && last.step == last.steps) {
+    if (!adapter) throw Error("--merge-to: expected a LoRA run (--model, --lora-rank), got a model trained from scratch");
+    save_merged(resolve_model(base_model, "--model").path, a.out, a.merge_to);
+    std::printf("merged model in %s (config.json, model.safetensors)\n", a.merge_to.c_str());
+  }
 }
 
 }  // namespace
@@ -129,6 +161,23 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o.tokenizer,
                   "a directory with GPT-2's BPE files (vocab.json + merges.txt); default: bytes, vocabulary 256")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--model", o.model,
+                  "fine-tune this pretrained model (a directory, GGUF file or name; frozen) with a LoRA adapter "
+                  "(--lora-rank); the text is read with its tokenizer")
+      ->excludes("--tokenizer");
+  cmd->add_option("--lora-rank", o.lora.rank, "with --model: the adapter's rank r")
+      ->check(integer_at_least(1))
+      ->needs("--model");
+  cmd->add_option("--lora-alpha", o.lora.alpha, "with --model: the adapter's alpha (scale alpha / r; default 2·r)")
+      ->check(number_above(0))
+      ->needs("--model");
+  cmd->add_option("--lora-targets", a->lora_targets,
+                  "with --model: the layers of every block that get an adapter, of q,k,v,o,gate,up,down")
+      ->default_val(a->lora_targets)
+      ->needs("--model");
+  cmd->add_option("--merge-to", a->merge_to,
+                  "a LoRA run: when it is done, write the model with the adapter merged into its weights into this "
+                  "directory (float32 safetensors; the model must be a Hugging Face directory)");
   cmd->add_option("--arch", o.arch, "gpt2, or llama (RoPE, RMSNorm, SwiGLU, grouped-query heads)")
       ->default_val(o.arch)
       ->check(CLI::IsMember({"gpt2", "llama"}));
@@ -144,7 +193,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--untied-head", a->untied_head, "llama: an output matrix of its own (default: the token embedding)");
   cmd->add_option("--dtype", o.dtype,
                   "f32, or bf16: the matmuls read bfloat16 copies of the weights, with float32 master weights and "
-                  "AdamW state (the same checkpoints); default f32, or with --resume the checkpoint's")
+                  "AdamW state (the same checkpoints); with --model, the frozen weights' type (the adapter is f32); "
+                  "default f32, or with --resume the checkpoint's")
       ->check(one_of({"f32", "bf16"}));
   cmd->add_option("--steps", o.steps, "optimiser steps")->default_val(o.steps)->check(integer_at_least(1));
   cmd->add_option("--batch", o.batch, "sequences per step (x --accumulate), shared among mpirun's ranks")->default_val(o.batch)->check(integer_at_least(1));

@@ -10,6 +10,7 @@
 #include "mhsa/gpt2.h"
 #include "mhsa/kv_cache.h"
 #include "mhsa/kv_pool.h"
+#include "mhsa/lora.h"
 #include "mhsa/mha.h"
 #include "mhsa/model.h"
 #include "mhsa/model_config.h"

@@ -15,7 +15,9 @@
 // saves its weights. Under `mpirun -np N` (a build with MPI) the ranks share every step's batch
 // and AdamW's state and give one process's bits (docs/distributed.md). TrainOptions::dtype "bf16"
 // trains in mixed precision (float32 masters, bfloat16 matmul weights) into the same checkpoints.
-// Not a general training framework: two architectures, data parallelism only.
+// TrainOptions::model fine-tunes a pretrained model with a LoRA adapter instead (mhsa/lora.h,
+// docs/fine-tuning.md). Not a general training framework: two architectures from scratch, LoRA on
+// pretrained ones, data parallelism only.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "mhsa/gpt2.h"
+#include "mhsa/lora.h"
 #include "mhsa/tensor.h"
 #include "mhsa/tokenizer.h"
 
@@ -76,6 +79,10 @@ struct TrainOptions {
   int64_t steps = 1000, batch = 16, accumulate = 1;  // sequences per step = batch × accumulate
   float lr = 1e-3f, min_lr_ratio = 0.1f;             // cosine from lr down to lr × min_lr_ratio
   int64_t warmup = 100;                              // linear warm-up steps
+  // The steps the warm-up + cosine schedule spans (0: steps). A resumed run given another --steps
+  // keeps its checkpoint's schedule (the learning rate goes on where it was; steps past the
+  // schedule's end train at lr × min_lr_ratio) instead of stretching the cosine anew.
+  int64_t schedule_steps = 0;
   float clip = 1.0f;                                 // global gradient-norm clip (0: none)
   AdamWOptions adamw;
   uint64_t seed = 0;
@@ -91,19 +98,30 @@ struct TrainOptions {
   // merges.txt, or encoder.json + vocab.bpe): the model gets that vocabulary, and the files are
   // copied into the checkpoint so that it runs as it is.
   std::string tokenizer;
+  // Fine-tuning instead of training from scratch: a pretrained model (a path, or a name of
+  // mhsa/models.h) kept frozen, and a LoRA adapter on it (mhsa/lora.h, lora.rank >= 1) that is
+  // what the run trains. The text is read with the model's tokenizer; the shape options and
+  // `tokenizer` above do not apply (context does), dtype is the frozen weights' (f32 or bf16; the
+  // adapter is float32), and a checkpoint holds the adapter in peft's format
+  // (adapter_config.json + adapter_model.safetensors) instead of config.json + model.safetensors.
+  std::string model;
+  LoraOptions lora{.rank = 0};
 
   // Throws mhsa::Error naming the first option out of range: sizes and counts that must be
   // positive (or >= 0: warmup, eval_every, checkpoint_every), rates that must be finite and in
   // range (lr > 0, clip >= 0, min_lr_ratio in [0, 1], val_fraction in (0, 0.5), AdamW's), an
   // unknown arch, Llama's options given for GPT-2, kv_heads not dividing heads, an odd head
-  // width for RoPE, rope_theta not finite and > 0, a dtype other than f32 and bf16 ("" is f32).
+  // width for RoPE, rope_theta not finite and > 0, a dtype other than f32 and bf16 ("" is f32),
+  // a model without a LoRA rank or a LoRA rank without a model, LoRA options out of range.
   void validate() const;
   // kv_heads and mlp with their defaults applied.
   int64_t kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t schedule_length() const { return schedule_steps > 0 ? schedule_steps : steps; }
   int64_t mlp_width() const;
 };
 
-// The learning rate at a step (0-based): linear warm-up, then cosine decay to lr × min_lr_ratio.
+// The learning rate at a step (0-based): linear warm-up, then cosine decay to lr × min_lr_ratio
+// at step schedule_length(), and lr × min_lr_ratio after it.
 float learning_rate(const TrainOptions& o, int64_t step);
 
 // A text file as tokens (bytes, or GPT-2 BPE), its last val_fraction of bytes held out for
@@ -123,6 +141,7 @@ struct TrainProgress {
   double loss_bits_per_byte = 0;
   double val_bits_per_byte = -1;  // when validation ran at this step
   double comm_wait_s = -1;        // mpirun: seconds rank 0 waited for the step's gradient reduction
+  const TrainOptions* options = nullptr;  // the run's options as they apply (a resumed run's: its checkpoint's)
 };
 
 // What train_gpt does with what `out` already holds, and how this run (not the checkpoint) runs.
@@ -137,8 +156,9 @@ struct TrainStart {
 };
 
 // Trains (or resumes from out/train_state.safetensors when start.resume is set: the checkpoint's
-// options then apply, except options.steps when it is > 0 and options.dtype when it is not
-// empty: a run may change precision when it resumes) a GPT on `data` (bytes, or BPE with
+// options then apply, except options.steps when it is > 0 — the run then ends at that step but
+// keeps the checkpoint's learning-rate schedule — and options.dtype when it is not empty: a run
+// may change precision when it resumes) a GPT on `data` (bytes, or BPE with
 // options.tokenizer), writing checkpoints to `out`. on_step sees every step; a false return
 // stops after writing a checkpoint. Returns the final validation bits per byte. Before the first
 // step it checks the options, that `out` is writable and that no other run holds it; it throws

@@ -1,4 +1,4 @@
-// python/src/bind_model.cpp — mhsa.GPT2 and mhsa.Model: a Hugging Face directory, logits,
+// python/src/bind_model.cpp — mhsa.GPT2, mhsa.Model and mhsa.Lora: a Hugging Face directory, logits,
 // generation, the training loss and gradients; both classes get the same methods from one template
 // (bind_decoder). Token ids come in as any integer array (or nested sequence) [B, T] or [T]; logits
 // go out as float32 NumPy arrays. The GIL is released while the model runs. A model is never
@@ -21,6 +21,7 @@
 #include "locks.h"
 #include "mhsa/gpt2.h"
 #include "mhsa/evaluate.h"
+#include "mhsa/lora.h"
 #include "mhsa/model.h"
 #include "mhsa/models.h"
 #include "nn/profile.h"
@@ -257,6 +258,121 @@ void bind_profile(py::module_& m) {
   });
 }
 
+// mhsa.Lora: an adapter and its lock (set() changes it; the other calls read it).
+struct LoraObject {
+  Lora lora;
+  ObjectLock lock;
+};
+
+// ids and targets of the same shape, for Lora's calls.
+std::pair<Ids, Ids> ids_and_targets(const py::object& ids_obj, const py::object& targets_obj, const std::string& fn) {
+  Ids ids = token_ids(ids_obj, fn), targets = token_ids(targets_obj, fn);
+  if (targets.B != ids.B || targets.T != ids.T)
+    throw Error(detail::message(fn, ": targets: expected the shape of ids [", ids.B, ", ", ids.T, "], got [",
+                                targets.B, ", ", targets.T, "]"));
+  return {std::move(ids), std::move(targets)};
+}
+
+void bind_lora(py::module_& m) {
+  py::class_<LoraObject>(m, "Lora", R"(A LoRA adapter on a frozen mhsa.Model, as peft makes them (see mhsa/lora.h):
+for each targeted layer W [out, in], A [r, in] and B [out, r], and y = x W^T + (alpha / r) (x A^T) B^T.
+
+Lora.create(model, rank=8, alpha=0 (2 rank), targets=["q", "k", "v", "o", "gate", "up", "down"], seed=0)
+initialises as peft does (A uniform in +-1/sqrt(in), B zero); Lora.load(dir, model) reads peft's
+adapter_config.json + adapter_model.safetensors; save(dir) writes them.)")
+      .def_static(
+          "create",
+          [](const Model& base, int64_t rank, double alpha, std::vector<std::string> targets, uint64_t seed) {
+            LoraOptions o;
+            o.rank = rank;
+            o.alpha = alpha;
+            o.targets = std::move(targets);
+            return LoraObject{Lora::create(base, o, seed), {}};
+          },
+          "model"_a, "rank"_a = 8, "alpha"_a = 0.0,
+          "targets"_a = std::vector<std::string>{"q", "k", "v", "o", "gate", "up", "down"}, "seed"_a = 0)
+      .def_static(
+          "load", [](const std::filesystem::path& dir, const Model& base) { return LoraObject{Lora::load(dir, base), {}}; },
+          "dir"_a, "model"_a)
+      .def(
+          "save",
+          [](LoraObject& l, const std::filesystem::path& dir, const std::string& base_model) {
+            const Held held(reading(l.lock));
+            GilReleased unlocked;
+            l.lora.save(dir, base_model);
+          },
+          "dir"_a, "base_model"_a = "", "Writes adapter_config.json and adapter_model.safetensors (peft's format).")
+      .def_property_readonly("rank", [](const LoraObject& l) { return l.lora.options().rank; })
+      .def_property_readonly("scale", [](const LoraObject& l) { return l.lora.options().scale(); })
+      .def(
+          "parameters",
+          [](LoraObject& l) {
+            const Held held(reading(l.lock));
+            py::dict out;
+            for (const auto& [name, t] : std::as_const(l.lora).parameters()) out[py::str(name)] = to_numpy(Tensor(*t));
+            return out;
+          },
+          "A and B of every adapter by peft's name (copies).")
+      .def(
+          "set",
+          [](LoraObject& l, const std::string& name, const py::object& value) {
+            Tensor given = contiguous(float_array(value, "Lora.set", "value", 2, "[rows, cols]").view);
+            const Held held(writing(l.lock));
+            for (const auto& [n, t] : l.lora.parameters())
+              if (n == name) {
+                if (given.shape() != t->shape())
+                  throw Error(detail::message("Lora.set: value: expected the shape of ", name, ", got another shape"));
+                *t = std::move(given);
+                return;
+              }
+            throw Error(detail::message("Lora.set: name: expected a parameter of this adapter, got '", name, "'"));
+          },
+          "name"_a, "value"_a, "Sets one of parameters() to a float32 array of its shape.")
+      .def(
+          "forward",
+          [](LoraObject& l, const Model& base, const py::object& ids_obj) {
+            const Ids ids = token_ids(ids_obj, "Lora.forward");
+            Tensor logits;
+            {
+              const Held held(reading(l.lock));
+              GilReleased unlocked;
+              logits = l.lora.forward(base, ids.data, ids.B, ids.T);
+            }
+            py::array out = to_numpy(std::move(logits));
+            if (ids.one_sequence) out = out.attr("reshape")(ids.T, base.config().vocab_size);
+            return out;
+          },
+          "model"_a, "ids"_a, "Logits float32 [B, T, V] of the model with this adapter.")
+      .def(
+          "loss",
+          [](LoraObject& l, const Model& base, const py::object& ids_obj, const py::object& targets_obj) {
+            const auto [ids, targets] = ids_and_targets(ids_obj, targets_obj, "Lora.loss");
+            const Held held(reading(l.lock));
+            GilReleased unlocked;
+            return l.lora.loss(base, ids.data, targets.data, ids.B, ids.T);
+          },
+          "model"_a, "ids"_a, "targets"_a)
+      .def(
+          "loss_and_grad",
+          [](LoraObject& l, const Model& base, const py::object& ids_obj, const py::object& targets_obj) {
+            const auto [ids, targets] = ids_and_targets(ids_obj, targets_obj, "Lora.loss_and_grad");
+            const Held held(reading(l.lock));
+            std::vector<Tensor> grads = l.lora.zero_gradients();
+            double loss = 0;
+            {
+              GilReleased unlocked;
+              loss = l.lora.loss_and_gradients(base, ids.data, targets.data, ids.B, ids.T, grads);
+            }
+            py::dict out;
+            const auto params = std::as_const(l.lora).parameters();
+            for (size_t i = 0; i < params.size(); ++i) out[py::str(params[i].first)] = to_numpy(std::move(grads[i]));
+            return py::make_tuple(loss, out);
+          },
+          "model"_a, "ids"_a, "targets"_a,
+          "Mean cross-entropy of targets [B, T] (-1: ignored) given ids, and the gradients of A and B by peft's name "
+          "(the model's weights are frozen).");
+}
+
 }  // namespace
 
 void bind_model(py::module_& m) {
@@ -424,6 +540,7 @@ config class, checked as Model.load checks config.json. For benchmarks and tests
           },
           "Every parameter's Hugging Face name, in the order of loss_and_grad's gradients.");
   bind_decoder(model, "Model");
+  bind_lora(m);
 }
 
 }  // namespace mhsa::python

@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,6 +28,14 @@ int lock(int fd, int operation) {
 
 constexpr const char* kProbe = "write-probe";
 
+// Whether fd is still the file at path: a holder removes the lock file before it lets go, so a
+// lock won on a file that has since been removed (or replaced) claims nothing.
+bool still_at(int fd, const fs::path& path) {
+  struct stat held {}, named {};
+  return ::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+         held.st_ino == named.st_ino;
+}
+
 }  // namespace
 
 DirLock::DirLock(const fs::path& dir, Mode mode) {
@@ -41,12 +50,19 @@ DirLock::~DirLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
-WriterClaim::WriterClaim(const fs::path& dir, std::string_view fn, std::string_view arg) {
-  const fs::path file = dir / "train.lock";
-  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    fail(fn, arg, "a writable directory", message("'", dir.string(), "' (", std::strerror(errno), " opening train.lock)"));
-  if (lock(fd_, LOCK_EX | LOCK_NB) != 0) {
+WriterClaim::WriterClaim(const fs::path& dir, std::string_view fn, std::string_view arg) : file_(dir / "train.lock") {
+  const fs::path& file = file_;
+  int locked;
+  for (;;) {  // until the lock is refused, or won on the file that is at the path
+    fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      fail(fn, arg, "a writable directory",
+           message("'", dir.string(), "' (", std::strerror(errno), " opening train.lock)"));
+    locked = lock(fd_, LOCK_EX | LOCK_NB);
+    if (locked != 0 || still_at(fd_, file)) break;
+    ::close(fd_);  // its holder removed it as it finished: try the new one
+  }
+  if (locked != 0) {
     if (errno != EWOULDBLOCK) return;  // a file system without flock: the run goes on unclaimed, as readers do
     char pid[32] = {};
     const ssize_t n = ::pread(fd_, pid, sizeof pid - 1, 0);
@@ -63,10 +79,12 @@ WriterClaim::WriterClaim(const fs::path& dir, std::string_view fn, std::string_v
   const std::string pid = std::to_string(::getpid()) + "\n";
   const bool recorded = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) == ssize_t(pid.size());
   static_cast<void>(recorded);
+  held_ = true;
 }
 
 WriterClaim::~WriterClaim() {
-  if (fd_ >= 0) ::close(fd_);  // releases the lock
+  if (held_) ::unlink(file_.c_str());  // while still held: a waiter that then wins the old file sees it gone
+  if (fd_ >= 0) ::close(fd_);          // releases the lock
 }
 
 fs::path staged_name(const fs::path& dir, const std::string& name) {

@@ -33,9 +33,12 @@ class DirLock {
   int fd_ = -1;
 };
 
-// An exclusive flock on dir/train.lock held for one writer's run; the file holds the writer's pid.
-// Throws mhsa::Error ("<fn>: <arg>: ...") naming the directory and the holder's pid when another
-// process (or another claim in this one) holds it. The file stays: removing a lock file races.
+// An exclusive flock on dir/train.lock held for one writer's run; the file holds the writer's pid
+// and is removed when the claim ends (any orderly end: a finished run, an error; a killed one
+// leaves it, and a later claim reuses it). Removing a lock file races with a process that opened
+// it before the removal and locks it after: a claim therefore holds only a lock won on the file
+// still at the path, and tries again otherwise. Throws mhsa::Error ("<fn>: <arg>: ...") naming
+// the directory and the holder's pid when another process (or another claim in this one) holds it.
 class WriterClaim {
  public:
   WriterClaim(const std::filesystem::path& dir, std::string_view fn, std::string_view arg);
@@ -44,7 +47,9 @@ class WriterClaim {
   WriterClaim& operator=(const WriterClaim&) = delete;
 
  private:
+  std::filesystem::path file_;
   int fd_ = -1;
+  bool held_ = false;  // the lock is ours (not where the file system has no flock)
 };
 
 // Creates dir (and its parents) and a probe file in it, then removes the probe: throws mhsa::Error

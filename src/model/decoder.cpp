@@ -240,7 +240,7 @@ double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::s
     if (grads->size() != params.size())
       fail(fn, "grads", message(params.size(), " tensors (zero_gradients())"), std::to_string(grads->size()));
     for (size_t i = 0; i < params.size(); ++i)
-      if ((*grads)[i].shape() != params[i]->shape())
+      if ((*grads)[i].defined() && (*grads)[i].shape() != params[i]->shape())  // undefined: frozen
         fail(fn, message("grads[", i, "]"), "the shape of " + d.names[i], "another shape");
   }
   if (counted == 0) {

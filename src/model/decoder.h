@@ -52,7 +52,8 @@ int32_t sample_draft(std::span<float> logits, std::span<const int32_t> history, 
 // finite values (...), got nan at token id 0". Every generation loop calls it: generate, the chat
 // session, the server's scheduler.
 void check_logits(std::span<const float> logits, std::string_view fn, int64_t token, int64_t seq = -1);
-// grads null: the loss only. on_final: as nn::stack_loss's.
+// grads null: the loss only; an undefined tensor in grads: that parameter is frozen (no gradient).
+// on_final: as nn::stack_loss's.
 double loss_and_gradients(const Decoder& d, std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B,
                           int64_t T, std::vector<Tensor>* grads,
                           const std::function<void(size_t first)>& on_final = {});

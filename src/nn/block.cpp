@@ -34,13 +34,52 @@ Tensor copy_of(const float* x, int64_t rows, int64_t cols) {
   return t;
 }
 
-float* grad_or_null(std::vector<Tensor>& grads, int i) { return i >= 0 ? grads[static_cast<size_t>(i)].data() : nullptr; }
+// The gradient of parameter i, or null where it has none (i < 0) or is frozen (left undefined).
+Tensor* grad_of(std::vector<Tensor>& grads, int i) {
+  return i >= 0 && grads[static_cast<size_t>(i)].defined() ? &grads[static_cast<size_t>(i)] : nullptr;
+}
+float* grad_or_null(std::vector<Tensor>& grads, int i) {
+  Tensor* g = grad_of(grads, i);
+  return g ? g->data() : nullptr;
+}
+
+// y [rows, out] (ldy) += scale·(x·Aᵀ)·Bᵀ where l's weight has a LoRA adapter (A [r, in], B [out, r]).
+void lora_forward(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  const Stack::Lora* ad = s.adapter(l.w);
+  if (!ad) return;
+  const Tensor &a = s.p(ad->a), &b = s.p(ad->b);
+  const int64_t r = a.dim(0), out = b.dim(0);
+  Tensor xa({rows, r}), delta({rows, out});  // [rows, r], [rows, out]
+  linear_forward(rows, x, ldx, a, Layout::out_in, nullptr, xa.data(), r);
+  for (int64_t i = 0; i < rows * r; ++i) xa.data()[i] *= ad->scale;
+  linear_forward(rows, xa.data(), r, b, Layout::out_in, nullptr, delta.data(), out);
+#pragma omp parallel for schedule(static) if (rows * out >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < out; ++j) y[i * ldy + j] += delta.data()[i * out + j];
+}
+
+// From dy [rows, out] through l's adapter: dB += dyᵀ·(scale·x·Aᵀ), dA += (scale·dy·B)ᵀ·x (each
+// where not frozen), dx [rows, in] += scale·dy·B·A. x·Aᵀ is recomputed (r columns: cheap).
+void lora_backward(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
+                   int64_t ldy, float* dx, int64_t lddx, std::vector<Tensor>& grads) {
+  const Stack::Lora* ad = s.adapter(l.w);
+  if (!ad) return;
+  const Tensor &a = s.p(ad->a), &b = s.p(ad->b);
+  const int64_t r = a.dim(0);
+  Tensor xa({rows, r}), dxa({rows, r});  // [rows, r]
+  linear_forward(rows, x, ldx, a, Layout::out_in, nullptr, xa.data(), r);
+  for (int64_t i = 0; i < rows * r; ++i) xa.data()[i] *= ad->scale;
+  linear_backward(rows, xa.data(), r, dy, ldy, b, Layout::out_in, grad_of(grads, ad->b), nullptr, dxa.data(), r, false);
+  for (int64_t i = 0; i < rows * r; ++i) dxa.data()[i] *= ad->scale;
+  linear_backward(rows, x, ldx, dxa.data(), r, a, Layout::out_in, grad_of(grads, ad->a), nullptr, dx, lddx, dx != nullptr);
+}
 
 void linear(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, float* y, int64_t ldy) {
-  if (const HalfMatrix* w16 = s.p16(l.w)) return linear_forward(rows, x, ldx, *w16, s.data_or_null(l.b), y, ldy);
-  if (const Q8Matrix* w8 = s.p8(l.w)) return linear_forward(rows, x, ldx, *w8, s.data_or_null(l.b), y, ldy);
-  if (const Q4Matrix* w4 = s.p4(l.w)) return linear_forward(rows, x, ldx, *w4, s.data_or_null(l.b), y, ldy);
-  linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
+  if (const HalfMatrix* w16 = s.p16(l.w)) linear_forward(rows, x, ldx, *w16, s.data_or_null(l.b), y, ldy);
+  else if (const Q8Matrix* w8 = s.p8(l.w)) linear_forward(rows, x, ldx, *w8, s.data_or_null(l.b), y, ldy);
+  else if (const Q4Matrix* w4 = s.p4(l.w)) linear_forward(rows, x, ldx, *w4, s.data_or_null(l.b), y, ldy);
+  else linear_forward(rows, x, ldx, s.p(l.w), l.layout, s.data_or_null(l.b), y, ldy);
+  lora_forward(s, l, rows, x, ldx, y, ldy);
 }
 
 LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
@@ -49,10 +88,12 @@ LinearOut out_of(const Stack& s, const LinearRef& l, float* y, int64_t ldy) {
 
 void linear_grad(const Stack& s, const LinearRef& l, int64_t rows, const float* x, int64_t ldx, const float* dy,
                  int64_t ldy, float* dx, int64_t lddx, bool accumulate, std::vector<Tensor>& grads) {
-  Tensor* dw = &grads[static_cast<size_t>(l.w)];
+  Tensor* dw = grad_of(grads, l.w);
   if (const HalfMatrix* w16 = s.p16(l.w))  // bf16 training: dx from the copy the forward read
-    return linear_backward(rows, x, ldx, dy, ldy, *w16, l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
-  linear_backward(rows, x, ldx, dy, ldy, s.p(l.w), l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
+    linear_backward(rows, x, ldx, dy, ldy, *w16, l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
+  else
+    linear_backward(rows, x, ldx, dy, ldy, s.p(l.w), l.layout, dw, grad_or_null(grads, l.b), dx, lddx, accumulate);
+  lora_backward(s, l, rows, x, ldx, dy, ldy, dx, lddx, grads);
 }
 
 NormSpec head_norm(const Stack& s) { return {NormKind::rms_norm, s.norm().eps, s.norm().offset}; }
@@ -79,6 +120,9 @@ void project_qkv(const Stack& s, const LayerRefs& L, const Dims& d, int64_t rows
     const LinearOut outs[] = {out_of(s, L.q, qkv, d.N), out_of(s, L.k, qkv + d.Nq, d.N),
                               out_of(s, L.v, qkv + d.Nq + d.Nkv, d.N)};
     linear_forward_many(rows, h, d.C, outs);
+    lora_forward(s, L.q, rows, h, d.C, qkv, d.N);
+    lora_forward(s, L.k, rows, h, d.C, qkv + d.Nq, d.N);
+    lora_forward(s, L.v, rows, h, d.C, qkv + d.Nq + d.Nkv, d.N);
   }
   if (L.q_norm >= 0) {
     if (qkv0) *qkv0 = copy_of(qkv, rows, d.N);
@@ -296,6 +340,8 @@ void mlp_forward(const Stack& s, const LayerRefs& L, int64_t rows, const float* 
   Tensor u({rows, d.F}), act({rows, d.F});
   const LinearOut outs[] = {out_of(s, L.gate, z.data(), d.F), out_of(s, L.up, u.data(), d.F)};
   linear_forward_many(rows, h, d.C, outs);
+  lora_forward(s, L.gate, rows, h, d.C, z.data(), d.F);
+  lora_forward(s, L.up, rows, h, d.C, u.data(), d.F);
   phase.next(profile::Phase::activation);
   gated_forward(kind, rows, d.F, z.data(), u.data(), act.data());
   phase.next(profile::Phase::mlp_out);
@@ -559,12 +605,15 @@ Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs) {
 
 namespace {
 
-// Marks layer r's parameters in done.
-void mark_layer(const LayerRefs& r, std::vector<char>& done) {
+// Marks layer r's parameters in done, its LoRA adapters' too.
+void mark_layer(const Stack& s, const LayerRefs& r, std::vector<char>& done) {
   for (int i : {r.norm1_w, r.norm1_b, r.post_norm1_w, r.qkv.w, r.qkv.b, r.q.w, r.q.b, r.k.w, r.k.b, r.v.w, r.v.b,
                 r.q_norm, r.k_norm, r.o.w, r.o.b, r.norm2_w, r.norm2_b, r.post_norm2_w, r.fc.w, r.fc.b, r.proj.w,
                 r.proj.b, r.gate.w, r.gate.b, r.up.w, r.up.b, r.down.w, r.down.b})
-    if (i >= 0) done[static_cast<size_t>(i)] = 1;
+    if (i >= 0) {
+      done[static_cast<size_t>(i)] = 1;
+      if (const Stack::Lora* ad = s.adapter(i)) done[static_cast<size_t>(ad->a)] = done[static_cast<size_t>(ad->b)] = 1;
+    }
 }
 
 // Tells on_final the longest run of done parameters that ends the list, when it grew.
@@ -582,7 +631,7 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   const ModelConfig& c = *s.config;
   const int64_t C = c.hidden_size, rows = B * T;
   for (size_t i = 0; grads && i < s.half.size(); ++i)  // bf16 training has master weights; a bf16 model none
-    if (s.half[i] && !s.params[i]->defined())
+    if (s.half[i] && !s.params[i]->defined() && (*grads)[i].defined())  // (a frozen one needs none)
       detail::fail("stack_loss", "grads", "float32 weights (16-bit weights are for inference only)",
                    s.half[i]->format == HalfFormat::f16 ? "f16 weights" : "bf16 weights");
   if (grads && !s.q4.empty())
@@ -599,7 +648,7 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   Tensor hf({rows, C});
   norm_forward(s.norm(), rows, C, x.data(), C, s.p(s.final_norm_w).data(), s.data_or_null(s.final_norm_b), hf.data(), C);
   Tensor dhf = grads ? Tensor({rows, C}) : Tensor();
-  Tensor* dw = grads ? &(*grads)[static_cast<size_t>(s.head >= 0 ? s.head : s.embed)] : nullptr;
+  Tensor* dw = grads ? grad_of(*grads, s.head >= 0 ? s.head : s.embed) : nullptr;
   const HalfMatrix* w16 = s.output_matrix16();
   if (w16 && !grads) return lm_head_loss(rows, hf.data(), *w16, c.final_logit_softcap, targets.data(), counted);
   if (const Q8Matrix* w8 = s.output_matrix8())
@@ -626,11 +675,12 @@ double stack_loss(const Stack& s, std::span<const int32_t> ids, std::span<const 
   for (size_t l = s.layers.size(); l-- > 0;) {
     block_backward(s, static_cast<int64_t>(l), tapes[l], B, T, rope, dx.data(), *grads);
     tapes[l] = BlockTape();  // free this block's activations as soon as they are used
-    mark_layer(s.layers[l], done);
+    mark_layer(s, s.layers[l], done);
     report_final(done, first, on_final);
   }
-  embedding_backward(rows, T, ids.data(), dx.data(), c.embedding_scale, (*grads)[static_cast<size_t>(s.embed)],
-                     s.pos >= 0 ? &(*grads)[static_cast<size_t>(s.pos)] : nullptr, c.pad_token_id);
+  if (Tensor* dwte = grad_of(*grads, s.embed))  // (a frozen embedding: an adapter's training)
+    embedding_backward(rows, T, ids.data(), dx.data(), c.embedding_scale, *dwte, grad_of(*grads, s.pos),
+                       c.pad_token_id);
   std::fill(done.begin(), done.end(), 1);
   report_final(done, first, on_final);
   return loss;

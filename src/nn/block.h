@@ -68,12 +68,25 @@ struct Stack {
   // models): indexed like params, set at the output matrix only; its float tensor is then empty,
   // and a tied embedding gathers its rows from it. Inference only.
   std::vector<const BlockedMatrix*> blocked;
+  // LoRA adapters (mhsa/lora.h): indexed like params (empty: none), set at each linear weight
+  // [out, in] that has one. Its A [r, in] and B [out, r] are parameters of the list too, and the
+  // layer computes x·Wᵀ + scale·(x·Aᵀ)·Bᵀ (peft's LoRA). A gradient tensor left undefined
+  // (zero_gradients' of a frozen weight) receives nothing: an adapter's training computes the
+  // gradients of A and B and the input gradients through the frozen weights only.
+  struct Lora {
+    int a = -1, b = -1;
+    float scale = 0;
+  };
+  std::vector<Lora> lora;
 
   const Tensor& p(int i) const { return *params[static_cast<size_t>(i)]; }
   const HalfMatrix* p16(int i) const { return half.empty() || i < 0 ? nullptr : half[static_cast<size_t>(i)]; }
   const Q8Matrix* p8(int i) const { return q8.empty() || i < 0 ? nullptr : q8[static_cast<size_t>(i)]; }
   const Q4Matrix* p4(int i) const { return q4.empty() || i < 0 ? nullptr : q4[static_cast<size_t>(i)]; }
   const BlockedMatrix* pb(int i) const { return blocked.empty() || i < 0 ? nullptr : blocked[static_cast<size_t>(i)]; }
+  const Lora* adapter(int i) const {
+    return lora.empty() || i < 0 || lora[static_cast<size_t>(i)].a < 0 ? nullptr : &lora[static_cast<size_t>(i)];
+  }
   const float* data_or_null(int i) const { return i >= 0 ? params[static_cast<size_t>(i)]->data() : nullptr; }
   const Tensor& output_matrix() const { return p(head >= 0 ? head : embed); }
   const HalfMatrix* output_matrix16() const { return p16(head >= 0 ? head : embed); }

@@ -361,7 +361,7 @@ double blocked_head_loss(int64_t rows, int64_t V, int64_t C, const float* h, flo
     if (!dh) continue;
     if (softcap > 0) softcap_backward(R, V, softcap, raw.data(), logits.data());
     back(R, logits.data(), dh + r0 * C);
-    add_weight_grads(logits.data(), R, V, h + r0 * C, C, *dw, 0, no_bias);
+    if (dw) add_weight_grads(logits.data(), R, V, h + r0 * C, C, *dw, 0, no_bias);
   }
   return total * inv;
 }

@@ -83,7 +83,7 @@ void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const Q4Matrix& 
 void lm_head_forward(int64_t rows, const float* h, int64_t ldh, const BlockedMatrix& w, float softcap, float* logits);
 // The mean cross-entropy of targets [rows] (−1: ignored) over `counted` targets, computed a block
 // of rows at a time through the fused softmax cross-entropy (the [rows, V] logits never exist
-// whole). With dh: dh [rows, C] = ∂loss/∂h and dw += ∂loss/∂w.
+// whole). With dh: dh [rows, C] = ∂loss/∂h and dw += ∂loss/∂w (when dw: null for a frozen matrix).
 double lm_head_loss(int64_t rows, const float* h, const Tensor& w, float softcap, const int32_t* targets,
                     int64_t counted, float* dh, Tensor* dw);
 // The same with the output matrix kept as bfloat16 [V, C] (training's bf16 copy of float32 master

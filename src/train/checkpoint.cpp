@@ -52,8 +52,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }  // namespace
 
 const std::vector<std::string>& checkpoint_files() {
-  static const std::vector<std::string> files = {"train_state.safetensors", "model.safetensors", "loss_curve.svg",
-                                                 "vocab.json", "merges.txt", "encoder.json", "vocab.bpe",
+  static const std::vector<std::string> files = {"train_state.safetensors", "model.safetensors",
+                                                 "adapter_model.safetensors", "loss_curve.svg", "vocab.json",
+                                                 "merges.txt", "encoder.json", "vocab.bpe", "adapter_config.json",
                                                  "config.json"};
   return files;
 }
@@ -79,8 +80,11 @@ std::string loss_curve_svg(const History& h) {
   double tick = 0.5;
   for (int i = 0; (hi - lo) / tick > 10 && std::isfinite(tick); ++i) tick *= i % 3 == 2 ? 2.5 : 2.0;
   lo = std::max(0.0, std::floor(lo / tick) * tick), hi = std::ceil(hi / tick) * tick + 1e-9 * tick;
-  const double n = std::max<double>(1, static_cast<double>(h.loss.size()) - 1);
-  const auto X = [&](double step) { return L + (W - L - R) * step / n; };
+  // x is the step (1-based, as the log and the validation points count them): the loss of
+  // history index i is step i + 1, drawn over [1, last step].
+  const auto steps = static_cast<int64_t>(h.loss.size());
+  const double n = std::max<double>(1, static_cast<double>(steps) - 1);
+  const auto X = [&](double step) { return L + (W - L - R) * (step - 1) / n; };
   const auto Y = [&](double bpb) { return T + (H - T - Bm) * (1 - (bpb - lo) / (hi - lo)); };
   std::ostringstream s;
   s.setf(std::ios::fixed);
@@ -92,11 +96,19 @@ std::string loss_curve_svg(const History& h) {
     s << "<line x1='" << L << "' x2='" << W - R << "' y1='" << Y(v) << "' y2='" << Y(v)
       << "' stroke='#ddd'/><text x='" << L - 6 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << v << "</text>\n";
   }
-  s << "<text x='" << (W + L) / 2 << "' y='" << H - 8 << "' text-anchor='middle'>step (0–" << h.loss.size()
-    << ")</text>\n<text x='14' y='" << (H - Bm) / 2 << "' transform='rotate(-90 14 " << (H - Bm) / 2
+  // Step ticks every 1, 2, 5, 10, 20, ... steps: at most 10 of them, labelled below the axis.
+  int64_t step_tick = 1;
+  for (int64_t mag = 1; steps / step_tick > 10; mag *= 10)
+    for (const int64_t m : {1, 2, 5})
+      if (steps / (step_tick = m * mag) <= 10) break;
+  for (int64_t t = step_tick; t <= std::max<int64_t>(1, steps); t += step_tick)
+    s << "<line x1='" << X(double(t)) << "' x2='" << X(double(t)) << "' y1='" << H - Bm << "' y2='" << H - Bm + 4
+      << "' stroke='#888'/><text x='" << X(double(t)) << "' y='" << H - Bm + 15 << "' text-anchor='middle'>" << t
+      << "</text>\n";
+  s << "<text x='" << (W + L) / 2 << "' y='" << H - 4 << "' text-anchor='middle'>step</text>\n<text x='14' y='" << (H - Bm) / 2 << "' transform='rotate(-90 14 " << (H - Bm) / 2
     << ")' text-anchor='middle'>bits per byte</text>\n<polyline fill='none' stroke='#3b6fd6' stroke-width='1.2' points='";
   const size_t stride = std::max<size_t>(1, h.loss.size() / 1000);
-  for (size_t i = 0; i < h.loss.size(); i += stride) s << X(double(i)) << "," << Y(bpb(h.loss[i])) << " ";
+  for (size_t i = 0; i < h.loss.size(); i += stride) s << X(double(i + 1)) << "," << Y(bpb(h.loss[i])) << " ";
   s << "'/>\n";
   for (const auto& [step, v] : h.val_bpb)
     s << "<circle cx='" << X(double(step)) << "' cy='" << Y(v) << "' r='3' fill='#d65f3b'/>\n";
@@ -130,13 +142,13 @@ void save_checkpoint(const fs::path& out, TrainableModel& model, AdamW& adam, co
   const auto stage = [&](const std::string& name) { return staged.emplace_back(staged_name(out, name), name).first; };
   try {
     save_safetensors(stage("train_state.safetensors").string(), state, meta);  // the resume point: one file
-    save_safetensors(stage("model.safetensors").string(), weights, {{"format", "pt"}});
+    save_safetensors(stage(model.weights_file()).string(), weights, {{"format", "pt"}});
     write_file(stage("loss_curve.svg"), loss_curve_svg(h));
     if (replace && !o.tokenizer.empty())  // the vocabulary files, so that the directory runs as it is
       for (const std::string& name : kVocabularyFiles)
         if (const fs::path from = fs::path(o.tokenizer) / name; fs::exists(from))
           write_file(stage(name), read_file(from, "train", "tokenizer"));
-    write_file(stage("config.json"), model.config_json());
+    write_file(stage(model.config_file()), model.config_json());
   } catch (const WriteError& e) {  // a full disk: the directory keeps the last checkpoint, and says so
     std::error_code ec;
     for (const auto& [file, name] : staged) fs::remove(file, ec);

@@ -76,7 +76,7 @@ double clip_gradients(std::vector<Tensor>& grads, double max_norm) {
 
 float learning_rate(const TrainOptions& o, int64_t step) {
   if (step < o.warmup) return o.lr * static_cast<float>(step + 1) / static_cast<float>(o.warmup);
-  const double span = std::max<int64_t>(1, o.steps - o.warmup);
+  const double span = std::max<int64_t>(1, o.schedule_length() - o.warmup);
   const double progress = std::min(1.0, static_cast<double>(step - o.warmup) / span);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));
   return static_cast<float>(o.lr * (o.min_lr_ratio + (1.0 - o.min_lr_ratio) * cosine));

@@ -34,7 +34,8 @@ void TrainOptions::validate() const {
   for (const auto& [name, n] : positive)
     if (n <= 0) fail(fn, name, "a count > 0", std::to_string(n));
   const std::pair<const char*, int64_t> counts[] = {
-      {"warmup", warmup}, {"eval_every", eval_every}, {"checkpoint_every", checkpoint_every}};
+      {"warmup", warmup}, {"schedule_steps", schedule_steps}, {"eval_every", eval_every},
+      {"checkpoint_every", checkpoint_every}};
   for (const auto& [name, n] : counts)
     if (n < 0) fail(fn, name, "a count >= 0 (0: none)", std::to_string(n));
   if (arch != "gpt2" && arch != "llama") fail(fn, "arch", "gpt2 or llama", detail::json_excerpt(nlohmann::json(arch)));
@@ -60,6 +61,16 @@ void TrainOptions::validate() const {
   if (const size_t at = text::invalid_utf8_at(tokenizer); at != std::string_view::npos)
     fail(fn, "tokenizer", "a directory path of valid UTF-8 (checkpoints record it in JSON)",
          message(detail::quote(tokenizer), ", invalid UTF-8 at byte ", at));
+  if (model.empty() != (lora.rank == 0))
+    fail(fn, model.empty() ? "lora_rank" : "model",
+         "a LoRA rank with a pretrained model, or neither (full fine-tuning of a pretrained model is not offered)",
+         model.empty() ? message("rank ", lora.rank, " without a model") : "a model without a LoRA rank");
+  if (!model.empty()) {
+    lora.validate(fn);
+    if (const size_t at = text::invalid_utf8_at(model); at != std::string_view::npos)
+      fail(fn, "model", "a path of valid UTF-8 (checkpoints record it in JSON)",
+           message(detail::quote(model), ", invalid UTF-8 at byte ", at));
+  }
   check_range(fn, "lr", lr, 0, inf, true);
   check_range(fn, "min_lr_ratio", min_lr_ratio, 0, 1);
   check_range(fn, "clip", clip, 0, inf);
@@ -88,6 +99,12 @@ nlohmann::json detail::options_json(const TrainOptions& o) {
               {"rope_theta", o.rope_theta},
               {"tied_head", o.tied_head}});
   if (o.dtype == "bf16") j["dtype"] = o.dtype;  // absent: f32, as in checkpoints from before bf16
+  if (o.schedule_steps > 0 && o.schedule_steps != o.steps) j["schedule_steps"] = o.schedule_steps;  // absent: steps
+  if (!o.model.empty())
+    j.update({{"model", o.model},
+              {"lora_rank", o.lora.rank},
+              {"lora_alpha", o.lora.alpha_or_default()},
+              {"lora_targets", o.lora.targets}});
   return j;
 }
 
@@ -120,6 +137,13 @@ TrainOptions detail::options_from_json(const nlohmann::json& j) {
   o.rope_theta = j.value("rope_theta", o.rope_theta);
   o.tied_head = j.value("tied_head", o.tied_head);
   o.dtype = j.value("dtype", "f32");
+  o.schedule_steps = j.value("schedule_steps", int64_t{0});
+  if (j.contains("model")) {
+    o.model = j.at("model");
+    o.lora.rank = j.at("lora_rank");
+    o.lora.alpha = j.at("lora_alpha");
+    o.lora.targets = j.at("lora_targets").get<std::vector<std::string>>();
+  }
   return o;
 }
 

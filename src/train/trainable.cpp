@@ -1,6 +1,7 @@
 // train/trainable.cpp — the model families the trainer builds (see train/trainable.h): GPT-2
-// (mhsa::Gpt2, written as Hugging Face's GPT2LMHeadModel directory) and Llama (mhsa::Model,
-// written as a LlamaForCausalLM directory); with dtype bf16, the bfloat16 copy of their matrices
+// (mhsa::Gpt2, written as Hugging Face's GPT2LMHeadModel directory), Llama (mhsa::Model,
+// written as a LlamaForCausalLM directory) and a LoRA adapter on a pretrained model (written as
+// peft's adapter directory); with dtype bf16, the bfloat16 copy of their matrices
 // that the training forward and backward read (mixed precision: float32 masters and AdamW state).
 #include "train/trainable.h"
 
@@ -10,7 +11,9 @@
 #include "io/file.h"
 #include "io/json.h"
 #include "mhsa/gpt2.h"
+#include "mhsa/lora.h"
 #include "mhsa/model.h"
+#include "mhsa/models.h"
 #include "model/access.h"
 #include "model/decoder.h"
 #include "model/family.h"
@@ -161,9 +164,60 @@ class TrainableLlama final : public Trainable<Model> {
   }
 };
 
+// A LoRA adapter on a frozen pretrained model (mhsa/lora.h): parameters() are the adapter's A and
+// B under peft's names; the checkpoint's files are peft's.
+class TrainableLora final : public TrainableModel {
+ public:
+  TrainableLora(const TrainOptions& o, uint64_t seed)
+      : name_(o.model),
+        base_(Model::load(resolve_model(o.model, "model").path, o.dtype == "bf16" ? WeightType::bf16 : WeightType::f32)),
+        lora_(Lora::create(base_, o.lora, seed)) {
+    if (o.context > base_.config().max_positions)
+      fail("train", "context", message("at most the model's max_positions, ", base_.config().max_positions),
+           std::to_string(o.context));
+  }
+
+  std::vector<std::pair<std::string, Tensor*>> parameters() override { return lora_.parameters(); }
+  std::vector<Tensor> zero_gradients() const override { return lora_.zero_gradients(); }
+  double loss_and_gradients(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T,
+                            std::vector<Tensor>& grads, const std::function<void(size_t)>& on_final) const override {
+    return lora_.loss_and_gradients(base_, ids, targets, B, T, grads, on_final);
+  }
+  double loss(std::span<const int32_t> ids, std::span<const int32_t> targets, int64_t B, int64_t T) const override {
+    return lora_.loss(base_, ids, targets, B, T);
+  }
+  void refresh_weights() override {}  // the adapter is float32; a bf16 base is rounded once, at load
+  std::string config_json() const override { return lora_.config_json(name_); }
+  std::string config_file() const override { return "adapter_config.json"; }
+  std::string weights_file() const override { return "adapter_model.safetensors"; }
+
+  // The adapter's rank, alpha and targets, compared with what this run writes.
+  void check_config(const std::filesystem::path& file, std::string_view fn) const override {
+    const nlohmann::json mine = parse_json(config_json(), fn, "adapter_config.json");
+    const nlohmann::json theirs = parse_json(read_file(file, fn, "adapter_config.json"), fn, file.string());
+    for (const char* key : {"peft_type", "r", "lora_alpha", "target_modules"}) {
+      const nlohmann::json value = theirs.is_object() ? theirs.value(key, nlohmann::json()) : nlohmann::json();
+      if (value != mine[key])
+        fail(fn, file.string(), message("the adapter of train_state.safetensors (", key, " ", mine[key].dump(), ")"),
+             message(key, " ", json_excerpt(value)));
+    }
+  }
+
+ private:
+  std::string name_;
+  Model base_;
+  Lora lora_;
+};
+
 }  // namespace
 
+Tokenizer run_tokenizer(const TrainOptions& o, const std::filesystem::path& vocabulary) {
+  if (!o.model.empty()) return Tokenizer::load_dir(resolve_model(o.model, "model").path);
+  return o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(vocabulary);
+}
+
 std::unique_ptr<TrainableModel> new_trainable_model(const TrainOptions& o, const Tokenizer& tokenizer, uint64_t seed) {
+  if (!o.model.empty()) return std::make_unique<TrainableLora>(o, seed);
   const bool bf16 = o.dtype == "bf16";
   if (o.arch == "llama") return std::make_unique<TrainableLlama>(Model::random(llama_config(o, tokenizer), seed), bf16);
   Gpt2Config c;

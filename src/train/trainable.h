@@ -40,8 +40,12 @@ class TrainableModel {
   // rounds their bfloat16 copy afresh (nearest even) — the matrices loss_and_gradients' forward
   // and input gradients read; its parameter gradients are the float32 masters'. f32: nothing.
   virtual void refresh_weights() = 0;
-  // The Hugging Face config.json of this model (ends with a newline).
+  // The Hugging Face config.json of this model (ends with a newline): for an adapter, peft's
+  // adapter_config.json.
   virtual std::string config_json() const = 0;
+  // The checkpoint's names of that config and of the weights parameters() gives.
+  virtual std::string config_file() const { return "config.json"; }
+  virtual std::string weights_file() const { return "model.safetensors"; }
   // Throws mhsa::Error ("<fn>: <file>: expected the shape of train_state.safetensors (...), got
   // ...") when the config.json at `file` describes a model of another shape.
   virtual void check_config(const std::filesystem::path& file, std::string_view fn) const = 0;
@@ -50,6 +54,11 @@ class TrainableModel {
 // The model a run's options and vocabulary describe (a resumed run's too: its weights are then
 // replaced by the checkpoint's), with initial weights drawn from `seed`, training in o.dtype
 // ("bf16": bfloat16 copies of nn::half_parts' matrices, refreshed by refresh_weights; else f32).
+// A LoRA run (o.model set) loads its frozen base here and draws the adapter's A from `seed`.
 std::unique_ptr<TrainableModel> new_trainable_model(const TrainOptions& o, const Tokenizer& tokenizer, uint64_t seed);
+
+// The tokenizer a run reads its text with: the pretrained model's (o.model), GPT-2's BPE files in
+// `vocabulary` (a new run's o.tokenizer, a resumed run's checkpoint directory), or bytes.
+Tokenizer run_tokenizer(const TrainOptions& o, const std::filesystem::path& vocabulary);
 
 }  // namespace mhsa::detail

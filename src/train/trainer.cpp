@@ -118,7 +118,8 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
   const bool lead = ranks.rank() == 0;  // the rank that owns `out`
   std::error_code ec;
   if (!how.resume && !how.force)
-    for (const char* name : {"train_state.safetensors", "model.safetensors", "config.json"})
+    for (const char* name : {"train_state.safetensors", "model.safetensors", "config.json", "adapter_model.safetensors",
+                             "adapter_config.json"})
       if (fs::exists(out / name, ec))
         fail(fn, "out", "a directory without a checkpoint (--resume continues it, --force replaces it)",
              message("'", out.string(), "' holding ", name));
@@ -147,10 +148,12 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     start = checkpoint.step;
     history = checkpoint.history;
     recorded_data = checkpoint.data;
-    if (requested.steps > 0) {  // a resumed run may be given another length (which moves the schedule)
+    if (requested.steps > 0) {  // another length ends the run elsewhere; the schedule stays the checkpoint's
       if (requested.steps < start)
         fail(fn, "steps", message("at least ", start, " (the checkpoint's step)"), std::to_string(requested.steps));
+      const int64_t schedule = o.schedule_length();
       o.steps = requested.steps;
+      o.schedule_steps = schedule == o.steps ? 0 : schedule;
     }
     if (!requested.dtype.empty()) o.dtype = requested.dtype;  // the same checkpoints in either precision
     try {
@@ -159,17 +162,17 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
       fail(fn, state_file.string(), "valid training options", e.what());
     }
     // The checkpoint's copy of the vocabulary files (the original may have moved).
-    tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(out));
+    tokenizer.emplace(detail::run_tokenizer(o, out));
     model = detail::new_trainable_model(o, *tokenizer, 0);
-    if (fs::exists(out / "config.json"))  // absent only after a crash mid-way through a new run's first swap
-      model->check_config(out / "config.json", fn);
+    if (fs::exists(out / model->config_file()))  // absent only after a crash mid-way through a new run's first swap
+      model->check_config(out / model->config_file(), fn);
     AdamW whole(model->parameters(), o.adamw);
     checkpoint.restore(*model, whole);
     model->refresh_weights();
     adam.emplace(model->parameters(), o.adamw, ranks);
     adam->load(whole);
   } else {
-    tokenizer.emplace(o.tokenizer.empty() ? Tokenizer::bytes() : Tokenizer::load_dir(o.tokenizer));
+    tokenizer.emplace(detail::run_tokenizer(o, o.tokenizer));
     model = detail::new_trainable_model(o, *tokenizer, mix(o.seed));
     adam.emplace(model->parameters(), o.adamw, ranks);
   }
@@ -218,6 +221,7 @@ double train_gpt(const fs::path& data, const fs::path& out, const TrainOptions& 
     if (ranks.size() > 1) p.comm_wait_s = ranks.wait_seconds() - waited;
     p.step = step + 1;
     p.steps = o.steps;
+    p.options = &o;
     p.loss = loss;
     p.loss_bits_per_byte = loss / std::log(2.0) / history.bytes_per_token;
     p.grad_norm = adam->clip(grads, o.clip);  // clip_gradients' norm, over every rank's shard

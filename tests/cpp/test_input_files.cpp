@@ -10,11 +10,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <thread>
 
 #include "io/checkpoint_dir.h"
 #include "io/file.h"
@@ -270,6 +272,34 @@ TEST(OutputFiles, WritersNeverReplaceANodeThatIsNotARegularFile) {
   EXPECT_EQ(SafeTensors::open((s.dir / "new.safetensors").string()).tensors().size(), 1u);
   for (const auto& e : fs::directory_iterator(s.dir))
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+// A writer's claim removes train.lock as it ends. Claims taken and given back as fast as three
+// threads can (a claim is per open file, so threads of one process exclude each other as
+// processes do) never overlap: a claim won on a lock file that its holder has just removed would
+// otherwise sit beside one on the new file.
+TEST(OutputFiles, WriterClaimsExcludeEachOtherAndRemoveTheLockFile) {
+  Scratch s("claims");
+  std::atomic<int> holders{0}, overlaps{0}, wins{0};
+  const auto claim_often = [&] {
+    for (int i = 0; i < 2000; ++i) {
+      try {
+        const detail::WriterClaim claim(s.dir, "train", "out");
+        if (holders.fetch_add(1) != 0) overlaps.fetch_add(1);
+        wins.fetch_add(1);
+        holders.fetch_sub(1);
+      } catch (const Error& e) {
+        // "in use by process N", or "by another process" before the holder has written its pid
+        EXPECT_NE(std::string(e.what()).find("in use by"), std::string::npos) << e.what();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) threads.emplace_back(claim_often);
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_GT(wins.load(), 0);
+  EXPECT_FALSE(fs::exists(s.dir / "train.lock"));
 }
 
 // A config.json claiming 300,000 layers beside a weights file of a few tensors was refused only

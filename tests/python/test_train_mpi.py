@@ -174,3 +174,23 @@ def test_ctrl_c_on_mpirun_stops_with_a_checkpoint(text, tmp_path):
     assert "interrupted at step" in stdout, stderr
     step = int(stdout.split("interrupted at step ")[1].split(":")[0])
     assert state(out)[0] == step >= 3 and len(log(out)[0]) == step
+
+
+def test_a_lora_run_gives_one_process_bits(text, tmp_path, rng):
+    """mhsa train --model --lora-rank under mpirun -np 2 and 3, with buckets of a few tensors (each
+    reduced as soon as the backward has it): one process's adapter and optimiser state, bit for
+    bit. The adapter's gradients are lent to the backward and handed back as they become final."""
+    import transformers
+    from families import build
+    base = tmp_path / "base"
+    build(transformers.LlamaConfig, dict(vocab_size=50257, hidden_size=32, intermediate_size=56, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
+          transformers.LlamaForCausalLM, int(rng.integers(1000))).save_pretrained(base, safe_serialization=True)
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(ROOT / "tests" / "data" / "gpt2-tokenizer" / name, base / name)
+    args = ["--data", text, "--model", base, "--lora-rank", 3, "--context", 24, "--batch", 4, "--steps", 3,
+            "--warmup", 1, "--lr", "1e-2", "--eval-every", 0, "--seed", int(rng.integers(1000))]
+    train(*args, "--out", tmp_path / "one", threads=2)
+    for ranks, bucket in ((2, "0.001"), (3, "0")):
+        train(*args, "--out", tmp_path / f"r{ranks}", "--bucket-mb", bucket, ranks=ranks)
+        assert same_state(tmp_path / "one", tmp_path / f"r{ranks}"), ranks

@@ -209,7 +209,7 @@ def test_a_node_in_place_of_a_checkpoint_file_is_refused_before_the_first_step(t
     assert r.returncode == 2 and "step 1/" not in r.stderr, (r.returncode, r.stderr)
     assert (f"train: out: expected a regular file or a path that does not exist (a new file is renamed into "
             f"place), got a FIFO '{out / name}'") in r.stderr, r.stderr
-    assert (out / name).is_fifo() and sorted(p.name for p in out.iterdir()) == sorted([name, "train.lock"])
+    assert (out / name).is_fifo() and sorted(p.name for p in out.iterdir()) == [name]
 
 
 def test_a_killed_runs_temporaries_are_removed(text, tmp_path):
@@ -243,3 +243,68 @@ def test_a_run_shorter_than_its_warmup_is_warned_about(text, tmp_path):
     assert "rises only to 3.00e-04, not the --lr 1.00e-03 given" in r.stderr
     r = train("--data", text, "--out", tmp_path / "b", *TINY, "--steps", 3, "--warmup", 3)
     assert r.returncode == 0 and "warning" not in r.stderr
+
+
+def lrs(out):
+    return {x["step"]: x["lr"] for x in map(json.loads, (out / "train_log.jsonl").read_text().splitlines()) if "lr" in x}
+
+
+def test_resume_with_other_steps_keeps_the_schedule(text, tmp_path, rng):
+    """--resume --steps N ends the run at N but keeps the checkpoint's warm-up + cosine: the learning
+    rate goes on as in the uninterrupted run (no jump at the resume), and steps past the schedule's
+    end train at lr × min_lr_ratio; a note says so."""
+    lr, warmup, steps, longer = 1e-3, int(rng.integers(1, 4)), 10, 16
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert train("--data", text, "--out", whole, *TINY, "--steps", steps, "--warmup", warmup, "--lr", lr).returncode == 0
+    assert train("--data", text, "--out", cut, *TINY, "--steps", steps, "--warmup", warmup, "--lr", lr,
+                 "--stop-after", 4).returncode == 0
+    r = train("--data", text, "--out", cut, "--resume", "--steps", longer)
+    assert r.returncode == 0, r.stderr
+    assert f"note: --steps {longer} keeps the checkpoint's learning-rate schedule of {steps} steps" in r.stderr
+    expected = {s: lr * s / warmup if s <= warmup else
+                lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(1, (s - 1 - warmup) / (steps - warmup)))))
+                for s in range(1, longer + 1)}
+    got = lrs(cut)
+    assert sorted(got) == list(range(1, longer + 1))
+    assert [got[s] for s in range(1, steps + 1)] == [lrs(whole)[s] for s in range(1, steps + 1)]
+    assert got == pytest.approx(expected, rel=1e-6)
+    assert state(cut)[0] == longer
+    # A second resume with yet another --steps still keeps the first run's schedule.
+    r = train("--data", text, "--out", cut, "--resume", "--steps", longer + 2)
+    assert r.returncode == 0 and lrs(cut)[longer + 2] == pytest.approx(lr * 0.1, rel=1e-6), r.stderr
+
+
+def test_a_resumed_run_inside_its_warmup_is_warned_about_too(text, tmp_path):
+    out = tmp_path / "m"
+    assert train("--data", text, "--out", out, *TINY, "--steps", 4, "--warmup", 10, "--stop-after", 1).returncode == 0
+    r = train("--data", text, "--out", out, "--resume")
+    assert r.returncode == 0 and "warning: --steps 4 ends within the --warmup of 10 steps" in r.stderr, r.stderr
+
+
+def test_the_lock_file_goes_when_the_run_ends(text, tmp_path):
+    out = tmp_path / "m"
+    assert train("--data", text, "--out", out, *TINY, "--steps", 3).returncode == 0
+    assert not (out / "train.lock").exists()
+    assert train("--data", text, "--out", out, "--resume", "--steps", 6, "--stop-after", 1).returncode == 0
+    assert not (out / "train.lock").exists() and state(out)[0] == 4
+
+
+def test_the_loss_curve_puts_each_point_at_its_step(text, tmp_path):
+    """loss_curve.svg: a validation point sits on the training curve's x of its step (the last one at
+    the axis's end, not past it), and the step axis has tick labels at those x."""
+    import xml.etree.ElementTree as ET
+    out, steps = tmp_path / "m", 12
+    assert train("--data", text, "--out", out, *TINY, "--steps", steps, "--eval-every", 4).returncode == 0
+    ns = "{http://www.w3.org/2000/svg}"
+    svg = ET.parse(out / "loss_curve.svg").getroot()
+    xs = [float(p.split(",")[0]) for p in svg.find(f"{ns}polyline").get("points").split()]
+    assert len(xs) == steps
+    grid_right = max(float(line.get("x2")) for line in svg.iter(f"{ns}line"))
+    circles = [float(c.get("cx")) for c in svg.iter(f"{ns}circle")]
+    assert circles == pytest.approx([xs[3], xs[7], xs[11]]) and max(circles) <= grid_right
+    plot_bottom = max(float(line.get("y1")) for line in svg.iter(f"{ns}line") if line.get("y1") == line.get("y2"))
+    ticks = {int(t.text): float(t.get("x")) for t in svg.iter(f"{ns}text")
+             if t.text and t.text.isdigit() and float(t.get("y")) > plot_bottom}
+    assert len(ticks) >= 3 and steps in ticks
+    for step, x in ticks.items():
+        assert x == pytest.approx(xs[step - 1])
