@@ -13,6 +13,7 @@ Greedy, --tokens tokens at most, `mhsa serve -t THREADS --parallel N` with its d
 The greedy answers of both servers must be equal alone (the script asserts it).
 
   python3 bench/serve_speculative.py [--rounds 3] [--tokens 128] [--clients 8] [--threads 2] [--dtype q8_0]
+      [--prompts quote,summarise,spelling,replace,list]
 """
 
 import argparse
@@ -110,8 +111,9 @@ def main():
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="q8_0")
+    ap.add_argument("--prompts", default="quote,summarise,spelling,replace,list", help="which of the five, by name")
     a = ap.parse_args()
-    texts, _ = prompts()
+    texts = {k: v for k, v in prompts()[0].items() if k in a.prompts.split(",")}
     common = ("--model", "smollm2", "--dtype", a.dtype, "-t", a.threads, "--parallel", a.clients, "--ctx-size", 2048,
               "--prompt-cache-ram", 0, "--no-prefix-sharing")
     servers = {"lookup": Server(*common), "plain": Server(*common, "--draft", 0)}
