@@ -47,6 +47,7 @@
 #include "serve_http.h"
 #include "serve_tools.h"
 #include "serve_web.h"
+#include "speculation_options.h"
 
 namespace mhsa::cli {
 namespace {
@@ -71,6 +72,7 @@ struct ServeArgs {
   bool preempt = false;
   int64_t prompt_cache_ram_mib = 1024, cache_dir_max_mib = 4096;
   std::string cache_dir;
+  int64_t draft = -1;  // --draft: prompt-lookup guesses per step (-1: kDefaultDraft for greedy requests)
 };
 
 constexpr int64_t kBlockTokens = 16;  // tokens per KV block
@@ -175,6 +177,13 @@ class Metrics {
       put("mhsa_prompt_cache_disk_files", "gauge", "Block files in --cache-dir, as this server knows them.", c.disk_files);
       put("mhsa_prompt_cache_disk_bytes", "gauge", "Bytes of those files (--cache-dir-max).", c.disk_bytes);
     }
+    metric("mhsa_speculative_guesses_total", "counter", "Guessed tokens (prompt lookup) checked in the steps' forwards.");
+    out += message("mhsa_speculative_guesses_total ", s.guesses_drafted, "\n");
+    metric("mhsa_speculative_guesses_accepted_total", "counter", "Guessed tokens kept: tokens made without a forward of their own.");
+    out += message("mhsa_speculative_guesses_accepted_total ", s.guesses_accepted, "\n");
+    metric("mhsa_decode_forwards_total", "counter",
+           "Sequences' forwards that sampled tokens (mhsa_generated_tokens_total ÷ this: tokens per forward).");
+    out += message("mhsa_decode_forwards_total ", s.decode_forwards, "\n");
     metric("mhsa_preemptions_total", "counter", "Running requests preempted for KV blocks (--preempt).");
     out += message("mhsa_preemptions_total ", s.preemptions, "\n");
     metric("mhsa_preempted_requests", "gauge", "Preempted requests waiting to resume.");
@@ -205,6 +214,12 @@ struct RequestRecord {
   std::string id;
   int64_t prompt_tokens = -1, completion_tokens = -1;  // −1: not a generation, or not known
   int64_t streamed_bytes = 0;                          // a content provider's bytes
+  int64_t drafted = 0, accepted = 0;                   // speculation's guesses checked and kept
+  void took(const serve::Job::Update& u) {
+    completion_tokens = u.completion_tokens;
+    drafted = u.drafted;
+    accepted = u.accepted;
+  }
 };
 thread_local RequestRecord t_request;
 
@@ -383,6 +398,7 @@ class Server {
   }
 
   // time=… id=… client=ADDR:PORT method=… path=… status=… bytes=… [prompt_tokens=… completion_tokens=…]
+  // [drafted=… accepted=…] (speculation's guesses checked and kept)
   // duration=SECONDS (from the headers read to the last byte written); never a body or a header.
   std::string access_line(const httplib::Request& req, const httplib::Response& res) const {
     const RequestRecord& r = t_request;
@@ -391,6 +407,7 @@ class Server {
                                " status=", res.status, " bytes=", static_cast<int64_t>(res.body.size()) + r.streamed_bytes);
     if (r.prompt_tokens >= 0) line += message(" prompt_tokens=", r.prompt_tokens);
     if (r.completion_tokens >= 0) line += message(" completion_tokens=", r.completion_tokens);
+    if (r.drafted > 0) line += message(" drafted=", r.drafted, " accepted=", r.accepted);
     if (r.started) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.start).count();
       char buf[32];
@@ -497,6 +514,7 @@ class Server {
       }
       return;
     }
+    speculate(p.request);
     auto job = std::make_shared<serve::Job>(std::move(p.request));
     if (!scheduler_.fits(job->request()))
       return send_error(res, {503, message("The request's prompt + max_tokens (", job->request().prompt.size(), " + ",
@@ -524,7 +542,7 @@ class Server {
       if (u.finish == Finish::cancelled) return send_error(res, {503, "The server is shutting down", "server_error", "", "shutting_down"});
       // The server is at fault (non-finite logits, a failed step), not busy: 500, and it goes on serving.
       if (u.finish == Finish::error) return send_error(res, {500, "The request could not be run: " + u.error, "server_error", "", ""});
-      t_request.completion_tokens = u.completion_tokens;
+      t_request.took(u);
       if (p.tools) {
         ToolCallStream split(p.tools->format, p.tools->tools);
         ToolCallStream::Out a = split.add(p.tools->forced + text), b = split.finish();
@@ -577,7 +595,7 @@ class Server {
               job->cancel();
               return false;
             }
-            t_request.completion_tokens = u.completion_tokens;
+            t_request.took(u);
             if (u.finish == Finish::cancelled || u.finish == Finish::error) {
               send(sse(error_json({u.finish == Finish::error ? 500 : 503,
                                    u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
@@ -612,7 +630,7 @@ class Server {
             job->cancel();
             return false;
           }
-          t_request.completion_tokens = u.completion_tokens;
+          t_request.took(u);
           if (u.finish == Finish::cancelled || u.finish == Finish::error) {
             send(sse(error_json({u.finish == Finish::error ? 500 : 503, u.finish == Finish::error ? "The request could not be run: " + u.error : "The server is shutting down",
                                  "server_error", "", ""})));
@@ -646,6 +664,7 @@ class Server {
     t_request.id = message(api.name == std::string("messages") ? "msg_" : "resp_", ids.id);
     const int64_t prompt_tokens = static_cast<int64_t>(x->request.prompt.size());
     t_request.prompt_tokens = prompt_tokens;
+    speculate(x->request);
     auto job = std::make_shared<serve::Job>(std::move(x->request));
     if (!scheduler_.fits(job->request()))
       return fail({503, message("The request's prompt + max tokens (", prompt_tokens, " + ",
@@ -675,7 +694,7 @@ class Server {
         text += u.text;
       } while (u.finish == Finish::running);
       metrics_.finished(*job);
-      t_request.completion_tokens = u.completion_tokens;
+      t_request.took(u);
       if (u.finish == Finish::cancelled || u.finish == Finish::error) return fail(failure(u));
       std::vector<ToolCall> calls;
       if (split) {
@@ -726,7 +745,7 @@ class Server {
             job->cancel();  // nothing new, and the client has gone
             return false;
           }
-          t_request.completion_tokens = u.completion_tokens;
+          t_request.took(u);
           if (u.finish == Finish::cancelled || u.finish == Finish::error)
             send(x->stream_error(failure(u)));
           else
@@ -738,6 +757,13 @@ class Server {
           job->cancel();  // a no-op once it has finished
           metrics_.finished(*job);
         });
+  }
+
+  // As mhsa generate: by default only greedy requests guess (their tokens are plain decoding's bit
+  // for bit); a sampled one keeps its distribution but not the text its seed gives without, so only
+  // an explicit --draft speculates it.
+  void speculate(serve::Request& r) const {
+    r.options.speculation.draft_tokens = args_.draft >= 0 ? args_.draft : r.options.temperature <= 0 ? kDefaultDraft : 0;
   }
 
   const ServeArgs& args_;
@@ -911,6 +937,12 @@ void add_serve_command(CLI::App& app) {
                   "(never a body or a key)")
       ->default_val("on")
       ->check(one_of({"on", "off"}));
+  cmd->add_option("--draft,--draft-max", a->draft,
+                  "speculative decoding: tokens guessed ahead by prompt lookup per request and checked in the step's "
+                  "forward (0: off; default " + std::to_string(kDefaultDraft) +
+                      " for greedy requests, none for sampled ones; given, sampled requests guess too). Only as many "
+                      "as pay are checked, and a step keeps to the rows that give each one a lone step's bits")
+      ->check(integer_in(0, 64));
   add_threads_option(cmd, a->threads);
   cmd->callback([a] { run(*a); });
 }

@@ -99,6 +99,11 @@ class KVBlockPool {
   void grow(PagedSequence& s, int64_t tokens);
   // Indexes s's full blocks not yet indexed; tokens: s's first s.length tokens (or more).
   void index_full_blocks(PagedSequence& s, std::span<const int32_t> tokens);
+  // Keeps s's first `tokens` tokens (speculative decoding's roll-back past a rejected guess): the
+  // blocks past them go back to s's promise, so that it can grow again. Throws mhsa::Error for a
+  // length outside [0, s.length] or one that cuts into an indexed block (a full block may be
+  // shared and is never written again: index only what is final).
+  void truncate(PagedSequence& s, int64_t tokens);
   // Gives back s's blocks and what is left of its promise; s is empty afterwards.
   void release(PagedSequence& s);
 

@@ -164,6 +164,9 @@ Tensor step(const Decoder& d, std::span<const nn::SeqStep> seqs) {
   if (seqs.empty()) fail(fn, "seqs", "at least one sequence", "none");
   for (size_t i = 0; i < seqs.size(); ++i) {
     const std::string arg = message("seqs[", i, "].");
+    if (!seqs[i].ids.empty() && (seqs[i].logit_rows < 1 || seqs[i].logit_rows > static_cast<int64_t>(seqs[i].ids.size())))
+      fail(fn, arg + "logit_rows", message("a count in [1, ", seqs[i].ids.size(), "] (its new tokens)"),
+           std::to_string(seqs[i].logit_rows));
     if (seqs[i].paged) {
       if (seqs[i].caches) fail(fn, arg + "cache", "no cache with a paged sequence", "both");
       for (size_t j = 0; j < i; ++j)

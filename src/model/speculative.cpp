@@ -106,6 +106,21 @@ void ModelDrafter::draft(std::span<const int32_t> h, int64_t k, std::vector<int3
   }
 }
 
+void RowTimes::add(int64_t rows, double seconds) {
+  if (rows < 1 || rows > kMaxRows) return;
+  double& t = time_[rows];
+  t = t > 0 ? 0.7 * t + 0.3 * seconds : seconds;
+}
+
+double RowTimes::time(int64_t n) const {
+  const double one = time_[1] > 0 ? time_[1] : 1.0;
+  if (time_[n] > 0) return time_[n];
+  int64_t m = n - 1;
+  while (m > 1 && time_[m] <= 0) --m;
+  const double slope = m > 1 ? std::max(0.0, (time_[m] - one) / static_cast<double>(m - 1)) : 0.5 * one;
+  return (m > 1 ? time_[m] : one) + static_cast<double>(n - m) * slope;
+}
+
 namespace {
 
 // How many guesses a step should check, from this sequence's own record: a guess is kept with
@@ -121,7 +136,7 @@ namespace {
 class Tuner {
  public:
   int64_t choose(int64_t most) {
-    most = std::min<int64_t>(most, kRows - 1);
+    most = std::min<int64_t>(most, RowTimes::kMaxRows - 1);
     if (most <= 0) return 0;
     const double a = kept_ / (kept_ + missed_);
     int64_t best = 0;
@@ -130,7 +145,7 @@ class Tuner {
     for (int64_t k = 1; k <= most; ++k) {
       power *= a;
       yield += power;
-      const double gain = yield * time(1) / (time(k + 1) + static_cast<double>(k) * draft_);
+      const double gain = yield * times_.time(1) / (times_.time(k + 1) + static_cast<double>(k) * draft_);
       if (gain > best_gain) {
         best = k;
         best_gain = gain;
@@ -140,11 +155,7 @@ class Tuner {
     if (best > 0) idle_ = 0;
     return best;
   }
-  void forward(int64_t rows, double seconds) {
-    if (rows < 1 || rows >= kRows) return;
-    double& t = time_[rows];
-    t = t > 0 ? 0.7 * t + 0.3 * seconds : seconds;
-  }
+  void forward(int64_t rows, double seconds) { times_.add(rows, seconds); }
   void drafted(int64_t guesses, double seconds) {
     if (guesses > 0) draft_ = 0.7 * draft_ + 0.3 * seconds / static_cast<double>(guesses);
   }
@@ -154,21 +165,10 @@ class Tuner {
   }
 
  private:
-  static constexpr int64_t kRows = 9;  // forwards of 1..8 rows
   static constexpr int64_t kProbe = 32;
-  // The time of a forward of n rows: measured, else extrapolated from the largest measured row
-  // count below n along its slope from one row (before any: 1 + (n − 1)/2 one-row steps).
-  double time(int64_t n) const {
-    const double one = time_[1] > 0 ? time_[1] : 1.0;
-    if (time_[n] > 0) return time_[n];
-    int64_t m = n - 1;
-    while (m > 1 && time_[m] <= 0) --m;
-    const double slope = m > 1 ? std::max(0.0, (time_[m] - one) / static_cast<double>(m - 1)) : 0.5 * one;
-    return (m > 1 ? time_[m] : one) + static_cast<double>(n - m) * slope;
-  }
 
   double kept_ = 1.2, missed_ = 0.8;  // a prior of a = 0.6, worth two forwards
-  double time_[kRows] = {};
+  RowTimes times_;
   double draft_ = 0;
   int64_t idle_ = 0;
 };

@@ -54,6 +54,20 @@ class ModelDrafter : public Drafter {
   std::vector<int32_t> cached_;  // the tokens in cache_
 };
 
+// The measured time of forwards by their row count (1 .. kMaxRows), each an average that follows
+// change (recent forwards weigh most). A count not measured yet is extrapolated from the largest
+// measured below it along its slope from one row (before any: 1 + (n − 1)/2 one-row forwards),
+// optimistically, so that it gets tried. Speculation's guess counts are chosen from it.
+class RowTimes {
+ public:
+  static constexpr int64_t kMaxRows = 8;
+  void add(int64_t rows, double seconds);  // rows outside [1, kMaxRows] are not kept
+  double time(int64_t rows) const;         // rows in [1, kMaxRows]
+
+ private:
+  double time_[kMaxRows + 1] = {};
+};
+
 // Throws mhsa::Error naming the option (fn: the caller) for speculation settings out of range: a
 // draft count outside [0, 64], n-gram lengths outside 1 <= min <= max <= 64, a draft model with
 // another vocabulary size than `vocab`.

@@ -571,7 +571,7 @@ Tensor stack_forward(const Stack& s, std::span<const int32_t> ids, int64_t B, in
 
 Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs) {
   const ModelConfig& c = *s.config;
-  const int64_t C = c.hidden_size, S = static_cast<int64_t>(seqs.size());
+  const int64_t C = c.hidden_size;
   std::vector<PositionRun> runs;  // each sequence's positions
   int64_t rows = 0;
   for (const SeqStep& q : seqs) {
@@ -592,14 +592,18 @@ Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs) {
   }
   for (size_t i = 0; i < seqs.size(); ++i)
     if (seqs[i].paged) seqs[i].paged->length += runs[i].rows;
-  Tensor last({S, C});  // each sequence's last row
+  int64_t out_rows = 0;
+  for (const SeqStep& q : seqs) out_rows += q.logit_rows;
+  Tensor last({out_rows, C});  // each sequence's last logit_rows rows
   r0 = 0;
+  int64_t o0 = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     r0 += runs[i].rows;
-    std::copy_n(x.data() + (r0 - 1) * C, C, last.data() + static_cast<int64_t>(i) * C);
+    std::copy_n(x.data() + (r0 - seqs[i].logit_rows) * C, seqs[i].logit_rows * C, last.data() + o0 * C);
+    o0 += seqs[i].logit_rows;
   }
-  Tensor logits({S, 1, c.vocab_size});
-  final_logits(s, S, last.data(), C, logits.data());
+  Tensor logits({out_rows, 1, c.vocab_size});
+  final_logits(s, out_rows, last.data(), C, logits.data());
   return logits;
 }
 

@@ -176,10 +176,12 @@ struct SeqStep {
   std::vector<KVCache>* caches = nullptr;
   std::span<const int32_t> ids;  // at least one
   PagedSequence* paged = nullptr;  // instead of caches: appended at paged->length, which advances
+  int64_t logit_rows = 1;  // the logits of its last logit_rows rows (1 .. ids.size()): speculation's checks
 };
 // One forward over several sequences, each at its own positions against its own caches: the
 // embedding, norms, linear layers, MLP and LM head run over every sequence's rows at once (one
-// pass over the weights), attention per sequence. Logits [S, 1, V] of each sequence's last row.
+// pass over the weights), attention per sequence. Logits [Σ logit_rows, 1, V]: each sequence's
+// last logit_rows rows, in order (with one each, [S, 1, V]).
 // A sequence's logits are extend's for it up to the GEMM's rounding, which depends on the total
 // rows (see kernels/gemm.cpp): bitwise equal where the row counts take the same kernel paths.
 Tensor stack_step(const Stack& s, std::span<const SeqStep> seqs);

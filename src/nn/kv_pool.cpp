@@ -216,6 +216,26 @@ void KVBlockPool::index_full_blocks(PagedSequence& s, std::span<const int32_t> t
   }
 }
 
+void KVBlockPool::truncate(PagedSequence& s, int64_t tokens) {
+  if (tokens < 0 || tokens > s.length)
+    detail::fail("KVBlockPool::truncate", "tokens", detail::message("a length in [0, ", s.length, "] (the tokens held)"),
+                 std::to_string(tokens));
+  for (size_t i = static_cast<size_t>(tokens / block_tokens_); i < s.keys.size(); ++i)
+    if (s.keys[i] != 0)
+      detail::fail("KVBlockPool::truncate", "tokens",
+                   detail::message("at least ", (static_cast<int64_t>(i) + 1) * block_tokens_,
+                                   " (block ", i, " is indexed: its tokens are final)"),
+                   std::to_string(tokens));
+  for (auto keep = static_cast<size_t>(blocks_for(tokens)); s.blocks.size() > keep;) {
+    drop_ref(s.blocks.back());
+    s.blocks.pop_back();
+    s.keys.pop_back();
+    ++s.reserved;
+    ++reserved_;
+  }
+  s.length = tokens;
+}
+
 void KVBlockPool::drop_ref(int32_t b) {
   const auto ub = static_cast<size_t>(b);
   if (--refs_[ub] > 0) return;

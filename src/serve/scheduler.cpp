@@ -20,6 +20,7 @@
 #include "mhsa/chat.h"
 #include "mhsa/error.h"
 #include "mhsa/grammar.h"
+#include "model/access.h"
 #include "model/decoder.h"
 #include "text/text_stream.h"
 
@@ -84,6 +85,8 @@ Job::Update Job::wait(std::chrono::milliseconds timeout) {
   u.stop_string = stop_string_;
   u.completion_tokens = completion_tokens_;
   u.cached_tokens = cached_tokens_;
+  u.drafted = drafted_;
+  u.accepted = accepted_;
   return u;
 }
 
@@ -126,6 +129,12 @@ void Job::set_cached_tokens(int64_t n) {
   cached_tokens_ = n;
 }
 
+void Job::set_guesses(int64_t drafted, int64_t accepted) {
+  std::lock_guard lock(mutex_);
+  drafted_ = drafted;
+  accepted_ = accepted;
+}
+
 // ---- Scheduler -------------------------------------------------------------------------------
 
 struct Scheduler::Sequence {
@@ -137,7 +146,10 @@ struct Scheduler::Sequence {
         decoder(tokenizer),
         text(job->request().stop),
         target(history.size()) {
-    if (job->request().options.constraint) constraint.emplace(job->request().options.constraint->start());
+    const GenerationOptions& o = job->request().options;
+    if (o.constraint) constraint.emplace(o.constraint->start());
+    if (o.speculation.draft_tokens > 0)
+      drafter = std::make_unique<detail::LookupDrafter>(o.speculation.ngram_min, o.speculation.ngram_max);
   }
   ~Sequence() { pool.release(paged); }
   Sequence(const Sequence&) = delete;
@@ -165,6 +177,13 @@ struct Scheduler::Sequence {
   bool preempted = false;  // its blocks given back: leaves `active` for preempted_ at the end of the step
   int64_t preemptions = 0;
   int64_t computed = 0;  // history[0, computed) has been run at least once (before any preemption)
+  // Speculation (the request's options.speculation; prompt lookup only): this step's rows are
+  // `fed`, its pending token and then the guesses it checks.
+  std::unique_ptr<detail::LookupDrafter> drafter;  // null: it never guesses
+  std::vector<int32_t> fed, guesses;  // the step's ids (decoding); what the drafter offered
+  double kept = 1.2, missed = 0.8;    // guesses kept, and steps with a miss, recent ones weighing most (a prior of 0.6)
+  int64_t idle = 0;                   // steps since it last checked a guess it had
+  int64_t drafted = 0, accepted = 0;  // guesses checked and kept, in all
   bool prefilling() const { return prefilled < target; }
   // With Request::top_logprobs ≥ 0: the tokens' log-probabilities, each with the byte of text.text()
   // where its text begins, held until that text is given out (emitted).
@@ -214,6 +233,8 @@ Scheduler::Scheduler(const Model& model, const Tokenizer& tokenizer, SchedulerOp
     : model_(model),
       tokenizer_(tokenizer),
       options_(options),
+      stack_(ModelAccess::stack(model)),
+      exact_rows_(detail::exact_rows(stack_)),
       pool_(model.new_kv_pool(pool_blocks(model, options), options.block_tokens)) {
   const PromptCacheOptions& pc = options_.prompt_cache;
   if (options_.prefix_sharing && (pc.ram_bytes > 0 || !pc.dir.empty())) cache_ = std::make_unique<PromptCache>(pc, pool_);
@@ -408,6 +429,9 @@ void Scheduler::run() {
     stats_.preemptions += counts.preemptions;
     stats_.preempted = static_cast<int64_t>(preempted_.size());
     stats_.recomputed_tokens += counts.recomputed;
+    stats_.guesses_drafted += counts.drafted;
+    stats_.guesses_accepted += counts.accepted;
+    stats_.decode_forwards += counts.decode_forwards;
     stats_.busy_seconds += std::chrono::duration<double>(Job::clock::now() - t0).count();
     stats_.kv = pool_.stats();
   }
@@ -438,9 +462,10 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
     s->planned = std::min<int64_t>(budget, static_cast<int64_t>(s->target - s->prefilled));
     budget -= s->planned;
   }
+  plan_guesses(active, options_.step_tokens - budget);
   // Blocks for them, in order of arrival (with preemption, a sequence may take a later one's).
   std::vector<Sequence*> running;
-  std::vector<SequenceStep> steps;
+  std::vector<nn::SeqStep> steps;
   for (auto& s : active) {
     if (s->planned == 0 || s->preempted) continue;
     const int64_t tokens = s->paged.length + s->planned;
@@ -455,8 +480,8 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
     }
     running.push_back(s.get());
     const std::span<const int32_t> ids = s->prefilling() ? std::span(s->history).subspan(s->prefilled, static_cast<size_t>(s->planned))
-                                                         : std::span<const int32_t>(&s->pending, 1);
-    steps.push_back({nullptr, ids, &s->paged});
+                                                         : std::span<const int32_t>(s->fed);
+    steps.push_back({nullptr, ids, &s->paged, s->prefilling() ? 1 : static_cast<int64_t>(ids.size())});
   }
   if (!steps.empty()) run_step(running, steps, counts);
   for (auto& s : active)
@@ -472,14 +497,88 @@ Scheduler::StepCounts Scheduler::step_all(std::vector<std::unique_ptr<Sequence>>
   return counts;
 }
 
-void Scheduler::run_step(std::span<Sequence* const> running, std::span<const SequenceStep> steps,
+void Scheduler::plan_guesses(std::vector<std::unique_ptr<Sequence>>& active, int64_t rows) {
+  // A step of at most exact_rows_ rows gives each row a one-row step's bits (the weights' streams,
+  // the split-K decode attention), so greedy text is plain decoding's: guesses only fill a step up
+  // to that. Which guesses: a guess of a sequence whose guesses are kept with probability a yields
+  // a^j tokens as its j-th (it counts only when those before it were kept), so for each count K
+  // the best are the K largest a^j of all sequences; K is the one that maximises tokens per unit
+  // of the step's measured time (none where none beats plain steps by 2%), as detail::decode_sequence
+  // chooses for one sequence.
+  struct Offer {
+    double worth;
+    Sequence* s;
+  };
+  std::vector<Offer> offers;
+  int64_t decoding = 0;
+  const int64_t room = exact_rows_ - rows;
+  const int64_t bs = pool_.block_tokens();
+  for (auto& s : active) {
+    if (s->done || s->planned != 1 || s->prefilling()) continue;
+    s->fed.assign(1, s->pending);
+    s->guesses.clear();
+    ++decoding;
+    if (!s->drafter || room <= 0) continue;
+    const GenerationOptions& o = s->job->request().options;
+    // Within max_tokens (the last token is sampled, never run) and the blocks held and promised
+    // (with --preempt a guess never takes a block that another sequence would have to give up).
+    const int64_t held = (static_cast<int64_t>(s->paged.blocks.size()) + s->paged.reserved) * bs;
+    const int64_t k = std::min({o.speculation.draft_tokens, room, o.max_new_tokens - s->generated - 1,
+                                held - s->paged.length - 1});
+    if (k <= 0) continue;
+    s->drafter->draft(s->history, k, s->guesses);
+    const double a = s->kept / (s->kept + s->missed);
+    double worth = 1;
+    for (size_t j = 0; j < s->guesses.size(); ++j) offers.push_back({worth *= a, s.get()});
+  }
+  if (offers.empty()) return;
+  std::stable_sort(offers.begin(), offers.end(), [](const Offer& x, const Offer& y) { return x.worth > y.worth; });
+  const int64_t most = std::min<int64_t>(room, static_cast<int64_t>(offers.size()));
+  const double plain = step_times_.time(rows);
+  int64_t best = 0;
+  double best_gain = 1.02, tokens = static_cast<double>(decoding);
+  for (int64_t K = 1; K <= most; ++K) {
+    tokens += offers[static_cast<size_t>(K - 1)].worth;
+    const double gain = tokens / static_cast<double>(decoding) * plain / step_times_.time(rows + K);
+    if (gain > best_gain) {
+      best = K;
+      best_gain = gain;
+    }
+  }
+  // A sequence's guesses are a prefix of its offers (a^j falls with j).
+  for (int64_t K = 0; K < best; ++K) {
+    Sequence& s = *offers[static_cast<size_t>(K)].s;
+    s.fed.push_back(s.guesses[s.fed.size() - 1]);
+  }
+  // One that guessed nothing for kProbe steps checks one guess, so that a text that turns to
+  // copying is noticed.
+  constexpr int64_t kProbe = 32;
+  int64_t left = room - best;
+  for (auto& s : active) {
+    if (s->guesses.empty()) continue;
+    if (s->fed.size() > 1) {
+      s->idle = 0;
+    } else if (++s->idle >= kProbe && left > 0) {
+      s->fed.push_back(s->guesses[0]);
+      s->idle = 0;
+      --left;
+    }
+  }
+  for (auto& s : active)
+    if (!s->guesses.empty()) s->planned = static_cast<int64_t>(s->fed.size());
+}
+
+void Scheduler::run_step(std::span<Sequence* const> running, std::span<const nn::SeqStep> steps,
                          StepCounts& counts) {
   counts.sequences = static_cast<int64_t>(steps.size());
-  for (const SequenceStep& q : steps) counts.rows += static_cast<int64_t>(q.ids.size());
+  for (const nn::SeqStep& q : steps) counts.rows += static_cast<int64_t>(q.ids.size());
   Tensor logits;
   std::string error;
   try {
-    logits = model_.step(steps);
+    const detail::Decoder d{stack_, "Model", "max_positions", model_.config().eos_token_ids, {}, model_.kv_type()};
+    const auto t0 = Job::clock::now();
+    logits = detail::step(d, steps);
+    step_times_.add(counts.rows, std::chrono::duration<double>(Job::clock::now() - t0).count());
   } catch (const std::exception& e) {
     error = error_text(e);
   }
@@ -488,12 +587,15 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
   // threads (a draw with a temperature reads all 50,257 of GPT-2's logits: eight of them one after
   // another were serial work that the other model threads waited for); then each goes on.
   std::vector<char> samples(running.size(), 0);
+  std::vector<int64_t> first_row(running.size(), 0);  // each sequence's first row of logits
+  for (size_t i = 1; i < running.size(); ++i) first_row[i] = first_row[i - 1] + steps[i - 1].logit_rows;
   for (size_t i = 0; i < running.size(); ++i) {
     Sequence& s = *running[i];
     const int64_t n = static_cast<int64_t>(steps[i].ids.size());
     try {
       if (!error.empty()) throw Error(error);
-      if (options_.prefix_sharing) pool_.index_full_blocks(s.paged, s.history);
+      // (A sequence that checked guesses indexes its blocks once the rejected ones are cut off.)
+      if (options_.prefix_sharing && steps[i].logit_rows == 1) pool_.index_full_blocks(s.paged, s.history);
       const int64_t from = s.paged.length - n;  // the step's tokens: history[from, from + n)
       if (s.prefilling()) {  // a prompt chunk: a token is sampled after the last one
         s.prefilled += static_cast<size_t>(n);
@@ -503,7 +605,7 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
         counts.prompt_tokens += std::max<int64_t>(
             0, std::min<int64_t>(s.paged.length, static_cast<int64_t>(s.job->request().prompt.size())) - fresh);
       }
-      s.computed = std::max(s.computed, s.paged.length);
+      s.computed = std::max(s.computed, std::min<int64_t>(s.paged.length, static_cast<int64_t>(s.history.size())));
       samples[i] = !s.prefilling();  // (one still prefilling goes on)
     } catch (const std::exception& e) {
       s.job->finish(Finish::error, error_text(e));
@@ -514,47 +616,92 @@ void Scheduler::run_step(std::span<Sequence* const> running, std::span<const Seq
   std::vector<int64_t> sampling;
   for (size_t i = 0; i < running.size(); ++i)
     if (samples[i]) sampling.push_back(static_cast<int64_t>(i));
-  std::vector<Drawn> drawn(running.size());
+  std::vector<std::vector<Drawn>> drawn(running.size());
 #pragma omp parallel for schedule(dynamic, 1) if (sampling.size() > 1)
   for (size_t k = 0; k < sampling.size(); ++k) {
-    const int64_t i = sampling[k];
-    drawn[static_cast<size_t>(i)] = draw(*running[static_cast<size_t>(i)], {logits.data() + i * V, static_cast<size_t>(V)});
+    const auto i = static_cast<size_t>(sampling[k]);
+    drawn[i] = draw(*running[i], {logits.data() + first_row[i] * V, static_cast<size_t>(steps[i].logit_rows * V)});
   }
   for (const int64_t i : sampling) {
     Sequence& s = *running[static_cast<size_t>(i)];
     const int64_t before = s.generated;
+    const int64_t checked = steps[static_cast<size_t>(i)].logit_rows - 1;
     bool go_on = false;
     try {
-      go_on = advance(s, std::move(drawn[static_cast<size_t>(i)]));
+      if (checked > 0) {  // (told before the job may finish: its last update carries them)
+        int64_t kept = 0;
+        for (const Drawn& d : drawn[static_cast<size_t>(i)]) kept += d.accepted;
+        s.kept = 0.9 * s.kept + static_cast<double>(kept);
+        s.missed = 0.9 * s.missed + (kept < checked ? 1.0 : 0.0);
+        s.drafted += checked;
+        s.accepted += kept;
+        counts.drafted += checked;
+        counts.accepted += kept;
+        s.job->set_guesses(s.drafted, s.accepted);
+      }
+      for (Drawn& d : drawn[static_cast<size_t>(i)])
+        if (!(go_on = advance(s, std::move(d)))) break;
+      if (checked > 0) {
+        // The cache holds the step's rows; keep those that are now history: the pending token and
+        // the guesses kept (a rejected guess's keys and values are cut off before any block that
+        // holds them is indexed, so no shared block ever holds one).
+        const int64_t start = s.paged.length - checked - 1;
+        int64_t keep = start;
+        while (keep < s.paged.length && keep < static_cast<int64_t>(s.history.size()) &&
+               s.history[static_cast<size_t>(keep)] == s.fed[static_cast<size_t>(keep - start)])
+          ++keep;
+        pool_.truncate(s.paged, keep);
+        if (options_.prefix_sharing) pool_.index_full_blocks(s.paged, s.history);
+      }
     } catch (const std::exception& e) {
       s.job->finish(Finish::error, error_text(e));
+      go_on = false;
     }
+    ++counts.decode_forwards;
     counts.generated += s.generated - before;
     counts.finished += !go_on;
     s.done = !go_on;
   }
 }
 
-Scheduler::Drawn Scheduler::draw(Sequence& s, std::span<float> logits) {
+Scheduler::Drawn Scheduler::draw_one(Sequence& s, std::span<float> logits, int64_t guess) const {
   Drawn d;
-  try {
-    // A NaN or infinity fails this request (the HTTP layer answers 500) and not the server.
-    detail::check_logits(logits, "serve", s.generated + 1);
-    const Request& r = s.job->request();
-    if (r.top_logprobs >= 0) {  // from the logits as the model gave them (sample may change them)
-      const std::vector<float> raw(logits.begin(), logits.end());
-      if (s.constraint) s.constraint->mask(logits);
-      d.token = Model::sample(logits, s.history, r.options, s.rng, r.prompt.size());
-      d.logprob = token_logprob(raw, d.token, r.top_logprobs);
-    } else {
-      if (s.constraint) s.constraint->mask(logits);
-      d.token = Model::sample(logits, s.history, r.options, s.rng, r.prompt.size());
-    }
-    if (s.constraint) s.constraint->advance(d.token);
-  } catch (const std::exception& e) {
-    d.error = error_text(e);
-  }
+  // A NaN or infinity fails this request (the HTTP layer answers 500) and not the server.
+  detail::check_logits(logits, "serve", s.generated + 1);
+  const Request& r = s.job->request();
+  std::vector<float> raw;
+  if (r.top_logprobs >= 0) raw.assign(logits.begin(), logits.end());  // as the model gave them (sample may change them)
+  // The grammar's mask first: a guess it forbids has probability 0, so it is rejected like any wrong guess.
+  if (s.constraint) s.constraint->mask(logits);
+  d.token = guess < 0 ? Model::sample(logits, s.history, r.options, s.rng, r.prompt.size())
+                      : detail::sample_draft(logits, s.history, r.options, s.rng, r.prompt.size(), guess, d.accepted);
+  if (r.top_logprobs >= 0) d.logprob = token_logprob(raw, d.token, r.top_logprobs);
+  if (s.constraint) s.constraint->advance(d.token);
   return d;
+}
+
+std::vector<Scheduler::Drawn> Scheduler::draw(Sequence& s, std::span<float> logits) const {
+  std::vector<Drawn> out;
+  const size_t V = static_cast<size_t>(model_.config().vocab_size), rows = logits.size() / V;
+  const std::vector<int32_t>& ends = s.job->request().end_ids;
+  const size_t length = s.history.size();
+  try {
+    // Each row sees the tokens kept before it (the penalties count them): history grows here and is
+    // put back, as advance() appends them for good.
+    for (size_t i = 0; i < rows; ++i) {
+      const int64_t guess = i + 1 < rows ? s.fed[i + 1] : -1;
+      out.push_back(draw_one(s, logits.subspan(i * V, V), guess));
+      const int32_t t = out.back().token;
+      if ((guess >= 0 && !out.back().accepted) || std::find(ends.begin(), ends.end(), t) != ends.end()) break;
+      s.history.push_back(t);
+      ++s.generated;  // (check_logits names the token by its number)
+    }
+  } catch (const std::exception& e) {
+    out.emplace_back().error = error_text(e);
+  }
+  s.generated -= static_cast<int64_t>(s.history.size() - length);
+  s.history.resize(length);
+  return out;
 }
 
 bool Scheduler::advance(Sequence& s, Drawn drawn) {

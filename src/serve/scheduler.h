@@ -19,7 +19,11 @@
 // full blocks of a finished request are also kept beyond the pool — in RAM, and in files that
 // outlive the server — and copied back into the pool for a later prompt that begins with them. A request may ask for each generated token's
 // log-probability (and the most likely tokens'): computed from its logits row before sampling,
-// only for the requests that ask. Internal (not installed).
+// only for the requests that ask. A decoding sequence whose request asks for speculation
+// (GenerationOptions::speculation) may add its prompt-lookup guesses of the next tokens as rows
+// after its last token; all sequences' rows run in the one forward, each checks its guesses with
+// its sampler's rule and its cache is cut back past the first rejected one (see docs/speculative.md,
+// "In the server"). Internal (not installed).
 #pragma once
 
 #include <atomic>
@@ -39,6 +43,8 @@
 #include "mhsa/kv_pool.h"
 #include "mhsa/model.h"
 #include "mhsa/tokenizer.h"
+#include "model/speculative.h"
+#include "nn/block.h"
 #include "serve/prompt_cache.h"
 
 namespace mhsa::serve {
@@ -87,6 +93,7 @@ class Job {
     std::string stop_string;  // with Finish::stop: the request's stop string that ended it ("" for an end token)
     int64_t completion_tokens = 0;
     int64_t cached_tokens = 0;  // prompt tokens not prefilled: shared in the pool or copied from the prompt cache
+    int64_t drafted = 0, accepted = 0;  // speculation: guessed tokens checked, and kept
     // With Request::top_logprobs ≥ 0: the tokens whose text has begun in the text given out so
     // far (all of them once finished, but for those wholly after a stop string: cut, as their text).
     std::vector<TokenLogprob> logprobs;
@@ -104,6 +111,7 @@ class Job {
   void emit(std::string_view text, int64_t completion_tokens, std::span<const TokenLogprob> logprobs = {});
   void finish(Finish f, std::string error = {}, std::string stop_string = {});
   void set_cached_tokens(int64_t n);
+  void set_guesses(int64_t drafted, int64_t accepted);
 
  private:
   const Request request_;
@@ -117,6 +125,7 @@ class Job {
   std::string error_, stop_string_;
   int64_t completion_tokens_ = 0;
   int64_t cached_tokens_ = 0;
+  int64_t drafted_ = 0, accepted_ = 0;
   clock::time_point first_text_{}, finished_{};
 };
 
@@ -161,6 +170,9 @@ struct SchedulerStats {
   int64_t preemptions = 0;      // running sequences preempted (SchedulerOptions::preempt)
   int64_t preempted = 0;        // sequences waiting to resume now
   int64_t recomputed_tokens = 0;  // tokens prefilled again on resuming (not counted in prompt_tokens)
+  // Speculation: guessed tokens checked and kept, and the sequences' forwards that sampled
+  // (generated_tokens ÷ decode_forwards: tokens per forward, one without speculation).
+  int64_t guesses_drafted = 0, guesses_accepted = 0, decode_forwards = 0;
   bool prompt_cache_on = false;
   PromptCacheStats prompt_cache;  // its hits and sizes (SchedulerOptions::prompt_cache)
 };
@@ -188,6 +200,7 @@ class Scheduler {
   struct StepCounts {
     int64_t rows = 0, sequences = 0, prompt_tokens = 0, generated = 0, finished = 0, cancelled = 0;
     int64_t preemptions = 0, recomputed = 0;
+    int64_t drafted = 0, accepted = 0, decode_forwards = 0;
   };
   void run();
   // Moves preempted sequences, then queued jobs, to `active` (kept in order of arrival) while
@@ -199,23 +212,32 @@ class Scheduler {
   bool ensure_blocks(Sequence& s, int64_t tokens, std::vector<std::unique_ptr<Sequence>>& active, StepCounts& counts);
   // One batched step over the active sequences; drops the finished and cancelled ones.
   StepCounts step_all(std::vector<std::unique_ptr<Sequence>>& active);
+  // Each decoding sequence's rows of the step (Sequence::fed): its last token, then the guesses
+  // worth checking. `rows`: the step's rows before any guess.
+  void plan_guesses(std::vector<std::unique_ptr<Sequence>>& active, int64_t rows);
   // The forward of the sequences chosen (steps[i] is running[i]'s) and what follows from it.
-  void run_step(std::span<Sequence* const> running, std::span<const SequenceStep> steps, StepCounts& counts);
+  void run_step(std::span<Sequence* const> running, std::span<const nn::SeqStep> steps, StepCounts& counts);
   // A token sampled from a sequence's logits, with its log-probability when the request asks.
   struct Drawn {
     int32_t token = -1;
+    bool accepted = false;  // a guess's row: the guess was kept (the token is the guess)
     std::optional<TokenLogprob> logprob;
     std::string error;  // what went wrong (nothing sampled)
   };
-  // Samples s's next token (touching only s's generator and logits: draws of different sequences
-  // run side by side).
-  static Drawn draw(Sequence& s, std::span<float> logits);
+  // Samples s's next tokens from its logits [s.fed.size(), V]: row i decides guess i (s.fed[i + 1]),
+  // up to the first rejected one or an end token, the last row one more token. Touches only s's
+  // generator and logits: draws of different sequences run side by side.
+  Drawn draw_one(Sequence& s, std::span<float> row, int64_t guess) const;
+  std::vector<Drawn> draw(Sequence& s, std::span<float> logits) const;
   // Takes s's drawn token and streams it; false when the sequence is done.
   bool advance(Sequence& s, Drawn drawn);
 
   const Model& model_;
   const Tokenizer& tokenizer_;
   const SchedulerOptions options_;
+  const nn::Stack stack_;      // the model's, for its steps (Model::step gives only each sequence's last row)
+  const int64_t exact_rows_;   // rows a step may have for each to be a one-row step's bits (detail::exact_rows)
+  detail::RowTimes step_times_;  // steps by their rows: what guesses cost
   KVBlockPool pool_;  // used by the scheduler thread only (its stats copied into stats_)
   std::unique_ptr<PromptCache> cache_;  // null: none; the scheduler thread's (its stats thread-safe)
   mutable std::mutex mutex_;

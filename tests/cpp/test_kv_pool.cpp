@@ -114,6 +114,44 @@ void check_paged_attention(std::mt19937_64& gen, int64_t Hq, int64_t Hkv, int64_
 // must still be its own 64-byte-aligned, non-overlapping memory, keys before values, for block
 // sizes that fill a slab exactly, that leave a last partial slab, and that are not multiples of 64
 // bytes (a block of 16-bit elements with odd head sizes).
+// Speculation's roll-back: cutting a sequence back gives the blocks past its new length to its
+// promise (nothing leaves it, nothing is lost to the pool), and a cut into an indexed block, whose
+// tokens are final and may be shared, is refused by name.
+TEST(KVPool, TruncateGivesBlocksBackToThePromise) {
+  KVBlockPool pool(2, 1, 4, 4, 4, 6);  // 6 blocks of 4 tokens
+  PagedSequence a;
+  ASSERT_TRUE(pool.reserve(a, 4));
+  pool.grow(a, 14);  // 4 blocks
+  a.length = 14;
+  const std::vector<int32_t> tokens = iota_tokens(14, 100);
+  pool.truncate(a, 9);  // 3 blocks
+  EXPECT_EQ(a.length, 9);
+  EXPECT_EQ(a.blocks.size(), 3u);
+  EXPECT_EQ(a.keys.size(), 3u);
+  EXPECT_EQ(a.reserved, 1);
+  EXPECT_EQ(pool.available(), 2);  // the block went back to a's promise, not to the pool
+  EXPECT_EQ(pool.stats().used, 3);
+  pool.grow(a, 16);  // and can be taken again
+  EXPECT_EQ(a.reserved, 0);
+  a.length = 13;
+  pool.index_full_blocks(a, tokens);  // blocks 0..2 are full
+  EXPECT_THROW(pool.truncate(a, 11), Error);   // into block 2
+  EXPECT_THROW(pool.truncate(a, 14), Error);   // past the length
+  EXPECT_THROW(pool.truncate(a, -1), Error);
+  try {
+    pool.truncate(a, 8);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokens: expected at least 12 (block 2 is indexed"), std::string::npos) << e.what();
+  }
+  pool.truncate(a, 12);  // the partial last block goes
+  EXPECT_EQ(a.blocks.size(), 3u);
+  EXPECT_EQ(a.reserved, 1);
+  pool.release(a);
+  EXPECT_EQ(pool.stats().used, 0);
+  EXPECT_EQ(pool.stats().reserved, 0);
+  EXPECT_EQ(pool.available(), 6);
+}
+
 TEST(KVPool, SlabbedBlocksAreDisjointAndAligned) {
   struct Shape {
     int64_t layers, heads, d, dv, bs, blocks;

@@ -7,7 +7,9 @@
 // is refused, every block comes back; preemption: sequences preempted mid-prompt or mid-answer
 // resume with the text they get alone, preempted ones can be cancelled; log-probabilities: each token's is the log-softmax of
 // Model::forward's logits at its place (greedy and sampled, top lists sorted, batched as alone),
-// text offsets where the token's text begins, none for tokens cut with a stop string.
+// text offsets where the token's text begins, none for tokens cut with a stop string; speculation:
+// prompt-lookup guesses checked in the batched steps give Model::generate's greedy text (with end
+// tokens and stop strings among the guesses), sampled requests that guess run, blocks come back.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -471,6 +473,76 @@ TEST(Serve, LogprobsAreTheModelsLogSoftmaxBatchedAsAlone) {
       ASSERT_EQ(a.top.size(), b.top.size());
       for (size_t j = 0; j < a.top.size(); ++j) EXPECT_NEAR(a.top[j].second, b.top[j].second, 1e-4);
     }
+  }
+}
+
+// Speculation: greedy requests that guess by prompt lookup check their guesses as rows of the
+// batched step, cut their caches back past the first rejection, and give Model::generate's text
+// alone (its tokens bit for bit: a step keeps to exact_rows rows, see docs/speculative.md; random
+// models repeat themselves, so guesses are kept), with an end token and a stop string among the
+// guesses too; seeded sampled requests that guess run to their length; every block comes back,
+// with and without preemption (guesses only fill blocks held or promised), and a second round shares
+// the first's prompts' blocks.
+TEST(Serve, SpeculationGivesGenerateTextAndGivesBlocksBack) {
+  std::mt19937_64 gen(std::random_device{}());
+  const Model model = make_model(256, gen());
+  const Tokenizer tok = Tokenizer::bytes();
+  for (const bool preempt : {false, true}) {
+    serve::SchedulerOptions o{3, 16};
+    o.preempt = preempt;
+    if (preempt) o.kv_blocks = 14;  // 224 tokens for three requests of up to 100: they may preempt each other
+    Scheduler scheduler(model, tok, o);
+    std::vector<std::shared_ptr<Job>> jobs;
+    std::vector<std::vector<int32_t>> expected;
+    std::vector<Request> requests;
+    for (int i = 0; i < 6; ++i) {
+      Request r;
+      const size_t period = std::uniform_int_distribution<size_t>(2, 6)(gen), n = std::uniform_int_distribution<size_t>(8, 40)(gen);
+      for (size_t k = 0; k < n; ++k) r.prompt.push_back(static_cast<int32_t>('a' + (k % period) * 3 + i));
+      r.options.max_new_tokens = std::uniform_int_distribution<int64_t>(30, 60)(gen);
+      r.options.temperature = i == 5 ? 0.8f : 0.0f;
+      r.options.seed = gen();
+      r.options.stop_at_eos = false;
+      const std::vector<int32_t> ids = model.generate(r.prompt, 1, static_cast<int64_t>(n), r.options)[0];
+      r.options.speculation.draft_tokens = 6;
+      if (i == 3) r.end_ids = {ids[12]};
+      if (i == 4) r.stop = {text::lossy_utf8(tok.decode(ids, true)).substr(20, 3)};
+      requests.push_back(r);
+      expected.push_back(ids);
+    }
+    for (int round = 0; round < 2; ++round) {
+      jobs.clear();
+      for (const Request& r : requests) {
+        jobs.push_back(std::make_shared<Job>(r));
+        ASSERT_TRUE(scheduler.submit(jobs.back()));
+      }
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        const Result r = collect(*jobs[i]);
+        const std::string full = text::lossy_utf8(tok.decode(expected[i], true));
+        if (i == 5) {
+          EXPECT_EQ(r.finish, Finish::length);
+          EXPECT_EQ(r.tokens, requests[i].options.max_new_tokens);
+        } else if (i == 3) {
+          const auto end = std::find(expected[i].begin(), expected[i].end(), requests[i].end_ids[0]);
+          EXPECT_EQ(r.finish, Finish::stop);
+          EXPECT_EQ(r.text, text::lossy_utf8(tok.decode(std::span(expected[i].begin(), end), true))) << preempt;
+        } else if (i == 4) {
+          EXPECT_EQ(r.finish, Finish::stop);
+          EXPECT_EQ(r.text, full.substr(0, full.find(requests[i].stop[0]))) << preempt;
+        } else {
+          EXPECT_EQ(r.finish, Finish::length);
+          EXPECT_EQ(r.text, full) << i << " preempt " << preempt;
+        }
+      }
+    }
+    const serve::SchedulerStats st = settled(scheduler);
+    EXPECT_GT(st.guesses_drafted, 0);
+    EXPECT_GT(st.guesses_accepted, 0);
+    EXPECT_LE(st.guesses_accepted, st.guesses_drafted);
+    EXPECT_LT(st.decode_forwards, st.generated_tokens);  // more than one token a forward
+    if (!preempt) EXPECT_GT(st.prefix_requests, 0);       // the second round's prompts shared blocks
+    EXPECT_EQ(st.kv.used, 0);
+    EXPECT_EQ(st.kv.reserved, 0);
   }
 }
 
