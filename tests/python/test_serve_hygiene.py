@@ -157,7 +157,8 @@ def test_one_access_log_line_per_request(smol):
     r = c.completions.create(model="x", prompt=secret, max_tokens=3, temperature=0)
     (line,) = log_lines(smol, "id", r.id)
     m = re.fullmatch(r"time=(\S+) id=(\S+) client=127\.0\.0\.1:(\d+) method=POST path=/v1/completions status=200 "
-                     r"bytes=(\d+) prompt_tokens=(\d+) completion_tokens=(\d+) duration=(\d+\.\d{3})", line)
+                     r"bytes=(\d+) prompt_tokens=(\d+) completion_tokens=(\d+)(?: drafted=\d+ accepted=\d+)? "
+                     r"duration=(\d+\.\d{3})", line)
     assert m, line
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", m.group(1))
     assert int(m.group(5)) == r.usage.prompt_tokens and int(m.group(6)) == 3 and int(m.group(4)) > 100
