@@ -10,8 +10,6 @@
 
 import json
 import os
-import re
-import signal
 import socket
 import subprocess
 import sys

@@ -9,9 +9,7 @@ import http.client
 import json
 import os
 import random
-import re
 import secrets
-import signal
 import subprocess
 import sys
 from pathlib import Path

@@ -22,11 +22,9 @@ import http.client
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path

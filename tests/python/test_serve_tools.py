@@ -7,9 +7,6 @@ tool round trip is answered, and tool_choice "none" gives text. Bad tools are 40
 
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 

@@ -14,10 +14,7 @@
 
 import json
 import os
-import re
-import signal
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 

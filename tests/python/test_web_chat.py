@@ -22,12 +22,10 @@ import base64
 import json
 import os
 import re
-import signal
 import subprocess
 import threading
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
